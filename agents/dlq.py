@@ -1,0 +1,37 @@
+"""Dead-letter records: the original bytes plus why, where from (topic, partition, offset) in headers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REASON = "dlq.reason"
+SOURCE_TOPIC = "dlq.topic"
+SOURCE_PARTITION = "dlq.partition"
+SOURCE_OFFSET = "dlq.offset"
+SOURCE_TIMESTAMP = "dlq.timestamp_us"
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    key: bytes | None
+    value: bytes
+    reason: str
+    topic: str
+    partition: int
+    offset: int
+    timestamp_us: int
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        return [(REASON, self.reason.encode()), (SOURCE_TOPIC, self.topic.encode()),
+                (SOURCE_PARTITION, str(self.partition).encode()), (SOURCE_OFFSET, str(self.offset).encode()),
+                (SOURCE_TIMESTAMP, str(self.timestamp_us).encode())]
+
+
+def parse_headers(headers: object) -> dict[str, str]:
+    """DLQ headers as text, from any client's header representation (list of pairs or mapping)."""
+    items = headers.items() if isinstance(headers, dict) else (headers or [])
+    out: dict[str, str] = {}
+    for name, value in items:
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        out[name] = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return out

@@ -1,0 +1,228 @@
+"""The worker: a Faust app running the persist and rollup agents, the watermark and the sweep.
+
+Run it with `counter worker` (or `python -m agents`); run as many as there are partitions, they share
+the work through the Faust consumer group `COUNTER_WORKER_ID`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import faust
+import xxhash
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from agents import metrics
+from agents.dlq import DeadLetter
+from agents.persist import RawRecord, prepare
+from agents.rollup import BackPressure, Key, global_watermark, rollup_many
+from agents.watermark import WatermarkTracker
+from control_plane import CounterType, NamespaceRegistry, load_namespaces
+from control_plane import default_config_path as default_namespaces
+from schemas import DecodeError, decode_signal, encode_signal
+from sinks import EventStore, Partitioning, RollupCache, RollupStore, open_cache, open_stores
+from streams.app import AppTopics, create_app, declare_topics
+from streams.settings import Settings
+from streams.topics import ensure_topics, topic_specs
+
+log = logging.getLogger("counter.worker")
+
+
+def signal_partition(key: bytes, partitions: int) -> int:
+    """Rollup signals of one counter always go to one partition (xxhash), so one queue coalesces them."""
+    return xxhash.xxh64_intdigest(key) % partitions
+
+
+@dataclass
+class Pipeline:
+    """Everything the agents share; built once per worker process."""
+
+    settings: Settings
+    registry: NamespaceRegistry
+    events: EventStore
+    rollups: RollupStore
+    cache: RollupCache
+    app: faust.App
+    topics: AppTopics
+    tracker: WatermarkTracker
+    mutation_partitions: int
+    rollup_partitions: int
+    pressure: BackPressure
+
+    async def send_signals(self, keys: set[Key] | list[Key]) -> None:
+        futures = []
+        for ns, counter in keys:
+            key = f"{ns}:{counter}".encode()
+            futures.append(await self.topics.rollups.send(
+                key=key, value=encode_signal(ns, counter),
+                partition=signal_partition(key, self.rollup_partitions)))
+        await self._settle(futures)
+
+    async def send_dead_letters(self, dead: list[DeadLetter]) -> None:
+        futures = []
+        for d in dead:
+            futures.append(await self.topics.dlq.send(key=d.key, value=d.value, headers=d.headers()))
+            metrics.DLQ_RECORDS.labels(metrics.dlq_kind(d.reason)).inc()
+            log.info("dead-lettered %s[%d]@%d: %s", d.topic, d.partition, d.offset, d.reason)
+        await self._settle(futures)
+
+    async def _settle(self, futures: list) -> None:
+        if futures:
+            await self.app.producer.flush()
+            await asyncio.gather(*futures)
+
+    async def watermark(self) -> int:
+        marks = await self.rollups.watermarks(self.settings.mutations_topic)
+        mark = global_watermark(marks, self.mutation_partitions)
+        if mark:
+            metrics.WATERMARK_DELAY.set(max(0.0, time.time() - mark / 1e6))
+        return mark
+
+
+def partitioning_for(registry: NamespaceRegistry):
+    def lookup(namespace: str) -> Partitioning:
+        ns = registry.get(namespace)
+        if ns is None:
+            raise KeyError(f"unknown namespace {namespace!r}")
+        tp = ns.time_partition
+        return Partitioning(tp.buckets_per_id, tp.seconds_per_bucket, tp.seconds_per_slice)
+    return lookup
+
+
+def build(settings: Settings) -> Pipeline:
+    """Validate configuration, create topics and stores, and wire the agents onto a Faust app."""
+    registry = load_namespaces(settings.namespaces or default_namespaces())
+    counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    events, rollups = open_stores(settings.store, settings.data_dir, partitioning_for(registry))
+    app = create_app(settings, app_id=settings.worker_id)
+    topics = declare_topics(app, settings)
+    rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
+    skew = max((ns.max_clock_skew_s for ns in rolled), default=1.0)
+    pipeline = Pipeline(
+        settings=settings, registry=registry, events=events, rollups=rollups,
+        cache=open_cache(_cache_spec(settings)), app=app, topics=topics,
+        tracker=WatermarkTracker(settings.kafka_bootstrap, settings.mutations_topic, settings.worker_id, skew),
+        mutation_partitions=counts[settings.mutations_topic],
+        rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure())
+    coalesce_s = min((ns.queue.coalesce_ms for ns in rolled), default=1000) / 1000.0
+    _attach(pipeline, coalesce_s)
+    return pipeline
+
+
+def _cache_spec(settings: Settings) -> str | None:
+    if settings.cache.startswith("memcached://"):
+        return settings.cache
+    return None  # "memory"/"auto" in a worker process: the API owns the shared cache choice
+
+
+def _attach(p: Pipeline, coalesce_s: float) -> None:
+    app, settings = p.app, p.settings
+
+    @app.agent(p.topics.mutations, name="persist")
+    async def persist(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(settings.persist_batch_max,
+                                               within=settings.persist_batch_within_ms / 1000):
+            records = [RawRecord(e.message.topic, e.message.partition, e.message.offset,
+                                 round(e.message.timestamp * 1e6), e.message.key, e.message.value)
+                       for e in events]
+            await _retrying("persist", lambda records=records: _persist(p, records))
+
+    @app.agent(p.topics.rollups, name="rollup")
+    async def rollup(stream: faust.StreamT) -> None:
+        async for events in stream.take_events(settings.rollup_max_signals, within=coalesce_s):
+            keys: set[Key] = set()
+            for e in events:
+                try:
+                    keys.add(decode_signal(e.message.value))
+                except DecodeError as exc:
+                    log.warning("ignoring undecodable rollup signal at %s[%d]@%d: %s", e.message.topic,
+                                e.message.partition, e.message.offset, exc)
+            if keys:
+                await _retrying("rollup", lambda keys=keys: _rollup(p, keys))
+
+    @app.timer(settings.watermark_interval_ms / 1000)
+    async def refresh_watermarks() -> None:
+        owned = [tp.partition for tp in app.consumer.assignment() if tp.topic == settings.mutations_topic]
+        if not owned:
+            return
+        try:
+            marks = await asyncio.to_thread(p.tracker.compute, owned)
+        except Exception as exc:  # broker hiccup: keep the old marks, which only hold rollups back
+            log.warning("watermark refresh failed: %s", exc)
+            return
+        if marks:
+            await p.rollups.set_watermarks(settings.mutations_topic, marks)
+
+    @app.timer(settings.sweep_interval_s)
+    async def sweep() -> None:
+        stale = await p.rollups.stale(limit=10_000)
+        if stale:
+            metrics.RESIGNALS.labels("sweep").inc(len(stale))
+            await p.send_signals(stale)
+
+    @app.page("/metrics")
+    async def prometheus(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        return web.bytes(generate_latest(metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+async def _persist(p: Pipeline, records: list[RawRecord]) -> None:
+    started = time.monotonic()
+    batch = prepare(records, p.registry)
+    if batch.rows:
+        await p.events.write_events(batch.rows)
+        await p.rollups.bump_last_write([(ns, c, ts) for (ns, c), ts in batch.last_write.items()])
+    if batch.dead:
+        await p.send_dead_letters(batch.dead)
+    if batch.last_write:
+        await p.send_signals(list(batch.last_write))
+    for rec in records:
+        p.tracker.persisted(rec.partition, rec.offset, rec.timestamp_us)
+    metrics.RECORDS_CONSUMED.inc(len(records))
+    per_ns: dict[str, int] = {}
+    for row in batch.rows:
+        per_ns[row[0]] = per_ns.get(row[0], 0) + 1
+    for ns, n in per_ns.items():
+        metrics.EVENTS_PERSISTED.labels(ns).inc(n)
+    metrics.PERSIST_BATCH_SECONDS.observe(time.monotonic() - started)
+
+
+async def _rollup(p: Pipeline, keys: set[Key]) -> None:
+    started = time.monotonic()
+    results = await rollup_many(keys, p.registry, events=p.events, rollups=p.rollups, cache=p.cache,
+                                watermark=p.watermark, pressure=p.pressure)
+    pending = [r.key for r in results if r.pending]
+    for r in results:
+        metrics.ROLLUPS.labels(r.key[0], "applied" if r.applied else "unchanged").inc()
+    if results:
+        metrics.ROLLUP_LAG.set(max(0.0, time.time() - max(r.rollup_ts for r in results) / 1e6))
+    if pending:
+        metrics.RESIGNALS.labels("convergence").inc(len(pending))
+        await p.send_signals(pending)
+    metrics.ROLLUP_BATCH_SECONDS.observe(time.monotonic() - started)
+
+
+async def _retrying(what: str, action) -> None:
+    """Retry a batch until it succeeds: its offsets must not be acked before it is durable."""
+    delay = 0.1
+    while True:
+        try:
+            await action()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s batch failed; retrying in %.1fs", what, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+def run(settings: Settings) -> None:
+    """Start the worker and block until it is stopped (SIGINT/SIGTERM)."""
+    pipeline = build(settings)
+    worker = faust.Worker(pipeline.app, loglevel=settings.worker_log_level.upper(),
+                          web_port=settings.worker_port, web_host="127.0.0.1")
+    worker.execute_from_commandline()

@@ -1,0 +1,220 @@
+"""Validated, immutable namespace configuration as the rest of the service sees it.
+
+Everything here is already checked by the loader: components read plain typed values and
+never re-parse durations or re-apply presets. Objects are frozen so one registry can be shared
+across agents, the API server and threads without copies.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+__all__ = [
+    "ApiKey",
+    "Cardinality",
+    "ConfigError",
+    "CounterType",
+    "Namespace",
+    "NamespaceRegistry",
+    "QueueConfig",
+    "Retention",
+    "TimePartition",
+]
+
+
+class CounterType(StrEnum):
+    """How a namespace counts (see DESIGN.md: write path, read path, guarantees).
+
+    A ``str`` enum: members compare equal to, and format as, their wire value ("EVENTUAL").
+    """
+
+    BEST_EFFORT = "BEST_EFFORT"
+    EVENTUAL = "EVENTUAL"
+    ACCURATE = "ACCURATE"
+
+
+class Cardinality(StrEnum):
+    """Expected scale of a namespace; selects the preset that fills unspecified settings."""
+
+    LOW = "LOW"
+    MEDIUM = "MEDIUM"
+    HIGH = "HIGH"
+
+
+class ConfigError(ValueError):
+    """A namespace configuration that must not be started with.
+
+    The message names where the problem is (file, line, namespace, dotted field path) so that an
+    operator can fix it from the start-up log alone.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        namespace: str | None = None,
+        field: str | None = None,
+        path: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.namespace = namespace
+        self.field = field
+        self.path = path
+        self.line = line
+        self.column = column
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        parts: list[str] = []
+        if self.path:
+            parts.append(self.path)
+        if self.line is not None:
+            parts.append(f"line {self.line}" + (f", column {self.column}" if self.column is not None else ""))
+        if self.namespace is not None:
+            parts.append(f"namespace {self.namespace!r}")
+        if self.field is not None:
+            parts.append(f"field {self.field!r}")
+        parts.append(self.reason)
+        return ": ".join(parts)
+
+    def with_path(self, path: str | None) -> ConfigError:
+        """Copy of this error that also names the file it came from."""
+        return ConfigError(
+            self.reason, namespace=self.namespace, field=self.field, path=path,
+            line=self.line, column=self.column,
+        )
+
+    def __reduce__(self):  # keyword-only __init__: make it survive pickling (multiprocessing)
+        args = (self.reason, self.namespace, self.field, self.path, self.line, self.column)
+        return (_rebuild_config_error, args)
+
+
+def _rebuild_config_error(
+    reason: str,
+    namespace: str | None,
+    field: str | None,
+    path: str | None,
+    line: int | None,
+    column: int | None,
+) -> ConfigError:
+    return ConfigError(reason, namespace=namespace, field=field, path=path, line=line, column=column)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Rollup queueing: partitions of the rollup topic play Netflix's in-memory queues."""
+
+    num_queues: int
+    coalesce_ms: int
+    capacity_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimePartition:
+    """Event-store partitioning: keeps a hot counter from making one wide partition."""
+
+    buckets_per_id: int
+    seconds_per_bucket: int
+    seconds_per_slice: int
+
+
+@dataclass(frozen=True, slots=True)
+class Retention:
+    """When an event time slice stops taking writes, and when its events may be deleted."""
+
+    close_after_s: float
+    delete_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A credential for one namespace. ``key`` is kept out of ``repr`` so logs never leak it."""
+
+    key: str = field(repr=False)
+    scopes: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """One namespace, fully resolved (preset, defaults and the file's own fields merged)."""
+
+    name: str
+    counter_type: CounterType
+    cardinality: Cardinality
+    ttl_s: float | None
+    queue: QueueConfig
+    rollup_batch_count: int
+    time_partition: TimePartition
+    accept_limit_s: float
+    max_clock_skew_s: float
+    retention: Retention
+    store: str
+    cache: str
+    api_keys: tuple[ApiKey, ...] = ()
+
+    @property
+    def requires_auth(self) -> bool:
+        """False when the namespace has no API keys (no access control)."""
+        return bool(self.api_keys)
+
+    def allows(self, key: str | None, scope: str) -> bool:
+        """Whether ``key`` may perform ``scope`` ("read"/"write"); constant-time key comparison."""
+        if not self.api_keys:
+            return True
+        if not key:
+            return False
+        given = key.encode("utf-8")
+        granted = False
+        for api_key in self.api_keys:  # no early exit: timing must not reveal which key matched
+            if hmac.compare_digest(api_key.key.encode("utf-8"), given) and scope in api_key.scopes:
+                granted = True
+        return granted
+
+
+class NamespaceRegistry(Mapping[str, Namespace]):
+    """Immutable ``name -> Namespace`` mapping, in file order."""
+
+    __slots__ = ("_by_name", "source")
+
+    def __init__(self, namespaces: Iterable[Namespace] = (), *, source: str | None = None) -> None:
+        by_name: dict[str, Namespace] = {}
+        for ns in namespaces:
+            if ns.name in by_name:
+                raise ConfigError("namespace defined more than once", namespace=ns.name, path=source)
+            by_name[ns.name] = ns
+        self._by_name: Mapping[str, Namespace] = MappingProxyType(by_name)
+        self.source = source
+
+    def get(self, name: str, default: Namespace | None = None) -> Namespace | None:  # type: ignore[override]
+        """The namespace called ``name``, or ``default`` (hot path: no message building)."""
+        return self._by_name.get(name, default)
+
+    def __getitem__(self, name: str) -> Namespace:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(self._by_name) or "none"
+            where = f" in {self.source}" if self.source else ""
+            raise KeyError(f"unknown namespace {name!r}{where} (configured: {known})") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._by_name
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_name)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def names(self) -> tuple[str, ...]:
+        """Namespace names in the order the file defines them."""
+        return tuple(self._by_name)
+
+    def __repr__(self) -> str:
+        return f"NamespaceRegistry({list(self._by_name)!r}, source={self.source!r})"

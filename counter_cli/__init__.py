@@ -1,0 +1,1 @@
+"""The `counter` command line: the composition root that starts and wires the components."""

@@ -1,0 +1,52 @@
+"""Helpers the verbs share: settings, namespaces and endpoints, each failing with a one-line reason."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+from rich.console import Console
+
+from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
+from streams.settings import Settings, SettingsError, load_settings
+
+console = Console(stderr=True)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+def settings_or_exit(**overrides: Any) -> Settings:
+    try:
+        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    except SettingsError as exc:
+        fail(str(exc))
+
+
+def namespaces_or_exit(settings: Settings) -> tuple[Path, NamespaceRegistry]:
+    path = settings.namespaces or default_config_path()
+    try:
+        return path, load_namespaces(path)
+    except ConfigError as exc:
+        fail(f"namespace configuration {path}: {exc}")
+
+
+def read_endpoints(settings: Settings) -> dict[str, Any]:
+    """Endpoints written by a running `counter up`, or {} when there is none."""
+    try:
+        return json.loads(settings.endpoints_path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def resolve_bootstrap(settings: Settings, explicit: str | None) -> str:
+    """--bootstrap, else COUNTER_KAFKA_BOOTSTRAP, else the broker of a running `counter up`."""
+    bootstrap = explicit or settings.kafka_bootstrap or read_endpoints(settings).get("kafka_bootstrap")
+    if not bootstrap:
+        fail("no Kafka broker: pass --bootstrap, set COUNTER_KAFKA_BOOTSTRAP, or start one with `counter up` "
+             f"(its endpoints are read from {settings.endpoints_path})")
+    return bootstrap

@@ -1,0 +1,118 @@
+"""`counter produce`: send mutations from arguments or from a JSONL file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from counter_cli.common import console, fail, resolve_bootstrap, settings_or_exit
+from producers import CounterProducer, DeliveryError
+from schemas import DecodeError, Mutation, MutationOp, ValidationError, mutation_from_json
+
+EXAMPLES = """examples:
+  counter produce my_dataset counter123 2
+  counter produce my_dataset counter123 -- -1 --token evt-42 --generation-time 2024-10-05T14:48:00Z
+  counter produce my_dataset counter456 --clear
+  counter produce --file mutations.jsonl --batch-size 500
+
+A JSONL line has the AddCount body of the Netflix post, plus "op": "clear" for a clear:
+  {"namespace": "my_dataset", "counter_name": "counter123", "delta": 2,
+   "idempotency_token": {"token": "some_event_id", "generation_time": "2024-10-05T14:48:00Z"}}
+Lines without a token get a generated one (then re-sending the file counts it again)."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("produce", help="produce count mutations to Kafka",
+                       description="Produce AddCount/ClearCount mutations to the mutations topic and wait "
+                                   "until the broker acknowledged every one.",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("namespace", nargs="?")
+    p.add_argument("counter_name", nargs="?")
+    p.add_argument("delta", nargs="?", type=int, help="positive or negative (use -- before a negative value)")
+    p.add_argument("--clear", action="store_true", help="ClearCount instead of AddCount")
+    p.add_argument("--token", help="idempotency token (default: generated)")
+    p.add_argument("--generation-time", help="ISO-8601 or epoch (s/ms/µs); default now")
+    p.add_argument("--item-key", default="", help="event_item_key (default empty)")
+    p.add_argument("--file", type=Path, help="JSONL file of mutations ('-' not supported: give a path)")
+    p.add_argument("--batch-size", type=int, default=500, help="mutations per Kafka record (default 500)")
+    p.add_argument("--bootstrap", help="Kafka bootstrap (default COUNTER_KAFKA_BOOTSTRAP or counter up's)")
+    p.add_argument("--topic", default=None, help="topic (default COUNTER_MUTATIONS_TOPIC)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_or_exit()
+    if args.file is None and (args.namespace is None or args.counter_name is None):
+        fail("give NAMESPACE COUNTER [DELTA], or --file FILE.jsonl (see counter produce --help)")
+    if args.file is not None and args.namespace is not None:
+        fail("give either NAMESPACE COUNTER DELTA or --file, not both")
+    if args.batch_size < 1:
+        fail("--batch-size must be >= 1")
+    mutations = _from_file(args.file) if args.file else [_from_args(args)]
+    bootstrap = resolve_bootstrap(settings, args.bootstrap)
+    topic = args.topic or settings.mutations_topic
+    try:
+        with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size) as producer:
+            if args.file is None:
+                producer.send(mutations[0])
+            else:
+                _send_with_progress(producer, mutations)
+            producer.flush()
+    except DeliveryError as exc:
+        fail(str(exc), code=1)
+    console.print(f"produced {len(mutations)} mutation(s) to {topic} on {bootstrap}")
+    return 0
+
+
+def _from_args(args: argparse.Namespace) -> Mutation:
+    if args.clear and args.delta not in (None, 0):
+        fail("--clear takes no DELTA")
+    if not args.clear and args.delta is None:
+        fail("DELTA is required for an add (or pass --clear)")
+    op = MutationOp.CLEAR if args.clear else MutationOp.ADD
+    try:
+        return CounterProducer.mutation(op, args.namespace, args.counter_name, args.delta or 0, args.token,
+                                        args.generation_time, args.item_key)
+    except (ValidationError, ValueError) as exc:
+        fail(str(exc))
+
+
+def _from_file(path: Path) -> list[Mutation]:
+    """Parse and validate the whole file first, so a bad line sends nothing."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc}")
+    mutations: list[Mutation] = []
+    errors: list[str] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            m = mutation_from_json(json.loads(line))
+            mutations.append(CounterProducer.mutation(
+                m.op, m.namespace, m.counter_name, m.delta, m.event_id,
+                None if m.event_time is None else m.event_time, m.event_item_key))
+        except (ValueError, DecodeError, ValidationError) as exc:
+            errors.append(f"{path}:{number}: {exc}")
+    if errors:
+        shown = "\n  ".join(errors[:20])
+        more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        fail(f"{len(errors)} invalid line(s), nothing was sent:\n  {shown}{more}")
+    return mutations
+
+
+def _send_with_progress(producer: CounterProducer, mutations: list[Mutation]) -> None:
+    columns = (TextColumn("producing"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]:>10} mut/s"), TextColumn("ETA"), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("produce", total=len(mutations), rate="-")
+        step = max(1, len(mutations) // 200)
+        for i, m in enumerate(mutations, 1):
+            producer.send(m)
+            if i % step == 0 or i == len(mutations):
+                speed = progress.tasks[0].speed
+                progress.update(task, completed=i, rate=f"{speed:,.0f}" if speed else "-")

@@ -1,0 +1,270 @@
+"""Avro single-object codec for mutations and rollup signals, plus JSON mutations.
+
+Single-object encoding (Avro spec): bytes C3 01, the 8-byte little-endian CRC-64-AVRO fingerprint of the
+writer schema's Parsing Canonical Form, then the schemaless Avro body. The fingerprint both identifies
+the schema and lets any consumer decode with nothing but the .avsc files in this folder: no registry.
+Schemas are parsed once at import; the per-record path is one fastavro call plus cheap validation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from io import BytesIO
+from typing import Any
+
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+from schemas.json_records import mutation_from_json
+from schemas.model import Mutation, MutationOp
+from schemas.validation import (
+    ValidationError,
+    plainly_valid,
+    validate_counter_name,
+    validate_mutation,
+    validate_namespace,
+)
+
+MAGIC = b"\xc3\x01"
+HEADER_LEN = 10  # magic + 8-byte fingerprint
+
+
+class DecodeError(ValueError):
+    """Input that cannot become mutations (or a signal); `reason` says what was wrong, `field` which field."""
+
+    def __init__(self, reason: str, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across worker processes
+        return (type(self), (self.reason, self.field))
+
+
+@dataclass(frozen=True, slots=True)
+class AvroSchema:
+    """One .avsc file, parsed once: `header` is what every single-object record of it starts with."""
+
+    name: str
+    filename: str
+    parsed: dict[str, Any]
+    canonical_form: str
+    fingerprint: bytes  # 8 bytes, little-endian, as on the wire
+
+    @property
+    def header(self) -> bytes:
+        return MAGIC + self.fingerprint
+
+    @property
+    def fingerprint_int(self) -> int:
+        """The CRC-64-AVRO value as Java's SchemaNormalization.parsingFingerprint64 reports it (unsigned)."""
+        return int.from_bytes(self.fingerprint, "little")
+
+
+def _load(filename: str) -> AvroSchema:
+    raw = json.loads(resources.files(__package__).joinpath(filename).read_text(encoding="utf-8"))
+    parsed = parse_schema(raw)
+    canonical = to_parsing_canonical_form(parsed)
+    # fastavro returns the CRC-64-AVRO bytes already in little-endian order (the spec's wire order).
+    fp = bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
+    return AvroSchema(raw["name"], filename, parsed, canonical, fp)
+
+
+COUNT_MUTATION = _load("count_mutation.avsc")
+MUTATION_BATCH = _load("mutation_batch.avsc")
+ROLLUP_SIGNAL = _load("rollup_signal.avsc")
+SCHEMAS: dict[bytes, AvroSchema] = {s.fingerprint: s for s in (COUNT_MUTATION, MUTATION_BATCH, ROLLUP_SIGNAL)}
+"""Every schema this codec reads, by wire fingerprint. Keep old versions here when a schema evolves."""
+
+_CM_HEADER = COUNT_MUTATION.header
+_BATCH_HEADER = MUTATION_BATCH.header
+_SIGNAL_HEADER = ROLLUP_SIGNAL.header
+_CM_PARSED = COUNT_MUTATION.parsed
+_BATCH_PARSED = MUTATION_BATCH.parsed
+_SIGNAL_PARSED = ROLLUP_SIGNAL.parsed
+_OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _record(m: Mutation) -> dict[str, Any]:
+    if m.event_time is None or m.event_id is None:
+        raise ValueError(
+            f"cannot encode {m.key} as Avro without event_time and event_id (idempotency token); "
+            "only JSON records may omit them")
+    m = validate_mutation(m)
+    return {
+        "op": m.op.value,
+        "namespace": m.namespace,
+        "counter_name": m.counter_name,
+        "delta": m.delta,
+        "event_time": m.event_time,
+        "event_id": m.event_id,
+        "event_item_key": m.event_item_key,
+    }
+
+
+def _write(header: bytes, parsed: dict[str, Any], record: dict[str, Any]) -> bytes:
+    buf = BytesIO()
+    buf.write(header)
+    schemaless_writer(buf, parsed, record)
+    return buf.getvalue()
+
+
+def encode_mutation(m: Mutation) -> bytes:
+    """One validated mutation as a single-object CountMutation; ValueError if invalid or without token."""
+    return _write(_CM_HEADER, _CM_PARSED, _record(m))
+
+
+def encode_batch(ms: Sequence[Mutation]) -> bytes:
+    """Validated mutations as one single-object MutationBatch; ValueError if empty or any is invalid."""
+    if not ms:
+        raise ValueError("a MutationBatch needs at least one mutation")
+    return _write(_BATCH_HEADER, _BATCH_PARSED, {"mutations": [_record(m) for m in ms]})
+
+
+def encode_signal(namespace: str, counter: str) -> bytes:
+    """A single-object RollupSignal for one counter; ValidationError for invalid names."""
+    record = {
+        "namespace": validate_namespace(namespace),
+        "counter": validate_counter_name(counter, field="counter"),
+    }
+    return _write(_SIGNAL_HEADER, _SIGNAL_PARSED, record)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
+    """Decode a single-object record with the schema its fingerprint names; trailing bytes are an error."""
+    if len(data) < HEADER_LEN:
+        raise DecodeError(f"truncated Avro single-object header: {len(data)} bytes, need {HEADER_LEN}")
+    schema = SCHEMAS.get(data[2:HEADER_LEN])
+    if schema is None:
+        fp = int.from_bytes(data[2:HEADER_LEN], "little")
+        raise DecodeError(f"unknown schema fingerprint 0x{fp:016x}")
+    fo = BytesIO(data)
+    fo.seek(HEADER_LEN)
+    try:
+        value = schemaless_reader(fo, schema.parsed, None)
+    except EOFError as exc:
+        detail = str(exc) or "unexpected end of data"
+        raise DecodeError(f"truncated Avro body for {schema.name}: {detail}") from None
+    except Exception as exc:  # fastavro raises many types on corrupt input; all mean "undecodable"
+        raise DecodeError(f"corrupt Avro body for {schema.name}: {type(exc).__name__}: {exc}"[:300]) from None
+    extra = len(data) - fo.tell()
+    if extra:
+        raise DecodeError(f"{extra} trailing bytes after the Avro body for {schema.name}")
+    return schema, value
+
+
+def _from_record(r: dict[str, Any]) -> Mutation:
+    """Build a Mutation from a decoded Avro record; the full validator runs only off the ASCII fast path."""
+    fields = (r["namespace"], r["counter_name"], r["delta"], r["event_time"], r["event_id"],
+              r["event_item_key"], _OPS[r["op"]])
+    if plainly_valid(*fields):
+        return Mutation(*fields)
+    return validate_mutation(Mutation(*fields))
+
+
+def _decode_json(data: bytes) -> list[Mutation]:
+    try:
+        value = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"not valid UTF-8 JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise DecodeError(f"invalid JSON: {exc}"[:300]) from None
+    if isinstance(value, dict):
+        try:
+            return [mutation_from_json(value)]
+        except ValidationError as exc:
+            raise DecodeError(f"JSON {exc}", exc.field) from None
+    if not value:
+        raise DecodeError("empty JSON array: no mutations")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise DecodeError(f"JSON array item {i}: must be an object, got {type(item).__name__}")
+        try:
+            out.append(mutation_from_json(item))
+        except ValidationError as exc:
+            raise DecodeError(f"JSON array item {i}: {exc}", exc.field) from None
+    return out
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # a repeated key is ambiguous; json.loads would silently keep the last
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
+    return obj
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid JSON number")
+
+
+def _as_bytes(data: Any) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    if isinstance(data, (bytearray, memoryview)):
+        return bytes(data)
+    raise DecodeError(f"expected bytes, got {type(data).__name__}")
+
+
+def decode_mutations(data: bytes) -> list[Mutation]:
+    """Decode one Kafka record value into validated mutations (never an empty list).
+
+    Accepts a single-object CountMutation or MutationBatch, a JSON object or a JSON array of objects.
+    Anything else, or any invalid field, raises DecodeError whose message names the problem.
+    """
+    data = _as_bytes(data)
+    if data[:2] == MAGIC:
+        schema, value = _read_avro(data)
+        if schema is COUNT_MUTATION:
+            try:
+                return [_from_record(value)]
+            except ValidationError as exc:
+                raise DecodeError(f"CountMutation {exc}", exc.field) from None
+        if schema is MUTATION_BATCH:
+            records = value["mutations"]
+            if not records:
+                raise DecodeError("empty MutationBatch: no mutations")
+            out: list[Mutation] = []
+            try:
+                for r in records:
+                    out.append(_from_record(r))
+            except ValidationError as exc:
+                raise DecodeError(f"MutationBatch item {len(out)}: {exc}", exc.field) from None
+            return out
+        raise DecodeError(f"record is a {schema.name}, not a CountMutation or MutationBatch")
+    head = data.lstrip()[:1]
+    if not head:
+        raise DecodeError("empty record")
+    if head in (b"{", b"["):
+        return _decode_json(data)
+    raise DecodeError("not Avro single-object (no C3 01 magic) and not JSON (no leading '{' or '[')")
+
+
+def decode_signal(data: bytes) -> tuple[str, str]:
+    """Decode a single-object RollupSignal into (namespace, counter); DecodeError otherwise."""
+    data = _as_bytes(data)
+    if not data:
+        raise DecodeError("empty record")
+    if data[:2] != MAGIC:
+        raise DecodeError("not Avro single-object (no C3 01 magic)")
+    schema, value = _read_avro(data)
+    if schema is not ROLLUP_SIGNAL:
+        raise DecodeError(f"record is a {schema.name}, not a RollupSignal")
+    try:
+        namespace = validate_namespace(value["namespace"])
+        return namespace, validate_counter_name(value["counter"], field="counter")
+    except ValidationError as exc:
+        raise DecodeError(f"RollupSignal {exc}", exc.field) from None

@@ -1,0 +1,39 @@
+"""The in-memory form of a count mutation, shared by producers, the persist agent and the API."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+MICROS = 1_000_000
+"""Microseconds per second: event times are epoch microseconds everywhere (Avro `event_time`)."""
+
+
+class MutationOp(StrEnum):
+    """What a mutation does; the values are the Avro enum symbols (a str and an Enum: "ADD" == ADD)."""
+
+    ADD = "ADD"
+    CLEAR = "CLEAR"
+
+
+@dataclass(frozen=True, slots=True)
+class Mutation:
+    """One AddCount or ClearCount, as carried by a CountMutation record.
+
+    `event_time` (epoch µs) and `event_id` (the idempotency token) may be None only for JSON records
+    that carried no idempotency token (or a token without generation_time): the persist agent then
+    derives them from the Kafka record (timestamp, topic/partition/offset), so replays stay idempotent.
+    """
+
+    namespace: str
+    counter_name: str
+    delta: int
+    event_time: int | None
+    event_id: str | None
+    event_item_key: str = ""
+    op: MutationOp = MutationOp.ADD
+
+    @property
+    def key(self) -> str:
+        """The Kafka record key, `namespace:counter_name` (namespaces never contain ':')."""
+        return f"{self.namespace}:{self.counter_name}"

@@ -1,0 +1,89 @@
+"""Service-wide settings from the environment (COUNTER_*), validated at start-up.
+
+A bad value stops start-up with a message naming the environment variable, never a stack trace later.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "COUNTER_"
+
+
+class SettingsError(ValueError):
+    """A COUNTER_* setting is invalid; the message names the variable."""
+
+
+class Settings(BaseSettings):
+    """Where the broker, store, cache and namespace file are, and how topics are shaped."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    kafka_bootstrap: str | None = Field(
+        None, description="host:port[,host:port] of the Kafka cluster; unset = start the local Tansu broker")
+    store: str = Field("sqlite", description="'sqlite', 'sqlite:///path/to/dir' or 'cassandra://h1,h2:9042/ks?dc=..'")
+    cache: str = Field("auto", description="'auto' (local memcached if installed), 'memory' or 'memcached://host:port'")
+    namespaces: Path | None = Field(None, description="namespace configuration file (YAML or JSON)")
+    data_dir: Path = Field(Path(".counter"), description="SQLite files, endpoints.json and logs")
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(8080, ge=0, le=65535)
+    worker_port: int = Field(6066, ge=0, le=65535, description="worker web port (Prometheus /metrics)")
+    mutations_topic: str = "counter-mutations"
+    rollups_topic: str = "counter-rollups"
+    dlq_topic: str = "counter-mutations-dlq"
+    mutations_partitions: int = Field(8, ge=1, le=10_000)
+    rollups_partitions: int = Field(8, ge=1, le=10_000)
+    dlq_partitions: int = Field(1, ge=1, le=10_000)
+    replication_factor: int = Field(1, ge=1, le=15)
+    mutations_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
+    worker_id: str = Field("counter-worker", description="Faust app id = consumer group of all workers")
+    worker_log_level: str = "warning"
+    persist_batch_max: int = Field(2000, ge=1, description="records per persist batch (stream.take)")
+    persist_batch_within_ms: int = Field(50, ge=1, description="longest wait to fill a persist batch")
+    watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
+    sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
+    rollup_max_signals: int = Field(50_000, ge=1, description="signals coalesced at most per rollup window")
+
+    @field_validator("kafka_bootstrap")
+    @classmethod
+    def _bootstrap_hosts(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        for part in value.split(","):
+            host, sep, port = part.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"expected host:port[,host:port], got {part.strip()!r}")
+        return value.strip()
+
+    @field_validator("store")
+    @classmethod
+    def _store_scheme(cls, value: str) -> str:
+        if value == "sqlite" or value.startswith(("sqlite://", "cassandra://")):
+            return value
+        raise ValueError(f"expected 'sqlite', 'sqlite:///dir' or 'cassandra://hosts/keyspace', got {value!r}")
+
+    @field_validator("cache")
+    @classmethod
+    def _cache_scheme(cls, value: str) -> str:
+        if value in ("auto", "memory") or value.startswith("memcached://"):
+            return value
+        raise ValueError(f"expected 'auto', 'memory' or 'memcached://host:port', got {value!r}")
+
+    @property
+    def endpoints_path(self) -> Path:
+        return self.data_dir / "endpoints.json"
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read COUNTER_* from the environment; raise SettingsError naming the variable on a bad value."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "?"
+            problems.append(f"{ENV_PREFIX}{field.upper()}: {err['msg']} (got {err.get('input')!r})")
+        raise SettingsError("invalid settings: " + "; ".join(problems)) from None

@@ -1,0 +1,111 @@
+"""Test helpers: waiting on conditions with deadlines, and reading topics back with a plain aiokafka client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import ConsumerRecord
+
+
+def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.05, message: str = "") -> object:
+    """Return condition()'s first truthy value, or fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message or condition}")
+        time.sleep(interval)
+
+
+async def _read_all(bootstrap: str, topic: str, expected: int, timeout: float) -> list[ConsumerRecord]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + timeout
+        partitions = None
+        while not partitions:
+            partitions = consumer.partitions_for_topic(topic)
+            if not partitions:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"topic {topic} has no partitions")
+                await consumer.client.force_metadata_update()
+        consumer.assign([TopicPartition(topic, p) for p in sorted(partitions)])
+        await consumer.seek_to_beginning()
+        records: list[ConsumerRecord] = []
+        while len(records) < expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"read {len(records)} of {expected} records from {topic} in {timeout}s")
+            batch = await consumer.getmany(timeout_ms=int(min(remaining, 1.0) * 1000))
+            for recs in batch.values():
+                records.extend(r for r in recs if not any(k == SENTINEL_HEADER for k, _ in (r.headers or ())))
+        return records
+    finally:
+        await consumer.stop()
+
+
+def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 30.0) -> list[ConsumerRecord]:
+    """All records of `topic` (at least `expected`), read by an independent aiokafka consumer."""
+    return asyncio.run(_read_all(bootstrap, topic, expected, timeout))
+
+
+SENTINEL_HEADER = "test.sentinel"
+
+
+def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[ConsumerRecord]:
+    """Every record in `topic`, exactly: a sentinel is appended to each partition and records are read
+    until every sentinel arrives (per-partition order guarantees nothing before it is missed). Brokers'
+    end offsets are not used: Tansu reports the base offset of the last batch + 1 as the high watermark."""
+    from confluent_kafka import Producer
+
+    from streams.topics import partition_count
+
+    partitions = partition_count(bootstrap, topic)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for p in range(partitions):
+        producer.produce(topic, value=b"", partition=p, headers=[(SENTINEL_HEADER, b"1")])
+    assert producer.flush(timeout) == 0
+    return asyncio.run(_read_until_sentinels(bootstrap, topic, partitions, timeout))
+
+
+async def _read_until_sentinels(bootstrap: str, topic: str, partitions: int,
+                                timeout: float) -> list[ConsumerRecord]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        await consumer.seek_to_beginning()
+        deadline = time.monotonic() + timeout
+        records: list[ConsumerRecord] = []
+        seen: set[int] = set()
+        while len(seen) < partitions:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sentinels of {sorted(set(range(partitions)) - seen)} not read in {timeout}s")
+            batch = await consumer.getmany(timeout_ms=500)
+            for tp, recs in batch.items():
+                for r in recs:
+                    if any(k == SENTINEL_HEADER for k, _ in (r.headers or ())):
+                        seen.add(tp.partition)
+                    else:
+                        records.append(r)
+        return records
+    finally:
+        await consumer.stop()
+
+
+def topic_size(bootstrap: str, topic: str) -> int:
+    """Number of (non-sentinel) records in `topic`."""
+    return len(read_all(bootstrap, topic))
+
+
+def make_topic(bootstrap: str, topic: str, partitions: int = 4) -> None:
+    from streams.topics import TopicSpec, ensure_topics
+
+    ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
