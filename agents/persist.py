@@ -27,6 +27,7 @@ class RawRecord:
     timestamp_us: int
     key: bytes | None
     value: bytes
+    heartbeat: bool = False
 
 
 @dataclass(slots=True)
@@ -43,6 +44,8 @@ def prepare(records: Sequence[RawRecord], registry: NamespaceRegistry) -> Prepar
     rows_append = out.rows.append
     last_write = out.last_write
     for rec in records:
+        if rec.heartbeat:
+            continue
         try:
             mutations = decode_mutations(rec.value)
         except DecodeError as exc:
@@ -63,7 +66,7 @@ def prepare(records: Sequence[RawRecord], registry: NamespaceRegistry) -> Prepar
             else:
                 reason = admission_error(event_time, rec.timestamp_us, ns)
             if reason is not None:
-                value = rec.value if single and m.event_id is not None else _reencode(m, event_time, event_id)
+                value = rec.value if single else _reencode(m, event_time, event_id)
                 out.dead.append(_dead(rec, value, reason))
                 continue
             is_clear = m.op is MutationOp.CLEAR

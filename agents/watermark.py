@@ -1,60 +1,48 @@
-"""The persist watermark (DESIGN invariant 3): per partition, a time before which every record is persisted.
+"""The persist watermark (DESIGN invariant 3), by punctuation: heartbeats through the mutations partitions.
 
-For a partition this worker owns: if everything the broker holds (end offset fetched *now*) is persisted,
-the mark is the time taken *before* that fetch, less the clock skew: any later record is appended after it.
-Otherwise the mark is the timestamp of the last persisted record (less skew), since the next record cannot
-be older on a LogAppendTime topic. Marks only hold rollups back; they never let one skip an event.
+Every `watermark_interval` the worker appends a tiny heartbeat record (header `counter.heartbeat`, empty
+value) to each mutations partition it owns. Partitions are consumed in order, so once the persist agent
+has persisted the batch holding a heartbeat, every record appended before it is in the store: the
+partition's watermark becomes the heartbeat's timestamp (less the clock skew). A paused or lagging agent
+reads its heartbeats late, so its watermark, and every rollup behind it, waits.
+
+Why not end offsets: they would do on Apache Kafka, but the local broker (Tansu) reports the base offset
+of the last batch + 1 as the high watermark, which would declare a half-read batch "caught up".
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterable
-
-from confluent_kafka import Consumer, TopicPartition
 
 from schemas import MICROS
 
+HEARTBEAT_HEADER = "counter.heartbeat"
+
+
+def is_heartbeat(headers: object) -> bool:
+    """Whether a record's headers (list of pairs or mapping, str or bytes names) mark a heartbeat."""
+    if not headers:
+        return False
+    names = headers.keys() if isinstance(headers, dict) else (h[0] for h in headers)  # type: ignore[union-attr]
+    return any(n == HEARTBEAT_HEADER or n == b"counter.heartbeat" for n in names)
+
 
 class WatermarkTracker:
-    """Tracks persisted positions in memory and turns them into per-partition watermarks."""
+    """Per-partition watermarks from the heartbeats this worker has persisted past."""
 
-    def __init__(self, bootstrap: str, topic: str, group_id: str, skew_s: float) -> None:
-        self.topic = topic
+    def __init__(self, skew_s: float) -> None:
         self.skew_us = int(skew_s * MICROS)
-        self._persisted: dict[int, tuple[int, int]] = {}  # partition -> (next offset, last record ts µs)
+        self._seen: dict[int, int] = {}
         self._lock = threading.Lock()
-        # A query-only client: it never subscribes, so it never joins (or disturbs) the worker's group.
-        self._client = Consumer({"bootstrap.servers": bootstrap, "group.id": group_id,
-                                 "enable.auto.commit": False, "client.id": "counter-watermark"})
 
-    def persisted(self, partition: int, offset: int, timestamp_us: int) -> None:
-        """Record that everything up to and including `offset` on `partition` is in the store."""
+    def heartbeat_persisted(self, partition: int, timestamp_us: int) -> None:
+        """Everything on `partition` appended before this heartbeat is now in the store."""
         with self._lock:
-            nxt, ts = self._persisted.get(partition, (0, 0))
-            self._persisted[partition] = (max(nxt, offset + 1), max(ts, timestamp_us))
+            if timestamp_us > self._seen.get(partition, 0):
+                self._seen[partition] = timestamp_us
 
-    def compute(self, partitions: Iterable[int], timeout: float = 5.0) -> dict[int, int]:
-        """Watermarks (µs) for the given owned partitions; blocking, call from a thread."""
-        partitions = sorted(partitions)
-        if not partitions:
-            return {}
-        t0 = time.time_ns() // 1000 - self.skew_us
-        committed = {tp.partition: tp.offset for tp in self._client.committed(
-            [TopicPartition(self.topic, p) for p in partitions], timeout=timeout)}
-        marks: dict[int, int] = {}
-        for p in partitions:
-            _low, end = self._client.get_watermark_offsets(TopicPartition(self.topic, p), timeout=timeout,
-                                                           cached=False)
-            with self._lock:
-                nxt, last_ts = self._persisted.get(p, (0, 0))
-            position = max(nxt, committed.get(p, -1))
-            if position >= end:
-                marks[p] = t0
-            elif last_ts:
-                marks[p] = last_ts - self.skew_us
-        return marks
-
-    def close(self) -> None:
-        self._client.close()
+    def marks(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Watermarks (µs) of the given partitions that have seen a heartbeat."""
+        with self._lock:
+            return {p: self._seen[p] - self.skew_us for p in partitions if p in self._seen}

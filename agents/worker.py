@@ -19,7 +19,7 @@ from agents import metrics
 from agents.dlq import DeadLetter
 from agents.persist import RawRecord, prepare
 from agents.rollup import BackPressure, Key, global_watermark, rollup_many
-from agents.watermark import WatermarkTracker
+from agents.watermark import HEARTBEAT_HEADER, WatermarkTracker, is_heartbeat
 from control_plane import CounterType, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
 from schemas import DecodeError, decode_signal, encode_signal
@@ -105,7 +105,7 @@ def build(settings: Settings) -> Pipeline:
     pipeline = Pipeline(
         settings=settings, registry=registry, events=events, rollups=rollups,
         cache=open_cache(_cache_spec(settings)), app=app, topics=topics,
-        tracker=WatermarkTracker(settings.kafka_bootstrap, settings.mutations_topic, settings.worker_id, skew),
+        tracker=WatermarkTracker(skew),
         mutation_partitions=counts[settings.mutations_topic],
         rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure())
     coalesce_s = min((ns.queue.coalesce_ms for ns in rolled), default=1000) / 1000.0
@@ -127,7 +127,8 @@ def _attach(p: Pipeline, coalesce_s: float) -> None:
         async for events in stream.take_events(settings.persist_batch_max,
                                                within=settings.persist_batch_within_ms / 1000):
             records = [RawRecord(e.message.topic, e.message.partition, e.message.offset,
-                                 round(e.message.timestamp * 1e6), e.message.key, e.message.value)
+                                 round(e.message.timestamp * 1e6), e.message.key, e.message.value,
+                                 is_heartbeat(e.message.headers))
                        for e in events]
             await _retrying("persist", lambda records=records: _persist(p, records))
 
@@ -145,17 +146,16 @@ def _attach(p: Pipeline, coalesce_s: float) -> None:
                 await _retrying("rollup", lambda keys=keys: _rollup(p, keys))
 
     @app.timer(settings.watermark_interval_ms / 1000)
-    async def refresh_watermarks() -> None:
+    async def heartbeat() -> None:
+        """Publish the watermarks earned so far, and send the next heartbeat down each owned partition."""
         owned = [tp.partition for tp in app.consumer.assignment() if tp.topic == settings.mutations_topic]
         if not owned:
             return
-        try:
-            marks = await asyncio.to_thread(p.tracker.compute, owned)
-        except Exception as exc:  # broker hiccup: keep the old marks, which only hold rollups back
-            log.warning("watermark refresh failed: %s", exc)
-            return
+        marks = p.tracker.marks(owned)
         if marks:
             await p.rollups.set_watermarks(settings.mutations_topic, marks)
+        for partition in owned:
+            await p.topics.mutations.send(value=b"", partition=partition, headers=[(HEARTBEAT_HEADER, b"1")])
 
     @app.timer(settings.sweep_interval_s)
     async def sweep() -> None:
@@ -164,9 +164,29 @@ def _attach(p: Pipeline, coalesce_s: float) -> None:
             metrics.RESIGNALS.labels("sweep").inc(len(stale))
             await p.send_signals(stale)
 
+    @app.timer(settings.retention_interval_s)
+    async def retention() -> None:
+        """Drop whole event slices older than delete_after that every counter has rolled past."""
+        now_us = time.time_ns() // 1000
+        for ns in p.registry.values():
+            if ns.counter_type is CounterType.BEST_EFFORT:
+                continue
+            rolled = await p.rollups.min_rollup_ts(ns.name)
+            dropped = await p.events.drop_expired_slices(
+                ns.name, now_us - int(ns.retention.delete_after_s * 1e6), rolled)
+            if dropped:
+                log.info("retention: dropped %d slice(s) of namespace %s", dropped, ns.name)
+
+    @app.page("/ready")
+    async def ready(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+        """200 once this worker owns partitions (it joined the group), 503 before."""
+        owned = sorted(f"{tp.topic}:{tp.partition}" for tp in app.consumer.assignment())
+        return web.json({"ready": bool(owned), "partitions": owned}, status=200 if owned else 503)
+
     @app.page("/metrics")
     async def prometheus(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        return web.bytes(generate_latest(metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST)
+        # aiohttp wants the charset out of content_type: text/plain; version=0.0.4 is Prometheus' format.
+        return web.bytes(generate_latest(metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
 
 async def _persist(p: Pipeline, records: list[RawRecord]) -> None:
@@ -180,7 +200,8 @@ async def _persist(p: Pipeline, records: list[RawRecord]) -> None:
     if batch.last_write:
         await p.send_signals(list(batch.last_write))
     for rec in records:
-        p.tracker.persisted(rec.partition, rec.offset, rec.timestamp_us)
+        if rec.heartbeat:
+            p.tracker.heartbeat_persisted(rec.partition, rec.timestamp_us)
     metrics.RECORDS_CONSUMED.inc(len(records))
     per_ns: dict[str, int] = {}
     for row in batch.rows:
@@ -223,6 +244,5 @@ async def _retrying(what: str, action) -> None:
 def run(settings: Settings) -> None:
     """Start the worker and block until it is stopped (SIGINT/SIGTERM)."""
     pipeline = build(settings)
-    worker = faust.Worker(pipeline.app, loglevel=settings.worker_log_level.upper(),
-                          web_port=settings.worker_port, web_host="127.0.0.1")
+    worker = faust.Worker(pipeline.app, loglevel=settings.worker_log_level.upper())
     worker.execute_from_commandline()

@@ -92,7 +92,7 @@ def _start_worker(stack: ExitStack, settings: Settings, bootstrap: str, memcache
     env = {"COUNTER_KAFKA_BOOTSTRAP": bootstrap, "COUNTER_DATA_DIR": str(settings.data_dir),
            "COUNTER_CACHE": f"memcached://{memcached}" if memcached else "memory"}
     worker = ManagedProcess([sys.executable, "-m", "agents"], host="127.0.0.1", port=settings.worker_port,
-                            log_path=logs / "worker.log", env=env)
+                            log_path=logs / "worker.log", env=env, ready_path="/ready")
     worker.name = "worker"
     return stack.enter_context(worker.start(timeout=90))
 

@@ -35,6 +35,18 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
         return False
 
 
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """True when GET `url` answers 2xx."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return 200 <= response.status < 300
+    except (OSError, urllib.error.URLError):
+        return False
+
+
 def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
     """Poll `condition` until it holds or `timeout` seconds pass; return whether it held."""
     deadline = time.monotonic() + timeout
@@ -52,12 +64,13 @@ class ManagedProcess:
     name = "service"
 
     def __init__(self, argv: Sequence[str], *, host: str, port: int, log_path: Path,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, ready_path: str | None = None) -> None:
         self.argv = list(argv)
         self.host = host
         self.port = port
         self.log_path = log_path
         self.env = env
+        self.ready_path = ready_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -86,7 +99,9 @@ class ManagedProcess:
         return self
 
     def ready(self) -> bool:
-        """Whether the service answers; subclasses refine the bare TCP check."""
+        """Whether the service answers: GET ready_path is 2xx, or else the port accepts connections."""
+        if self.ready_path:
+            return http_ok(f"http://{self.host}:{self.port}{self.ready_path}")
         return port_open(self.host, self.port)
 
     def running(self) -> bool:

@@ -41,10 +41,15 @@ class Settings(BaseSettings):
     mutations_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
     worker_id: str = Field("counter-worker", description="Faust app id = consumer group of all workers")
     worker_log_level: str = "warning"
+    group_session_timeout_s: float = Field(10.0, ge=1, description="consumer group session timeout")
+    group_rebalance_timeout_s: float = Field(
+        5.0, ge=1, description="how long a rebalance waits for members to rejoin (Tansu waits all of it "
+                               "before completing a join, so keep it short)")
     persist_batch_max: int = Field(2000, ge=1, description="records per persist batch (stream.take)")
     persist_batch_within_ms: int = Field(50, ge=1, description="longest wait to fill a persist batch")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
+    retention_interval_s: float = Field(300.0, gt=0, description="how often expired, rolled-up slices are dropped")
     rollup_max_signals: int = Field(50_000, ge=1, description="signals coalesced at most per rollup window")
 
     @field_validator("kafka_bootstrap")

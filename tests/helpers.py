@@ -10,7 +10,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 
-def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.05, message: str = "") -> object:
+def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.05,
+             message: str | Callable[[], str] = "") -> object:
     """Return condition()'s first truthy value, or fail the test after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -18,7 +19,8 @@ def wait_for(condition: Callable[[], object], timeout: float, interval: float = 
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {message or condition}")
+            text = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout}s waiting for {text or condition}")
         time.sleep(interval)
 
 
@@ -44,7 +46,7 @@ async def _read_all(bootstrap: str, topic: str, expected: int, timeout: float) -
                 raise AssertionError(f"read {len(records)} of {expected} records from {topic} in {timeout}s")
             batch = await consumer.getmany(timeout_ms=int(min(remaining, 1.0) * 1000))
             for recs in batch.values():
-                records.extend(r for r in recs if not any(k == SENTINEL_HEADER for k, _ in (r.headers or ())))
+                records.extend(r for r in recs if not is_control(r))
         return records
     finally:
         await consumer.stop()
@@ -56,6 +58,11 @@ def read_topic(bootstrap: str, topic: str, expected: int, timeout: float = 30.0)
 
 
 SENTINEL_HEADER = "test.sentinel"
+CONTROL_HEADERS = {SENTINEL_HEADER, "counter.heartbeat"}  # records that are not mutations
+
+
+def is_control(record: ConsumerRecord) -> bool:
+    return any(k in CONTROL_HEADERS for k, _ in (record.headers or ()))
 
 
 def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[ConsumerRecord]:
@@ -93,7 +100,7 @@ async def _read_until_sentinels(bootstrap: str, topic: str, partitions: int,
                 for r in recs:
                     if any(k == SENTINEL_HEADER for k, _ in (r.headers or ())):
                         seen.add(tp.partition)
-                    else:
+                    elif not is_control(r):
                         records.append(r)
         return records
     finally:

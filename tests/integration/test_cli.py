@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
 from infra.process import port_open
 from schemas import decode_mutations
-from tests.helpers import make_topic, read_all, read_topic, topic_size, wait_for
+from sinks import SqliteRollupStore
+from tests.helpers import make_topic, read_all, topic_size, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -46,8 +49,15 @@ def test_up_writes_endpoints_answers_and_stops_on_sigint(tmp_path):
                                   env=_env(COUNTER_DATA_DIR=str(data_dir)), capture_output=True, text=True,
                                   timeout=60)
         assert produced.returncode == 0, produced.stderr
-        (record,) = read_topic(endpoints["kafka_bootstrap"], "counter-mutations", 1)
+        (record,) = read_all(endpoints["kafka_bootstrap"], "counter-mutations")
         assert decode_mutations(record.value)[0].delta == 2
+        produced = subprocess.run([*COUNTER, "produce", "my_dataset", "counter123", "--", "-5"],
+                                  env=_env(COUNTER_DATA_DIR=str(data_dir)), capture_output=True, text=True,
+                                  timeout=60)
+        assert produced.returncode == 0, produced.stderr
+        # The embedded worker counts them exactly (example namespaces: accept_limit 5 s, coalesce 10 s).
+        wait_for(lambda: _rollup(data_dir, "my_dataset", "counter123") == -3, 60, interval=0.5,
+                 message="counter123 rolled up to -3")
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -61,6 +71,18 @@ def test_up_writes_endpoints_answers_and_stops_on_sigint(tmp_path):
     assert not port_open(bhost, int(bport)), "broker still running after SIGINT"
     assert not port_open(host, int(port)), "memcached still running after SIGINT"
     assert not endpoints_file.exists()
+
+
+def _rollup(data_dir: Path, namespace: str, counter: str) -> int | None:
+    """The rolled-up count in the SQLite rollup store of a running `counter up` (None until rolled up)."""
+    async def read() -> int | None:
+        store = SqliteRollupStore(data_dir / "rollups.sqlite3")
+        try:
+            state = await store.get(namespace, counter)
+        finally:
+            await store.close()
+        return state.count if state is not None and state.rollup_ts >= state.last_write_ts else None
+    return asyncio.run(read())
 
 
 def test_up_with_bad_setting_fails_naming_it(tmp_path):
@@ -112,6 +134,6 @@ def test_produce_bad_file_sends_nothing(kafka_bootstrap, topic_name, tmp_path):
 
 
 def test_every_verb_has_help():
-    for verb in ("up", "produce"):
+    for verb in ("up", "produce", "worker"):
         result = subprocess.run([*COUNTER, verb, "--help"], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0 and "usage: counter " + verb in result.stdout

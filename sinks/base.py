@@ -1,0 +1,100 @@
+"""Store interfaces every backend implements (SQLite now, Cassandra next).
+
+They are async so a network backend can implement them natively; the SQLite backend runs its
+work on one dedicated thread per store so the Faust event loop never blocks on disk.
+All times are epoch microseconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+from sinks.model import Aggregate, EventRow, RollupState
+
+__all__ = ["EventStore", "RollupStore", "ScanCursor"]
+
+# Position of the last event returned by ``scan``: (event_time, event_id, event_item_key).
+ScanCursor = tuple[int, str, str]
+
+
+@runtime_checkable
+class EventStore(Protocol):
+    """The TimeSeries event store: idempotent, immutable events partitioned by time."""
+
+    async def write_events(self, rows: Sequence[EventRow]) -> int:
+        """Store rows in one transaction; returns how many were new.
+
+        Idempotent on (namespace, counter, event_time, event_id, event_item_key): the first
+        write of an identity wins, later ones (even with another delta) are ignored.
+        """
+        ...
+
+    async def aggregate(self, namespace: str, counter: str, after_us: int, upto_us: int) -> Aggregate:
+        """Aggregate of the events with ``after_us < event_time <= upto_us`` (clears honoured)."""
+        ...
+
+    async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
+                   after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:
+        """Up to ``limit`` events of ``after_us < event_time <= upto_us`` in ascending
+        (event_time, event_id, event_item_key) order, for ACCURATE live deltas and audits.
+
+        Paging: pass the last row's ``(event_time, event_id, event_item_key)`` as ``after`` to
+        continue strictly after it; a cursor (not a time) so many events sharing one event_time
+        across a page edge are each returned exactly once. A page shorter than ``limit`` is the last.
+        """
+        ...
+
+    async def delete_rolled_up(self, namespace: str, counter: str, before_us: int, rolled_up_to_us: int) -> int:
+        """Delete the counter's events with ``event_time < min(before_us, rolled_up_to_us + 1)``:
+        only old events that a rollup already counted. Returns how many were deleted."""
+        ...
+
+    async def drop_expired_slices(self, namespace: str, before_us: int, rolled_up_to_us: int) -> int:
+        """Retention by whole slices: drop the namespace's slices whose every possible event time
+        is ``< before_us`` and ``<= rolled_up_to_us``. Returns how many slices were dropped."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class RollupStore(Protocol):
+    """Per-counter rollups ``(count, rollup_ts, last_write_ts)`` and the persist watermarks."""
+
+    async def get(self, namespace: str, counter: str) -> RollupState | None: ...
+
+    async def get_many(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
+        """States of the keys that exist (missing keys are absent from the result)."""
+        ...
+
+    async def bump_last_write(self, items: Sequence[tuple[str, str, int]]) -> None:
+        """``last_write_ts = max(old, new)`` per (namespace, counter, event_time); creates missing rows
+        as (count 0, rollup_ts 0) so the sweep finds them."""
+        ...
+
+    async def write_rollup(self, namespace: str, counter: str, count: int, rollup_ts: int) -> bool:
+        """Forward-only: applied only if ``rollup_ts`` is later than the stored one (or no row).
+        Returns whether it was applied; racing rollup workers converge without locks."""
+        ...
+
+    async def stale(self, limit: int = 1000) -> list[tuple[str, str]]:
+        """Counters with ``last_write_ts > rollup_ts`` (the convergence sweep); successive calls
+        rotate through all of them so a few hot counters cannot starve the rest."""
+        ...
+
+    async def min_rollup_ts(self, namespace: str) -> int:
+        """Time up to which every stored event of the namespace is rolled up (retention bound)."""
+        ...
+
+    async def set_watermarks(self, topic: str, marks: Mapping[int, int]) -> None:
+        """Per-partition persist watermark (µs); never moves a partition's mark backwards."""
+        ...
+
+    async def watermarks(self, topic: str) -> dict[int, int]: ...
+
+    async def delete(self, namespace: str, counter: str | None = None) -> int:
+        """Drop rollup rows of one counter or a whole namespace (ops, recounts); returns rows dropped."""
+        ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,35 @@
+"""Open the configured stores from a COUNTER_STORE url."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from sinks.base import EventStore, RollupStore
+from sinks.model import Partitioning
+from sinks.sqlite_store import SqliteEventStore, SqliteRollupStore
+
+__all__ = ["EVENTS_FILE", "ROLLUPS_FILE", "open_stores"]
+
+EVENTS_FILE = "events.sqlite3"
+ROLLUPS_FILE = "rollups.sqlite3"
+
+
+def open_stores(store_url: str, data_dir: Path,
+                partitioning_for: Callable[[str], Partitioning]) -> tuple[EventStore, RollupStore]:
+    """``"sqlite"``: files under data_dir; ``"sqlite:///abs/dir"``: files under that directory."""
+    url = store_url.strip()
+    if url == "sqlite":
+        directory = Path(data_dir)
+    elif url.startswith("sqlite://"):
+        rest = url[len("sqlite://"):]
+        if not rest.startswith("/"):
+            raise ValueError(f"expected 'sqlite:///absolute/dir', got {store_url!r}")
+        directory = Path(rest)
+    elif url.startswith("cassandra://"):
+        raise NotImplementedError("Cassandra backend: see issue 6")
+    else:
+        raise ValueError(f"unknown store {store_url!r}: expected 'sqlite', 'sqlite:///dir' or 'cassandra://...'")
+    directory.mkdir(parents=True, exist_ok=True)
+    return (SqliteEventStore(directory / EVENTS_FILE, partitioning_for),
+            SqliteRollupStore(directory / ROLLUPS_FILE))

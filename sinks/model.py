@@ -1,0 +1,99 @@
+"""Plain values shared by every storage backend: partitioning, event rows, aggregates, rollup state.
+
+Times are epoch microseconds (int) everywhere. Events travel as plain tuples (``EventRow``) so the
+persist hot path allocates no per-event objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+__all__ = ["EMPTY_AGGREGATE", "Aggregate", "EventRow", "Partitioning", "RollupState", "apply_aggregate"]
+
+_US = 1_000_000
+
+# (namespace, counter, event_time_us, event_id, event_item_key, delta, is_clear)
+EventRow = tuple[str, str, int, str, str, int, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Partitioning:
+    """How a namespace's events are spread: (time_bucket, event_bucket) partitions inside time slices.
+
+    time_bucket and event_bucket keep a hot counter from building one wide partition; slices are
+    the unit retention drops. Integer math only, so every process computes identical keys.
+    """
+
+    buckets_per_id: int
+    seconds_per_bucket: int
+    seconds_per_slice: int
+
+    def __post_init__(self) -> None:
+        if min(self.buckets_per_id, self.seconds_per_bucket, self.seconds_per_slice) <= 0:
+            raise ValueError(f"partitioning values must be positive: {self}")
+
+    @classmethod
+    def of(cls, time_partition: Any) -> Partitioning:
+        """From anything with the three fields (e.g. control_plane's ``TimePartition``)."""
+        return cls(int(time_partition.buckets_per_id), int(time_partition.seconds_per_bucket),
+                   int(time_partition.seconds_per_slice))
+
+    @property
+    def bucket_us(self) -> int:
+        return self.seconds_per_bucket * _US
+
+    @property
+    def slice_us(self) -> int:
+        return self.seconds_per_slice * _US
+
+    def time_bucket(self, event_time_us: int) -> int:
+        return event_time_us // (self.seconds_per_bucket * _US)
+
+    def slice_of(self, event_time_us: int) -> int:
+        return event_time_us // (self.seconds_per_slice * _US)
+
+    def event_bucket(self, event_id: str) -> int:
+        return xxhash.xxh64_intdigest(event_id.encode()) % self.buckets_per_id  # xxh64 of UTF-8
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """What a range of events does to a count.
+
+    cleared: the range holds a clear; then ``delta`` is the sum of adds strictly after the latest
+    clear (``last_clear_us``) and replaces the count instead of adding to it.
+    events: events the result depends on (those at or after the latest clear; all when none).
+    """
+
+    delta: int
+    cleared: bool
+    last_clear_us: int | None
+    events: int
+
+
+EMPTY_AGGREGATE = Aggregate(0, False, None, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class RollupState:
+    """A counter's rolled-up value: exact for every event with event_time <= rollup_ts.
+
+    rollup_ts 0 means never rolled up; last_write_ts is the newest persisted event time, so
+    ``last_write_ts > rollup_ts`` means events are waiting for a rollup.
+    """
+
+    count: int
+    rollup_ts: int
+    last_write_ts: int
+
+    @property
+    def stale(self) -> bool:
+        return self.last_write_ts > self.rollup_ts
+
+
+def apply_aggregate(count: int, agg: Aggregate) -> int:
+    """The count after the aggregated range: a clear resets, otherwise deltas add."""
+    return agg.delta if agg.cleared else count + agg.delta

@@ -1,0 +1,332 @@
+"""SQLite TimeSeries event store: one table per (namespace, time slice), mirroring the Cassandra layout.
+
+Layout (why):
+* Table ``events_<ns>_<hash>_<slice>`` per namespace and slice: slice numbers are only comparable
+  within one namespace's ``seconds_per_slice``, and retention drops a whole slice with one DROP TABLE.
+* PRIMARY KEY (namespace, counter, time_bucket, event_bucket, event_time, event_id, event_item_key)
+  WITHOUT ROWID: the event identity plus the Cassandra partition key; INSERT OR IGNORE makes writes
+  idempotent (first write wins).
+* Covering index ``(namespace, counter, event_time, event_id, event_item_key, is_clear, delta)``:
+  aggregation and scans seek straight to ``event_time > after`` so their cost depends only on the
+  events in the range, never on how many old (rolled-up) events the counter has.
+* Partial index on clears: the latest clear of a range is one index seek.
+* Catalog ``event_slices`` lists every slice table with its time range, so a range touches only the
+  slices that overlap it (a never-rolled-up counter aggregates from 0 without enumerating empty
+  slices). It is re-read whenever ``PRAGMA schema_version`` moves, i.e. when any process created or
+  dropped a slice.
+* Catalog ``event_namespaces`` pins each namespace's partitioning on first write: time_bucket and
+  event_bucket are part of the identity, so a later config change must not re-key (and double) events.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from sinks.base import ScanCursor
+from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
+from sinks.sqlite_thread import SqliteThread
+
+__all__ = ["SqliteEventStore"]
+
+log = logging.getLogger(__name__)
+
+_CATALOG = """
+CREATE TABLE IF NOT EXISTS event_namespaces (
+    namespace TEXT PRIMARY KEY, buckets_per_id INTEGER NOT NULL,
+    seconds_per_bucket INTEGER NOT NULL, seconds_per_slice INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS event_slices (
+    table_name TEXT PRIMARY KEY, namespace TEXT NOT NULL, slice INTEGER NOT NULL,
+    start_us INTEGER NOT NULL, end_us INTEGER NOT NULL) WITHOUT ROWID;
+"""
+
+_SLICE_DDL = """
+CREATE TABLE IF NOT EXISTS "{t}" (
+    namespace TEXT NOT NULL, counter TEXT NOT NULL, time_bucket INTEGER NOT NULL,
+    event_bucket INTEGER NOT NULL, event_time INTEGER NOT NULL, event_id TEXT NOT NULL,
+    event_item_key TEXT NOT NULL, delta INTEGER NOT NULL, is_clear INTEGER NOT NULL,
+    PRIMARY KEY (namespace, counter, time_bucket, event_bucket, event_time, event_id, event_item_key)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS "{t}_time"
+    ON "{t}" (namespace, counter, event_time, event_id, event_item_key, is_clear, delta);
+CREATE INDEX IF NOT EXISTS "{t}_clears" ON "{t}" (namespace, counter, event_time) WHERE is_clear = 1;
+"""
+
+_INSERT = 'INSERT OR IGNORE INTO "{t}" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)'
+
+# One statement per slice: the latest clear via the clears index, then one covering-index range
+# scan starting at that clear (or at after_us), summing adds strictly after the clear.
+_AGGREGATE = """
+SELECT clear.lc,
+       COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (clear.lc IS NULL OR e.event_time >= clear.lc)
+                         THEN e.delta END), 0),
+       COUNT(e.event_time)
+FROM (SELECT MAX(event_time) AS lc FROM "{t}" INDEXED BY "{t}_clears"
+      WHERE namespace = ?1 AND counter = ?2 AND is_clear = 1
+        AND event_time > ?3 AND event_time <= ?4) AS clear
+LEFT JOIN "{t}" AS e INDEXED BY "{t}_time"
+       ON e.namespace = ?1 AND e.counter = ?2
+      AND e.event_time > COALESCE(clear.lc - 1, ?3) AND e.event_time <= ?4
+"""
+
+_COLUMNS = "namespace, counter, event_time, event_id, event_item_key, delta, is_clear"
+_SCAN_FROM = f"""
+SELECT {_COLUMNS} FROM "{{t}}" INDEXED BY "{{t}}_time"
+WHERE namespace = ? AND counter = ? AND event_time > ? AND event_time <= ?
+ORDER BY event_time, event_id, event_item_key LIMIT ?
+"""
+_SCAN_AFTER = f"""
+SELECT {_COLUMNS} FROM "{{t}}" INDEXED BY "{{t}}_time"
+WHERE namespace = ? AND counter = ? AND (event_time, event_id, event_item_key) > (?, ?, ?)
+  AND event_time <= ?
+ORDER BY event_time, event_id, event_item_key LIMIT ?
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Slice:
+    table: str
+    start_us: int  # inclusive
+    end_us: int  # exclusive
+
+
+def _table_prefix(namespace: str) -> str:
+    """ASCII-safe, collision-free table name prefix for a namespace ("a.b" and "a_b" differ by hash)."""
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", namespace)[:40]
+    return f"events_{safe}_{xxhash.xxh32_hexdigest(namespace.encode())}"
+
+
+def _table_name(prefix: str, slice_no: int) -> str:
+    return f"{prefix}_{slice_no}" if slice_no >= 0 else f"{prefix}_m{-slice_no}"
+
+
+class SqliteEventStore:
+    """The embedded event store. One file, WAL, one transaction per batch; safe across processes.
+
+    ``partitioning_for(namespace)`` gives the configured partitioning, used (and pinned) on a
+    namespace's first write.
+    """
+
+    def __init__(self, path: str | Path, partitioning_for: Callable[[str], Partitioning]) -> None:
+        self._partitioning_for = partitioning_for
+        self._db = SqliteThread(path, "sqlite-events", self._setup, self._forget)
+        # Thread-confined caches (only touched on the store's thread):
+        self._pinned: dict[str, tuple[Partitioning, str]] = {}  # namespace -> (partitioning, prefix)
+        self._slices: dict[str, list[_Slice]] = {}  # namespace -> slices sorted by start
+        self._starts: dict[str, list[int]] = {}  # namespace -> [slice.start_us] for bisect
+        self._tables: set[str] = set()
+        self._schema_version = -1
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    # -- EventStore ---------------------------------------------------------------------------
+
+    async def write_events(self, rows: Sequence[EventRow]) -> int:
+        if not rows:
+            return 0
+        return await self._db.run(self._write, rows)
+
+    async def aggregate(self, namespace: str, counter: str, after_us: int, upto_us: int) -> Aggregate:
+        if upto_us <= after_us:
+            return EMPTY_AGGREGATE
+        return await self._db.run(self._read, self._aggregate, namespace, counter, after_us, upto_us)
+
+    async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
+                   after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:
+        if upto_us <= after_us or limit <= 0 or (after is not None and after[0] > upto_us):
+            return []
+        return await self._db.run(self._read, self._scan, namespace, counter, after_us, upto_us, after, limit)
+
+    async def delete_rolled_up(self, namespace: str, counter: str, before_us: int, rolled_up_to_us: int) -> int:
+        cutoff = min(before_us, rolled_up_to_us + 1)
+        return await self._db.run(self._write_txn, self._delete_rolled_up, namespace, counter, cutoff)
+
+    async def drop_expired_slices(self, namespace: str, before_us: int, rolled_up_to_us: int) -> int:
+        cutoff = min(before_us, rolled_up_to_us + 1)
+        return await self._db.run(self._write_txn, self._drop_slices, namespace, cutoff)
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    # -- extras (ops, tests) ------------------------------------------------------------------
+
+    async def slices(self, namespace: str) -> list[tuple[str, int, int]]:
+        """(table, start_us, end_us) of the namespace's slice tables, oldest first."""
+        return await self._db.run(self._read, lambda conn: [
+            (s.table, s.start_us, s.end_us) for s in self._slices_of(conn, namespace)])
+
+    async def query_plan(self, namespace: str, counter: str, after_us: int, upto_us: int) -> list[str]:
+        """EXPLAIN QUERY PLAN of the aggregate and scan statements for every slice the range touches."""
+        def plan(conn: sqlite3.Connection) -> list[str]:
+            lines: list[str] = []
+            for s in self._overlapping(conn, namespace, after_us, upto_us):
+                for sql, args in ((_AGGREGATE, (namespace, counter, after_us, upto_us)),
+                                  (_SCAN_FROM, (namespace, counter, after_us, upto_us, 10)),
+                                  (_SCAN_AFTER, (namespace, counter, after_us, "", "", upto_us, 10))):
+                    lines += [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql.format(t=s.table), args)]
+            return lines
+        return await self._db.run(self._read, plan)
+
+    # -- thread side: setup and caches --------------------------------------------------------
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        for stmt in _CATALOG.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+
+    def _forget(self) -> None:
+        """After a rollback the caches may describe uncommitted tables: reload them next time."""
+        self._pinned.clear()
+        self._schema_version = -1
+
+    def _sync(self, conn: sqlite3.Connection) -> None:
+        """Reload the slice catalog if any process changed the schema (created or dropped a slice)."""
+        version = conn.execute("PRAGMA schema_version").fetchone()[0]
+        if version == self._schema_version:
+            return
+        slices: dict[str, list[_Slice]] = {}
+        for table, namespace, start, end in conn.execute(
+                "SELECT table_name, namespace, start_us, end_us FROM event_slices ORDER BY namespace, start_us"):
+            slices.setdefault(namespace, []).append(_Slice(table, start, end))
+        self._slices = slices
+        self._starts = {ns: [s.start_us for s in lst] for ns, lst in slices.items()}
+        self._tables = {s.table for lst in slices.values() for s in lst}
+        self._schema_version = version
+
+    def _slices_of(self, conn: sqlite3.Connection, namespace: str) -> list[_Slice]:
+        self._sync(conn)
+        return self._slices.get(namespace, [])
+
+    def _overlapping(self, conn: sqlite3.Connection, namespace: str, after_us: int, upto_us: int) -> list[_Slice]:
+        """Slices holding some event_time in (after_us, upto_us], oldest first."""
+        slices = self._slices_of(conn, namespace)
+        if not slices:
+            return []
+        hi = bisect_right(self._starts[namespace], upto_us)  # slices starting at or before upto
+        lo = hi
+        while lo > 0 and slices[lo - 1].end_us > after_us + 1:
+            lo -= 1
+        return slices[lo:hi]
+
+    def _pin(self, conn: sqlite3.Connection, namespace: str) -> tuple[Partitioning, str]:
+        """The namespace's partitioning as stored on its first write (inside a write transaction)."""
+        pinned = self._pinned.get(namespace)
+        if pinned is not None:
+            return pinned
+        configured = self._partitioning_for(namespace)
+        conn.execute("INSERT OR IGNORE INTO event_namespaces VALUES (?, ?, ?, ?)",
+                     (namespace, configured.buckets_per_id, configured.seconds_per_bucket,
+                      configured.seconds_per_slice))
+        row = conn.execute("SELECT buckets_per_id, seconds_per_bucket, seconds_per_slice FROM event_namespaces "
+                           "WHERE namespace = ?", (namespace,)).fetchone()
+        stored = Partitioning(*row)
+        if stored != configured:
+            log.warning("namespace %r: event store keeps its original partitioning %s (configured %s); "
+                        "re-keying stored events would break idempotency", namespace, stored, configured)
+        pinned = self._pinned[namespace] = (stored, _table_prefix(namespace))
+        return pinned
+
+    # -- thread side: operations --------------------------------------------------------------
+
+    def _read(self, conn: sqlite3.Connection, fn: Callable[..., object], *args: object):
+        return self._db.read(conn, fn, *args)
+
+    def _write_txn(self, conn: sqlite3.Connection, fn: Callable[..., object], *args: object):
+        return self._db.write(conn, fn, *args)
+
+    def _write(self, conn: sqlite3.Connection, rows: Sequence[EventRow]) -> int:
+        return self._db.write(conn, self._write_in_txn, rows)
+
+    def _write_in_txn(self, conn: sqlite3.Connection, rows: Sequence[EventRow]) -> int:
+        self._sync(conn)
+        by_table: dict[str, list[tuple]] = {}
+        new_slices: dict[str, tuple[str, int, Partitioning, str]] = {}
+        ns_cache: dict[str, tuple[int, int, int, Partitioning, str]] = {}
+        hash64 = xxhash.xxh64_intdigest
+        current_key: tuple[str, int] | None = None
+        current: list[tuple] = []
+        for namespace, counter, event_time, event_id, item_key, delta, is_clear in rows:
+            info = ns_cache.get(namespace)
+            if info is None:
+                part, prefix = self._pin(conn, namespace)
+                info = ns_cache[namespace] = (part.slice_us, part.bucket_us, part.buckets_per_id, part, prefix)
+            slice_us, bucket_us, buckets, part, prefix = info
+            slice_no = event_time // slice_us
+            if (namespace, slice_no) != current_key:
+                current_key = (namespace, slice_no)
+                table = _table_name(prefix, slice_no)
+                current = by_table.get(table)  # type: ignore[assignment]
+                if current is None:
+                    current = by_table[table] = []
+                    if table not in self._tables:
+                        new_slices[table] = (namespace, slice_no, part, prefix)
+            current.append((namespace, counter, event_time // bucket_us, hash64(event_id.encode()) % buckets,
+                            event_time, event_id, item_key, delta, 1 if is_clear else 0))
+        for table, (namespace, slice_no, part, _prefix) in new_slices.items():
+            for stmt in _SLICE_DDL.format(t=table).split(";"):  # not executescript: it would COMMIT
+                if stmt.strip():
+                    conn.execute(stmt)
+            conn.execute("INSERT OR IGNORE INTO event_slices VALUES (?, ?, ?, ?, ?)",
+                         (table, namespace, slice_no, slice_no * part.slice_us, (slice_no + 1) * part.slice_us))
+        before = conn.total_changes
+        for table, params in by_table.items():
+            conn.executemany(_INSERT.format(t=table), params)
+        return conn.total_changes - before
+
+    def _aggregate(self, conn: sqlite3.Connection, namespace: str, counter: str,
+                   after_us: int, upto_us: int) -> Aggregate:
+        delta = events = 0
+        # Newest slice first: the latest clear may sit in a later slice than most of the range,
+        # and once a clear is found older slices cannot change the result.
+        for s in reversed(self._overlapping(conn, namespace, after_us, upto_us)):
+            last_clear, total, n = conn.execute(_AGGREGATE.format(t=s.table),
+                                                (namespace, counter, after_us, upto_us)).fetchone()
+            delta += total
+            events += n
+            if last_clear is not None:
+                return Aggregate(delta, True, last_clear, events)
+        return Aggregate(delta, False, None, events)
+
+    def _scan(self, conn: sqlite3.Connection, namespace: str, counter: str, after_us: int, upto_us: int,
+              after: ScanCursor | None, limit: int) -> list[EventRow]:
+        use_cursor = after is not None and after[0] > after_us
+        low = after[0] - 1 if use_cursor and after is not None else after_us
+        out: list[EventRow] = []
+        for s in self._overlapping(conn, namespace, low, upto_us):
+            want = limit - len(out)
+            if use_cursor and after is not None:
+                cur = conn.execute(_SCAN_AFTER.format(t=s.table),
+                                   (namespace, counter, after[0], after[1], after[2], upto_us, want))
+            else:
+                cur = conn.execute(_SCAN_FROM.format(t=s.table), (namespace, counter, after_us, upto_us, want))
+            out.extend((ns, c, t, eid, key, d, bool(clear)) for ns, c, t, eid, key, d, clear in cur)
+            if len(out) >= limit:
+                break
+        return out
+
+    def _delete_rolled_up(self, conn: sqlite3.Connection, namespace: str, counter: str, cutoff: int) -> int:
+        before = conn.total_changes
+        for s in self._slices_of(conn, namespace):
+            if s.start_us >= cutoff:
+                break
+            conn.execute(f'DELETE FROM "{s.table}" WHERE namespace = ? AND counter = ? AND event_time < ?',
+                         (namespace, counter, cutoff))
+        return conn.total_changes - before
+
+    def _drop_slices(self, conn: sqlite3.Connection, namespace: str, cutoff: int) -> int:
+        dropped = [s for s in self._slices_of(conn, namespace) if s.end_us <= cutoff]
+        for s in dropped:
+            conn.execute(f'DROP TABLE IF EXISTS "{s.table}"')
+            conn.execute("DELETE FROM event_slices WHERE table_name = ?", (s.table,))
+        if dropped:
+            log.info("namespace %r: dropped %d expired slice(s) before %d", namespace, len(dropped), cutoff)
+        return len(dropped)

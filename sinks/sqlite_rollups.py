@@ -1,0 +1,163 @@
+"""SQLite rollup store: per-counter (count, rollup_ts, last_write_ts) and per-partition persist watermarks.
+
+A separate file from the events: rollup writes and event batches then never wait on each other's
+write lock. Every rule that makes concurrent workers safe is a conditional UPSERT, so it holds
+across processes without application locks:
+* write_rollup applies only with a later rollup_ts (forward-only, invariant 4);
+* bump_last_write and set_watermarks keep the max.
+A partial index over ``last_write_ts > rollup_ts`` makes the convergence sweep read only stale rows.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from sinks.model import RollupState
+from sinks.sqlite_thread import SqliteThread
+
+__all__ = ["SqliteRollupStore"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollups (
+    namespace TEXT NOT NULL, counter TEXT NOT NULL, count INTEGER NOT NULL DEFAULT 0,
+    rollup_ts INTEGER NOT NULL DEFAULT 0, last_write_ts INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, counter)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS rollups_stale ON rollups (namespace, counter) WHERE last_write_ts > rollup_ts;
+CREATE TABLE IF NOT EXISTS watermarks (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, mark_us INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+"""
+
+_GET = "SELECT count, rollup_ts, last_write_ts FROM rollups WHERE namespace = ? AND counter = ?"
+_BUMP = """
+INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, 0, 0, ?)
+ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = excluded.last_write_ts
+WHERE excluded.last_write_ts > rollups.last_write_ts
+"""
+_ROLLUP = """
+INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, ?, ?, 0)
+ON CONFLICT (namespace, counter) DO UPDATE SET count = excluded.count, rollup_ts = excluded.rollup_ts
+WHERE excluded.rollup_ts > rollups.rollup_ts
+"""
+_STALE_FIRST = """
+SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
+WHERE last_write_ts > rollup_ts ORDER BY namespace, counter LIMIT ?
+"""
+_STALE_AFTER = """
+SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
+WHERE last_write_ts > rollup_ts AND (namespace, counter) > (?, ?)
+ORDER BY namespace, counter LIMIT ?
+"""
+_MARK = """
+INSERT INTO watermarks (topic, partition, mark_us) VALUES (?, ?, ?)
+ON CONFLICT (topic, partition) DO UPDATE SET mark_us = excluded.mark_us
+WHERE excluded.mark_us > watermarks.mark_us
+"""
+
+
+class SqliteRollupStore:
+    """The embedded rollup store (one file, WAL); safe for several processes at once."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._db = SqliteThread(path, "sqlite-rollups", self._setup)
+        self._sweep_after: tuple[str, str] | None = None  # stale() resumes after it (thread-confined)
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    async def get(self, namespace: str, counter: str) -> RollupState | None:
+        return await self._db.run(self._get, namespace, counter)
+
+    async def get_many(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
+        if not keys:
+            return {}
+        return await self._db.run(lambda conn: self._db.read(conn, self._get_many, keys))
+
+    async def bump_last_write(self, items: Sequence[tuple[str, str, int]]) -> None:
+        newest: dict[tuple[str, str], int] = {}
+        for namespace, counter, ts in items:  # one row per counter per batch
+            key = (namespace, counter)
+            if ts > newest.get(key, -1):
+                newest[key] = ts
+        if newest:
+            params = [(ns, c, ts) for (ns, c), ts in newest.items()]
+            await self._db.run(lambda conn: self._db.write(conn, lambda c: c.executemany(_BUMP, params)))
+
+    async def write_rollup(self, namespace: str, counter: str, count: int, rollup_ts: int) -> bool:
+        def apply(conn: sqlite3.Connection) -> bool:
+            return conn.execute(_ROLLUP, (namespace, counter, count, rollup_ts)).rowcount > 0
+        return await self._db.run(lambda conn: self._db.write(conn, apply))
+
+    async def stale(self, limit: int = 1000) -> list[tuple[str, str]]:
+        return await self._db.run(self._stale, limit)
+
+    async def min_rollup_ts(self, namespace: str) -> int:
+        """Every stored event of the namespace with event_time <= the result is rolled up.
+
+        Counters with pending events (last_write_ts > rollup_ts) bound it by their rollup_ts.
+        Converged counters do not hold it back, however old their rollup: all their events are
+        counted, and a rollup to B certifies nothing <= B can still arrive, so with none pending
+        the bound is the newest rollup_ts. 0 when nothing was rolled up.
+        """
+        def query(conn: sqlite3.Connection) -> int:
+            pending, newest = conn.execute(
+                "SELECT MIN(CASE WHEN last_write_ts > rollup_ts THEN rollup_ts END), MAX(rollup_ts) "
+                "FROM rollups WHERE namespace = ?", (namespace,)).fetchone()
+            return int(pending if pending is not None else (newest or 0))
+        return await self._db.run(query)
+
+    async def set_watermarks(self, topic: str, marks: Mapping[int, int]) -> None:
+        if marks:
+            params = [(topic, int(p), int(m)) for p, m in marks.items()]
+            await self._db.run(lambda conn: self._db.write(conn, lambda c: c.executemany(_MARK, params)))
+
+    async def watermarks(self, topic: str) -> dict[int, int]:
+        return await self._db.run(lambda conn: dict(conn.execute(
+            "SELECT partition, mark_us FROM watermarks WHERE topic = ?", (topic,)).fetchall()))
+
+    async def delete(self, namespace: str, counter: str | None = None) -> int:
+        if counter is None:
+            sql, args = "DELETE FROM rollups WHERE namespace = ?", (namespace,)
+        else:
+            sql, args = "DELETE FROM rollups WHERE namespace = ? AND counter = ?", (namespace, counter)
+        return await self._db.run(lambda conn: self._db.write(conn, lambda c: c.execute(sql, args).rowcount))
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    # -- thread side --------------------------------------------------------------------------
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+
+    def _get(self, conn: sqlite3.Connection, namespace: str, counter: str) -> RollupState | None:
+        row = conn.execute(_GET, (namespace, counter)).fetchone()
+        return RollupState(*row) if row else None
+
+    def _get_many(self, conn: sqlite3.Connection,
+                  keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
+        out: dict[tuple[str, str], RollupState] = {}
+        for namespace, counter in keys:
+            row = conn.execute(_GET, (namespace, counter)).fetchone()
+            if row:
+                out[(namespace, counter)] = RollupState(*row)
+        return out
+
+    def _stale(self, conn: sqlite3.Connection, limit: int) -> list[tuple[str, str]]:
+        """Round-robin over stale counters: continue after the last one returned, wrapping once."""
+        if self._sweep_after is None:
+            found = conn.execute(_STALE_FIRST, (limit,)).fetchall()
+        else:
+            found = conn.execute(_STALE_AFTER, (*self._sweep_after, limit)).fetchall()
+            if len(found) < limit:
+                seen = set(found)
+                found += [k for k in conn.execute(_STALE_FIRST, (limit - len(found),)).fetchall()
+                          if k not in seen]
+        result = [(ns, c) for ns, c in found]
+        self._sweep_after = result[-1] if len(result) == limit else None
+        return result

@@ -1,0 +1,235 @@
+"""The eventually-consistent pipeline end to end: real broker, real worker processes, memcached, SQLite.
+
+Each test checks a DESIGN invariant with an oracle computed here; every wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import threading
+import time
+import urllib.request
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import Producer
+
+from producers import CounterProducer
+from schemas import MICROS, Mutation, MutationOp, encode_signal
+from sinks import open_cache
+from tests.helpers import read_all, wait_for
+from tests.pipeline_harness import ACCEPT_LIMIT_S, COALESCE_S, Event, PipelineEnv, oracle
+
+pytestmark = pytest.mark.integration
+
+NS = "my_dataset"
+CONVERGENCE_BUDGET_S = ACCEPT_LIMIT_S + COALESCE_S + 2.0
+
+
+@pytest.fixture
+def pipeline(kafka_bootstrap, memcached_address, tmp_path):
+    env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path / "data")
+    env.data_dir.mkdir()
+    env.create_topics()
+    yield env
+    env.stop()
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def random_events(rng: random.Random, counters: int, n: int, clear_ratio: float = 0.03) -> list[Event]:
+    """Adds (positive and negative) and a few clears, each with a distinct token and a current time."""
+    events = []
+    for i in range(n):
+        counter = f"c{rng.randrange(counters)}"
+        t = now_us() + i  # distinct, current: within the accept window when produced
+        if rng.random() < clear_ratio:
+            events.append(Event(counter, t, f"clr-{i}-{rng.random()}", 0, True))
+        else:
+            events.append(Event(counter, t, f"tok-{i}-{rng.random()}", rng.randint(-50, 100)))
+    return events
+
+
+def as_mutation(e: Event, ns: str = NS) -> Mutation:
+    return Mutation(ns, e.counter, e.delta, e.event_time, e.token, "", MutationOp.CLEAR if e.clear else MutationOp.ADD)
+
+
+def as_json(e: Event, ns: str = NS) -> bytes:
+    body = {"namespace": ns, "counter_name": e.counter,
+            "idempotency_token": {"token": e.token, "generation_time": e.event_time}}
+    if e.clear:
+        body["op"] = "clear"
+    else:
+        body["delta"] = e.delta
+    return json.dumps(body).encode()
+
+
+def produce_json(bootstrap: str, topic: str, events: list[Event]) -> None:
+    """A plain aiokafka producer, as any Kafka client would send JSON AddCount bodies."""
+    async def run() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        await producer.start()
+        try:
+            for e in events:
+                await producer.send(topic, as_json(e), key=f"{NS}:{e.counter}".encode())
+            await producer.flush()
+        finally:
+            await producer.stop()
+    asyncio.run(run())
+
+
+def produce_three_times(env: PipelineEnv, events: list[Event]) -> None:
+    """Every mutation three times with the same token: single records, batched records, and JSON."""
+    with CounterProducer(env.bootstrap, topic=env.mutations_topic) as single, \
+            CounterProducer(env.bootstrap, topic=env.mutations_topic, batch_size=64) as batched:
+        for e in events:
+            single.send(as_mutation(e))
+            batched.send(as_mutation(e))
+    produce_json(env.bootstrap, env.mutations_topic, events)
+
+
+def test_exact_after_triple_delivery_and_converges_in_time(pipeline):
+    pipeline.start_worker()
+    rng = random.Random(7)
+    events = []
+    for _ in range(3):  # several waves, so rollups happen between them
+        wave = random_events(rng, 50, 400)
+        produce_three_times(pipeline, wave)
+        events += wave
+    last_write = time.monotonic()
+    expected = oracle(events)
+    assert len(expected) == 50
+    wait_for(lambda: pipeline.converged(NS, expected), 30,
+             message=lambda: f"convergence; mismatches {pipeline.mismatches(NS, expected)}")
+    took = time.monotonic() - last_write
+    assert took <= CONVERGENCE_BUDGET_S, f"converged in {took:.2f}s, budget {CONVERGENCE_BUDGET_S}s"
+    # The cache holds count and rollup_ts in one value, matching the store.
+    cache = open_cache(f"memcached://{pipeline.memcached}")
+    states = pipeline.rollups([(NS, c) for c in expected])
+    for c, n in expected.items():
+        cached = cache.get(NS, c)
+        assert cached is not None and cached[0] == n and cached[1] == states[(NS, c)].rollup_ts
+
+
+def test_paused_persist_agent_holds_rollups_back(pipeline):
+    """Invariant 3: with the worker frozen longer than accept_limit while writes continue, nothing is skipped."""
+    worker = pipeline.start_worker()
+    rng = random.Random(11)
+    first = random_events(rng, 20, 200, clear_ratio=0)
+    produce_three_times(pipeline, first)
+    wait_for(lambda: pipeline.converged(NS, oracle(first)), 30, message="first wave")
+    worker.pause()
+    try:
+        second = []
+        deadline = time.monotonic() + ACCEPT_LIMIT_S * 3
+        while time.monotonic() < deadline:  # writes continue while the agent is frozen
+            wave = random_events(rng, 20, 30)
+            produce_three_times(pipeline, wave)
+            second += wave
+    finally:
+        worker.resume()
+    expected = oracle(first + second)
+    wait_for(lambda: pipeline.converged(NS, expected), 45,
+             message=lambda: f"convergence after pause; mismatches {pipeline.mismatches(NS, expected)}")
+
+
+def test_kill_9_mid_stream_then_restart_is_exact(pipeline):
+    worker = pipeline.start_worker()
+    rng = random.Random(23)
+    events: list[Event] = []
+    done = threading.Event()
+
+    def run() -> None:
+        with CounterProducer(pipeline.bootstrap, topic=pipeline.mutations_topic, batch_size=25) as producer:
+            for _ in range(60):
+                wave = random_events(rng, 30, 25)
+                events.extend(wave)
+                for e in wave:
+                    producer.send(as_mutation(e))
+                producer.flush()
+                for e in wave[:5]:  # duplicates
+                    producer.send(as_mutation(e))
+                time.sleep(0.02)
+        done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_for(lambda: len(events) >= 500, 30, message="stream under way")
+    os.kill(worker.proc.pid, signal.SIGKILL)
+    worker.proc.wait(10)
+    pipeline.start_worker()
+    thread.join(60)
+    assert done.is_set()
+    expected = oracle(events)
+    wait_for(lambda: pipeline.converged(NS, expected), 60,
+             message=lambda: f"convergence after kill -9; mismatches {pipeline.mismatches(NS, expected)}")
+
+
+def _metric(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def test_two_workers_share_partitions_and_stay_exact(pipeline):
+    a = pipeline.start_worker()
+    b = pipeline.start_worker()
+    rng = random.Random(31)
+    events = []
+
+    def both_persisted() -> bool:
+        wave = random_events(rng, 40, 100)
+        produce_three_times(pipeline, wave)
+        events.extend(wave)
+        return all(_metric(w.port, "counter_events_persisted_total") > 0 for w in (a, b))
+
+    wait_for(both_persisted, 90, interval=0.5, message="both workers persisting (group rebalanced)")
+    expected = oracle(events)
+    wait_for(lambda: pipeline.converged(NS, expected), 45,
+             message=lambda: f"convergence with two workers; mismatches {pipeline.mismatches(NS, expected)}")
+
+
+def test_bad_records_go_to_the_dlq_and_good_ones_count(pipeline):
+    pipeline.start_worker()
+    good = random_events(random.Random(5), 5, 50, clear_ratio=0)
+    plain = Producer({"bootstrap.servers": pipeline.bootstrap})
+    topic = pipeline.mutations_topic
+    bad = [
+        (b"\x00\xffgarbage\x13", "undecodable"),
+        (encode_signal(NS, "c1"), "RollupSignal"),  # valid Avro, wrong schema
+        (b"\xc3\x01" + b"\x01" * 8 + b"\x02", "unknown schema fingerprint"),
+        (json.dumps({"namespace": "", "counter_name": "c", "delta": 1}).encode(), "namespace"),
+        (json.dumps({"namespace": NS, "counter_name": "", "delta": 1}).encode(), "counter_name"),
+        (json.dumps({"namespace": "nope", "counter_name": "c", "delta": 1}).encode(), "unknown namespace"),
+        (as_json(Event("c1", now_us() - 3600 * MICROS, "old", 5)), "accept_limit"),
+        (as_json(Event("c1", now_us() + 3600 * MICROS, "future", 5)), "max_clock_skew"),
+    ]
+    half = len(good) // 2
+    for e in good[:half]:
+        plain.produce(topic, as_json(e), key=f"{NS}:{e.counter}".encode())
+    for value, _ in bad:
+        plain.produce(topic, value, key=b"bad")
+    for e in good[half:]:
+        plain.produce(topic, as_json(e), key=f"{NS}:{e.counter}".encode())
+    assert plain.flush(20) == 0
+    expected = oracle(good)
+    wait_for(lambda: pipeline.converged(NS, expected), 30, message="good records counted")
+
+    def dead_letters():
+        records = read_all(pipeline.bootstrap, pipeline.dlq_topic)
+        return records if len(records) >= len(bad) else None
+
+    records = wait_for(dead_letters, 30, interval=0.5, message="dead letters")
+    assert len(records) == len(bad)
+    by_value = {r.value: {k: v.decode() for k, v in r.headers} for r in records}
+    for value, reason_part in bad:
+        headers = by_value[value]  # the original bytes are preserved
+        assert reason_part in headers["dlq.reason"], headers
+        assert headers["dlq.topic"] == topic
+        assert int(headers["dlq.partition"]) >= 0 and int(headers["dlq.offset"]) >= 0

@@ -1,0 +1,124 @@
+"""A real worker process per test, on its own topics, data directory and consumer group.
+
+Everything is real: the session broker, the session memcached, SQLite files; results are read from the
+rollup store file and the cache, and waited for with deadlines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.process import ManagedProcess, free_port
+from sinks import RollupState, SqliteRollupStore
+from streams.settings import load_settings
+from streams.topics import ensure_topics, topic_specs
+
+NAMESPACES = Path(__file__).parent / "data" / "pipeline_namespaces.yaml"
+ACCEPT_LIMIT_S = 1.0
+COALESCE_S = 0.2
+SKEW_S = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One mutation as the oracle sees it."""
+
+    counter: str
+    event_time: int
+    token: str
+    delta: int
+    clear: bool = False
+
+
+def oracle(events: Iterable[Event]) -> dict[str, int]:
+    """Exact counts: distinct events; per counter, the deltas after its latest clear."""
+    by_counter: dict[str, dict[tuple[int, str], Event]] = defaultdict(dict)
+    for e in events:
+        by_counter[e.counter].setdefault((e.event_time, e.token), e)
+    counts = {}
+    for counter, evs in by_counter.items():
+        clears = [e.event_time for e in evs.values() if e.clear]
+        cut = max(clears) if clears else -1
+        counts[counter] = sum(e.delta for e in evs.values() if not e.clear and e.event_time > cut)
+    return counts
+
+
+@dataclass
+class PipelineEnv:
+    bootstrap: str
+    memcached: str
+    data_dir: Path
+    prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}")
+    partitions: int = 4
+    workers: list[ManagedProcess] = field(default_factory=list)
+
+    @property
+    def mutations_topic(self) -> str:
+        return f"{self.prefix}-mutations"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.prefix}-dlq"
+
+    def env(self) -> dict[str, str]:
+        return {
+            "COUNTER_KAFKA_BOOTSTRAP": self.bootstrap,
+            "COUNTER_CACHE": f"memcached://{self.memcached}",
+            "COUNTER_DATA_DIR": str(self.data_dir),
+            "COUNTER_NAMESPACES": str(NAMESPACES),
+            "COUNTER_MUTATIONS_TOPIC": self.mutations_topic,
+            "COUNTER_ROLLUPS_TOPIC": f"{self.prefix}-rollups",
+            "COUNTER_DLQ_TOPIC": self.dlq_topic,
+            "COUNTER_MUTATIONS_PARTITIONS": str(self.partitions),
+            "COUNTER_ROLLUPS_PARTITIONS": str(self.partitions),
+            "COUNTER_WORKER_ID": f"{self.prefix}-worker",
+            "COUNTER_SWEEP_INTERVAL_S": "1",
+            "COUNTER_WORKER_LOG_LEVEL": "info",
+        }
+
+    def create_topics(self) -> None:
+        settings = load_settings(**{k.removeprefix("COUNTER_").lower(): v for k, v in self.env().items()})
+        ensure_topics(self.bootstrap, topic_specs(settings))
+
+    def start_worker(self) -> ManagedProcess:
+        port = free_port()
+        index = len(self.workers)
+        worker = ManagedProcess([sys.executable, "-m", "agents"], host="127.0.0.1", port=port,
+                                log_path=self.data_dir / f"worker-{index}.log", ready_path="/ready",
+                                env={**self.env(), "COUNTER_WORKER_PORT": str(port)})
+        worker.name = f"worker-{index}"
+        worker.start(timeout=90)
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for w in self.workers:
+            w.stop()
+
+    def rollups(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
+        async def read() -> dict[tuple[str, str], RollupState]:
+            store = SqliteRollupStore(self.data_dir / "rollups.sqlite3")
+            try:
+                return await store.get_many(keys)
+            finally:
+                await store.close()
+        return asyncio.run(read())
+
+    def converged(self, namespace: str, expected: dict[str, int]) -> bool:
+        """Every counter's rollup equals the oracle and has caught up with its last write."""
+        keys = [(namespace, c) for c in expected]
+        states = self.rollups(keys)
+        return all(
+            (s := states.get((namespace, c))) is not None and s.count == n and s.rollup_ts >= s.last_write_ts
+            for c, n in expected.items())
+
+    def mismatches(self, namespace: str, expected: dict[str, int]) -> dict[str, tuple[int, object]]:
+        states = self.rollups([(namespace, c) for c in expected])
+        return {c: (n, states.get((namespace, c))) for c, n in expected.items()
+                if (s := states.get((namespace, c))) is None or s.count != n or s.rollup_ts < s.last_write_ts}
