@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agents.admission import admission_error
 from agents.dlq import DeadLetter
 from control_plane import CounterType, NamespaceRegistry
+from control_plane.admission import admission_error
 from schemas import DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from sinks import EventRow
 

@@ -13,8 +13,8 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from agents.admission import rollup_boundary
 from control_plane import Namespace, NamespaceRegistry
+from control_plane.admission import rollup_boundary
 from sinks import EventStore, RollupCache, RollupStore, apply_aggregate
 
 log = logging.getLogger(__name__)

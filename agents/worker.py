@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 import faust
-import xxhash
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents import metrics
@@ -26,14 +25,9 @@ from schemas import DecodeError, decode_signal, encode_signal
 from sinks import EventStore, Partitioning, RollupCache, RollupStore, open_cache, open_stores
 from streams.app import AppTopics, create_app, declare_topics
 from streams.settings import Settings
-from streams.topics import ensure_topics, topic_specs
+from streams.topics import ensure_topics, signal_partition, topic_specs
 
 log = logging.getLogger("counter.worker")
-
-
-def signal_partition(key: bytes, partitions: int) -> int:
-    """Rollup signals of one counter always go to one partition (xxhash), so one queue coalesces them."""
-    return xxhash.xxh64_intdigest(key) % partitions
 
 
 @dataclass

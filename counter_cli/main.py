@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from counter_cli import produce_cmd, up_cmd, worker_cmd
+from counter_cli import api_cmd, produce_cmd, up_cmd, worker_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     up_cmd.register(sub)
     produce_cmd.register(sub)
     worker_cmd.register(sub)
+    api_cmd.register(sub)
     return parser
 
 

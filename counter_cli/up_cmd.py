@@ -47,9 +47,10 @@ def run(args: argparse.Namespace) -> int:
             memcached = _start_cache(stack, settings, logs)
             ensure_topics(bootstrap, topic_specs(settings))
             worker = _start_worker(stack, settings, bootstrap, memcached, logs)
+            api = _start_api(stack, settings, bootstrap, memcached, logs)
         except (ServiceError, TopicError) as exc:
             fail(str(exc), code=1)
-        endpoints = {"kafka_bootstrap": bootstrap, "api_url": None, "memcached": memcached,
+        endpoints = {"kafka_bootstrap": bootstrap, "api_url": f"http://{api.address}", "memcached": memcached,
                      "worker_metrics": f"http://{worker.address}/metrics"}
         _write_endpoints(settings, endpoints)
         stack.callback(lambda: settings.endpoints_path.unlink(missing_ok=True))
@@ -59,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  endpoints file   {settings.endpoints_path}\nPress Ctrl-C to stop.")
         code = 0
         while not stop.wait(0.5):
-            if not worker.running():
-                console.print(f"[bold red]the worker exited[/] (code {worker.proc.returncode}); "
-                              f"last lines of {worker.log_path}:\n{worker.log_tail()}")
+            dead = next((p for p in (worker, api) if not p.running()), None)
+            if dead is not None:
+                console.print(f"[bold red]the {dead.name} exited[/] (code {dead.proc.returncode}); "
+                              f"last lines of {dead.log_path}:\n{dead.log_tail()}")
                 code = 1
                 break
         console.print("stopping...")
@@ -86,11 +88,25 @@ def _start_cache(stack: ExitStack, settings: Settings, logs: Path) -> str | None
     return stack.enter_context(LocalMemcached(logs / "memcached.log")).address
 
 
+def _child_env(settings: Settings, bootstrap: str, memcached: str | None) -> dict[str, str]:
+    return {"COUNTER_KAFKA_BOOTSTRAP": bootstrap, "COUNTER_DATA_DIR": str(settings.data_dir),
+            "COUNTER_CACHE": f"memcached://{memcached}" if memcached else "memory"}
+
+
+def _start_api(stack: ExitStack, settings: Settings, bootstrap: str, memcached: str | None,
+               logs: Path) -> ManagedProcess:
+    """The HTTP API as a child process, ready once /healthz answers."""
+    api = ManagedProcess([sys.executable, "-m", "query_api"], host=settings.api_host, port=settings.api_port,
+                         log_path=logs / "api.log", env=_child_env(settings, bootstrap, memcached),
+                         ready_path="/healthz")
+    api.name = "api"
+    return stack.enter_context(api.start(timeout=60))
+
+
 def _start_worker(stack: ExitStack, settings: Settings, bootstrap: str, memcached: str | None,
                   logs: Path) -> ManagedProcess:
-    """The pipeline worker as a child process, ready once its web port answers."""
-    env = {"COUNTER_KAFKA_BOOTSTRAP": bootstrap, "COUNTER_DATA_DIR": str(settings.data_dir),
-           "COUNTER_CACHE": f"memcached://{memcached}" if memcached else "memory"}
+    """The pipeline worker as a child process, ready once it owns partitions."""
+    env = _child_env(settings, bootstrap, memcached)
     worker = ManagedProcess([sys.executable, "-m", "agents"], host="127.0.0.1", port=settings.worker_port,
                             log_path=logs / "worker.log", env=env, ready_path="/ready")
     worker.name = "worker"

@@ -69,12 +69,15 @@ class CounterProducer:
 
     def __init__(self, bootstrap_servers: str, *, topic: str = DEFAULT_TOPIC, batch_size: int = 1,
                  linger_ms: float = 5.0, delivery_timeout_ms: int = 30_000,
-                 config: Mapping[str, Any] | None = None) -> None:
+                 config: Mapping[str, Any] | None = None, track_failures: bool = True) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.topic = topic
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000.0
+        # A long-lived caller that awaits every future (the API) turns this off so failures do not pile up.
+        self.track_failures = track_failures
+        self.metadata_timeout_s = 10.0
         self._producer = Producer({
             "bootstrap.servers": bootstrap_servers,
             "acks": "all",
@@ -175,7 +178,10 @@ class CounterProducer:
 
     def _partitions(self) -> int:
         if self._num_partitions is None:
-            meta = self._producer.list_topics(self.topic, timeout=10.0).topics.get(self.topic)
+            try:
+                meta = self._producer.list_topics(self.topic, timeout=self.metadata_timeout_s).topics.get(self.topic)
+            except KafkaException as exc:
+                raise DeliveryError(f"broker unreachable: {exc.args[0].str()}") from exc
             if meta is None or meta.error is not None or not meta.partitions:
                 reason = meta.error.str() if meta is not None and meta.error is not None else "no partitions"
                 raise DeliveryError(f"topic {self.topic!r} is not available ({reason}); "
@@ -194,8 +200,9 @@ class CounterProducer:
                 future.set_result(None)
                 return
             reason = err.str()
-            with self._lock:
-                self._failures.extend([(key.decode(errors="replace"), reason)] * count)
+            if self.track_failures:
+                with self._lock:
+                    self._failures.extend([(key.decode(errors="replace"), reason)] * count)
             future.set_exception(DeliveryError(f"not delivered: {reason}", [(key.decode(), reason)]))
 
         while True:

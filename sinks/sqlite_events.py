@@ -65,7 +65,7 @@ _INSERT = 'INSERT OR IGNORE INTO "{t}" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)'
 # scan starting at that clear (or at after_us), summing adds strictly after the clear.
 _AGGREGATE = """
 SELECT clear.lc,
-       COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (clear.lc IS NULL OR e.event_time >= clear.lc)
+       COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (clear.lc IS NULL OR e.event_time > clear.lc)
                          THEN e.delta END), 0),
        COUNT(e.event_time)
 FROM (SELECT MAX(event_time) AS lc FROM "{t}" INDEXED BY "{t}_clears"

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import xxhash
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -101,3 +102,8 @@ def partition_count(bootstrap: str, topic: str, timeout: float = 10.0) -> int:
     if meta is None or meta.error is not None or not meta.partitions:
         raise TopicError(f"topic {topic!r} is not available: {meta.error if meta is not None else 'missing'}")
     return len(meta.partitions)
+
+
+def signal_partition(key: bytes, partitions: int) -> int:
+    """Rollup signals of one counter always go to one partition (xxhash), so one queue coalesces them."""
+    return xxhash.xxh64_intdigest(key) % partitions

@@ -57,6 +57,8 @@ class PipelineEnv:
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}")
     partitions: int = 4
     workers: list[ManagedProcess] = field(default_factory=list)
+    namespaces: Path = NAMESPACES
+    apis: list[ManagedProcess] = field(default_factory=list)
 
     @property
     def mutations_topic(self) -> str:
@@ -71,7 +73,7 @@ class PipelineEnv:
             "COUNTER_KAFKA_BOOTSTRAP": self.bootstrap,
             "COUNTER_CACHE": f"memcached://{self.memcached}",
             "COUNTER_DATA_DIR": str(self.data_dir),
-            "COUNTER_NAMESPACES": str(NAMESPACES),
+            "COUNTER_NAMESPACES": str(self.namespaces),
             "COUNTER_MUTATIONS_TOPIC": self.mutations_topic,
             "COUNTER_ROLLUPS_TOPIC": f"{self.prefix}-rollups",
             "COUNTER_DLQ_TOPIC": self.dlq_topic,
@@ -97,9 +99,20 @@ class PipelineEnv:
         self.workers.append(worker)
         return worker
 
+    def start_api(self, **extra_env: str) -> ManagedProcess:
+        """The HTTP API (`python -m query_api`) on a free port, ready once /healthz answers."""
+        port = free_port()
+        api = ManagedProcess([sys.executable, "-m", "query_api"], host="127.0.0.1", port=port,
+                             log_path=self.data_dir / f"api-{len(self.apis)}.log", ready_path="/healthz",
+                             env={**self.env(), "COUNTER_API_PORT": str(port), **extra_env})
+        api.name = f"api-{len(self.apis)}"
+        api.start(timeout=60)
+        self.apis.append(api)
+        return api
+
     def stop(self) -> None:
-        for w in self.workers:
-            w.stop()
+        for process in [*self.apis, *self.workers]:
+            process.stop()
 
     def rollups(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
         async def read() -> dict[tuple[str, str], RollupState]:

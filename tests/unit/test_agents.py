@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from agents.admission import admission_error, rollup_boundary
 from agents.persist import RawRecord, prepare
 from agents.rollup import global_watermark, rollup_counter
 from agents.watermark import WatermarkTracker, is_heartbeat
 from control_plane import parse_namespaces
+from control_plane.admission import admission_error, rollup_boundary
 from schemas import MICROS, Mutation, MutationOp, encode_batch, encode_mutation
 from sinks import InProcessRollupCache, Partitioning, SqliteEventStore, SqliteRollupStore
 

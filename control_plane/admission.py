@@ -6,7 +6,7 @@ consumer lag can never cause a rejection.
 
 from __future__ import annotations
 
-from control_plane import Namespace
+from control_plane.model import Namespace
 from schemas import MICROS
 
 

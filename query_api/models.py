@@ -1,0 +1,126 @@
+"""Typed request and response bodies: the Netflix post's shapes, validated with the wire format's rules."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+from schemas import (
+    INT64_MAX,
+    INT64_MIN,
+    parse_generation_time,
+    validate_counter_name,
+    validate_item_key,
+    validate_namespace,
+    validate_token,
+)
+
+MAX_BATCH = 1000
+
+
+def _check(validator: Any, value: Any) -> Any:
+    """Run a schemas validator, re-raised as ValueError so pydantic reports it against the field."""
+    try:
+        return validator(value)
+    except ValueError as exc:
+        raise ValueError(getattr(exc, "reason", str(exc))) from None
+
+
+class IdempotencyToken(BaseModel):
+    """Makes a write safe to retry or hedge: the same token and generation_time are counted once."""
+
+    model_config = ConfigDict(extra="forbid")
+    token: str = Field(..., examples=["some_event_id"])
+    generation_time: str | int | float | None = Field(
+        None, description="ISO-8601 or epoch (s/ms/µs); default: when the service receives the request",
+        examples=["2024-10-05T14:48:00Z"])
+
+    @field_validator("token")
+    @classmethod
+    def _token(cls, v: str) -> str:
+        return _check(validate_token, v)
+
+    @field_validator("generation_time")
+    @classmethod
+    def _time(cls, v: str | int | float | None) -> str | int | float | None:
+        if v is not None:
+            _check(parse_generation_time, v)
+        return v
+
+
+class CounterRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    namespace: str = Field(..., examples=["my_dataset"])
+    counter_name: str = Field(..., examples=["counter123"])
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, v: str) -> str:
+        return _check(validate_namespace, v)
+
+    @field_validator("counter_name")
+    @classmethod
+    def _counter(cls, v: str) -> str:
+        return _check(validate_counter_name, v)
+
+
+Delta = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX, examples=[2])]
+
+
+class AddCountRequest(CounterRef):
+    delta: Delta
+    idempotency_token: IdempotencyToken | None = None
+    event_item_key: str = ""
+
+    @field_validator("event_item_key")
+    @classmethod
+    def _item(cls, v: str) -> str:
+        return _check(validate_item_key, v)
+
+
+class GetCountRequest(CounterRef):
+    pass
+
+
+class ClearCountRequest(CounterRef):
+    idempotency_token: IdempotencyToken | None = None
+
+
+class BatchAddCountRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    requests: list[AddCountRequest] = Field(..., min_length=1, max_length=MAX_BATCH)
+
+
+class BatchGetCountRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    requests: list[GetCountRequest] = Field(..., min_length=1, max_length=MAX_BATCH)
+
+
+class AddCountResponse(BaseModel):
+    namespace: str
+    counter_name: str
+    counter_type: str
+    durable: bool = Field(..., description="true once the broker acknowledged the write (rolled-up types)")
+    idempotency_token: str | None = Field(None, description="the token the write was recorded with")
+
+
+class CountResponse(BaseModel):
+    namespace: str
+    counter_name: str
+    count: int
+    counter_type: str
+    as_of: datetime | None = Field(None, description="rollup timestamp the count is exact up to (rolled-up types)")
+
+
+class BatchAddCountResponse(BaseModel):
+    results: list[AddCountResponse]
+
+
+class BatchGetCountResponse(BaseModel):
+    results: list[CountResponse]
+
+
+class ErrorResponse(BaseModel):
+    detail: str

@@ -1,0 +1,184 @@
+"""The counting logic behind the endpoints, one method per API call.
+
+BEST_EFFORT goes to memcached only. EVENTUAL and ACCURATE writes are acknowledged once the broker has them
+(durable); reads serve the rollup (cache, then store) and ACCURATE adds the live delta of persisted events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from control_plane import CounterType, Namespace, NamespaceRegistry
+from control_plane.admission import admission_error
+from producers import CounterProducer, DeliveryError
+from query_api import metrics
+from query_api.signals import SignalEmitter
+from schemas import MICROS, Mutation, MutationOp
+from sinks import EventStore, RollupCache, RollupStore
+from sinks.best_effort import BestEffortCounters
+
+LIVE_SCAN_PAGE = 1000
+
+
+class NamespaceNotFound(LookupError):
+    pass
+
+
+class BrokerUnavailable(RuntimeError):
+    pass
+
+
+class NotCountedYet(TimeoutError):
+    """The write is durable but was not persisted within the read-your-write wait."""
+
+
+class Rejected(ValueError):
+    """A well-formed request the namespace cannot accept (e.g. generation_time outside the accept window)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    ns: Namespace
+    counter: str
+    count: int
+    rollup_ts: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    ns: Namespace
+    counter: str
+    token: str | None
+    event_time: int | None
+    value: int | None = None  # BEST_EFFORT: the new count
+
+
+class CounterService:
+    def __init__(self, registry: NamespaceRegistry, *, producer: CounterProducer, signals: SignalEmitter,
+                 events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
+                 write_timeout_s: float = 5.0, read_your_write_timeout_s: float = 5.0) -> None:
+        self.registry = registry
+        self.producer = producer
+        self.signals = signals
+        self.events = events
+        self.rollups = rollups
+        self.cache = cache
+        self.counters = counters
+        self.write_timeout_s = write_timeout_s
+        self.read_your_write_timeout_s = read_your_write_timeout_s
+
+    def namespace(self, name: str) -> Namespace:
+        ns = self.registry.get(name)
+        if ns is None:
+            raise NamespaceNotFound(f"unknown namespace {name!r}")
+        return ns
+
+    # -- writes -----------------------------------------------------------------------------------------
+
+    def mutation(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
+                 generation_time: str | int | float | None, item_key: str = "") -> Mutation:
+        """The mutation a write becomes; refuses times the pipeline would dead-letter (admission)."""
+        m = CounterProducer.mutation(op, ns.name, counter, delta, token, generation_time, item_key)
+        reason = admission_error(m.event_time, time.time_ns() // 1000, ns)
+        if reason is not None:
+            raise Rejected("idempotency_token.generation_time", reason)
+        return m
+
+    async def write(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
+                    generation_time: str | int | float | None, item_key: str = "") -> Written:
+        if ns.counter_type is CounterType.BEST_EFFORT:  # tokens are accepted and ignored, as documented
+            # memcached calls are ~100 µs: cheaper inline than a thread hop, bounded by the client timeout.
+            if op is MutationOp.CLEAR:
+                self.counters.clear(ns.name, counter)
+                return Written(ns, counter, None, None, 0)
+            value = self.counters.add(ns.name, counter, delta, ns.ttl_s)
+            return Written(ns, counter, None, None, value)
+        m = self.mutation(ns, counter, delta, op, token, generation_time, item_key)
+        await self.send_durably([m])
+        return Written(ns, counter, m.event_id, m.event_time)
+
+    async def send_durably(self, mutations: Sequence[Mutation]) -> None:
+        """Return once the broker acknowledged every mutation; BrokerUnavailable otherwise."""
+        try:
+            futures = await asyncio.to_thread(lambda: [self.producer.send(m) for m in mutations])
+            await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
+                                   self.write_timeout_s)
+        except DeliveryError as exc:
+            raise BrokerUnavailable(f"the broker did not acknowledge the write: {exc}") from exc
+        except TimeoutError as exc:
+            raise BrokerUnavailable(f"the broker did not acknowledge the write within {self.write_timeout_s}s; "
+                                    "retry with the same idempotency token") from exc
+
+    # -- reads ------------------------------------------------------------------------------------------
+
+    async def rollup_of(self, ns: Namespace, counter: str) -> tuple[int, int]:
+        """(count, rollup_ts): the cached rollup, else the rollup store's (then cached)."""
+        cached = self.cache.get(ns.name, counter)
+        if cached is not None:
+            metrics.CACHE.labels("hit").inc()
+            return cached
+        metrics.CACHE.labels("miss").inc()
+        state = await self.rollups.get(ns.name, counter)
+        if state is None or state.rollup_ts == 0:
+            return (state.count if state else 0), 0
+        self.cache.set(ns.name, counter, state.count, state.rollup_ts, ns.ttl_s)
+        return state.count, state.rollup_ts
+
+    async def get(self, ns: Namespace, counter: str) -> Count:
+        if ns.counter_type is CounterType.BEST_EFFORT:
+            return Count(ns, counter, self.counters.get(ns.name, counter), None)
+        count, rollup_ts = await self.rollup_of(ns, counter)
+        self.signals.emit(ns.name, counter)
+        if ns.counter_type is CounterType.ACCURATE:
+            count = await self.live_count(ns, counter, count, rollup_ts)
+        return Count(ns, counter, count, rollup_ts or None)
+
+    async def live_count(self, ns: Namespace, counter: str, rollup_count: int, rollup_ts: int) -> int:
+        """Rollup plus the persisted events after it, read in bounded pages; clears reset the sum."""
+        upto = time.time_ns() // 1000 + int((ns.max_clock_skew_s + 60) * MICROS)
+        delta, cleared, clear_time = 0, False, -1
+        cursor = None
+        while True:
+            page = await self.events.scan(ns.name, counter, rollup_ts, upto, after=cursor, limit=LIVE_SCAN_PAGE)
+            for _ns, _c, event_time, _id, _key, d, is_clear in page:
+                if is_clear:
+                    delta, cleared, clear_time = 0, True, event_time
+                elif event_time > clear_time:  # an add at the very time of a clear is erased by it
+                    delta += d
+            if len(page) < LIVE_SCAN_PAGE:
+                break
+            last = page[-1]
+            cursor = (last[2], last[3], last[4])
+        return delta if cleared else rollup_count + delta
+
+    async def add_and_get(self, ns: Namespace, counter: str, delta: int, token: str | None,
+                          generation_time: str | int | float | None, item_key: str = "") -> Count:
+        """Read-your-write: the count includes this delta, or NotCountedYet after a bounded wait."""
+        written = await self.write(ns, counter, delta, MutationOp.ADD, token, generation_time, item_key)
+        if ns.counter_type is CounterType.BEST_EFFORT:
+            return Count(ns, counter, written.value, None)
+        await self.wait_persisted(ns, counter, written.event_time, written.token, item_key)
+        count, rollup_ts = await self.rollup_of(ns, counter)
+        self.signals.emit(ns.name, counter)
+        return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
+
+    async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
+        deadline = time.monotonic() + self.read_your_write_timeout_s
+        pause = 0.002
+        while True:
+            rows = await self.events.scan(ns.name, counter, event_time - 1, event_time, limit=LIVE_SCAN_PAGE)
+            if any(r[3] == token and r[4] == item_key for r in rows):
+                return
+            if time.monotonic() >= deadline:
+                raise NotCountedYet(
+                    f"the write is durable (token {token!r}) but was not counted within "
+                    f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token")
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)

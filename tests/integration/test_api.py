@@ -1,0 +1,252 @@
+"""The HTTP API against the real running stack: broker, worker, memcached, SQLite, `python -m query_api`."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from infra.broker import LocalBroker
+from infra.memcached import LocalMemcached
+from tests.helpers import wait_for
+from tests.pipeline_harness import PipelineEnv
+
+pytestmark = pytest.mark.integration
+
+NAMESPACES = Path(__file__).resolve().parents[1] / "data" / "api_namespaces.yaml"
+
+# The request bodies of the Netflix post, verbatim.
+POST_ADD = {"namespace": "my_dataset", "counter_name": "counter123", "delta": 2,
+            "idempotency_token": {"token": "some_event_id", "generation_time": "2024-10-05T14:48:00Z"}}
+POST_GET = {"namespace": "my_dataset", "counter_name": "counter123"}
+POST_CLEAR = {"namespace": "my_dataset", "counter_name": "counter456",
+              "idempotency_token": {"token": "some_event_id", "generation_time": "2024-10-05T14:48:00Z"}}
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def fresh(body: dict, **changes: object) -> dict:
+    """The body with a current generation_time and a unique token (what a live client sends)."""
+    out = json.loads(json.dumps(body))
+    if "idempotency_token" in out:
+        out["idempotency_token"] = {"token": uuid.uuid4().hex, "generation_time": now_iso()}
+    out.update(changes)
+    return out
+
+
+@pytest.fixture(scope="module")
+def stack(kafka_bootstrap, memcached_address, tmp_path_factory):
+    env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path_factory.mktemp("api") / "data",
+                      namespaces=NAMESPACES)
+    env.data_dir.mkdir()
+    env.create_topics()
+    env.start_worker()
+    api = env.start_api()
+    with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
+        env.client = client
+        yield env
+    env.stop()
+
+
+def post(stack, path: str, body: dict, **headers: str) -> httpx.Response:
+    return stack.client.post(path, json=body, headers=headers)
+
+
+def get_count(stack, ns: str, counter: str) -> int:
+    r = post(stack, "/v1/GetCount", {"namespace": ns, "counter_name": counter})
+    assert r.status_code == 200, r.text
+    return r.json()["count"]
+
+
+def test_post_bodies_verbatim(stack):
+    # GetCount: a counter nobody wrote is 0.
+    r = post(stack, "/v1/GetCount", POST_GET)
+    assert r.status_code == 200 and r.json()["count"] == 0 and r.json()["counter_type"] == "EVENTUAL"
+    # AddCount verbatim: its generation_time (2024) lies outside the accept window of a rolled-up
+    # namespace, so it is refused, naming the field (accepting it would break immutable rollup windows).
+    r = post(stack, "/v1/AddCount", POST_ADD)
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"][-1] == "generation_time", r.text
+    # BEST_EFFORT accepts and ignores tokens: the same body counts there.
+    r = post(stack, "/v1/AddCount", {**POST_ADD, "namespace": "my_dataset_best_effort"})
+    assert r.status_code == 200 and r.json()["durable"] is False
+    # The same bodies with a current generation_time are accepted and durable.
+    r = post(stack, "/v1/AddCount", fresh(POST_ADD))
+    assert r.status_code == 200 and r.json()["durable"] is True
+    r = post(stack, "/v1/ClearCount", fresh(POST_CLEAR))
+    assert r.status_code == 200 and r.json()["counter_type"] == "EVENTUAL"
+    wait_for(lambda: get_count(stack, "my_dataset", "counter123") == 2, 30, interval=0.2,
+             message="counter123 rolled up")
+    r = post(stack, "/v1/GetCount", POST_GET)
+    assert r.json()["as_of"] is not None
+
+
+def test_eventual_converges_and_retries_are_idempotent(stack):
+    counter = f"ev-{uuid.uuid4().hex[:8]}"
+    body = fresh(POST_ADD, counter_name=counter, delta=5)
+    for _ in range(3):  # a retried request (same token, same generation_time) counts once
+        assert post(stack, "/v1/AddCount", body).status_code == 200
+    assert post(stack, "/v1/AddCount", fresh(POST_ADD, counter_name=counter, delta=-8)).status_code == 200
+    wait_for(lambda: get_count(stack, "my_dataset", counter) == -3, 30, interval=0.2, message="-3")
+
+
+def test_accurate_reads_include_persisted_events_before_rollup(stack):
+    counter = f"acc-{uuid.uuid4().hex[:8]}"
+    r = post(stack, "/v1/AddAndGetCount", fresh(POST_ADD, namespace="my_dataset_accurate", counter_name=counter,
+                                                 delta=7))
+    assert r.status_code == 200 and r.json()["count"] == 7
+    assert get_count(stack, "my_dataset_accurate", counter) == 7  # live delta, no rollup needed
+    clear = fresh(POST_CLEAR, namespace="my_dataset_accurate", counter_name=counter)
+    assert post(stack, "/v1/ClearCount", clear).status_code == 200
+    r = post(stack, "/v1/AddAndGetCount", fresh(POST_ADD, namespace="my_dataset_accurate", counter_name=counter,
+                                                 delta=3))
+    assert r.json()["count"] == 3
+    wait_for(lambda: get_count(stack, "my_dataset_accurate", counter) == 3, 30, message="accurate 3")
+
+
+def test_best_effort_negative_totals_clear_and_64_bit_edges(stack):
+    ns, counter = "my_dataset_best_effort", f"be-{uuid.uuid4().hex[:8]}"
+
+    def add_get(delta: int) -> httpx.Response:
+        return post(stack, "/v1/AddAndGetCount", {"namespace": ns, "counter_name": counter, "delta": delta})
+
+    assert add_get(5).json()["count"] == 5
+    assert add_get(-12).json()["count"] == -7  # memcached decr would stop at 0
+    assert get_count(stack, ns, counter) == -7
+    assert add_get(2**63 - 1 + 7).status_code == 422  # delta beyond int64 is refused by the schema
+    assert add_get(2**63 - 1).json()["count"] == 2**63 - 8
+    r = add_get(100)  # would exceed int64: refused, value unchanged (memcached incr would wrap)
+    assert r.status_code == 422 and "delta" in r.text
+    assert get_count(stack, ns, counter) == 2**63 - 8
+    assert post(stack, "/v1/ClearCount", {"namespace": ns, "counter_name": counter}).status_code == 200
+    assert get_count(stack, ns, counter) == 0
+
+
+def test_batch_endpoints(stack):
+    tag = uuid.uuid4().hex[:8]
+    requests = [fresh(POST_ADD, counter_name=f"b{tag}-{i}", delta=i + 1) for i in range(5)]
+    requests.append({"namespace": "my_dataset_best_effort", "counter_name": f"b{tag}", "delta": 4})
+    r = post(stack, "/v1/BatchAddCount", {"requests": requests})
+    assert r.status_code == 200 and len(r.json()["results"]) == 6
+    gets = [{"namespace": q["namespace"], "counter_name": q["counter_name"]} for q in requests]
+
+    def all_counted() -> bool:
+        res = post(stack, "/v1/BatchGetCount", {"requests": gets}).json()["results"]
+        return [c["count"] for c in res] == [1, 2, 3, 4, 5, 4]
+    wait_for(all_counted, 30, interval=0.2, message="batch counted")
+    # One invalid item refuses the whole batch before anything is sent.
+    bad = [fresh(POST_ADD, counter_name=f"b{tag}-0"), {"namespace": "nope", "counter_name": "x", "delta": 1}]
+    assert post(stack, "/v1/BatchAddCount", {"requests": bad}).status_code == 404
+    assert post(stack, "/v1/GetCount", {"namespace": "my_dataset", "counter_name": f"b{tag}-0"}).json()["count"] == 1
+
+
+@pytest.mark.parametrize("ns", ["my_dataset", "my_dataset_accurate"])
+def test_read_your_write_under_concurrent_writers(stack, ns):
+    counter = f"ryw-{uuid.uuid4().hex[:8]}"
+    failures: list[str] = []
+
+    def writer(n: int) -> None:
+        with httpx.Client(base_url=str(stack.client.base_url), timeout=30) as c:
+            for i in range(1, n + 1):
+                r = c.post("/v1/AddAndGetCount", json=fresh(POST_ADD, namespace=ns, counter_name=counter, delta=1))
+                if r.status_code != 200 or r.json()["count"] < i:  # must include this writer's i writes
+                    failures.append(f"{r.status_code} {r.text} after {i} writes")
+
+    threads = [threading.Thread(target=writer, args=(15,)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not failures, failures[:3]
+    wait_for(lambda: get_count(stack, ns, counter) == 60, 30, message="60")
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"namespace": "my_dataset", "counter_name": "c", "delta": "two"}, "delta"),
+    ({"namespace": "my_dataset", "delta": 1}, "counter_name"),
+    ({"namespace": "my_dataset", "counter_name": "has space", "delta": 1}, "counter_name"),
+    ({"namespace": "my:dataset", "counter_name": "c", "delta": 1}, "namespace"),
+    ({"namespace": "my_dataset", "counter_name": "c", "delta": 1, "extra": 1}, "extra"),
+    ({"namespace": "my_dataset", "counter_name": "c", "delta": 1,
+      "idempotency_token": {"token": "t", "generation_time": "yesterday"}}, "generation_time"),
+])
+def test_invalid_body_is_422_naming_the_field(stack, body, field):
+    r = post(stack, "/v1/AddCount", body)
+    assert r.status_code == 422
+    assert any(field in [str(p) for p in err["loc"]] for err in r.json()["detail"]), r.text
+
+
+def test_unknown_namespace_is_404(stack):
+    r = post(stack, "/v1/GetCount", {"namespace": "nope", "counter_name": "c"})
+    assert r.status_code == 404 and "nope" in r.json()["detail"]
+
+
+def test_api_keys(stack):
+    body = fresh(POST_ADD, namespace="secured", counter_name="k", delta=1)
+    assert post(stack, "/v1/AddCount", body).status_code == 401
+    assert post(stack, "/v1/AddCount", body, **{"X-API-Key": "wrong"}).status_code == 401
+    assert post(stack, "/v1/AddCount", body, **{"X-API-Key": "reader-key"}).status_code == 403
+    assert post(stack, "/v1/AddCount", body, **{"X-API-Key": "writer-key"}).status_code == 200
+    get = {"namespace": "secured", "counter_name": "k"}
+    assert post(stack, "/v1/GetCount", get, **{"X-API-Key": "writer-key"}).status_code == 403
+    assert post(stack, "/v1/GetCount", get, Authorization="Bearer reader-key").status_code == 200
+    assert post(stack, "/v1/AddAndGetCount", body, **{"X-API-Key": "reader-key"}).status_code == 403
+    assert post(stack, "/v1/AddAndGetCount", fresh(body), **{"X-API-Key": "admin-key"}).json()["count"] == 2
+
+
+def test_health_ready_metrics_openapi(stack):
+    assert stack.client.get("/healthz").status_code == 200
+    ready = stack.client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["checks"]["broker"] == "ok"
+    post(stack, "/v1/GetCount", POST_GET)
+    text = stack.client.get("/metrics").text
+    assert 'counter_api_requests_total{endpoint="/v1/GetCount",status="200"}' in text
+    assert "counter_api_cache_hit_ratio" in text
+    spec = stack.client.get("/openapi.json").json()
+    assert {"/v1/AddCount", "/v1/AddAndGetCount", "/v1/GetCount", "/v1/ClearCount", "/v1/BatchAddCount",
+            "/v1/BatchGetCount"} <= set(spec["paths"])
+    assert stack.client.get("/docs").status_code == 200
+
+
+def test_broker_and_memcached_outages(memcached_address, tmp_path):
+    """Stopping the broker: writes 503 (nothing half-written), reads still served. Stopping memcached:
+    rolled-up reads fall back to the store, BEST_EFFORT answers 503."""
+    broker = LocalBroker(tmp_path / "broker.log").start()
+    mc = LocalMemcached(tmp_path / "mc.log").start()
+    env = PipelineEnv(broker.bootstrap, mc.address, tmp_path / "data", namespaces=NAMESPACES)
+    env.data_dir.mkdir()
+    try:
+        env.create_topics()
+        env.start_worker()
+        api = env.start_api()
+        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as c:
+            env.client = c
+            assert post(env, "/v1/AddAndGetCount", fresh(POST_ADD, delta=3)).json()["count"] == 3
+            wait_for(lambda: get_count(env, "my_dataset", "counter123") == 3, 30, message="rolled up")
+            assert post(env, "/v1/AddCount", {**POST_ADD, "namespace": "my_dataset_best_effort"}).status_code == 200
+
+            mc.stop()
+            assert get_count(env, "my_dataset", "counter123") == 3  # from the rollup store
+            r = post(env, "/v1/AddCount", {**POST_ADD, "namespace": "my_dataset_best_effort"})
+            assert r.status_code == 503 and "memcached" in r.json()["detail"]
+            assert post(env, "/v1/GetCount", {**POST_GET, "namespace": "my_dataset_best_effort"}).status_code == 503
+
+            env.workers[0].stop()
+            broker.stop()
+            started = time.monotonic()
+            r = post(env, "/v1/AddCount", fresh(POST_ADD, delta=100))
+            assert r.status_code == 503 and "broker" in r.json()["detail"], r.text
+            assert time.monotonic() - started < 15
+            assert get_count(env, "my_dataset", "counter123") == 3  # reads still served, nothing half-written
+            assert c.get("/readyz").status_code == 503
+    finally:
+        env.stop()
+        mc.stop()
+        broker.stop()
