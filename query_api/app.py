@@ -111,7 +111,9 @@ def build_service(settings: Settings) -> CounterService:
     producer.metadata_timeout_s = 3.0
     return CounterService(
         registry, producer=producer, signals=SignalEmitter(settings.kafka_bootstrap, settings.rollups_topic),
-        events=events, rollups=rollups, cache=open_cache(cache_spec), counters=open_counters(cache_spec))
+        events=events, rollups=rollups, counters=open_counters(cache_spec),
+        # An in-process cache cannot see the worker's rollups: keep its entries short-lived.
+        cache=open_cache(cache_spec, default_ttl_s=None if cache_spec else 1.0))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -15,9 +15,14 @@ EVENTS_FILE = "events.sqlite3"
 ROLLUPS_FILE = "rollups.sqlite3"
 
 
-def open_stores(store_url: str, data_dir: Path,
-                partitioning_for: Callable[[str], Partitioning]) -> tuple[EventStore, RollupStore]:
-    """``"sqlite"``: files under data_dir; ``"sqlite:///abs/dir"``: files under that directory."""
+def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str], Partitioning], *,
+                delete_after_for: Callable[[str], float | None] | None = None) -> tuple[EventStore, RollupStore]:
+    """``"sqlite"``: files under data_dir; ``"sqlite:///abs/dir"``: files under that directory;
+    ``"cassandra://h1,h2:9042/keyspace?dc=..."``: a Cassandra cluster (see ``sinks.cassandra_config``).
+
+    ``delete_after_for(namespace)`` (seconds) sets the Cassandra slice tables' TTL backstop; SQLite
+    ignores it (its retention is ``drop_expired_slices`` alone).
+    """
     url = store_url.strip()
     if url == "sqlite":
         directory = Path(data_dir)
@@ -27,7 +32,9 @@ def open_stores(store_url: str, data_dir: Path,
             raise ValueError(f"expected 'sqlite:///absolute/dir', got {store_url!r}")
         directory = Path(rest)
     elif url.startswith("cassandra://"):
-        raise NotImplementedError("Cassandra backend: see issue 6")
+        from sinks.cassandra_store import open_cassandra_stores  # the driver loads only when used
+
+        return open_cassandra_stores(url, partitioning_for, delete_after_for=delete_after_for)
     else:
         raise ValueError(f"unknown store {store_url!r}: expected 'sqlite', 'sqlite:///dir' or 'cassandra://...'")
     directory.mkdir(parents=True, exist_ok=True)

@@ -7,14 +7,14 @@ rollup store file and the cache, and waited for with deadlines.
 from __future__ import annotations
 
 import asyncio
-import sys
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.process import ManagedProcess, free_port
+from infra.process import ManagedProcess
+from infra.stack import LocalStack
 from sinks import RollupState, SqliteRollupStore
 from streams.settings import load_settings
 from streams.topics import ensure_topics, topic_specs
@@ -56,9 +56,8 @@ class PipelineEnv:
     data_dir: Path
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}")
     partitions: int = 4
-    workers: list[ManagedProcess] = field(default_factory=list)
     namespaces: Path = NAMESPACES
-    apis: list[ManagedProcess] = field(default_factory=list)
+    _stack: LocalStack | None = None
 
     @property
     def mutations_topic(self) -> str:
@@ -88,31 +87,29 @@ class PipelineEnv:
         settings = load_settings(**{k.removeprefix("COUNTER_").lower(): v for k, v in self.env().items()})
         ensure_topics(self.bootstrap, topic_specs(settings))
 
+    @property
+    def stack(self) -> LocalStack:
+        if self._stack is None:
+            self._stack = LocalStack(self.data_dir, self.env())
+        return self._stack
+
+    @property
+    def workers(self) -> list[ManagedProcess]:
+        return self.stack.workers
+
+    @property
+    def apis(self) -> list[ManagedProcess]:
+        return self.stack.apis
+
     def start_worker(self) -> ManagedProcess:
-        port = free_port()
-        index = len(self.workers)
-        worker = ManagedProcess([sys.executable, "-m", "agents"], host="127.0.0.1", port=port,
-                                log_path=self.data_dir / f"worker-{index}.log", ready_path="/ready",
-                                env={**self.env(), "COUNTER_WORKER_PORT": str(port)})
-        worker.name = f"worker-{index}"
-        worker.start(timeout=90)
-        self.workers.append(worker)
-        return worker
+        return self.stack.start_worker()
 
     def start_api(self, **extra_env: str) -> ManagedProcess:
-        """The HTTP API (`python -m query_api`) on a free port, ready once /healthz answers."""
-        port = free_port()
-        api = ManagedProcess([sys.executable, "-m", "query_api"], host="127.0.0.1", port=port,
-                             log_path=self.data_dir / f"api-{len(self.apis)}.log", ready_path="/healthz",
-                             env={**self.env(), "COUNTER_API_PORT": str(port), **extra_env})
-        api.name = f"api-{len(self.apis)}"
-        api.start(timeout=60)
-        self.apis.append(api)
-        return api
+        return self.stack.start_api(**extra_env)
 
     def stop(self) -> None:
-        for process in [*self.apis, *self.workers]:
-            process.stop()
+        if self._stack is not None:
+            self._stack.stop()
 
     def rollups(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
         async def read() -> dict[tuple[str, str], RollupState]:

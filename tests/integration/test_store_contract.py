@@ -353,20 +353,25 @@ def test_sqlite_partitioning_is_pinned_on_first_write(tmp_path: Path) -> None:
     asyncio.run(changed.close())
 
 
-def _writer_process(directory: str, worker: int, ids: list[int], seed: int) -> None:
-    """One OS process hammering the shared files: overlapping events, last-write bumps, rollups, marks."""
+def _writer_process(directory: str, worker: int, ids: list[int], seed: int, barrier) -> None:
+    """One OS process hammering the shared files: overlapping events (each delivered twice),
+    last-write bumps, rollups and watermarks, one transaction each."""
     async def body() -> None:
         events, rollups = open_stores(f"sqlite://{directory}", Path(directory), lambda ns: PART)
         rng = random.Random(seed)
-        order = ids[:]
-        rng.shuffle(order)
-        for start in range(0, len(order), 250):
-            chunk = [ev("shared", BASE + (i % 400) * S // 2, f"id{i}", i % 7 - 2, counter=f"c{i % 3}")
-                     for i in order[start:start + 250]]
-            await events.write_events(chunk)
-            await rollups.bump_last_write([(r[0], r[1], r[2]) for r in chunk])
-            await rollups.write_rollup("shared", f"w{worker}", start, start + 1)
-            await rollups.set_watermarks("t", {worker: start, 9: rng.randrange(10_000)})
+        await rollups.watermarks("t")  # open both files before the start line
+        await events.aggregate("shared", "c0", 0, 1)
+        barrier.wait(30)
+        for attempt in range(2):
+            order = ids[:]
+            rng.shuffle(order)
+            for start in range(0, len(order), 50):
+                chunk = [ev("shared", BASE + (i % 400) * S // 2, f"id{i}", i % 7 - 2, counter=f"c{i % 3}")
+                         for i in order[start:start + 50]]
+                await events.write_events(chunk)
+                await rollups.bump_last_write([(r[0], r[1], r[2]) for r in chunk])
+                await rollups.write_rollup("shared", f"w{worker}", start, attempt * 10_000 + start + 1)
+                await rollups.set_watermarks("t", {worker: start, 9: rng.randrange(10_000)})
         await events.close()
         await rollups.close()
     asyncio.run(body())
@@ -376,7 +381,9 @@ def test_sqlite_two_processes_write_overlapping_batches(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     n = 6000
     plan = {0: list(range(0, 4000)), 1: list(range(2000, n))}  # ids 2000..3999 written by both
-    procs = [ctx.Process(target=_writer_process, args=(str(tmp_path), w, ids, w)) for w, ids in plan.items()]
+    barrier = ctx.Barrier(len(plan))
+    procs = [ctx.Process(target=_writer_process, args=(str(tmp_path), w, ids, w, barrier))
+             for w, ids in plan.items()]
     for p in procs:
         p.start()
     reader = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: PART)
@@ -400,7 +407,8 @@ def test_sqlite_two_processes_write_overlapping_batches(tmp_path: Path) -> None:
             agg = await events.aggregate("shared", c, 0, BASE + 10**4 * S)
             assert agg.delta == sum(i % 7 - 2 for i in range(n) if i % 3 == int(c[1]))
         assert sorted(int(r[3][2:]) for r in everything) == list(range(n))  # nothing lost, nothing doubled
-        assert (await rollups.watermarks("t"))[0] == 3750 and (await rollups.watermarks("t"))[1] == 3750
+        assert (await rollups.watermarks("t"))[0] == 3950 and (await rollups.watermarks("t"))[1] == 3950
+        assert (await rollups.get("shared", "w0")).rollup_ts == 13951
         last = max(BASE + (i % 400) * S // 2 for i in range(n) if i % 3 == 0)
         assert (await rollups.get("shared", "c0")).last_write_ts == last
         await events.close()
@@ -409,3 +417,23 @@ def test_sqlite_two_processes_write_overlapping_batches(tmp_path: Path) -> None:
     asyncio.run(verify())
     assert seen_while_writing <= n // 3
 
+
+
+def test_sqlite_write_waits_for_a_lock_held_by_another_process(tmp_path: Path) -> None:
+    es = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: PART)
+    asyncio.run(es.write_events([ev("ns", BASE + 1, "first")]))  # the file and schema exist
+    holder = sqlite3.connect(tmp_path / "events.sqlite3", isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another writer holds the lock for a while
+
+    async def body() -> int:
+        write = asyncio.ensure_future(es.write_events([ev("ns", BASE + 2, "second")]))
+        await asyncio.sleep(0.5)
+        assert not write.done()  # waiting on the busy timeout, not failing
+        holder.execute("COMMIT")
+        return await write
+    try:
+        assert asyncio.run(body()) == 1
+    finally:
+        holder.close()
+    assert asyncio.run(es.aggregate("ns", "c", 0, BASE + S)).delta == 2
+    asyncio.run(es.close())

@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): each prints its figure next to a baseline measured in the same run."""

@@ -1,0 +1,103 @@
+"""A small closed-loop load generator on raw asyncio sockets (HTTP/1.1 keep-alive and memcached text).
+
+The same technique drives the service and its baseline, so their ratio is fair on a shared machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class LoadResult:
+    latencies_s: list[float]
+    elapsed_s: float
+    errors: int
+
+    @property
+    def throughput(self) -> float:
+        return len(self.latencies_s) / self.elapsed_s if self.elapsed_s else 0.0
+
+    def percentile(self, p: float) -> float:
+        if not self.latencies_s:
+            return float("nan")
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+    def summary(self) -> dict[str, float]:
+        return {"requests": len(self.latencies_s), "errors": self.errors, "throughput_per_s": self.throughput,
+                "p50_ms": self.percentile(50) * 1e3, "p99_ms": self.percentile(99) * 1e3,
+                "max_ms": max(self.latencies_s, default=float("nan")) * 1e3}
+
+
+def http_post(path: str, body: bytes, headers: str = "") -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n{headers}"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+async def _http_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bool:
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status_ok = head[9:12] == b"200"
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line[:15].lower() == b"content-length:":
+            length = int(line[15:])
+    if length:
+        await reader.readexactly(length)
+    return status_ok
+
+
+async def _memcached_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bool:
+    writer.write(request)
+    if request.startswith(b"get "):
+        data = await reader.readuntil(b"END\r\n")
+        return data.startswith(b"VALUE") or data == b"END\r\n"
+    line = await reader.readuntil(b"\r\n")
+    return line[:1].isdigit()
+
+
+async def _run(host: str, port: int, requests: Sequence[bytes], concurrency: int, duration_s: float,
+               exchange: Callable, on_progress: Callable[[int], None] | None) -> LoadResult:
+    latencies: list[float] = []
+    errors = 0
+    deadline = time.perf_counter() + duration_s
+
+    async def connection(worker: int) -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection(host, port)
+        i = worker
+        try:
+            while time.perf_counter() < deadline:
+                request = requests[i % len(requests)]
+                i += concurrency
+                started = time.perf_counter()
+                ok = await exchange(reader, writer, request)
+                latencies.append(time.perf_counter() - started)
+                if not ok:
+                    errors += 1
+        finally:
+            writer.close()
+
+    async def progress() -> None:
+        while time.perf_counter() < deadline:
+            await asyncio.sleep(0.25)
+            if on_progress:
+                on_progress(len(latencies))
+
+    started = time.perf_counter()
+    await asyncio.gather(progress(), *(connection(w) for w in range(concurrency)))
+    return LoadResult(latencies, time.perf_counter() - started, errors)
+
+
+def http_load(host: str, port: int, requests: Sequence[bytes], *, concurrency: int = 32, duration_s: float = 10,
+              on_progress: Callable[[int], None] | None = None) -> LoadResult:
+    return asyncio.run(_run(host, port, requests, concurrency, duration_s, _http_exchange, on_progress))
+
+
+def memcached_load(host: str, port: int, requests: Sequence[bytes], *, concurrency: int = 32,
+                   duration_s: float = 10, on_progress: Callable[[int], None] | None = None) -> LoadResult:
+    return asyncio.run(_run(host, port, requests, concurrency, duration_s, _memcached_exchange, on_progress))

@@ -1,0 +1,450 @@
+"""Every CQL statement of the Cassandra backend, built by pure functions (no driver, no session).
+
+Statements are :class:`Stmt` values: the CQL text with ``?`` markers (prepared once per text), the
+bind values in marker order, and an ``op`` name saying what the statement does (logs, metrics and
+the unit tests' in-memory fake dispatch on it). Nothing here talks to a server, so statement text,
+bind values, table naming and bucket/slice enumeration are all unit-tested without Cassandra.
+
+Data model (keyspace ``ks``)::
+
+    event_namespaces  (namespace)                           partitioning pinned on first write
+    event_slices      ((namespace), slice)                  catalog of slice tables
+    ev_<ns>_<hash>_<slice>                                  one events table per namespace and slice
+        PRIMARY KEY ((namespace, counter_name, time_bucket, event_bucket),
+                     event_time, event_id, event_item_key)  CLUSTERING ORDER BY (event_time DESC, ...)
+        default_time_to_live from the namespace's delete_after (see cassandra_config.event_ttl_seconds)
+    event_buckets     ((namespace, counter_name), time_bucket, event_bucket)  has_clear
+                      which event partitions of a counter hold events: ranges read only those
+    rollups           ((namespace, counter_name))            rollup_count, rollup_ts, last_write_ts
+    rollup_pending    ((shard), namespace, counter_name)     marker: last_write_ts > rollup_ts
+    rollup_bounds     ((namespace), shard)                   newest converged rollup_ts
+    watermarks        ((topic), kafka_partition)             persist watermark per partition
+
+The column is ``counter_name`` (the API's field name), not ``counter``: COUNTER is a CQL type keyword.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import xxhash
+
+from sinks.model import Partitioning
+
+__all__ = [
+    "BASE_TABLES",
+    "MIN_BIGINT",
+    "EventCql",
+    "Part",
+    "RollupCql",
+    "Stmt",
+    "bucket_slices",
+    "index_bounds",
+    "keyspace_cql",
+    "parts_for",
+    "pending_shard",
+    "render_schema_file",
+    "schema_statements",
+    "slice_table_cql",
+    "slice_table_id",
+    "slice_table_name",
+    "twcs_window_minutes",
+]
+
+MIN_BIGINT = -(2**63)
+_US = 1_000_000
+
+BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "rollups", "rollup_pending",
+               "rollup_bounds", "watermarks")
+
+
+@dataclass(frozen=True, slots=True)
+class Stmt:
+    """One statement: ``cql`` with ``?`` markers, ``params`` in marker order.
+
+    ``table`` names the slice table a statement touches (None for the fixed tables), so a read of a
+    slice that retention dropped meanwhile can be treated as empty. ``serial`` asks for the serial
+    consistency level (a read that must see a lightweight transaction's outcome).
+    """
+
+    op: str
+    cql: str
+    params: tuple = ()
+    table: str | None = None
+    serial: bool = False
+
+
+# -- naming -------------------------------------------------------------------------------------------
+
+def slice_table_name(namespace: str, slice_no: int) -> str:
+    """``ev_<sanitized ns>_<xxh32 of ns>_<slice>``: lowercase (CQL folds unquoted names), at most 48
+    characters (Cassandra's limit), distinct for distinct namespaces (the hash covers the exact name,
+    so "A.b" and "a_b" differ), ``m<n>`` for a negative slice number."""
+    safe = re.sub(r"[^a-z0-9]", "_", namespace.lower())[:18]
+    digest = xxhash.xxh32_hexdigest(namespace.encode())
+    number = str(slice_no) if slice_no >= 0 else f"m{-slice_no}"
+    return f"ev_{safe}_{digest}_{number}"
+
+
+def slice_table_id(keyspace: str, table: str) -> uuid.UUID:
+    """Deterministic table id: workers that create the same slice table at the same moment issue
+    identical DDL, so the schema versions they push cannot disagree (Cassandra otherwise gives each
+    CREATE TABLE a random id, and concurrent creations of one table can leave nodes disagreeing)."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"counter-abstraction:{keyspace}.{table}")
+
+
+def pending_shard(namespace: str, counter: str, shards: int) -> int:
+    """Partition of the pending-rollup marker of a counter."""
+    return xxhash.xxh32_intdigest(f"{namespace}\x00{counter}".encode()) % shards
+
+
+# -- schema ---------------------------------------------------------------------------------------------
+
+def _replication_literal(replication: Mapping[str, int | str]) -> str:
+    items = []
+    for key, value in replication.items():
+        items.append(f"'{key}': {value}" if isinstance(value, int) else f"'{key}': '{value}'")
+    return "{" + ", ".join(items) + "}"
+
+
+def keyspace_cql(keyspace: str, replication: Mapping[str, int | str]) -> str:
+    return (f"CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {_replication_literal(replication)} "
+            f"AND durable_writes = true")
+
+
+def _base_tables(ks: str) -> list[str]:
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {ks}.event_namespaces (
+    namespace text PRIMARY KEY,
+    buckets_per_id int,
+    seconds_per_bucket int,
+    seconds_per_slice int
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.event_slices (
+    namespace text,
+    slice bigint,
+    table_name text,
+    start_us bigint,
+    end_us bigint,
+    PRIMARY KEY ((namespace), slice)
+) WITH CLUSTERING ORDER BY (slice ASC)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.event_buckets (
+    namespace text,
+    counter_name text,
+    time_bucket bigint,
+    event_bucket int,
+    has_clear boolean,
+    PRIMARY KEY ((namespace, counter_name), time_bucket, event_bucket)
+) WITH CLUSTERING ORDER BY (time_bucket ASC, event_bucket ASC)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.rollups (
+    namespace text,
+    counter_name text,
+    rollup_count bigint,
+    rollup_ts bigint,
+    last_write_ts bigint,
+    PRIMARY KEY ((namespace, counter_name))
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.rollup_pending (
+    shard int,
+    namespace text,
+    counter_name text,
+    PRIMARY KEY ((shard), namespace, counter_name)
+) WITH CLUSTERING ORDER BY (namespace ASC, counter_name ASC) AND gc_grace_seconds = 3600""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.rollup_bounds (
+    namespace text,
+    shard int,
+    rollup_ts bigint,
+    PRIMARY KEY ((namespace), shard)
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.watermarks (
+    topic text,
+    kafka_partition int,
+    mark_us bigint,
+    PRIMARY KEY ((topic), kafka_partition)
+)""",
+    ]
+
+
+def schema_statements(keyspace: str, replication: Mapping[str, int | str]) -> list[str]:
+    """The keyspace and the fixed tables, in order (what ``counter schema apply`` runs). Slice tables
+    are created on demand by the event store (:func:`slice_table_cql`)."""
+    return [keyspace_cql(keyspace, replication), *_base_tables(keyspace)]
+
+
+_SCHEMA_HEADER = """\
+-- Cassandra schema of the counter service (generated by sinks.cassandra_cql.render_schema_file;
+-- tests/unit/test_cassandra_infra.py checks that this file matches the code).
+--
+-- Apply with `counter schema apply` (COUNTER_STORE=cassandra://hosts/keyspace?dc=...&replication=...),
+-- or with cqlsh after editing the keyspace name and the replication map:
+--     cqlsh -f infra/cassandra/schema.cql
+--
+-- Events live in one table per namespace and time slice, created on demand by the workers with the
+-- statement below (values filled per namespace) and listed in event_slices; retention drops them whole:
+--
+-- CREATE TABLE IF NOT EXISTS <ks>.ev_<namespace>_<xxh32>_<slice> (
+--     namespace text, counter_name text, time_bucket bigint, event_bucket int,
+--     event_time bigint, event_id text, event_item_key text, delta bigint, is_clear boolean,
+--     PRIMARY KEY ((namespace, counter_name, time_bucket, event_bucket), event_time, event_id, event_item_key)
+-- ) WITH CLUSTERING ORDER BY (event_time DESC, event_id ASC, event_item_key ASC)
+--   AND default_time_to_live = <delete_after + seconds_per_slice + ttl_grace>
+--   AND compaction = {'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'MINUTES',
+--                     'compaction_window_size': <seconds_per_slice / 8 in minutes>}
+--   AND id = '<uuid5 of keyspace.table>';
+"""
+
+
+def render_schema_file(keyspace: str = "counters",
+                       replication: Mapping[str, int | str] | None = None) -> str:
+    """The text of ``infra/cassandra/schema.cql``."""
+    repl = replication or {"class": "NetworkTopologyStrategy", "dc1": 3}
+    body = ";\n\n".join(schema_statements(keyspace, repl))
+    return f"{_SCHEMA_HEADER}\n{body};\n"
+
+
+def twcs_window_minutes(seconds_per_slice: int) -> int:
+    """TimeWindowCompactionStrategy window of a slice table: about 8 windows per slice."""
+    return max(1, -(-int(seconds_per_slice) // (60 * 8)))
+
+
+def slice_table_cql(keyspace: str, table: str, *, ttl_s: int, seconds_per_slice: int,
+                    table_id: uuid.UUID | None) -> str:
+    options = [
+        "CLUSTERING ORDER BY (event_time DESC, event_id ASC, event_item_key ASC)",
+        f"default_time_to_live = {int(ttl_s)}",
+        "compaction = {'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'MINUTES', "
+        f"'compaction_window_size': {twcs_window_minutes(seconds_per_slice)}}}",
+    ]
+    if table_id is not None:
+        options.append(f"id = '{table_id}'")
+    return (f"CREATE TABLE IF NOT EXISTS {keyspace}.{table} (\n"
+            "    namespace text, counter_name text, time_bucket bigint, event_bucket int,\n"
+            "    event_time bigint, event_id text, event_item_key text, delta bigint, is_clear boolean,\n"
+            "    PRIMARY KEY ((namespace, counter_name, time_bucket, event_bucket), "
+            "event_time, event_id, event_item_key)\n"
+            ") WITH " + "\n  AND ".join(options))
+
+
+# -- bucket and slice enumeration ------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One event partition inside one slice table."""
+
+    table: str
+    slice: int
+    time_bucket: int
+    event_bucket: int
+    has_clear: bool
+
+
+def index_bounds(after_us: int, upto_us: int, part: Partitioning) -> tuple[int, int]:
+    """Inclusive time-bucket range holding every event time in ``(after_us, upto_us]``."""
+    return (after_us + 1) // part.bucket_us, upto_us // part.bucket_us
+
+
+def bucket_slices(time_bucket: int, after_us: int, upto_us: int, part: Partitioning) -> range:
+    """Slices holding event times of ``time_bucket`` within ``(after_us, upto_us]`` (empty when the
+    bucket does not meet the range). More than one only if a slice is not a multiple of a bucket."""
+    lo = max(time_bucket * part.bucket_us, after_us + 1)
+    hi = min((time_bucket + 1) * part.bucket_us - 1, upto_us)
+    if lo > hi:
+        return range(0)
+    return range(part.slice_of(lo), part.slice_of(hi) + 1)
+
+
+def parts_for(namespace: str, index_rows: Iterable[Sequence], after_us: int, upto_us: int,
+              part: Partitioning) -> list[Part]:
+    """The event partitions to read for ``(after_us, upto_us]``, from the counter's bucket-index rows
+    ``(time_bucket, event_bucket, has_clear)``; ordered by (time_bucket, event_bucket, slice)."""
+    out: list[Part] = []
+    for time_bucket, event_bucket, has_clear in index_rows:
+        for slice_no in bucket_slices(int(time_bucket), after_us, upto_us, part):
+            out.append(Part(slice_table_name(namespace, slice_no), slice_no, int(time_bucket), int(event_bucket),
+                            bool(has_clear)))
+    out.sort(key=lambda p: (p.time_bucket, p.event_bucket, p.slice))
+    return out
+
+
+# -- event store statements ------------------------------------------------------------------------
+
+_PK = "namespace = ? AND counter_name = ? AND time_bucket = ? AND event_bucket = ?"
+
+
+class EventCql:
+    """Statements of the event store in one keyspace."""
+
+    def __init__(self, keyspace: str) -> None:
+        self.ks = keyspace
+
+    # namespaces and the slice catalog
+    def pin_namespace(self, namespace: str, p: Partitioning) -> Stmt:
+        return Stmt("ns.pin", f"INSERT INTO {self.ks}.event_namespaces (namespace, buckets_per_id, "
+                    "seconds_per_bucket, seconds_per_slice) VALUES (?, ?, ?, ?) IF NOT EXISTS",
+                    (namespace, p.buckets_per_id, p.seconds_per_bucket, p.seconds_per_slice))
+
+    def get_namespace(self, namespace: str, *, serial: bool = False) -> Stmt:
+        return Stmt("ns.get", f"SELECT buckets_per_id, seconds_per_bucket, seconds_per_slice "
+                    f"FROM {self.ks}.event_namespaces WHERE namespace = ?", (namespace,), serial=serial)
+
+    def add_slice(self, namespace: str, slice_no: int, table: str, p: Partitioning) -> Stmt:
+        return Stmt("slices.add", f"INSERT INTO {self.ks}.event_slices (namespace, slice, table_name, start_us, "
+                    "end_us) VALUES (?, ?, ?, ?, ?)",
+                    (namespace, slice_no, table, slice_no * p.slice_us, (slice_no + 1) * p.slice_us))
+
+    def list_slices(self, namespace: str) -> Stmt:
+        return Stmt("slices.list", f"SELECT slice, table_name, start_us, end_us FROM {self.ks}.event_slices "
+                    "WHERE namespace = ?", (namespace,))
+
+    def remove_slice(self, namespace: str, slice_no: int) -> Stmt:
+        return Stmt("slices.remove", f"DELETE FROM {self.ks}.event_slices WHERE namespace = ? AND slice = ?",
+                    (namespace, slice_no))
+
+    def create_slice(self, table: str, *, ttl_s: int, seconds_per_slice: int, table_ids: bool) -> Stmt:
+        table_id = slice_table_id(self.ks, table) if table_ids else None
+        return Stmt("slice.create", slice_table_cql(self.ks, table, ttl_s=ttl_s, seconds_per_slice=seconds_per_slice,
+                                                    table_id=table_id), table=table)
+
+    def drop_slice(self, table: str) -> Stmt:
+        return Stmt("slice.drop", f"DROP TABLE IF EXISTS {self.ks}.{table}", table=table)
+
+    # the bucket index
+    def index_add(self, namespace: str, counter: str, time_bucket: int, event_bucket: int, *,
+                  has_clear: bool, ttl_s: int) -> Stmt:
+        if has_clear:
+            return Stmt("index.add_clear", f"INSERT INTO {self.ks}.event_buckets (namespace, counter_name, "
+                        "time_bucket, event_bucket, has_clear) VALUES (?, ?, ?, ?, true) USING TTL ?",
+                        (namespace, counter, time_bucket, event_bucket, ttl_s))
+        return Stmt("index.add", f"INSERT INTO {self.ks}.event_buckets (namespace, counter_name, time_bucket, "
+                    "event_bucket) VALUES (?, ?, ?, ?) USING TTL ?",
+                    (namespace, counter, time_bucket, event_bucket, ttl_s))
+
+    def index_range(self, namespace: str, counter: str, tb_lo: int, tb_hi: int) -> Stmt:
+        return Stmt("index.range", f"SELECT time_bucket, event_bucket, has_clear FROM {self.ks}.event_buckets "
+                    "WHERE namespace = ? AND counter_name = ? AND time_bucket >= ? AND time_bucket <= ?",
+                    (namespace, counter, tb_lo, tb_hi))
+
+    def index_trim(self, namespace: str, counter: str, below_tb: int) -> Stmt:
+        return Stmt("index.trim", f"DELETE FROM {self.ks}.event_buckets WHERE namespace = ? AND counter_name = ? "
+                    "AND time_bucket < ?", (namespace, counter, below_tb))
+
+    # events of one partition
+    @staticmethod
+    def _key(namespace: str, counter: str, time_bucket: int, event_bucket: int) -> tuple:
+        return (namespace, counter, time_bucket, event_bucket)
+
+    def insert(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
+               event_time: int, event_id: str, item_key: str, delta: int, is_clear: bool) -> Stmt:
+        """Write timestamp = event time: a re-sent event carries the same timestamp, so replicas
+        converge on one value even when two writers race on one identity."""
+        return Stmt("event.insert", f"INSERT INTO {self.ks}.{table} (namespace, counter_name, time_bucket, "
+                    "event_bucket, event_time, event_id, event_item_key, delta, is_clear) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+                    (namespace, counter, time_bucket, event_bucket, event_time, event_id, item_key, delta,
+                     bool(is_clear), event_time), table=table)
+
+    def span_keys(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
+                  lo_incl: int, hi_incl: int) -> Stmt:
+        return Stmt("event.span", f"SELECT event_time, event_id, event_item_key FROM {self.ks}.{table} "
+                    f"WHERE {_PK} AND event_time >= ? AND event_time <= ?",
+                    (*self._key(namespace, counter, time_bucket, event_bucket), lo_incl, hi_incl), table=table)
+
+    def rows(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
+             after_us: int, upto_us: int) -> Stmt:
+        return Stmt("event.rows", f"SELECT event_time, event_id, event_item_key, delta, is_clear "
+                    f"FROM {self.ks}.{table} WHERE {_PK} AND event_time > ? AND event_time <= ?",
+                    (*self._key(namespace, counter, time_bucket, event_bucket), after_us, upto_us), table=table)
+
+    def sum(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
+            after_us: int, upto_us: int) -> Stmt:
+        return Stmt("event.sum", f"SELECT sum(delta), count(*) FROM {self.ks}.{table} "
+                    f"WHERE {_PK} AND event_time > ? AND event_time <= ?",
+                    (*self._key(namespace, counter, time_bucket, event_bucket), after_us, upto_us), table=table)
+
+    def count_before(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
+                     cutoff_us: int) -> Stmt:
+        return Stmt("event.count_before", f"SELECT count(*) FROM {self.ks}.{table} WHERE {_PK} AND event_time < ?",
+                    (*self._key(namespace, counter, time_bucket, event_bucket), cutoff_us), table=table)
+
+    def delete_before(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
+                      cutoff_us: int) -> Stmt:
+        return Stmt("event.delete_before", f"DELETE FROM {self.ks}.{table} WHERE {_PK} AND event_time < ?",
+                    (*self._key(namespace, counter, time_bucket, event_bucket), cutoff_us), table=table)
+
+
+# -- rollup store statements -------------------------------------------------------------------------
+
+_COUNTER = "namespace = ? AND counter_name = ?"
+
+
+class RollupCql:
+    """Statements of the rollup store. Cells that only move forward are written ``USING TIMESTAMP``
+    = their own value, so Cassandra's last-write-wins keeps the maximum without reads or locks."""
+
+    def __init__(self, keyspace: str) -> None:
+        self.ks = keyspace
+
+    def get(self, namespace: str, counter: str) -> Stmt:
+        return Stmt("rollup.get", f"SELECT rollup_count, rollup_ts, last_write_ts FROM {self.ks}.rollups "
+                    f"WHERE {_COUNTER}", (namespace, counter))
+
+    def bump(self, namespace: str, counter: str, event_time: int) -> Stmt:
+        return Stmt("rollup.bump", f"UPDATE {self.ks}.rollups USING TIMESTAMP ? SET last_write_ts = ? "
+                    f"WHERE {_COUNTER}", (event_time, event_time, namespace, counter))
+
+    def write(self, namespace: str, counter: str, count: int, rollup_ts: int) -> Stmt:
+        return Stmt("rollup.write", f"UPDATE {self.ks}.rollups USING TIMESTAMP ? SET rollup_count = ?, "
+                    f"rollup_ts = ? WHERE {_COUNTER}", (rollup_ts, count, rollup_ts, namespace, counter))
+
+    def delete(self, namespace: str, counter: str, timestamp: int) -> Stmt:
+        return Stmt("rollup.delete", f"DELETE FROM {self.ks}.rollups USING TIMESTAMP ? WHERE {_COUNTER}",
+                    (timestamp, namespace, counter))
+
+    def scan(self) -> Stmt:
+        """Every rollup row (paged): only for ops (delete of a whole namespace)."""
+        return Stmt("rollup.scan", f"SELECT namespace, counter_name, rollup_ts, last_write_ts FROM {self.ks}.rollups")
+
+    def mark_pending(self, shard: int, namespace: str, counter: str, event_time: int) -> Stmt:
+        return Stmt("pending.mark", f"INSERT INTO {self.ks}.rollup_pending (shard, namespace, counter_name) "
+                    "VALUES (?, ?, ?) USING TIMESTAMP ?", (shard, namespace, counter, event_time))
+
+    def clear_pending(self, shard: int, namespace: str, counter: str, rollup_ts: int) -> Stmt:
+        """Deletes the marker only if no event after ``rollup_ts`` re-marked it (tombstone timestamp
+        = rollup_ts shadows markers written with event times <= rollup_ts, and nothing later)."""
+        return Stmt("pending.clear", f"DELETE FROM {self.ks}.rollup_pending USING TIMESTAMP ? "
+                    f"WHERE shard = ? AND {_COUNTER}", (rollup_ts, shard, namespace, counter))
+
+    def pending_first(self, shard: int, limit: int) -> Stmt:
+        return Stmt("pending.first", f"SELECT namespace, counter_name FROM {self.ks}.rollup_pending "
+                    "WHERE shard = ? LIMIT ?", (shard, limit))
+
+    def pending_after(self, shard: int, namespace: str, counter: str, limit: int) -> Stmt:
+        return Stmt("pending.after", f"SELECT namespace, counter_name FROM {self.ks}.rollup_pending "
+                    "WHERE shard = ? AND (namespace, counter_name) > (?, ?) LIMIT ?",
+                    (shard, namespace, counter, limit))
+
+    def pending_of_namespace(self, shard: int, namespace: str) -> Stmt:
+        return Stmt("pending.of_ns", f"SELECT counter_name FROM {self.ks}.rollup_pending "
+                    "WHERE shard = ? AND namespace = ?", (shard, namespace))
+
+    def set_bound(self, namespace: str, shard: int, rollup_ts: int) -> Stmt:
+        return Stmt("bounds.set", f"UPDATE {self.ks}.rollup_bounds USING TIMESTAMP ? SET rollup_ts = ? "
+                    "WHERE namespace = ? AND shard = ?", (rollup_ts, rollup_ts, namespace, shard))
+
+    def get_bounds(self, namespace: str) -> Stmt:
+        return Stmt("bounds.get", f"SELECT rollup_ts FROM {self.ks}.rollup_bounds WHERE namespace = ?", (namespace,))
+
+    def delete_bounds(self, namespace: str, timestamp: int) -> Stmt:
+        return Stmt("bounds.delete", f"DELETE FROM {self.ks}.rollup_bounds USING TIMESTAMP ? WHERE namespace = ?",
+                    (timestamp, namespace))
+
+    def set_mark(self, topic: str, partition: int, mark_us: int) -> Stmt:
+        return Stmt("marks.set", f"UPDATE {self.ks}.watermarks USING TIMESTAMP ? SET mark_us = ? "
+                    "WHERE topic = ? AND kafka_partition = ?", (mark_us, mark_us, topic, partition))
+
+    def get_marks(self, topic: str) -> Stmt:
+        return Stmt("marks.get", f"SELECT kafka_partition, mark_us FROM {self.ks}.watermarks WHERE topic = ?",
+                    (topic,))

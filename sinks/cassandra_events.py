@@ -1,0 +1,317 @@
+"""Cassandra TimeSeries event store: one table per (namespace, time slice), idempotent events.
+
+Layout (statements in ``sinks.cassandra_cql``):
+* Slice table ``ev_<ns>_<hash>_<slice>``: partition ``(namespace, counter_name, time_bucket,
+  event_bucket)``, clustering ``(event_time DESC, event_id, event_item_key)``, so a hot counter is
+  spread over ``buckets_per_id`` partitions per ``seconds_per_bucket`` and no partition grows wide.
+  ``default_time_to_live`` comes from the namespace's ``delete_after`` (a backstop: retention drops
+  whole slices with DROP TABLE once they are old *and* rolled up, see ``event_ttl_seconds``).
+  Tables are created on demand (``CREATE TABLE IF NOT EXISTS`` with a deterministic table id, so
+  workers racing to create one slice issue identical DDL), listed in ``event_slices``.
+* ``event_namespaces`` pins each namespace's partitioning on its first write (a lightweight
+  transaction, once per namespace): time_bucket and event_bucket are part of an event's primary key,
+  so a later configuration change must not re-key (and so double) events.
+* ``event_buckets`` indexes which ``(time_bucket, event_bucket)`` partitions of a counter hold
+  events, and whether a partition holds a clear. A range reads the index (one partition) and then
+  only the event partitions that exist, concurrently: a never-rolled-up counter (rollup_ts 0) or one
+  idle for weeks costs what its events cost, never one query per bucket since 1970. Written
+  *before* the events, so a visible event always has its index row (and its clear flag).
+
+Writes are idempotent by primary key without lightweight transactions: rows already stored are
+looked up first (one range read per partition of the batch) and only new identities are inserted,
+``USING TIMESTAMP`` = event time. So the first write of an identity wins, re-sends cost a read, and
+``write_events`` can return how many rows were new. Two writers racing on one identity both insert
+the same event (same key, same timestamp): stored once; a reused token with another delta then
+resolves deterministically (Cassandra keeps the greater value on equal timestamps).
+
+Aggregation over ``(after, upto]``: the latest clear is found in the partitions flagged
+``has_clear`` (their rows are read); every other partition is summed by Cassandra
+(``sum(delta), count(*)``), restricted to after the latest clear when there is one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from sinks.base import ScanCursor
+from sinks.cassandra_config import event_ttl_seconds, index_ttl_seconds
+from sinks.cassandra_cql import MIN_BIGINT, EventCql, Part, Stmt, index_bounds, parts_for, slice_table_name
+from sinks.cassandra_session import Executor, MissingTable
+from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
+
+__all__ = ["CassandraEventStore"]
+
+log = logging.getLogger(__name__)
+
+_SCAN_BUCKETS_PER_ROUND = 8  # time buckets fetched concurrently by one scan round
+
+
+class CassandraEventStore:
+    """The production event store. ``partitioning_for(namespace)`` gives the configured partitioning
+    (pinned on a namespace's first write); ``delete_after_for(namespace)`` its retention in seconds
+    (None: slice tables get no TTL and only ``drop_expired_slices`` removes events)."""
+
+    def __init__(self, executor: Executor, partitioning_for: Callable[[str], Partitioning], *,
+                 delete_after_for: Callable[[str], float | None] | None = None, ttl_grace_s: int = 86_400,
+                 table_ids: bool = True) -> None:
+        self._x = executor
+        self._cql = EventCql(executor.keyspace)
+        self._partitioning_for = partitioning_for
+        self._delete_after_for = delete_after_for
+        self._ttl_grace_s = ttl_grace_s
+        self._table_ids = table_ids
+        self._pinned: dict[str, Partitioning] = {}
+        self._tables: set[str] = set()  # slice tables known to exist (created or listed by this process)
+        self._catalog_loaded: set[str] = set()
+
+    # -- EventStore ---------------------------------------------------------------------------
+
+    async def write_events(self, rows: Sequence[EventRow]) -> int:
+        if not rows:
+            return 0
+        unique: dict[tuple, EventRow] = {}
+        for row in rows:  # the first of duplicates inside one batch wins
+            unique.setdefault(row[:5], row)
+        for attempt in (1, 2):
+            try:
+                return await self._write(list(unique.values()))
+            except MissingTable as exc:  # retention dropped a slice this process believed existed
+                if attempt == 2:
+                    raise
+                log.warning("event table vanished during a write (%s); re-creating and retrying", exc.table)
+                self._tables.discard(exc.table or "")
+        raise AssertionError("unreachable")
+
+    async def aggregate(self, namespace: str, counter: str, after_us: int, upto_us: int) -> Aggregate:
+        if upto_us <= after_us:
+            return EMPTY_AGGREGATE
+        part = await self._pin(namespace, create=False)
+        if part is None:
+            return EMPTY_AGGREGATE
+        parts = await self._parts(namespace, counter, after_us, upto_us, part)
+        if not parts:
+            return EMPTY_AGGREGATE
+        flagged = [p for p in parts if p.has_clear]
+        plain = [p for p in parts if not p.has_clear]
+        rows: list[tuple] = []
+        for result in await self._x.run_all([self._rows(p, namespace, counter, after_us, upto_us) for p in flagged],
+                                            missing_ok=True):
+            rows.extend(result or ())
+        return await self._combine(namespace, counter, after_us, upto_us, part, rows, plain)
+
+    async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
+                   after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:
+        if upto_us <= after_us or limit <= 0 or (after is not None and after[0] > upto_us):
+            return []
+        part = await self._pin(namespace, create=False)
+        if part is None:
+            return []
+        cursor = after if after is not None and after[0] > after_us else None
+        low = cursor[0] - 1 if cursor is not None else after_us
+        parts = await self._parts(namespace, counter, low, upto_us, part)
+        buckets = sorted({p.time_bucket for p in parts})
+        out: list[EventRow] = []
+        for start in range(0, len(buckets), _SCAN_BUCKETS_PER_ROUND):
+            chunk = set(buckets[start:start + _SCAN_BUCKETS_PER_ROUND])
+            chosen = [p for p in parts if p.time_bucket in chunk]
+            results = await self._x.run_all([self._rows(p, namespace, counter, low, upto_us) for p in chosen],
+                                            missing_ok=True)
+            merged = sorted(((int(t), eid, key, int(d or 0), bool(c)) for result in results
+                             for t, eid, key, d, c in (result or ())), key=lambda r: (r[0], r[1], r[2]))
+            for t, eid, key, d, c in merged:  # time buckets are disjoint and ascending: global order
+                if cursor is not None and (t, eid, key) <= cursor:
+                    continue
+                out.append((namespace, counter, t, eid, key, d, c))
+                if len(out) >= limit:
+                    return out
+        return out
+
+    async def delete_rolled_up(self, namespace: str, counter: str, before_us: int, rolled_up_to_us: int) -> int:
+        cutoff = min(before_us, rolled_up_to_us + 1)
+        part = await self._pin(namespace, create=False)
+        if part is None:
+            return 0
+        parts = await self._parts(namespace, counter, MIN_BIGINT, cutoff - 1, part)
+        c = self._cql
+        counts = await self._x.run_all([c.count_before(p.table, namespace, counter, p.time_bucket, p.event_bucket,
+                                                       cutoff) for p in parts], missing_ok=True)
+        await self._x.run_all([c.delete_before(p.table, namespace, counter, p.time_bucket, p.event_bucket, cutoff)
+                               for p in parts], missing_ok=True)
+        # index rows of buckets that ended before the cutoff point at nothing any more
+        await self._x.run(c.index_trim(namespace, counter, cutoff // part.bucket_us))
+        return sum(int(r[0][0] or 0) for r in counts if r)
+
+    async def drop_expired_slices(self, namespace: str, before_us: int, rolled_up_to_us: int) -> int:
+        cutoff = min(before_us, rolled_up_to_us + 1)
+        dropped = [(s, table) for s, table, _start, end in await self._x.run(self._cql.list_slices(namespace))
+                   if int(end) <= cutoff]
+        for slice_no, table in dropped:
+            await self._x.ddl(self._cql.drop_slice(table))
+            await self._x.run(self._cql.remove_slice(namespace, int(slice_no)))
+            self._tables.discard(table)
+        if dropped:
+            log.info("namespace %r: dropped %d expired slice(s) before %d", namespace, len(dropped), cutoff)
+        return len(dropped)
+
+    async def close(self) -> None:
+        await self._x.close()
+
+    # -- extras (ops, tests) ------------------------------------------------------------------
+
+    async def slices(self, namespace: str) -> list[tuple[str, int, int]]:
+        """(table, start_us, end_us) of the namespace's slice tables, oldest first."""
+        rows = await self._x.run(self._cql.list_slices(namespace))
+        return [(table, int(start), int(end)) for _s, table, start, end in sorted(rows, key=lambda r: r[0])]
+
+    async def drop_namespace(self, namespace: str) -> int:
+        """Drop every slice table of a namespace and its catalog rows (ops, test cleanup). Bucket-index
+        rows are left to their TTL: they point at tables that no longer exist and are never read."""
+        count = await self.drop_expired_slices(namespace, 2**62, 2**62)
+        self._pinned.pop(namespace, None)
+        self._catalog_loaded.discard(namespace)
+        return count
+
+    # -- internals ----------------------------------------------------------------------------
+
+    async def _pin(self, namespace: str, *, create: bool) -> Partitioning | None:
+        """The namespace's stored partitioning; on the write path pinned first (first writer wins)."""
+        pinned = self._pinned.get(namespace)
+        if pinned is not None:
+            return pinned
+        rows = await self._x.run(self._cql.get_namespace(namespace))
+        configured: Partitioning | None = None
+        if not rows:
+            if not create:
+                return None  # never written: nothing stored (not cached: it may appear later)
+            configured = self._partitioning_for(namespace)
+            await self._x.run(self._cql.pin_namespace(namespace, configured))
+            rows = await self._x.run(self._cql.get_namespace(namespace, serial=True))
+            if not rows:
+                raise RuntimeError(f"namespace {namespace!r}: partitioning pin not readable after writing it")
+        stored = Partitioning(*(int(v) for v in rows[0]))
+        if create:
+            if configured is None:
+                try:
+                    configured = self._partitioning_for(namespace)
+                except KeyError:
+                    configured = stored
+            if stored != configured:
+                log.warning("namespace %r: event store keeps its original partitioning %s (configured %s); "
+                            "re-keying stored events would break idempotency", namespace, stored, configured)
+        self._pinned[namespace] = stored
+        return stored
+
+    def _ttl(self, namespace: str, part: Partitioning) -> int:
+        delete_after = None
+        if self._delete_after_for is not None:
+            try:
+                delete_after = self._delete_after_for(namespace)
+            except KeyError:
+                delete_after = None
+        return event_ttl_seconds(delete_after, part.seconds_per_slice, self._ttl_grace_s)
+
+    async def _live_tables(self, namespace: str) -> set[str]:
+        """Slice tables in the catalog right now. Read fresh for every range: a slice another process
+        created a moment ago must be read, and one retention dropped must not be."""
+        return {row[1] for row in await self._x.run(self._cql.list_slices(namespace))}
+
+    async def _parts(self, namespace: str, counter: str, after_us: int, upto_us: int,
+                     part: Partitioning) -> list[Part]:
+        tb_lo, tb_hi = index_bounds(after_us, upto_us, part)
+        index_rows, live = await asyncio.gather(
+            self._x.run(self._cql.index_range(namespace, counter, tb_lo, tb_hi)), self._live_tables(namespace))
+        return [p for p in parts_for(namespace, index_rows, after_us, upto_us, part) if p.table in live]
+
+    def _rows(self, p: Part, namespace: str, counter: str, after_us: int, upto_us: int) -> Stmt:
+        return self._cql.rows(p.table, namespace, counter, p.time_bucket, p.event_bucket, after_us, upto_us)
+
+    async def _combine(self, namespace: str, counter: str, after_us: int, upto_us: int, part: Partitioning,
+                       flagged_rows: list[tuple], plain: list[Part]) -> Aggregate:
+        """Aggregate from the rows of the clear-flagged partitions plus server-side sums of the rest."""
+        c = self._cql
+        clears = [int(r[0]) for r in flagged_rows if r[4]]
+        last_clear = max(clears) if clears else None
+        if last_clear is None:
+            delta = sum(int(r[3] or 0) for r in flagged_rows)
+            events = len(flagged_rows)
+            sums = await self._x.run_all([c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket, after_us,
+                                                upto_us) for p in plain], missing_ok=True)
+            for result in sums:
+                if result:
+                    delta += int(result[0][0] or 0)
+                    events += int(result[0][1] or 0)
+            return Aggregate(delta, False, None, events)
+        # adds strictly after the latest clear count; events at or after it are what the result depends on
+        delta = sum(int(r[3] or 0) for r in flagged_rows if int(r[0]) > last_clear and not r[4])
+        events = sum(1 for r in flagged_rows if int(r[0]) >= last_clear)
+        clear_bucket = last_clear // part.bucket_us
+        stmts: list[Stmt] = []
+        at_clear: list[bool] = []
+        for p in plain:
+            if p.time_bucket < clear_bucket:
+                continue  # ends before the clear
+            stmts.append(c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket, last_clear, upto_us))
+            at_clear.append(False)
+            if p.time_bucket == clear_bucket:  # adds at the clear's own instant: erased, but depended on
+                stmts.append(c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket, last_clear - 1,
+                                   last_clear))
+                at_clear.append(True)
+        for erased, result in zip(at_clear, await self._x.run_all(stmts, missing_ok=True), strict=True):
+            if result:
+                if not erased:
+                    delta += int(result[0][0] or 0)
+                events += int(result[0][1] or 0)
+        return Aggregate(delta, True, last_clear, events)
+
+    async def _write(self, rows: list[EventRow]) -> int:
+        c = self._cql
+        parts: dict[str, Partitioning] = {}
+        for namespace in {r[0] for r in rows}:
+            p = await self._pin(namespace, create=True)
+            assert p is not None
+            parts[namespace] = p
+            if namespace not in self._catalog_loaded:  # slices that exist need no DDL round trip
+                self._tables |= await self._live_tables(namespace)
+                self._catalog_loaded.add(namespace)
+        new_tables: dict[str, tuple[str, int]] = {}
+        index: dict[tuple[str, str, int, int], bool] = {}
+        groups: dict[tuple[str, str, str, int, int], list[EventRow]] = {}
+        for row in rows:
+            namespace, counter, event_time, event_id = row[0], row[1], row[2], row[3]
+            p = parts[namespace]
+            slice_no = p.slice_of(event_time)
+            table = slice_table_name(namespace, slice_no)
+            if table not in self._tables:
+                new_tables[table] = (namespace, slice_no)
+            tb, eb = p.time_bucket(event_time), p.event_bucket(event_id)
+            key = (namespace, counter, tb, eb)
+            index[key] = index.get(key, False) or bool(row[6])
+            groups.setdefault((table, namespace, counter, tb, eb), []).append(row)
+        # 1. tables (one DDL at a time), then their catalog rows: before any event lands in them
+        for table, (namespace, slice_no) in sorted(new_tables.items()):
+            p = parts[namespace]
+            await self._x.ddl(c.create_slice(table, ttl_s=self._ttl(namespace, p),
+                                             seconds_per_slice=p.seconds_per_slice, table_ids=self._table_ids))
+            await self._x.run(c.add_slice(namespace, slice_no, table, p))
+            self._tables.add(table)
+        # 2. index rows (and clear flags) before the events they point at
+        await self._x.run_all([
+            c.index_add(ns, counter, tb, eb, has_clear=clear,
+                        ttl_s=index_ttl_seconds(self._ttl(ns, parts[ns])))
+            for (ns, counter, tb, eb), clear in index.items()])
+        # 3. which identities are stored already: one range read per partition of the batch
+        keys = list(groups)
+        spans = await self._x.run_all([
+            c.span_keys(*k, min(r[2] for r in groups[k]), max(r[2] for r in groups[k])) for k in keys])
+        inserts: list[Stmt] = []
+        for k, found in zip(keys, spans, strict=True):
+            table, ns, counter, tb, eb = k
+            stored = {(int(t), eid, key) for t, eid, key in (found or ())}
+            for row in groups[k]:
+                if (row[2], row[3], row[4]) not in stored:
+                    inserts.append(c.insert(table, ns, counter, tb, eb, row[2], row[3], row[4], row[5], row[6]))
+        # 4. the new events
+        await self._x.run_all(inserts)
+        return len(inserts)

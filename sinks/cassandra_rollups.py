@@ -1,0 +1,215 @@
+"""Cassandra rollup store: per-counter ``(count, rollup_ts, last_write_ts)``, pending markers, watermarks.
+
+Forward-only without reads or locks, by write timestamps (Cassandra keeps, per cell, the value
+written with the highest timestamp):
+* ``last_write_ts`` is written ``USING TIMESTAMP`` = the event time: the cell holds the max.
+* ``(rollup_count, rollup_ts)`` are written ``USING TIMESTAMP`` = the rollup boundary: a rollup
+  with a later boundary always replaces an earlier one, in any order, on every replica (invariant 4).
+  The two columns are independent cells, so bumps and rollups never overwrite each other.
+* watermarks are written ``USING TIMESTAMP`` = the mark: never backwards.
+
+``write_rollup`` must say whether it applied. Without a lightweight transaction that cannot be
+known atomically, so: (1) read the row and refuse a boundary that is not later (this also covers
+an *equal* boundary, where timestamps tie and Cassandra would keep the greater value instead of
+the first); (2) write; (3) read back: applied iff the stored rollup is ours. Racing workers that
+pass (1) together both write; the later boundary wins by timestamp, and with the same boundary both
+computed the same count (the window is immutable), so any outcome is exact. ``False`` may also
+mean "applied, then overtaken", which callers handle the same way (re-read, re-signal).
+Reads use the configured consistency (LOCAL_QUORUM): the read-back sees the write.
+
+Convergence sweep (``stale``): ``rollup_pending ((shard), namespace, counter_name)`` holds a marker
+per counter whose ``last_write_ts > rollup_ts``, kept exact by timestamps, not reads:
+* ``bump_last_write`` inserts the marker ``USING TIMESTAMP`` = event time;
+* once a rollup reaches ``last_write_ts`` the marker is deleted ``USING TIMESTAMP`` = rollup_ts:
+  the tombstone shadows markers written for events up to the rollup, never a later one.
+So a marker exists iff some bumped event time is later than the newest rollup that cleared it.
+``stale`` reads marker partitions round-robin (cursor = last key returned), checks each candidate's
+row and returns the truly stale ones; markers it finds converged are deleted (self-healing after a
+crash between a rollup and its marker delete). Cost: markers of *pending* counters only, never a
+scan of all counters. Tombstones: one per counter per catch-up (not per rollup: the delete is only
+sent when a rollup turns a stale counter converged); ``gc_grace_seconds`` is short on that table
+because a resurrected marker is harmless (one extra signal, then deleted again).
+
+``min_rollup_ts``: with pending markers of the namespace, the minimum of their rollup_ts; without,
+the newest rollup that converged a counter (``rollup_bounds``, written ``USING TIMESTAMP`` = its
+value by the same step that deletes a marker). That can trail SQLite's "newest rollup_ts of any
+row" (it ignores rollups of counters that were never pending): retention is then conservative.
+
+``delete``: row and marker tombstones are written ``USING TIMESTAMP max(now, stored timestamps)``;
+a counter deleted at time T can only be rolled up again with boundaries after T (which the rollup
+boundary reaches within about accept_limit), and events before T no longer bump it. A namespace-
+wide delete scans the rollups table (paged, client-side filter): an ops action, not a hot path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from sinks.cassandra_cql import RollupCql, Stmt, pending_shard
+from sinks.cassandra_session import Executor
+from sinks.model import RollupState
+
+__all__ = ["CassandraRollupStore"]
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class CassandraRollupStore:
+    """The production rollup store (shares its executor with the event store)."""
+
+    def __init__(self, executor: Executor, *, pending_shards: int = 16,
+                 clock_us: Callable[[], int] = _now_us) -> None:
+        self._x = executor
+        self._cql = RollupCql(executor.keyspace)
+        self._shards = pending_shards
+        self._clock_us = clock_us
+        self._sweep_after: tuple[int, str, str] | None = None  # stale() resumes after it
+
+    def _shard(self, namespace: str, counter: str) -> int:
+        return pending_shard(namespace, counter, self._shards)
+
+    @staticmethod
+    def _state(rows: list[tuple] | None) -> RollupState | None:
+        if not rows:
+            return None
+        count, rollup_ts, last_write = rows[0]
+        return RollupState(int(count or 0), int(rollup_ts or 0), int(last_write or 0))
+
+    # -- RollupStore ----------------------------------------------------------------------------
+
+    async def get(self, namespace: str, counter: str) -> RollupState | None:
+        return self._state(await self._x.run(self._cql.get(namespace, counter)))
+
+    async def get_many(self, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
+        unique = list(dict.fromkeys(keys))
+        results = await self._x.run_all([self._cql.get(ns, c) for ns, c in unique])
+        out: dict[tuple[str, str], RollupState] = {}
+        for key, rows in zip(unique, results, strict=True):
+            state = self._state(rows)
+            if state is not None:
+                out[key] = state
+        return out
+
+    async def bump_last_write(self, items: Sequence[tuple[str, str, int]]) -> None:
+        newest: dict[tuple[str, str], int] = {}
+        for namespace, counter, ts in items:  # one write per counter per batch
+            key = (namespace, counter)
+            if ts > newest.get(key, -(2**63)):
+                newest[key] = ts
+        stmts: list[Stmt] = []
+        for (namespace, counter), ts in newest.items():
+            stmts.append(self._cql.mark_pending(self._shard(namespace, counter), namespace, counter, ts))
+            stmts.append(self._cql.bump(namespace, counter, ts))
+        await self._x.run_all(stmts)
+
+    async def write_rollup(self, namespace: str, counter: str, count: int, rollup_ts: int) -> bool:
+        before = await self.get(namespace, counter)
+        if before is not None and before.rollup_ts >= rollup_ts:
+            return False  # not later: refused without writing (equal boundaries would tie)
+        await self._x.run(self._cql.write(namespace, counter, count, rollup_ts))
+        after = await self.get(namespace, counter)
+        if after is None:
+            return False  # shadowed by a later delete
+        if before is not None and before.stale and not after.stale:
+            await self._settle(self._shard(namespace, counter), namespace, counter, after.rollup_ts)
+        return after.rollup_ts == rollup_ts and after.count == count
+
+    async def stale(self, limit: int = 1000) -> list[tuple[str, str]]:
+        """Round-robin over pending markers: continue after the last key returned, wrapping once."""
+        if limit <= 0:
+            return []
+        start = self._sweep_after
+        shard = start[0] if start else 0
+        after: tuple[str, str] | None = (start[1], start[2]) if start else None
+        rounds = self._shards + (1 if start else 0)  # a mid-shard start revisits that shard's head
+        result: list[tuple[str, str]] = []
+        last: tuple[int, str, str] | None = None
+        seen: set[tuple[str, str]] = set()
+        visited = 0
+        while len(result) < limit and visited < rounds:
+            want = limit - len(result)
+            stmt = (self._cql.pending_after(shard, after[0], after[1], want) if after
+                    else self._cql.pending_first(shard, want))
+            page = [(str(ns), str(c)) for ns, c in await self._x.run(stmt)]
+            fresh = [k for k in page if k not in seen]
+            states = await self.get_many(fresh) if fresh else {}
+            settle: list[Stmt] = []
+            for key in fresh:
+                seen.add(key)
+                state = states.get(key)
+                if state is None or state.stale:
+                    result.append(key)
+                    last = (shard, key[0], key[1])
+                    if len(result) >= limit:
+                        break
+                else:  # converged but still marked (a crash between rollup and marker delete)
+                    settle += self._settle_stmts(shard, key[0], key[1], state.rollup_ts)
+            if settle:
+                await self._x.run_all(settle)
+            if len(page) == want and len(result) < limit:
+                after = page[-1]  # more may follow in this shard
+                continue
+            shard, after, visited = (shard + 1) % self._shards, None, visited + 1
+        self._sweep_after = last if len(result) >= limit else None
+        return result
+
+    async def min_rollup_ts(self, namespace: str) -> int:
+        pages = await self._x.run_all([self._cql.pending_of_namespace(s, namespace) for s in range(self._shards)])
+        keys = [(namespace, str(row[0])) for page in pages for row in (page or ())]
+        if keys:
+            states = await self.get_many(keys)
+            pending = [states.get(k) for k in keys]
+            pending_ts = [s.rollup_ts if s is not None else 0 for s in pending if s is None or s.stale]
+            if pending_ts:
+                return min(pending_ts)
+        rows = await self._x.run(self._cql.get_bounds(namespace))
+        return max((int(r[0] or 0) for r in rows), default=0)
+
+    async def set_watermarks(self, topic: str, marks: Mapping[int, int]) -> None:
+        if marks:
+            await self._x.run_all([self._cql.set_mark(topic, int(p), int(m)) for p, m in marks.items()])
+
+    async def watermarks(self, topic: str) -> dict[int, int]:
+        return {int(p): int(m) for p, m in await self._x.run(self._cql.get_marks(topic)) if m is not None}
+
+    async def delete(self, namespace: str, counter: str | None = None) -> int:
+        now = self._clock_us()
+        stmts: list[Stmt] = []
+        if counter is not None:
+            state = await self.get(namespace, counter)
+            rows = [(counter, state.rollup_ts, state.last_write_ts)] if state is not None else []
+            orphans: list[str] = []
+        else:
+            rows = [(str(c), int(rts or 0), int(lw or 0))
+                    for ns, c, rts, lw in await self._x.run(self._cql.scan()) if ns == namespace]
+            pages = await self._x.run_all([self._cql.pending_of_namespace(s, namespace)
+                                           for s in range(self._shards)])
+            known = {c for c, _, _ in rows}
+            orphans = [str(r[0]) for page in pages for r in (page or ()) if str(r[0]) not in known]
+            bounds = await self._x.run(self._cql.get_bounds(namespace))
+            stmts.append(self._cql.delete_bounds(namespace, max([now, *(int(b[0] or 0) for b in bounds)])))
+        for c, rollup_ts, last_write in rows:
+            ts = max(now, rollup_ts, last_write)
+            stmts.append(self._cql.delete(namespace, c, ts))
+            stmts.append(self._cql.clear_pending(self._shard(namespace, c), namespace, c, ts))
+        for c in orphans:
+            stmts.append(self._cql.clear_pending(self._shard(namespace, c), namespace, c, now))
+        await self._x.run_all(stmts)
+        return len(rows)
+
+    async def close(self) -> None:
+        await self._x.close()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _settle_stmts(self, shard: int, namespace: str, counter: str, rollup_ts: int) -> list[Stmt]:
+        return [self._cql.clear_pending(shard, namespace, counter, rollup_ts),
+                self._cql.set_bound(namespace, shard, rollup_ts)]
+
+    async def _settle(self, shard: int, namespace: str, counter: str, rollup_ts: int) -> None:
+        """A counter converged at ``rollup_ts``: drop its marker (unless re-marked by a later event)
+        and record the rollup as the namespace's newest converged one."""
+        await self._x.run_all(self._settle_stmts(shard, namespace, counter, rollup_ts))

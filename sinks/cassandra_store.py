@@ -1,0 +1,38 @@
+"""Cassandra backend, the production store: open both stores on one shared driver session.
+
+``COUNTER_STORE=cassandra://host1,host2:9042/keyspace?dc=dc1`` selects it (URL options in
+``sinks.cassandra_config``). The keyspace and fixed tables come from ``counter schema apply``
+(or ``create=1`` on a dev cluster); slice tables are created by the workers as time moves on.
+Layout and concurrency rules are documented in ``cassandra_events`` and ``cassandra_rollups``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sinks.cassandra_config import CassandraConfig, parse_cassandra_url
+from sinks.cassandra_events import CassandraEventStore
+from sinks.cassandra_rollups import CassandraRollupStore
+from sinks.cassandra_session import CassandraSession
+from sinks.model import Partitioning
+
+__all__ = ["CassandraEventStore", "CassandraRollupStore", "connect", "open_cassandra_stores"]
+
+
+def connect(config: CassandraConfig | str) -> CassandraSession:
+    """A connected session (blocking): schema created with ``create=1``, otherwise checked."""
+    cfg = parse_cassandra_url(config) if isinstance(config, str) else config
+    return CassandraSession(cfg).connect()
+
+
+def open_cassandra_stores(url: str, partitioning_for: Callable[[str], Partitioning], *,
+                          delete_after_for: Callable[[str], float | None] | None = None,
+                          ) -> tuple[CassandraEventStore, CassandraRollupStore]:
+    """Both stores on one session; closing both shuts the session down."""
+    config = parse_cassandra_url(url)
+    session = connect(config)
+    session.acquire()  # one reference per store
+    events = CassandraEventStore(session, partitioning_for, delete_after_for=delete_after_for,
+                                 ttl_grace_s=config.ttl_grace_s, table_ids=config.table_ids)
+    rollups = CassandraRollupStore(session, pending_shards=config.pending_shards)
+    return events, rollups

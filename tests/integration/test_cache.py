@@ -1,0 +1,222 @@
+"""The rollup cache against a real memcached, its outage behaviour, and the in-process cache."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pymemcache.client.base import Client
+
+from infra.memcached import LocalMemcached
+from infra.process import free_port
+from sinks import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def ns() -> str:
+    return f"ns_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def mc(memcached_address: str) -> Iterator[MemcachedRollupCache]:
+    cache = MemcachedRollupCache(memcached_address)
+    yield cache
+    cache.close()
+
+
+@pytest.fixture(params=["memcached", "memory"])
+def cache(request: pytest.FixtureRequest, memcached_address: str) -> Iterator[RollupCache]:
+    c = open_cache(f"memcached://{memcached_address}" if request.param == "memcached" else "memory")
+    yield c
+    c.close()  # type: ignore[attr-defined]
+
+
+# -- behaviour shared by both caches --------------------------------------------------------------
+
+
+def test_round_trip_get_many_and_delete(cache: RollupCache, ns: str) -> None:
+    assert cache.get(ns, "views") is None
+    cache.set(ns, "views", 42, 1_700_000_000_123_456)
+    cache.set(ns, "likes", -3, 7)
+    assert cache.get(ns, "views") == (42, 1_700_000_000_123_456)
+    assert cache.get_many([(ns, "views"), (ns, "likes"), (ns, "absent")]) == {
+        (ns, "views"): (42, 1_700_000_000_123_456), (ns, "likes"): (-3, 7)}
+    assert cache.get_many([]) == {}
+    cache.set(ns, "views", 43, 1_700_000_000_999_999)  # replaced as one value
+    assert cache.get(ns, "views") == (43, 1_700_000_000_999_999)
+    cache.delete(ns, "views")
+    cache.delete(ns, "never-set")  # deleting a miss is fine
+    assert cache.get(ns, "views") is None and cache.get(ns, "likes") == (-3, 7)
+    assert cache.healthy()
+
+
+def test_long_and_unicode_counter_names(cache: RollupCache, ns: str) -> None:
+    names = ["é" * 100, "x" * 200, "with space", "tab\tand\nnewline", "emoji-👍-" + "z" * 150, "y" * 199 + "é"]
+    for i, name in enumerate(names):
+        cache.set(ns, name, i, 100 + i)
+    for i, name in enumerate(names):
+        assert cache.get(ns, name) == (i, 100 + i), name
+    assert cache.get_many([(ns, n) for n in names]) == {(ns, n): (i, 100 + i) for i, n in enumerate(names)}
+
+
+def test_cache_key_is_readable_when_legal_and_hashed_otherwise() -> None:
+    assert cache_key("ns", "views") == "rollup:ns:views"
+    for name in ("é", "a b", "x" * 250):
+        key = cache_key("ns", name)
+        assert key.startswith("rollup#") and len(key) <= 250 and key.isascii()
+    assert cache_key("ns", "é") != cache_key("ns", "è")
+    assert len({cache_key("ns", "x" * n) for n in range(240, 260)}) == 20
+
+
+# -- memcached ------------------------------------------------------------------------------------
+
+
+def test_memcached_holds_count_and_rollup_ts_in_one_value(mc: MemcachedRollupCache, memcached_address: str,
+                                                          ns: str) -> None:
+    mc.set(ns, "views", 12, 345)
+    host, port = memcached_address.rsplit(":", 1)
+    raw = Client((host, int(port))).get(f"rollup:{ns}:views")
+    assert raw == b"12:345"
+
+
+def test_memcached_ttl_expires(mc: MemcachedRollupCache, ns: str) -> None:
+    mc.set(ns, "short", 1, 2, ttl_s=1)
+    mc.set(ns, "forever", 3, 4)
+    assert mc.get(ns, "short") == (1, 2)
+    wait_for(lambda: mc.get(ns, "short") is None, timeout=5, message="the 1 s TTL to expire")
+    assert mc.get(ns, "forever") == (3, 4)
+
+
+def test_memcached_outage_costs_reads_nothing_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
+    dead = MemcachedRollupCache(f"127.0.0.1:{free_port()}", breaker_s=0.0)  # retry on every call
+    caplog.set_level(logging.WARNING, logger="sinks.cache")
+    assert dead.get("ns", "c") is None
+    for _ in range(20):
+        start = time.monotonic()
+        assert dead.get("ns", "c") is None
+        assert time.monotonic() - start < 0.5
+    dead.set("ns", "c", 1, 2)
+    dead.delete("ns", "c")
+    assert dead.get_many([("ns", "c"), ("ns", "d")]) == {}
+    assert not dead.healthy()
+    warnings = [r for r in caplog.records if r.name == "sinks.cache"]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]  # logged once per outage
+
+
+def test_memcached_hung_server_then_recovery(tmp_path: Path, ns: str) -> None:
+    with LocalMemcached(tmp_path / "memcached.log") as server:
+        cache = MemcachedRollupCache(server.address, timeout_s=0.2, breaker_s=1.0)
+        cache.set(ns, "c", 5, 6)
+        assert cache.get(ns, "c") == (5, 6)
+        server.pause()  # keeps its port, answers nothing: only timeouts tell
+        try:
+            start = time.monotonic()
+            assert cache.get(ns, "c") is None
+            assert time.monotonic() - start < 1.0  # bounded by the 0.2 s timeout
+            start = time.monotonic()
+            for _ in range(50):  # the breaker is open: no network at all
+                assert cache.get(ns, "c") is None
+                cache.set(ns, "c", 7, 8)
+            assert time.monotonic() - start < 0.5
+            assert not cache.healthy()
+        finally:
+            server.resume()
+        wait_for(cache.healthy, timeout=10, message="memcached to be used again after the outage")
+        assert cache.get(ns, "c") == (5, 6)
+        cache.close()
+
+
+def test_memcached_stopped_server(tmp_path: Path, ns: str) -> None:
+    server = LocalMemcached(tmp_path / "memcached.log").start()
+    cache = MemcachedRollupCache(server.address)
+    cache.set(ns, "c", 1, 1)
+    server.stop()
+    assert cache.get(ns, "c") is None  # connection reset/refused: a miss, not an error
+    cache.set(ns, "c", 2, 2)
+    assert not cache.healthy()
+    cache.close()
+
+
+def test_several_servers_spread_keys(memcached_address: str, tmp_path: Path, ns: str) -> None:
+    with LocalMemcached(tmp_path / "second.log") as second:
+        cache = open_cache(f"memcached://{memcached_address},{second.address}")
+        assert isinstance(cache, MemcachedRollupCache) and len(cache.servers) == 2
+        for i in range(40):
+            cache.set(ns, f"c{i}", i, i)
+        assert cache.get_many([(ns, f"c{i}") for i in range(40)]) == {(ns, f"c{i}"): (i, i) for i in range(40)}
+        host, port = second.address.rsplit(":", 1)
+        on_second = Client((host, int(port))).get_many([cache_key(ns, f"c{i}") for i in range(40)])
+        assert 0 < len(on_second) < 40
+        cache.close()
+
+
+def test_open_cache_specs(memcached_address: str) -> None:
+    assert isinstance(open_cache(None), InProcessRollupCache)
+    assert isinstance(open_cache("memory"), InProcessRollupCache)
+    assert isinstance(open_cache(memcached_address), MemcachedRollupCache)
+    assert isinstance(open_cache(f"memcached://{memcached_address}"), MemcachedRollupCache)
+    for bad in ("redis://x:1", "auto", "memcached://nohostport"):
+        with pytest.raises(ValueError):
+            open_cache(bad)
+
+
+# -- in-process -----------------------------------------------------------------------------------
+
+
+def test_in_process_ttl_and_lru_bound() -> None:
+    clock = FakeClock()
+    cache = InProcessRollupCache(max_entries=3, default_ttl_s=10, clock=clock)
+    cache.set("ns", "a", 1, 1)
+    cache.set("ns", "b", 2, 2, ttl_s=1)
+    cache.set("ns", "forever", 0, 0, ttl_s=0)  # 0 = no expiry
+    clock.now += 1.5
+    assert cache.get("ns", "b") is None and cache.get("ns", "a") == (1, 1)
+    clock.now += 9
+    assert cache.get("ns", "a") is None and cache.get("ns", "forever") == (0, 0)
+    for i in range(5):
+        cache.set("ns", f"k{i}", i, i)
+        assert len(cache) <= 3
+    assert cache.get("ns", "k0") is None and cache.get("ns", "k4") == (4, 4)
+    cache.get("ns", "k2")  # recently used: survives the next insert
+    cache.set("ns", "k5", 5, 5)
+    assert cache.get("ns", "k2") == (2, 2) and cache.get("ns", "k3") is None
+
+
+def test_in_process_is_thread_safe() -> None:
+    cache = InProcessRollupCache(max_entries=500)
+    errors: list[BaseException] = []
+
+    def hammer(worker: int) -> None:
+        try:
+            for i in range(3000):
+                cache.set("ns", f"c{i % 700}", worker, i)
+                value = cache.get("ns", f"c{(i * 7) % 700}")
+                assert value is None or isinstance(value, tuple)
+                cache.get_many([("ns", f"c{j}") for j in range(i % 5)])
+                if i % 11 == 0:
+                    cache.delete("ns", f"c{i % 700}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(cache) <= 500
