@@ -4,7 +4,6 @@ import logging
 import sys
 
 from control_plane import ConfigError
-from infra.process import ServiceError
 from streams.settings import SettingsError, load_settings
 
 
@@ -14,12 +13,17 @@ def main() -> int:
         settings = load_settings()
         if not settings.kafka_bootstrap:
             raise SettingsError("COUNTER_KAFKA_BOOTSTRAP: the worker needs a broker (counter up sets it)")
-        from agents.worker import run
+        from agents.worker import build, start
 
-        run(settings)
-    except (SettingsError, ConfigError, ServiceError) as exc:
+        pipeline = build(settings)
+    except (SettingsError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:  # broker, store or cache unreachable at start-up: one line, not a traceback
+        logging.getLogger("counter.worker").debug("start-up failed", exc_info=True)
+        print(f"error: cannot start the worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    start(pipeline)
     return 0
 
 

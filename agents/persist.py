@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from agents.dlq import DeadLetter
 from control_plane import CounterType, NamespaceRegistry
 from control_plane.admission import admission_error
 from schemas import DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
+from schemas.dead_letter import DeadLetter
 from sinks import EventRow
 
 

@@ -15,14 +15,15 @@ import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents import metrics
-from agents.dlq import DeadLetter
 from agents.persist import RawRecord, prepare
+from agents.persist_path import persist_batch
 from agents.rollup import BackPressure, Key, global_watermark, rollup_many
 from agents.watermark import HEARTBEAT_HEADER, WatermarkTracker, is_heartbeat
 from control_plane import CounterType, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
 from schemas import DecodeError, decode_signal, encode_signal
-from sinks import EventStore, Partitioning, RollupCache, RollupStore, open_cache, open_stores
+from schemas.dead_letter import DeadLetter
+from sinks import EventStore, RollupCache, RollupStore, open_cache, open_namespace_stores
 from streams.app import AppTopics, create_app, declare_topics
 from streams.settings import Settings
 from streams.topics import ensure_topics, signal_partition, topic_specs
@@ -76,22 +77,12 @@ class Pipeline:
         return mark
 
 
-def partitioning_for(registry: NamespaceRegistry):
-    def lookup(namespace: str) -> Partitioning:
-        ns = registry.get(namespace)
-        if ns is None:
-            raise KeyError(f"unknown namespace {namespace!r}")
-        tp = ns.time_partition
-        return Partitioning(tp.buckets_per_id, tp.seconds_per_bucket, tp.seconds_per_slice)
-    return lookup
-
-
 def build(settings: Settings) -> Pipeline:
     """Validate configuration, create topics and stores, and wire the agents onto a Faust app."""
     registry = load_namespaces(settings.namespaces or default_namespaces())
     counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups = open_stores(settings.store, settings.data_dir, partitioning_for(registry))
+    events, rollups = open_namespace_stores(settings.store, settings.data_dir, registry)
     app = create_app(settings, app_id=settings.worker_id)
     topics = declare_topics(app, settings)
     rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
@@ -186,13 +177,8 @@ def _attach(p: Pipeline, coalesce_s: float) -> None:
 async def _persist(p: Pipeline, records: list[RawRecord]) -> None:
     started = time.monotonic()
     batch = prepare(records, p.registry)
-    if batch.rows:
-        await p.events.write_events(batch.rows)
-        await p.rollups.bump_last_write([(ns, c, ts) for (ns, c), ts in batch.last_write.items()])
-    if batch.dead:
-        await p.send_dead_letters(batch.dead)
-    if batch.last_write:
-        await p.send_signals(list(batch.last_write))
+    await persist_batch(batch, events=p.events, rollups=p.rollups, dead_letters=p.send_dead_letters,
+                        signals=p.send_signals)
     for rec in records:
         if rec.heartbeat:
             p.tracker.heartbeat_persisted(rec.partition, rec.timestamp_us)
@@ -235,8 +221,8 @@ async def _retrying(what: str, action) -> None:
             delay = min(delay * 2, 5.0)
 
 
-def run(settings: Settings) -> None:
-    """Start the worker and block until it is stopped (SIGINT/SIGTERM)."""
-    pipeline = build(settings)
+def start(pipeline: Pipeline) -> None:
+    """Run the worker and block until it is stopped (SIGINT/SIGTERM)."""
+    settings = pipeline.settings
     worker = faust.Worker(pipeline.app, loglevel=settings.worker_log_level.upper())
     worker.execute_from_commandline()

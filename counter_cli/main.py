@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from counter_cli import api_cmd, produce_cmd, up_cmd, worker_cmd
+from counter_cli import api_cmd, audit_cmd, dlq_cmd, produce_cmd, recount_cmd, replay_cmd, up_cmd, worker_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
     produce_cmd.register(sub)
     worker_cmd.register(sub)
     api_cmd.register(sub)
+    replay_cmd.register(sub)
+    recount_cmd.register(sub)
+    audit_cmd.register(sub)
+    dlq_cmd.register(sub)
     return parser
 
 

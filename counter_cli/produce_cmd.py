@@ -6,9 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
 from counter_cli.common import console, fail, resolve_bootstrap, settings_or_exit
+from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError
 from schemas import DecodeError, Mutation, MutationOp, ValidationError, mutation_from_json
 
@@ -106,13 +105,9 @@ def _from_file(path: Path) -> list[Mutation]:
 
 
 def _send_with_progress(producer: CounterProducer, mutations: list[Mutation]) -> None:
-    columns = (TextColumn("producing"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]:>10} mut/s"), TextColumn("ETA"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("produce", total=len(mutations), rate="-")
+    with ProgressBar("producing", total=len(mutations), unit="mut") as bar:
         step = max(1, len(mutations) // 200)
         for i, m in enumerate(mutations, 1):
             producer.send(m)
             if i % step == 0 or i == len(mutations):
-                speed = progress.tasks[0].speed
-                progress.update(task, completed=i, rate=f"{speed:,.0f}" if speed else "-")
+                bar.update(completed=i)

@@ -89,6 +89,7 @@ class CounterProducer:
             **(config or {}),
         })
         self._num_partitions: int | None = None
+        self.records_sent = 0  # Kafka records produced (a batch record carries many mutations)
         self._pending: dict[int, _Pending] = {}
         self._failures: list[tuple[str, str]] = []
         self._lock = threading.Lock()
@@ -209,6 +210,7 @@ class CounterProducer:
             try:
                 self._producer.produce(self.topic, value=value, key=key, partition=partition,
                                        on_delivery=on_delivery)
+                self.records_sent += 1
                 return
             except BufferError:  # local queue full: serve callbacks until there is room
                 self._producer.poll(0.05)

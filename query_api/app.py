@@ -18,6 +18,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane import CounterType, Namespace, load_namespaces
 from control_plane import default_config_path as default_namespaces
@@ -46,7 +47,7 @@ from query_api.service import (
 )
 from query_api.signals import SignalEmitter
 from schemas import MICROS, MutationOp
-from sinks import Partitioning, open_cache, open_stores
+from sinks import open_cache, open_namespace_stores
 from sinks.best_effort import CounterOverflow, CounterUnavailable, open_counters
 from streams.settings import Settings, load_settings
 
@@ -61,9 +62,9 @@ class Forbidden(Exception):
         self.detail = detail
 
 
-def api_key(x_api_key: Annotated[str | None, Header()] = None,
+async def api_key(x_api_key: Annotated[str | None, Header()] = None,
             authorization: Annotated[str | None, Header()] = None) -> str | None:
-    """The caller's key: `X-API-Key: <key>` or `Authorization: Bearer <key>`."""
+    """The caller's key: `X-API-Key: <key>` or `Authorization: Bearer <key>` (async: no thread hop)."""
     if x_api_key:
         return x_api_key
     if authorization and authorization.lower().startswith("bearer "):
@@ -98,12 +99,8 @@ def add_response(w: Written) -> AddCountResponse:
 def build_service(settings: Settings) -> CounterService:
     registry = load_namespaces(settings.namespaces or default_namespaces())
 
-    def partitioning(name: str) -> Partitioning:
-        tp = registry[name].time_partition
-        return Partitioning(tp.buckets_per_id, tp.seconds_per_bucket, tp.seconds_per_slice)
-
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups = open_stores(settings.store, settings.data_dir, partitioning)
+    events, rollups = open_namespace_stores(settings.store, settings.data_dir, registry)
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
     producer = CounterProducer(settings.kafka_bootstrap, topic=settings.mutations_topic, batch_size=64,
                                linger_ms=1.0, delivery_timeout_ms=5000, track_failures=False,
@@ -142,7 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def svc(request: Request) -> CounterService:
+async def svc(request: Request) -> CounterService:
     return request.app.state.service
 
 
@@ -150,15 +147,36 @@ Service = Annotated[CounterService, Depends(svc)]
 CallerKey = Annotated[str | None, Depends(api_key)]
 
 
-def _install_middleware(app: FastAPI) -> None:
-    @app.middleware("http")
-    async def measure(request: Request, call_next):  # type: ignore[no-untyped-def]
+class RequestMetrics:
+    """Pure ASGI middleware: request count and latency per endpoint (BaseHTTPMiddleware costs far more)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         started = time.perf_counter()
-        response = await call_next(request)
-        endpoint = request.url.path if request.url.path.startswith("/v1/") else "other"
-        metrics.REQUESTS.labels(endpoint, str(response.status_code)).inc()
-        metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
-        return response
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            path = scope["path"]
+            endpoint = path if path.startswith("/v1/") else "other"
+            metrics.REQUESTS.labels(endpoint, str(status)).inc()
+            metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
+
+
+def _install_middleware(app: FastAPI) -> None:
+    app.add_middleware(RequestMetrics)
 
 
 def _install_handlers(app: FastAPI) -> None:

@@ -6,7 +6,7 @@ Everything time-like is epoch microseconds.
 
 from sinks.base import EventStore, RollupStore, ScanCursor
 from sinks.cache import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
-from sinks.factory import EVENTS_FILE, ROLLUPS_FILE, open_stores
+from sinks.factory import EVENTS_FILE, ROLLUPS_FILE, open_namespace_stores, open_stores
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, RollupState, apply_aggregate
 from sinks.sqlite_store import SqliteEventStore, SqliteRollupStore
 
@@ -29,5 +29,6 @@ __all__ = [
     "apply_aggregate",
     "cache_key",
     "open_cache",
+    "open_namespace_stores",
     "open_stores",
 ]

@@ -45,6 +45,12 @@ class EventStore(Protocol):
         """
         ...
 
+    async def counters(self, namespace: str, *, after: str | None = None, limit: int = 1000) -> list[str]:
+        """Up to ``limit`` distinct names of the namespace's counters that have stored events, in
+        ascending order, strictly after ``after`` (paging: pass the last name of the previous page).
+        A page shorter than ``limit`` is the last. For recounts of a whole namespace."""
+        ...
+
     async def delete_rolled_up(self, namespace: str, counter: str, before_us: int, rolled_up_to_us: int) -> int:
         """Delete the counter's events with ``event_time < min(before_us, rolled_up_to_us + 1)``:
         only old events that a rollup already counted. Returns how many were deleted."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import parse_qsl, unquote
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "event_ttl_seconds",
     "index_ttl_seconds",
     "parse_cassandra_url",
+    "with_replication",
 ]
 
 DEFAULT_PORT = 9042
@@ -144,6 +145,14 @@ def parse_cassandra_url(url: str) -> CassandraConfig:
     if (config.ca_file or config.cert_file) and not config.tls:
         raise CassandraUrlError("cassandra URL gives 'ca'/'cert' but not tls=1")
     return config
+
+
+def with_replication(config: CassandraConfig, text: str) -> CassandraConfig:
+    """``config`` with the replication given as ``N`` or ``dc1:N,dc2:M`` (as the URL option)."""
+    kw: dict[str, object] = {}
+    _replication("replication", text, kw)
+    return replace(config, replication=kw.get("replication", ()),
+                   replication_factor=int(kw.get("replication_factor", config.replication_factor)))  # type: ignore[arg-type]
 
 
 def _safe(text: str) -> str:

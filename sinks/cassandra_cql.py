@@ -15,6 +15,7 @@ Data model (keyspace ``ks``)::
         default_time_to_live from the namespace's delete_after (see cassandra_config.event_ttl_seconds)
     event_buckets     ((namespace, counter_name), time_bucket, event_bucket)  has_clear
                       which event partitions of a counter hold events: ranges read only those
+    event_counters    ((namespace, shard), counter_name)    the namespace's counters, in name order
     rollups           ((namespace, counter_name))            rollup_count, rollup_ts, last_write_ts
     rollup_pending    ((shard), namespace, counter_name)     marker: last_write_ts > rollup_ts
     rollup_bounds     ((namespace), shard)                   newest converged rollup_ts
@@ -36,12 +37,14 @@ from sinks.model import Partitioning
 
 __all__ = [
     "BASE_TABLES",
+    "COUNTER_SHARDS",
     "MIN_BIGINT",
     "EventCql",
     "Part",
     "RollupCql",
     "Stmt",
     "bucket_slices",
+    "counter_shard",
     "index_bounds",
     "keyspace_cql",
     "parts_for",
@@ -57,8 +60,9 @@ __all__ = [
 MIN_BIGINT = -(2**63)
 _US = 1_000_000
 
-BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "rollups", "rollup_pending",
+BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "event_counters", "rollups", "rollup_pending",
                "rollup_bounds", "watermarks")
+COUNTER_SHARDS = 16  # partitions per namespace of the event_counters registry (fixed: part of the key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +100,11 @@ def slice_table_id(keyspace: str, table: str) -> uuid.UUID:
     return uuid.uuid5(uuid.NAMESPACE_URL, f"counter-abstraction:{keyspace}.{table}")
 
 
+def counter_shard(counter: str) -> int:
+    """Partition of a counter's name in the ``event_counters`` registry of its namespace."""
+    return xxhash.xxh32_intdigest(counter.encode()) % COUNTER_SHARDS
+
+
 def pending_shard(namespace: str, counter: str, shards: int) -> int:
     """Partition of the pending-rollup marker of a counter."""
     return xxhash.xxh32_intdigest(f"{namespace}\x00{counter}".encode()) % shards
@@ -129,7 +138,7 @@ def _base_tables(ks: str) -> list[str]:
     table_name text,
     start_us bigint,
     end_us bigint,
-    PRIMARY KEY ((namespace), slice)
+    PRIMARY KEY (namespace, slice)
 ) WITH CLUSTERING ORDER BY (slice ASC)""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.event_buckets (
     namespace text,
@@ -139,6 +148,12 @@ def _base_tables(ks: str) -> list[str]:
     has_clear boolean,
     PRIMARY KEY ((namespace, counter_name), time_bucket, event_bucket)
 ) WITH CLUSTERING ORDER BY (time_bucket ASC, event_bucket ASC)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.event_counters (
+    namespace text,
+    shard int,
+    counter_name text,
+    PRIMARY KEY ((namespace, shard), counter_name)
+) WITH CLUSTERING ORDER BY (counter_name ASC)""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.rollups (
     namespace text,
     counter_name text,
@@ -151,19 +166,19 @@ def _base_tables(ks: str) -> list[str]:
     shard int,
     namespace text,
     counter_name text,
-    PRIMARY KEY ((shard), namespace, counter_name)
+    PRIMARY KEY (shard, namespace, counter_name)
 ) WITH CLUSTERING ORDER BY (namespace ASC, counter_name ASC) AND gc_grace_seconds = 3600""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.rollup_bounds (
     namespace text,
     shard int,
     rollup_ts bigint,
-    PRIMARY KEY ((namespace), shard)
+    PRIMARY KEY (namespace, shard)
 )""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.watermarks (
     topic text,
     kafka_partition int,
     mark_us bigint,
-    PRIMARY KEY ((topic), kafka_partition)
+    PRIMARY KEY (topic, kafka_partition)
 )""",
     ]
 
@@ -326,6 +341,27 @@ class EventCql:
         return Stmt("index.range", f"SELECT time_bucket, event_bucket, has_clear FROM {self.ks}.event_buckets "
                     "WHERE namespace = ? AND counter_name = ? AND time_bucket >= ? AND time_bucket <= ?",
                     (namespace, counter, tb_lo, tb_hi))
+
+    def index_newest(self, namespace: str, counter: str) -> Stmt:
+        """The counter's newest bucket-index row (retention drops the oldest slices first)."""
+        return Stmt("index.newest", f"SELECT time_bucket FROM {self.ks}.event_buckets WHERE namespace = ? "
+                    "AND counter_name = ? ORDER BY time_bucket DESC LIMIT 1", (namespace, counter))
+
+    # the counter registry
+    def register_counter(self, namespace: str, counter: str) -> Stmt:
+        return Stmt("counters.add", f"INSERT INTO {self.ks}.event_counters (namespace, shard, counter_name) "
+                    "VALUES (?, ?, ?)", (namespace, counter_shard(counter), counter))
+
+    def counters_page(self, namespace: str, shard: int, after: str | None, limit: int) -> Stmt:
+        if after is None:
+            return Stmt("counters.first", f"SELECT counter_name FROM {self.ks}.event_counters "
+                        "WHERE namespace = ? AND shard = ? LIMIT ?", (namespace, shard, limit))
+        return Stmt("counters.after", f"SELECT counter_name FROM {self.ks}.event_counters "
+                    "WHERE namespace = ? AND shard = ? AND counter_name > ? LIMIT ?", (namespace, shard, after, limit))
+
+    def forget_counters(self, namespace: str, shard: int) -> Stmt:
+        return Stmt("counters.forget", f"DELETE FROM {self.ks}.event_counters WHERE namespace = ? AND shard = ?",
+                    (namespace, shard))
 
     def index_trim(self, namespace: str, counter: str, below_tb: int) -> Stmt:
         return Stmt("index.trim", f"DELETE FROM {self.ks}.event_buckets WHERE namespace = ? AND counter_name = ? "

@@ -7,7 +7,9 @@ Layout (statements in ``sinks.cassandra_cql``):
   ``default_time_to_live`` comes from the namespace's ``delete_after`` (a backstop: retention drops
   whole slices with DROP TABLE once they are old *and* rolled up, see ``event_ttl_seconds``).
   Tables are created on demand (``CREATE TABLE IF NOT EXISTS`` with a deterministic table id, so
-  workers racing to create one slice issue identical DDL), listed in ``event_slices``.
+  workers racing to create one slice issue identical DDL), listed in ``event_slices`` before any
+  event lands in them; a process re-reads that catalog only when the bucket index points at a table
+  it does not know yet, and reads a table dropped meanwhile as empty.
 * ``event_namespaces`` pins each namespace's partitioning on its first write (a lightweight
   transaction, once per namespace): time_bucket and event_bucket are part of an event's primary key,
   so a later configuration change must not re-key (and so double) events.
@@ -16,6 +18,8 @@ Layout (statements in ``sinks.cassandra_cql``):
   only the event partitions that exist, concurrently: a never-rolled-up counter (rollup_ts 0) or one
   idle for weeks costs what its events cost, never one query per bucket since 1970. Written
   *before* the events, so a visible event always has its index row (and its clear flag).
+* ``event_counters`` registers each counter name (once per process) for ``counters()``, which pages
+  a namespace's counters in name order without scanning the cluster.
 
 Writes are idempotent by primary key without lightweight transactions: rows already stored are
 looked up first (one range read per partition of the batch) and only new identities are inserted,
@@ -31,13 +35,22 @@ Aggregation over ``(after, upto]``: the latest clear is found in the partitions 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
 from sinks.base import ScanCursor
 from sinks.cassandra_config import event_ttl_seconds, index_ttl_seconds
-from sinks.cassandra_cql import MIN_BIGINT, EventCql, Part, Stmt, index_bounds, parts_for, slice_table_name
+from sinks.cassandra_cql import (
+    COUNTER_SHARDS,
+    MIN_BIGINT,
+    EventCql,
+    Part,
+    Stmt,
+    bucket_slices,
+    index_bounds,
+    parts_for,
+    slice_table_name,
+)
 from sinks.cassandra_session import Executor, MissingTable
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
 
@@ -46,6 +59,7 @@ __all__ = ["CassandraEventStore"]
 log = logging.getLogger(__name__)
 
 _SCAN_BUCKETS_PER_ROUND = 8  # time buckets fetched concurrently by one scan round
+_REGISTERED_MAX = 200_000  # counters remembered as registered in event_counters (then forgotten at once)
 
 
 class CassandraEventStore:
@@ -63,8 +77,10 @@ class CassandraEventStore:
         self._ttl_grace_s = ttl_grace_s
         self._table_ids = table_ids
         self._pinned: dict[str, Partitioning] = {}
-        self._tables: set[str] = set()  # slice tables known to exist (created or listed by this process)
-        self._catalog_loaded: set[str] = set()
+        # Slice tables of each namespace known to exist: read from the catalog, or created here.
+        # Only ever trusted positively; an unknown table triggers a fresh catalog read.
+        self._known: dict[str, set[str]] = {}
+        self._registered: set[tuple[str, str]] = set()  # (namespace, counter) already in event_counters
 
     # -- EventStore ---------------------------------------------------------------------------
 
@@ -74,15 +90,13 @@ class CassandraEventStore:
         unique: dict[tuple, EventRow] = {}
         for row in rows:  # the first of duplicates inside one batch wins
             unique.setdefault(row[:5], row)
-        for attempt in (1, 2):
-            try:
-                return await self._write(list(unique.values()))
-            except MissingTable as exc:  # retention dropped a slice this process believed existed
-                if attempt == 2:
-                    raise
-                log.warning("event table vanished during a write (%s); re-creating and retrying", exc.table)
-                self._tables.discard(exc.table or "")
-        raise AssertionError("unreachable")
+        try:
+            return await self._write(list(unique.values()), recreate=set())
+        except MissingTable as exc:  # a slice table this process believed existed was dropped
+            log.warning("event table %s vanished during a write; re-creating it and retrying", exc.table)
+            for tables in self._known.values():
+                tables.discard(exc.table or "")
+            return await self._write(list(unique.values()), recreate={exc.table or ""})
 
     async def aggregate(self, namespace: str, counter: str, after_us: int, upto_us: int) -> Aggregate:
         if upto_us <= after_us:
@@ -128,6 +142,36 @@ class CassandraEventStore:
                     return out
         return out
 
+    async def counters(self, namespace: str, *, after: str | None = None, limit: int = 1000) -> list[str]:
+        """Names from the ``event_counters`` registry (one partition per shard, each in name order:
+        the page is a merge of every shard's next names), keeping those with stored events: the
+        counter's newest bucket-index row must lie in a slice that still exists (retention drops
+        the oldest slices first, so an older live row cannot hide behind a dropped newest one)."""
+        if limit <= 0:
+            return []
+        part = await self._pin(namespace, create=False)
+        if part is None:
+            return []
+        live = await self._refresh_catalog(namespace)
+        out: list[str] = []
+        cursor = after
+        while len(out) < limit:
+            want = limit - len(out)
+            pages = await self._x.run_all([self._cql.counters_page(namespace, shard, cursor, want)
+                                           for shard in range(COUNTER_SHARDS)])
+            names = sorted({str(row[0]) for page in pages for row in (page or ())})[:want]
+            if not names:
+                break
+            newest = await self._x.run_all([self._cql.index_newest(namespace, name) for name in names])
+            for name, rows in zip(names, newest, strict=True):
+                if rows and any(slice_table_name(namespace, s) in live
+                                for s in bucket_slices(int(rows[0][0]), MIN_BIGINT, 2**63 - 1, part)):
+                    out.append(name)
+            cursor = names[-1]
+            if len(names) < want:
+                break  # every shard is exhausted
+        return out
+
     async def delete_rolled_up(self, namespace: str, counter: str, before_us: int, rolled_up_to_us: int) -> int:
         cutoff = min(before_us, rolled_up_to_us + 1)
         part = await self._pin(namespace, create=False)
@@ -150,7 +194,7 @@ class CassandraEventStore:
         for slice_no, table in dropped:
             await self._x.ddl(self._cql.drop_slice(table))
             await self._x.run(self._cql.remove_slice(namespace, int(slice_no)))
-            self._tables.discard(table)
+            self._known.get(namespace, set()).discard(table)
         if dropped:
             log.info("namespace %r: dropped %d expired slice(s) before %d", namespace, len(dropped), cutoff)
         return len(dropped)
@@ -166,11 +210,13 @@ class CassandraEventStore:
         return [(table, int(start), int(end)) for _s, table, start, end in sorted(rows, key=lambda r: r[0])]
 
     async def drop_namespace(self, namespace: str) -> int:
-        """Drop every slice table of a namespace and its catalog rows (ops, test cleanup). Bucket-index
-        rows are left to their TTL: they point at tables that no longer exist and are never read."""
+        """Drop every slice table of a namespace, its catalog rows and its counter registry (ops, test
+        cleanup). Bucket-index rows are left to their TTL: they point at tables that no longer exist."""
         count = await self.drop_expired_slices(namespace, 2**62, 2**62)
+        await self._x.run_all([self._cql.forget_counters(namespace, shard) for shard in range(COUNTER_SHARDS)])
+        self._registered = {k for k in self._registered if k[0] != namespace}
         self._pinned.pop(namespace, None)
-        self._catalog_loaded.discard(namespace)
+        self._known.pop(namespace, None)
         return count
 
     # -- internals ----------------------------------------------------------------------------
@@ -212,17 +258,29 @@ class CassandraEventStore:
                 delete_after = None
         return event_ttl_seconds(delete_after, part.seconds_per_slice, self._ttl_grace_s)
 
-    async def _live_tables(self, namespace: str) -> set[str]:
-        """Slice tables in the catalog right now. Read fresh for every range: a slice another process
-        created a moment ago must be read, and one retention dropped must not be."""
-        return {row[1] for row in await self._x.run(self._cql.list_slices(namespace))}
+    async def _refresh_catalog(self, namespace: str) -> set[str]:
+        """The namespace's slice tables as the catalog lists them now (and remember them)."""
+        tables = {row[1] for row in await self._x.run(self._cql.list_slices(namespace))}
+        self._known[namespace] = tables
+        return tables
 
     async def _parts(self, namespace: str, counter: str, after_us: int, upto_us: int,
                      part: Partitioning) -> list[Part]:
+        """Event partitions of the range, from the counter's bucket index.
+
+        A part whose table this process does not know yet (another process created the slice)
+        re-reads the catalog once: a table missing from a fresh catalog was dropped by retention
+        (catalog rows are written before any event, and removed only after the DROP), so it is
+        skipped. A known table dropped meanwhile answers "unconfigured table": read as empty.
+        """
         tb_lo, tb_hi = index_bounds(after_us, upto_us, part)
-        index_rows, live = await asyncio.gather(
-            self._x.run(self._cql.index_range(namespace, counter, tb_lo, tb_hi)), self._live_tables(namespace))
-        return [p for p in parts_for(namespace, index_rows, after_us, upto_us, part) if p.table in live]
+        index_rows = await self._x.run(self._cql.index_range(namespace, counter, tb_lo, tb_hi))
+        parts = parts_for(namespace, index_rows, after_us, upto_us, part)
+        known = self._known.get(namespace, set())
+        if any(p.table not in known for p in parts):
+            known = await self._refresh_catalog(namespace)
+            parts = [p for p in parts if p.table in known]
+        return parts
 
     def _rows(self, p: Part, namespace: str, counter: str, after_us: int, upto_us: int) -> Stmt:
         return self._cql.rows(p.table, namespace, counter, p.time_bucket, p.event_bucket, after_us, upto_us)
@@ -265,16 +323,13 @@ class CassandraEventStore:
                 events += int(result[0][1] or 0)
         return Aggregate(delta, True, last_clear, events)
 
-    async def _write(self, rows: list[EventRow]) -> int:
+    async def _write(self, rows: list[EventRow], recreate: set[str]) -> int:
         c = self._cql
         parts: dict[str, Partitioning] = {}
         for namespace in {r[0] for r in rows}:
             p = await self._pin(namespace, create=True)
             assert p is not None
             parts[namespace] = p
-            if namespace not in self._catalog_loaded:  # slices that exist need no DDL round trip
-                self._tables |= await self._live_tables(namespace)
-                self._catalog_loaded.add(namespace)
         new_tables: dict[str, tuple[str, int]] = {}
         index: dict[tuple[str, str, int, int], bool] = {}
         groups: dict[tuple[str, str, str, int, int], list[EventRow]] = {}
@@ -283,24 +338,33 @@ class CassandraEventStore:
             p = parts[namespace]
             slice_no = p.slice_of(event_time)
             table = slice_table_name(namespace, slice_no)
-            if table not in self._tables:
+            if table not in self._known.get(namespace, ()):
                 new_tables[table] = (namespace, slice_no)
             tb, eb = p.time_bucket(event_time), p.event_bucket(event_id)
             key = (namespace, counter, tb, eb)
             index[key] = index.get(key, False) or bool(row[6])
             groups.setdefault((table, namespace, counter, tb, eb), []).append(row)
-        # 1. tables (one DDL at a time), then their catalog rows: before any event lands in them
+        # 1. tables (one DDL at a time), then their catalog rows: before any event lands in them.
+        #    Slices another process created are found in the catalog and need no DDL.
+        #    A table that vanished under a write (dropped by hand) is re-created even if still listed.
+        for namespace in {ns for ns, _ in new_tables.values()}:
+            listed = await self._refresh_catalog(namespace)
+            new_tables = {t: v for t, v in new_tables.items() if t not in listed or t in recreate}
         for table, (namespace, slice_no) in sorted(new_tables.items()):
             p = parts[namespace]
             await self._x.ddl(c.create_slice(table, ttl_s=self._ttl(namespace, p),
                                              seconds_per_slice=p.seconds_per_slice, table_ids=self._table_ids))
             await self._x.run(c.add_slice(namespace, slice_no, table, p))
-            self._tables.add(table)
-        # 2. index rows (and clear flags) before the events they point at
+            self._known.setdefault(namespace, set()).add(table)
+        # 2. index rows (and clear flags), and the counter registry, before the events they point at
+        unregistered = {(ns, counter) for ns, counter, _tb, _eb in index} - self._registered
         await self._x.run_all([
-            c.index_add(ns, counter, tb, eb, has_clear=clear,
-                        ttl_s=index_ttl_seconds(self._ttl(ns, parts[ns])))
-            for (ns, counter, tb, eb), clear in index.items()])
+            *(c.index_add(ns, counter, tb, eb, has_clear=clear, ttl_s=index_ttl_seconds(self._ttl(ns, parts[ns])))
+              for (ns, counter, tb, eb), clear in index.items()),
+            *(c.register_counter(ns, counter) for ns, counter in sorted(unregistered))])
+        if len(self._registered) + len(unregistered) > _REGISTERED_MAX:
+            self._registered.clear()
+        self._registered |= unregistered
         # 3. which identities are stored already: one range read per partition of the batch
         keys = list(groups)
         spans = await self._x.run_all([

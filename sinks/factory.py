@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from sinks.base import EventStore, RollupStore
 from sinks.model import Partitioning
 from sinks.sqlite_store import SqliteEventStore, SqliteRollupStore
 
-__all__ = ["EVENTS_FILE", "ROLLUPS_FILE", "open_stores"]
+__all__ = ["EVENTS_FILE", "ROLLUPS_FILE", "open_namespace_stores", "open_stores"]
 
 EVENTS_FILE = "events.sqlite3"
 ROLLUPS_FILE = "rollups.sqlite3"
@@ -40,3 +41,19 @@ def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str]
     directory.mkdir(parents=True, exist_ok=True)
     return (SqliteEventStore(directory / EVENTS_FILE, partitioning_for),
             SqliteRollupStore(directory / ROLLUPS_FILE))
+
+
+def open_namespace_stores(store_url: str, data_dir: Path,
+                          registry: Mapping[str, Any]) -> tuple[EventStore, RollupStore]:
+    """`open_stores` with each namespace's partitioning and retention taken from the control plane."""
+    def partitioning_for(namespace: str) -> Partitioning:
+        ns = registry.get(namespace)
+        if ns is None:
+            raise KeyError(f"unknown namespace {namespace!r}")
+        return Partitioning.of(ns.time_partition)
+
+    def delete_after_for(namespace: str) -> float | None:
+        ns = registry.get(namespace)
+        return None if ns is None else ns.retention.delete_after_s
+
+    return open_stores(store_url, data_dir, partitioning_for, delete_after_for=delete_after_for)

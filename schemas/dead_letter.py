@@ -1,4 +1,9 @@
-"""Dead-letter records: the original bytes plus why, where from (topic, partition, offset) in headers."""
+"""Dead-letter records: the original bytes plus why, where from (topic, partition, offset) in headers.
+
+Wire format of `counter-mutations-dlq`: the record key and value are the original record's (for a rejected
+mutation of a batch record, that mutation alone, re-encoded with the identity it was given); the headers
+below say why it was rejected and where it came from. The persist agent writes them, `counter dlq` reads them.
+"""
 
 from __future__ import annotations
 

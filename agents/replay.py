@@ -1,0 +1,469 @@
+"""Replay: re-read a mutations topic with its own consumer group and feed it through the persist path.
+
+`python -m agents.replay` is what `counter replay` execs (arguments, position syntax and the end-of-partition
+rule: counter_cli.replay_cmd). Per batch of records, like the worker: prepare (decode, admission), then
+`persist_batch` (idempotent event write, last_write_ts, rollup signals); then the batch's offsets are committed
+to the replay's consumer group, so a rerun resumes after the last persisted batch.
+
+Restored events inside rolled-up windows. Rollups aggregate (rollup_ts, B] and never look back (windows are
+immutable), so an event that was missing from the store and is written again by the replay with an
+event_time a rollup may already have passed is invisible to rollups. The replay writes such "late" events
+(event_time at or before the latest boundary any rollup can have used: now + margin - skew - accept_limit)
+per counter, learns from the store which counters got new ones, and recounts exactly those at the end
+(agents.recount, the logic of `counter recount`). The set is saved in the state file before the offsets
+are committed, so an interrupted replay still recounts them when it is run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import fcntl
+import json
+import logging
+import re
+import sys
+import time
+from collections import Counter as Tally
+from collections.abc import Sequence
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from agents.metrics import dlq_kind
+from agents.persist import PreparedBatch, RawRecord, prepare
+from agents.persist_path import persist_batch
+from agents.recount import (
+    CounterRecount,
+    Interrupt,
+    Runtime,
+    fmt_time,
+    open_runtime,
+    read_json,
+    write_json_atomic,
+)
+from agents.watermark import is_heartbeat
+from control_plane import ConfigError
+from control_plane.admission import rollup_boundary
+from schemas import MAX_EVENT_TIME, MICROS, encode_signal
+from schemas.dead_letter import DeadLetter
+from sinks import EventRow
+from streams.settings import Settings, SettingsError, load_settings
+from streams.topics import TopicError, partition_count, signal_partition
+
+log = logging.getLogger("counter.replay")
+
+Key = tuple[str, str]
+LATE_MARGIN_US = 30 * MICROS  # longer than any batch write: see _Writer
+STATE_VERSION = 1
+
+
+class ReplayError(RuntimeError):
+    """The replay cannot start (bad topic, positions, options that do not match saved progress)."""
+
+
+class _Writer:
+    """`write_events` for the persist path that learns which counters got new events in rolled-up windows.
+
+    Fresh rows (event_time after now + LATE_MARGIN - skew - accept_limit) go in one write: no rollup can
+    have passed them, because a rollup that read the store before this write commits computed its boundary
+    from a `now` before the commit (the write takes far less than LATE_MARGIN). Late rows are written per
+    counter; a counter whose late rows were new needs a recount.
+    """
+
+    def __init__(self, runtime: Runtime, recount: set[Key]) -> None:
+        self.runtime = runtime
+        self.recount = recount
+        self.restored = 0  # new late events
+        self.new = 0
+
+    async def __call__(self, rows: Sequence[EventRow]) -> int:
+        started = time.time_ns() // 1000
+        limits: dict[str, int] = {}
+        fresh: list[EventRow] = []
+        late: dict[Key, list[EventRow]] = {}
+        for row in rows:
+            limit = limits.get(row[0])
+            if limit is None:
+                ns = self.runtime.registry[row[0]]
+                limit = limits[row[0]] = rollup_boundary(started + LATE_MARGIN_US, MAX_EVENT_TIME, ns)
+            if row[2] <= limit:
+                late.setdefault((row[0], row[1]), []).append(row)
+            else:
+                fresh.append(row)
+        events = self.runtime.events
+        new = await events.write_events(fresh) if fresh else 0
+        keys = list(late)
+        counts = await asyncio.gather(*(events.write_events(late[k]) for k in keys))
+        for key, n in zip(keys, counts, strict=True):
+            if n:
+                self.recount.add(key)
+                self.restored += n
+                new += n
+        if fresh and time.time_ns() // 1000 - started > LATE_MARGIN_US:  # absurdly slow write: be safe
+            self.recount.update((r[0], r[1]) for r in fresh)
+        self.new += new
+        return new
+
+
+class _Kafka:
+    """Rollup signals and (with --dead-letter) dead letters, produced like the worker does."""
+
+    def __init__(self, settings: Settings, bootstrap: str) -> None:
+        self.settings = settings
+        self.rollup_partitions = partition_count(bootstrap, settings.rollups_topic)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                                  "linger.ms": 5, "client.id": "counter-replay"})
+        self.errors: list[str] = []
+
+    def _on_delivery(self, err: KafkaError | None, _msg: object) -> None:
+        if err is not None:
+            self.errors.append(err.str())
+
+    def _flush(self) -> None:
+        remaining = self.producer.flush(30)
+        if self.errors or remaining:
+            errors, self.errors = self.errors, []
+            raise KafkaException(f"{len(errors) + remaining} record(s) not delivered: "
+                                 f"{errors[0] if errors else 'timeout'}")
+
+    async def signals(self, keys: list[Key]) -> None:
+        for ns, counter in keys:
+            key = f"{ns}:{counter}".encode()
+            self.producer.produce(self.settings.rollups_topic, key=key, value=encode_signal(ns, counter),
+                                  partition=signal_partition(key, self.rollup_partitions),
+                                  on_delivery=self._on_delivery)
+        await asyncio.to_thread(self._flush)
+
+    async def dead_letters(self, dead: list[DeadLetter]) -> None:
+        for d in dead:
+            self.producer.produce(self.settings.dlq_topic, key=d.key, value=d.value, headers=d.headers(),
+                                  on_delivery=self._on_delivery)
+        await asyncio.to_thread(self._flush)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:120]
+
+
+def _spec(args: argparse.Namespace, topic: str) -> dict[str, object]:
+    """Options a resumed replay must share with the run that started it."""
+    return {"topic": topic, "to": args.end, "namespace": args.namespace, "counters": sorted(args.counter),
+            "as_topic": args.as_topic or topic, "dead_letter": args.dead_letter}
+
+
+class Replay:
+    def __init__(self, args: argparse.Namespace, settings: Settings, runtime: Runtime, console) -> None:
+        from counter_cli.replay_cmd import parse_position
+
+        self.args = args
+        self.settings = settings
+        self.runtime = runtime
+        self.console = console
+        self.bootstrap = settings.kafka_bootstrap or ""
+        self.topic = args.topic or settings.mutations_topic
+        self.name = args.name or f"replay-{self.topic}"
+        self.identity_topic = args.as_topic or self.topic
+        self.state_path = settings.data_dir / "replay" / f"{_safe(self.name)}.json"
+        self.start = parse_position(args.start) if args.start else None
+        self.end = parse_position(args.end, allow_earliest=False) if args.end else None
+        self.counters = set(args.counter)
+        self.state: dict = {}
+        self.recount: set[Key] = set()
+        self.totals: Tally[str] = Tally()
+        self.rejected: Tally[str] = Tally()
+        self.touched: set[Key] = set()
+        self.positions: dict[int, int] = {}
+        self.kafka = _Kafka(settings, self.bootstrap)
+        self.writer = _Writer(runtime, self.recount)
+
+    # -- set-up -------------------------------------------------------------------------------------
+
+    def _consumer(self) -> Consumer:
+        return Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.name,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         "enable.partition.eof": False, "client.id": "counter-replay"})
+
+    def _resolve(self, consumer: Consumer) -> tuple[dict[int, int], dict[int, int], bool, int | None]:
+        """Start offset and reported high watermark per replayed partition; whether resuming; --from µs."""
+        meta = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ReplayError(f"topic {self.topic!r} is not available ({meta.error if meta else 'missing'})")
+        partitions = sorted(meta.partitions)
+        tps = [TopicPartition(self.topic, p) for p in partitions]
+        committed = {} if self.args.restart else {
+            tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10) if tp.offset >= 0}
+        watermarks = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
+                      for p in partitions}
+        spec = _spec(self.args, self.topic)
+        resuming = bool(committed) and self.state.get("spec") is not None
+        if resuming:
+            saved = self.state["spec"]
+            if saved != spec:
+                diff = ", ".join(f"{k}={saved.get(k)!r}" for k in spec if saved.get(k) != spec[k])
+                raise ReplayError(f"replay {self.name!r} was started with {diff}: run it with the same options "
+                                  "to resume, or pass --restart (or another --name) to start a new replay")
+            if self.args.start and not self.state.get("finished"):
+                self.console.print(f"resuming replay {self.name!r} (--from ignored; --restart starts over)",
+                                   highlight=False)
+            return committed, {p: watermarks[p][1] for p in committed}, True, self.state.get("from_us")
+        if self.start is None:
+            raise ReplayError(f"no saved progress for replay {self.name!r}: give --from (earliest, a time or P:O,...)")
+        starts: dict[int, int] = {}
+        if self.start.kind == "earliest":
+            starts = {p: watermarks[p][0] for p in partitions}
+        elif self.start.kind == "time":
+            found = consumer.offsets_for_times(
+                [TopicPartition(self.topic, p, (self.start.time_us or 0) // 1000) for p in partitions], timeout=10)
+            starts = {tp.partition: tp.offset if tp.offset >= 0 else watermarks[tp.partition][1] for tp in found}
+        else:
+            unknown = sorted(set(self.start.offsets) - set(partitions))
+            if unknown:
+                raise ReplayError(f"--from names partition(s) {unknown} that {self.topic!r} does not have "
+                                  f"(it has {len(partitions)})")
+            starts = dict(self.start.offsets)
+        starts = {p: max(o, watermarks[p][0]) for p, o in starts.items()}
+        from_us = self.start.time_us if self.start.kind == "time" else None
+        return starts, {p: watermarks[p][1] for p in starts}, False, from_us
+
+    # -- the run ------------------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        from counter_cli.progress import ProgressBar
+        from counter_cli.replay_cmd import PartitionEnds
+
+        self.state = read_json(self.state_path)
+        self.recount.update(tuple(k) for k in self.state.get("recount", []))
+        consumer = self._consumer()
+        try:
+            starts, highs, resuming, from_us = self._resolve(consumer)
+            if not resuming or self.state.get("finished"):
+                carried = sorted(self.recount)
+                self.state = {"version": STATE_VERSION, "name": self.name, "spec": _spec(self.args, self.topic),
+                              "from": str(self.start) if self.start and not resuming else self.state.get("from"),
+                              "from_us": from_us, "started_at": fmt_time(time.time_ns() // 1000),
+                              "totals": {}, "recount": [list(k) for k in carried]}
+            self.totals.update(self.state.get("totals", {}))
+            if not resuming:  # every replayed partition gets a committed position: resume covers exactly them
+                consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in starts.items()],
+                                asynchronous=False)
+            self.positions = dict(starts)
+            self._save()
+            snapshot_us = time.time_ns() // 1000
+            skew = max((ns.max_clock_skew_s for ns in self.runtime.registry.values()), default=1.0)
+            ends = PartitionEnds(snapshot_us=snapshot_us, margin_us=int(max(1.0, skew) * MICROS),
+                                 stop_after_us=self.end.time_us if self.end and self.end.kind == "time" else None)
+            stop_offsets = self.end.offsets if self.end and self.end.kind == "offsets" else {}
+            for p, start in starts.items():
+                ends.add(p, start=start, high=highs[p], stop_offset=stop_offsets.get(p))
+            what = "resuming" if resuming else "replaying"
+            begin = ", ".join(f"{p}:{o}" for p, o in sorted(starts.items())) or "no partition"
+            reported = ", ".join(f"{p}:{h}" for p, h in sorted(highs.items())) or "-"
+            self.console.print(f"{what} {self.topic} as {self.name!r} from {begin} (reported ends {reported})",
+                               highlight=False)
+            tps = [TopicPartition(self.topic, p, o) for p, o in starts.items()]
+            consumer.assign(tps)
+            interrupted = False
+            with Interrupt() as stop, ProgressBar("replaying", total=ends.remaining(), unit="records") as bar:
+                try:
+                    while not ends.all_done and not stop():
+                        await self._step(consumer, ends, from_us, bar)
+                        finished = ends.idle(self._fetch_positions(consumer, ends))
+                        if finished:
+                            consumer.pause([TopicPartition(self.topic, p) for p in finished])
+                    interrupted = stop()
+                    if not interrupted and self.recount:
+                        bar.update(note=f"recounting {len(self.recount):,} counter(s)")
+                        interrupted = await self._recount(stop)
+                except KeyboardInterrupt:  # second Ctrl-C: the batch in hand is abandoned (re-reading it is harmless)
+                    interrupted = True
+            return self._finish(interrupted, bar)
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.close()
+
+    async def _step(self, consumer: Consumer, ends, from_us: int | None, bar) -> None:
+        messages = await asyncio.to_thread(consumer.consume, self.args.batch_size, 0.5)
+        records: list[RawRecord] = []
+        offsets: dict[int, int] = {}
+        read = 0
+        for m in messages:
+            err = m.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise KafkaException(err)
+            partition, offset = m.partition(), m.offset()
+            timestamp_us = m.timestamp()[1] * 1000  # Kafka timestamps are ms
+            if not ends.accept(partition, offset, timestamp_us):
+                continue
+            offsets[partition] = offset + 1
+            read += 1
+            if from_us is not None and timestamp_us < from_us:
+                self.totals["before_from"] += 1
+                continue
+            heartbeat = is_heartbeat(m.headers())
+            if heartbeat:
+                self.totals["heartbeats"] += 1
+            records.append(RawRecord(self.identity_topic, partition, offset, timestamp_us, m.key(),
+                                     m.value() or b"", heartbeat))
+        if records:
+            await self._persist(records)
+        if offsets:
+            self.totals["records"] += read
+            self.positions.update(offsets)
+            self._save()  # the recount set must be durable before the offsets that would skip its cause
+            consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                            asynchronous=False)
+            bar.update(total=max(bar.total or 0, bar.completed + read + ends.remaining()))
+            bar.advance(read, note=f"{self.writer.new:,} new events, {len(self.touched):,} counters")
+
+    def _fetch_positions(self, consumer: Consumer, ends) -> dict[int, int]:
+        live = [TopicPartition(self.topic, p) for p in ends.parts if not ends.done(p)]
+        if not live:
+            return {}
+        return {tp.partition: tp.offset for tp in consumer.position(live) if tp.offset >= 0}
+
+    def _filter(self, batch: PreparedBatch) -> PreparedBatch:
+        ns, counters = self.args.namespace, self.counters
+        if ns is None:
+            return batch
+        keep = (lambda r: r[0] == ns and r[1] in counters) if counters else (lambda r: r[0] == ns)
+        rows = [r for r in batch.rows if keep(r)]
+        last = {k: v for k, v in batch.last_write.items() if keep(k)}
+        self.totals["filtered_out"] += len(batch.rows) - len(rows)
+        return PreparedBatch(rows=rows, last_write=last, dead=batch.dead, records=batch.records)
+
+    async def _persist(self, records: list[RawRecord]) -> None:
+        batch = self._filter(prepare(records, self.runtime.registry))
+        for d in batch.dead:
+            self.rejected[dlq_kind(d.reason)] += 1
+        self.totals["rejected"] += len(batch.dead)
+        self.totals["events"] += len(batch.rows)
+        before_new, before_restored = self.writer.new, self.writer.restored
+        await persist_batch(batch, events=self.runtime.events, rollups=self.runtime.rollups,
+                            dead_letters=self.kafka.dead_letters if self.args.dead_letter else None,
+                            signals=self.kafka.signals, write=self.writer)
+        self.totals["new"] += self.writer.new - before_new
+        self.totals["restored"] += self.writer.restored - before_restored
+        self.touched.update(batch.last_write)
+
+    async def _recount(self, stop) -> bool:
+        """Recount the counters with restored late events; returns whether it was interrupted."""
+        if self.args.no_recount:
+            return False
+        recounter = self.runtime.recounter()
+        results: list[CounterRecount] = []
+        for key in sorted(self.recount):
+            if stop():
+                return True
+            if key[0] not in self.runtime.registry:
+                self.recount.discard(key)
+                continue
+            result = await recounter.once(*key)
+            if result.action not in ("behind", "raced"):
+                results.append(result)
+                self.recount.discard(key)
+                self._save()
+        for result in await recounter.retry(10.0, stop):
+            results.append(result)
+            if result.action not in ("behind", "raced"):
+                self.recount.discard((result.namespace, result.counter))
+        self._save()
+        self.totals["recounted"] += sum(1 for r in results if r.action == "written")
+        self.totals["drift_fixed"] += sum(1 for r in results if r.action == "written" and r.status != "ok")
+        for r in results:
+            if r.status != "ok":
+                self.console.print(f"  recounted {r.namespace}:{r.counter}: stored {r.stored} -> {r.count} "
+                                   f"(drift {r.drift:+,}, {r.action})", highlight=False)
+        return stop()
+
+    def _save(self) -> None:
+        self.state["totals"] = dict(self.totals)
+        self.state["recount"] = [list(k) for k in sorted(self.recount)]
+        self.state["positions"] = {str(p): o for p, o in sorted(self.positions.items())}
+        self.state["updated_at"] = fmt_time(time.time_ns() // 1000)
+        write_json_atomic(self.state_path, self.state)
+
+    def _finish(self, interrupted: bool, bar) -> int:
+        if not interrupted:
+            self.state["finished"] = fmt_time(time.time_ns() // 1000)
+        self._save()
+        t = self.totals
+        at = ", ".join(f"{p}:{o}" for p, o in sorted(self.positions.items()))
+        summary = {
+            "name": self.name, "topic": self.topic, "finished": not interrupted, "positions": self.positions,
+            "records": t["records"], "heartbeats": t["heartbeats"], "before_from": t["before_from"],
+            "events": t["events"], "new_events": t["new"], "restored_late_events": t["restored"],
+            "rejected": t["rejected"], "rejected_by_kind": dict(self.rejected), "filtered_out": t["filtered_out"],
+            "counters_touched": len(self.touched), "recounted": t["recounted"], "drift_fixed": t["drift_fixed"],
+            "recount_pending": [list(k) for k in sorted(self.recount)],
+        }
+        c = self.console
+        c.print(f"replay {self.name!r} of {self.topic}: {bar.summary()}", highlight=False)
+        c.print(f"  records {t['records']:,} (heartbeats {t['heartbeats']:,}, before --from {t['before_from']:,}); "
+                f"events {t['events']:,}: {t['new']:,} new ({t['restored']:,} in rolled-up windows), the rest "
+                f"already stored", highlight=False)
+        if t["rejected"]:
+            kinds = ", ".join(f"{n:,} {k}" for k, n in self.rejected.most_common())
+            sent = "sent to the DLQ again" if self.args.dead_letter else "not re-dead-lettered (--dead-letter)"
+            c.print(f"  rejected {t['rejected']:,} mutation(s) as the first time ({kinds}); {sent}", highlight=False)
+        c.print(f"  {len(self.touched):,} counter(s) signalled for rollup; recounted {t['recounted']:,} "
+                f"(drift fixed on {t['drift_fixed']:,})", highlight=False)
+        if self.recount and not interrupted:
+            names = ", ".join(f"{ns}:{c_}" for ns, c_ in sorted(self.recount)[:10])
+            how = "--no-recount was given" if self.args.no_recount else "the watermark did not pass their rollup"
+            c.print(f"[yellow]  {len(self.recount):,} counter(s) still need a recount ({how}): {names}; run "
+                    "`counter recount` for them, or this replay again[/]", highlight=False)
+        if self.args.json:
+            sys.stdout.write(json.dumps(summary) + "\n")
+            sys.stdout.flush()
+        if interrupted:
+            c.print(f"interrupted at {at or '-'}; run the same command again to resume", highlight=False)
+            return 130
+        return 1 if self.recount and not self.args.no_recount else 0
+
+
+async def _main(args: argparse.Namespace, settings: Settings) -> int:
+    from counter_cli.common import console
+
+    name = args.name or f"replay-{args.topic or settings.mutations_topic}"
+    lock_path = settings.data_dir / "replay" / f"{_safe(name)}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            console.print(f"[bold red]error:[/] another replay with this --name is running (lock {lock_path})",
+                          highlight=False)
+            return 2
+        runtime = open_runtime(settings)
+        try:
+            return await Replay(args, settings, runtime, console).run()
+        except ReplayError as exc:
+            console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            return 2
+        finally:
+            await runtime.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from counter_cli.replay_cmd import build_parser, check
+
+    args = build_parser().parse_args(argv)
+    check(args)
+    try:
+        settings = load_settings()
+        return asyncio.run(_main(args, settings))
+    except (SettingsError, ConfigError, TopicError, KafkaException) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,76 @@
+"""What every benchmark shares: a local stack, a progress bar, machine facts and the JSON result file."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from infra.stack import LocalStack
+from streams.settings import load_settings
+from streams.topics import ensure_topics, topic_specs
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+NAMESPACES = BENCH_DIR / "namespaces.yaml"
+console = Console(stderr=True)
+
+
+@contextmanager
+def local_stack(data_dir: Path, *, workers: int = 1, api: bool = True, **env: str) -> Iterator[LocalStack]:
+    """Broker + memcached + topics + workers (+ API) in `data_dir`, stopped on exit."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    with LocalStack(data_dir, {"COUNTER_NAMESPACES": str(NAMESPACES), "COUNTER_WORKER_LOG_LEVEL": "warning",
+                               **env}) as stack:
+        console.print("starting broker, memcached, topics...")
+        stack.start_broker()
+        stack.start_memcached()
+        settings = load_settings(**{k.removeprefix("COUNTER_").lower(): v for k, v in stack.env.items()})
+        ensure_topics(stack.env["COUNTER_KAFKA_BOOTSTRAP"], topic_specs(settings))
+        for _ in range(workers):
+            console.print("starting worker (joins the consumer group)...")
+            stack.start_worker()
+        if api:
+            console.print("starting API...")
+            stack.start_api()
+        yield stack
+
+
+@contextmanager
+def progress_bar(label: str, total: float | None, unit: str = "req") -> Iterator[Any]:
+    """A rich progress bar with rate and ETA; yields update(completed)."""
+    columns = [TextColumn(f"{label:<28}"), BarColumn(), TextColumn("{task.completed:>10,.0f}"),
+               TextColumn(f"{{task.fields[rate]:>10}} {unit}/s"), TimeElapsedColumn(), TextColumn("ETA"),
+               TimeRemainingColumn()]
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task(label, total=total, rate="-")
+        started = time.perf_counter()
+
+        def update(completed: float) -> None:
+            elapsed = time.perf_counter() - started
+            progress.update(task, completed=completed, rate=f"{completed / elapsed:,.0f}" if elapsed else "-")
+
+        yield update
+
+
+def machine() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "load_avg": os.getloadavg()}
+
+
+def write_result(name: str, result: dict[str, Any]) -> Path:
+    """bench/results/<name>-<utc time>.json with the machine facts; returns the path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    path = RESULTS_DIR / f"{name}-{stamp}.json"
+    path.write_text(json.dumps({"benchmark": name, "at": stamp, "machine": machine(), **result}, indent=2) + "\n")
+    console.print(f"results written to {path}")
+    return path

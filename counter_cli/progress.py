@@ -1,0 +1,129 @@
+"""The one progress bar every long-running verb shows: what, how far, how fast, and how long still.
+
+    with ProgressBar("replaying", total=120_000, unit="records") as bar:
+        for batch in batches:
+            ...
+            bar.advance(len(batch), note=f"{new:,} new")
+
+It renders description, bar, done/total, rate (units/s) and ETA; with an unknown total (None) the bar pulses
+and the ETA column shows the elapsed time instead, so rate and count are always visible. Output goes to
+stderr (the shared console), so a verb's stdout stays clean for data (JSONL, CSV). On a non-terminal
+stderr rich draws no live bar, only the final state when the bar closes.
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, TextColumn
+from rich.text import Text
+
+from counter_cli.common import console as default_console
+
+
+def _clock(seconds: float | None) -> str:
+    if seconds is None:
+        return "-:--:--"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours:d}:{minutes:02d}:{secs:02d}"
+
+
+class _CountColumn(ProgressColumn):
+    def render(self, task: Task) -> Text:
+        unit = task.fields.get("unit", "")
+        done = f"{int(task.completed):,}"
+        text = done if task.total is None else f"{done}/{int(task.total):,}"
+        return Text(f"{text} {unit}".rstrip(), style="progress.download")
+
+
+class _RateColumn(ProgressColumn):
+    """Recent speed (rich's sliding window), or the overall average before there is a window."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.speed
+        if speed is None and task.elapsed:
+            speed = task.completed / task.elapsed if task.elapsed > 0 else None
+        unit = task.fields.get("unit", "")
+        if not speed:
+            return Text(f"- {unit}/s", style="progress.data.speed")
+        return Text(f"{speed:,.0f} {unit}/s", style="progress.data.speed")
+
+
+class _EtaColumn(ProgressColumn):
+    """ETA with a known total; elapsed time while the total is unknown (rate and count still show)."""
+
+    max_refresh = 0.5
+
+    def render(self, task: Task) -> Text:
+        if task.total is None:
+            return Text(f"elapsed {_clock(task.elapsed)}", style="progress.elapsed")
+        if task.finished:
+            return Text(f"done in {_clock(task.finished_time or task.elapsed)}", style="progress.elapsed")
+        return Text(f"ETA {_clock(task.time_remaining)}", style="progress.remaining")
+
+
+class ProgressBar:
+    """A single-task rich progress bar with rate and ETA; a context manager."""
+
+    def __init__(self, description: str, *, total: int | None = None, unit: str = "records",
+                 console: Console | None = None, completed: int = 0) -> None:
+        self.description = description
+        self.unit = unit
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"), BarColumn(), _CountColumn(), _RateColumn(), _EtaColumn(),
+            TextColumn("{task.fields[note]}"), console=console or default_console, transient=False,
+            speed_estimate_period=10.0)
+        self._task: TaskID = self._progress.add_task(description, total=total, completed=completed,
+                                                     unit=unit, note="", start=False)
+        self._started = time.monotonic()
+        self._initial = completed
+
+    def __enter__(self) -> ProgressBar:
+        self._started = time.monotonic()
+        self._progress.start()
+        self._progress.start_task(self._task)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self._progress.stop()
+
+    @property
+    def completed(self) -> int:
+        return int(self._progress.tasks[0].completed)
+
+    @property
+    def total(self) -> int | None:
+        total = self._progress.tasks[0].total
+        return None if total is None else int(total)
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    @property
+    def rate(self) -> float:
+        """Average units per second over this run (for summaries)."""
+        return (self.completed - self._initial) / self.elapsed if self.elapsed > 0 else 0.0
+
+    def advance(self, n: int = 1, *, note: str | None = None) -> None:
+        fields = {} if note is None else {"note": note}
+        self._progress.update(self._task, advance=n, **fields)
+
+    def update(self, *, completed: int | None = None, total: int | None = None, note: str | None = None) -> None:
+        kwargs: dict[str, object] = {}
+        if completed is not None:
+            kwargs["completed"] = completed
+        if total is not None:
+            kwargs["total"] = total
+        if note is not None:
+            kwargs["note"] = note
+        self._progress.update(self._task, **kwargs)
+
+    def summary(self) -> str:
+        """`1,234 records in 0:00:05 (246 records/s)`."""
+        done = self.completed - self._initial
+        return f"{done:,} {self.unit} in {_clock(self.elapsed)} ({self.rate:,.0f} {self.unit}/s)"

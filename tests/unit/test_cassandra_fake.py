@@ -1,0 +1,528 @@
+"""The Cassandra stores' logic against an in-memory fake of the statements they send.
+
+The fake implements each statement ``op`` of ``sinks.cassandra_cql`` with Cassandra's semantics
+that the design relies on: cells resolved by write timestamp (ties: the greater value), tombstones
+shadowing writes with timestamps <= theirs, clustering order, range deletes, dropped tables raising
+"unconfigured table". It checks every statement's bind-marker count too. With it, the whole shared
+store contract suite runs here without a server; what it cannot show (that Cassandra accepts the
+CQL, and behaves as modelled) is for the contract suite on a real cluster (COUNTER_TEST_CASSANDRA).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+
+import pytest
+
+from sinks.cassandra_cql import Stmt
+from sinks.cassandra_events import CassandraEventStore
+from sinks.cassandra_rollups import CassandraRollupStore
+from sinks.cassandra_session import MissingTable, run_bounded
+from sinks.model import Partitioning
+from tests.integration import test_store_contract as contract
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def _wins(new: tuple[int, object], old: tuple[int, object] | None) -> bool:
+    """Cassandra cell reconciliation: the higher timestamp wins; on a tie the greater value."""
+    if old is None:
+        return True
+    if new[0] != old[0]:
+        return new[0] > old[0]
+    return repr(new[1]) > repr(old[1])
+
+
+class FakeCassandra:
+    """An in-memory stand-in for ``CassandraSession`` (the ``Executor`` protocol)."""
+
+    def __init__(self, keyspace: str = "ks", concurrency: int = 16) -> None:
+        self.keyspace = keyspace
+        self.concurrency = concurrency
+        self.log: list[Stmt] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.refs = 1
+        self.closed = False
+        self.fail_next: dict[str, int] = {}  # op -> how many upcoming calls raise
+        # event store
+        self.tables: set[str] = set()
+        self.ddl_log: list[str] = []
+        self.events: dict[str, dict[tuple, dict[tuple, tuple[int, tuple]]]] = {}
+        self.range_tombs: dict[str, dict[tuple, list[tuple[int, int]]]] = {}
+        self.pins: dict[str, tuple[int, int, int]] = {}
+        self.catalog: dict[str, dict[int, tuple[str, int, int]]] = defaultdict(dict)
+        self.index: dict[tuple[str, str], dict[tuple[int, int], bool]] = defaultdict(dict)
+        self.registry: dict[tuple[str, int], set[str]] = defaultdict(set)
+        # rollup store
+        self.cells: dict[tuple[str, str], dict[str, tuple[int, object]]] = defaultdict(dict)
+        self.row_tombs: dict[tuple[str, str], int] = {}
+        self.markers: dict[tuple[int, str, str], int] = {}
+        self.marker_tombs: dict[tuple[int, str, str], int] = {}
+        self.bounds: dict[str, dict[int, tuple[int, object]]] = defaultdict(dict)
+        self.bound_tombs: dict[str, int] = {}
+        self.marks: dict[str, dict[int, tuple[int, object]]] = defaultdict(dict)
+
+    # -- Executor protocol ----------------------------------------------------------------------
+
+    async def run(self, stmt: Stmt) -> list[tuple]:
+        assert stmt.cql.count("?") == len(stmt.params), (stmt.op, stmt.cql, stmt.params)
+        assert stmt.cql.startswith(("SELECT", "INSERT", "UPDATE", "DELETE")), stmt.cql
+        assert f" {self.keyspace}." in stmt.cql, stmt.cql
+        self.log.append(stmt)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0)  # let other requests interleave
+            if self.fail_next.get(stmt.op):
+                self.fail_next[stmt.op] -= 1
+                raise TimeoutError(f"injected failure of {stmt.op}")
+            handler = getattr(self, "_" + stmt.op.replace(".", "_"))
+            return handler(stmt, *stmt.params) or []
+        finally:
+            self.in_flight -= 1
+
+    async def run_all(self, stmts: Sequence[Stmt], *, missing_ok: bool = False) -> list[list[tuple] | None]:
+        return await run_bounded(stmts, self.run, self.concurrency, missing_ok=missing_ok)
+
+    async def ddl(self, stmt: Stmt) -> None:
+        assert "?" not in stmt.cql
+        self.ddl_log.append(stmt.cql)
+        await asyncio.sleep(0)
+        if stmt.op == "slice.create":
+            assert stmt.cql.startswith(f"CREATE TABLE IF NOT EXISTS {self.keyspace}.{stmt.table} (")
+            if stmt.table not in self.tables:
+                self.tables.add(stmt.table)
+                self.events[stmt.table] = {}
+                self.range_tombs[stmt.table] = {}
+        elif stmt.op == "slice.drop":
+            assert stmt.cql == f"DROP TABLE IF EXISTS {self.keyspace}.{stmt.table}"
+            self.tables.discard(stmt.table)
+            self.events.pop(stmt.table, None)
+            self.range_tombs.pop(stmt.table, None)
+        else:
+            raise AssertionError(stmt.op)
+
+    def acquire(self) -> None:
+        self.refs += 1
+
+    async def close(self) -> None:
+        self.refs -= 1
+        self.closed = self.refs <= 0
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _table(self, stmt: Stmt) -> dict[tuple, dict[tuple, tuple[int, tuple]]]:
+        if stmt.table not in self.tables:
+            raise MissingTable(stmt.table)
+        return self.events[stmt.table]
+
+    def _visible(self, stmt: Stmt, pk: tuple) -> list[tuple[tuple, tuple]]:
+        """Live rows of a partition in clustering order (event_time DESC, event_id, event_item_key)."""
+        rows = self._table(stmt).get(pk, {})
+        tombs = self.range_tombs[stmt.table].get(pk, [])
+        live = [(ck, value) for ck, (ts, value) in rows.items()
+                if not any(ck[0] < cutoff and tomb_ts >= ts for cutoff, tomb_ts in tombs)]
+        live.sort(key=lambda item: (-item[0][0], item[0][1], item[0][2]))
+        return live
+
+    # -- event store ops ------------------------------------------------------------------------
+
+    def _ns_pin(self, stmt, ns, bpi, spb, sps):
+        assert stmt.cql.endswith("IF NOT EXISTS")
+        if ns not in self.pins:
+            self.pins[ns] = (bpi, spb, sps)
+            return [(True,)]
+        return [(False, ns, *self.pins[ns])]
+
+    def _ns_get(self, stmt, ns):
+        return [self.pins[ns]] if ns in self.pins else []
+
+    def _slices_add(self, stmt, ns, slice_no, table, start, end):
+        self.catalog[ns][slice_no] = (table, start, end)
+
+    def _slices_list(self, stmt, ns):
+        return [(s, *v) for s, v in sorted(self.catalog[ns].items())]
+
+    def _slices_remove(self, stmt, ns, slice_no):
+        self.catalog[ns].pop(slice_no, None)
+
+    def _index_add(self, stmt, ns, c, tb, eb, ttl):
+        self.index[(ns, c)].setdefault((tb, eb), False)
+
+    def _index_add_clear(self, stmt, ns, c, tb, eb, ttl):
+        self.index[(ns, c)][(tb, eb)] = True
+
+    def _index_range(self, stmt, ns, c, lo, hi):
+        return [(tb, eb, flag) for (tb, eb), flag in sorted(self.index[(ns, c)].items()) if lo <= tb <= hi]
+
+    def _index_newest(self, stmt, ns, c):
+        assert stmt.cql.endswith("ORDER BY time_bucket DESC LIMIT 1")
+        return [(tb,) for tb, _eb in sorted(self.index[(ns, c)], reverse=True)[:1]]
+
+    def _counters_add(self, stmt, ns, shard, c):
+        self.registry[(ns, shard)].add(c)
+
+    def _counters_first(self, stmt, ns, shard, limit):
+        return [(c,) for c in sorted(self.registry[(ns, shard)])[:limit]]
+
+    def _counters_after(self, stmt, ns, shard, after, limit):
+        return [(c,) for c in sorted(self.registry[(ns, shard)]) if c > after][:limit]
+
+    def _counters_forget(self, stmt, ns, shard):
+        self.registry.pop((ns, shard), None)
+
+    def _index_trim(self, stmt, ns, c, below):
+        for key in [k for k in self.index[(ns, c)] if k[0] < below]:
+            del self.index[(ns, c)][key]
+
+    def _event_insert(self, stmt, ns, c, tb, eb, t, eid, key, delta, clear, ts):
+        assert isinstance(clear, bool) and ts == t
+        partition = self._table(stmt).setdefault((ns, c, tb, eb), {})
+        new = (ts, (delta, clear))
+        if _wins(new, partition.get((t, eid, key))):
+            partition[(t, eid, key)] = new
+
+    def _event_span(self, stmt, ns, c, tb, eb, lo, hi):
+        return [ck for ck, _ in self._visible(stmt, (ns, c, tb, eb)) if lo <= ck[0] <= hi]
+
+    def _event_rows(self, stmt, ns, c, tb, eb, after, upto):
+        return [(*ck, d, clear) for ck, (d, clear) in self._visible(stmt, (ns, c, tb, eb)) if after < ck[0] <= upto]
+
+    def _event_sum(self, stmt, ns, c, tb, eb, after, upto):
+        chosen = [d for ck, (d, _) in self._visible(stmt, (ns, c, tb, eb)) if after < ck[0] <= upto]
+        return [(sum(chosen), len(chosen))]  # Cassandra: one row even when nothing matched
+
+    def _event_count_before(self, stmt, ns, c, tb, eb, cutoff):
+        return [(sum(1 for ck, _ in self._visible(stmt, (ns, c, tb, eb)) if ck[0] < cutoff),)]
+
+    def _event_delete_before(self, stmt, ns, c, tb, eb, cutoff):
+        self._table(stmt)
+        self.range_tombs[stmt.table].setdefault((ns, c, tb, eb), []).append((cutoff, _now_us()))
+
+    # -- rollup store ops -----------------------------------------------------------------------
+
+    def _cell_live(self, key, name):
+        cell = self.cells[key].get(name)
+        if cell is None or cell[0] <= self.row_tombs.get(key, -(2**63)):
+            return None
+        return cell[1]
+
+    def _set_cell(self, key, name, ts, value):
+        if _wins((ts, value), self.cells[key].get(name)):
+            self.cells[key][name] = (ts, value)
+
+    def _rollup_get(self, stmt, ns, c):
+        values = [self._cell_live((ns, c), n) for n in ("count", "rts", "lw")]
+        return [tuple(values)] if any(v is not None for v in values) else []
+
+    def _rollup_bump(self, stmt, ts, lw, ns, c):
+        self._set_cell((ns, c), "lw", ts, lw)
+
+    def _rollup_write(self, stmt, ts, count, rts, ns, c):
+        self._set_cell((ns, c), "count", ts, count)
+        self._set_cell((ns, c), "rts", ts, rts)
+
+    def _rollup_delete(self, stmt, ts, ns, c):
+        self.row_tombs[(ns, c)] = max(ts, self.row_tombs.get((ns, c), -(2**63)))
+
+    def _rollup_scan(self, stmt):
+        out = []
+        for key in list(self.cells):
+            rows = self._rollup_get(stmt, *key)
+            if rows:
+                out.append((*key, rows[0][1], rows[0][2]))
+        return out
+
+    def _marker_live(self, key):
+        ts = self.markers.get(key)
+        return ts is not None and ts > self.marker_tombs.get(key, -(2**63))
+
+    def _pending_mark(self, stmt, shard, ns, c, ts):
+        key = (shard, ns, c)
+        self.markers[key] = max(ts, self.markers.get(key, -(2**63)))
+
+    def _pending_clear(self, stmt, ts, shard, ns, c):
+        key = (shard, ns, c)
+        self.marker_tombs[key] = max(ts, self.marker_tombs.get(key, -(2**63)))
+
+    def _live_markers(self, shard):
+        return sorted((ns, c) for (s, ns, c) in self.markers if s == shard and self._marker_live((s, ns, c)))
+
+    def _pending_first(self, stmt, shard, limit):
+        return self._live_markers(shard)[:limit]
+
+    def _pending_after(self, stmt, shard, ns, c, limit):
+        return [k for k in self._live_markers(shard) if k > (ns, c)][:limit]
+
+    def _pending_of_ns(self, stmt, shard, ns):
+        return [(c,) for n, c in self._live_markers(shard) if n == ns]
+
+    def _bounds_set(self, stmt, ts, rts, ns, shard):
+        if _wins((ts, rts), self.bounds[ns].get(shard)):
+            self.bounds[ns][shard] = (ts, rts)
+
+    def _bounds_get(self, stmt, ns):
+        tomb = self.bound_tombs.get(ns, -(2**63))
+        return [(v,) for ts, v in self.bounds[ns].values() if ts > tomb]
+
+    def _bounds_delete(self, stmt, ts, ns):
+        self.bound_tombs[ns] = max(ts, self.bound_tombs.get(ns, -(2**63)))
+
+    def _marks_set(self, stmt, ts, mark, topic, partition):
+        if _wins((ts, mark), self.marks[topic].get(partition)):
+            self.marks[topic][partition] = (ts, mark)
+
+    def _marks_get(self, stmt, topic):
+        return [(p, v) for p, (_ts, v) in sorted(self.marks[topic].items())]
+
+
+def fake_stores(fake: FakeCassandra | None = None, part: Partitioning = contract.PART,
+                **kw) -> tuple[FakeCassandra, CassandraEventStore, CassandraRollupStore]:
+    fake = fake or FakeCassandra()
+    fake.acquire()
+    return fake, CassandraEventStore(fake, lambda ns: part, **kw), CassandraRollupStore(fake, pending_shards=4)
+
+
+# -- the shared contract suite, on the fake --------------------------------------------------------
+
+CONTRACT_TESTS = sorted(name for name in dir(contract)
+                        if name.startswith("test_") and not name.startswith("test_sqlite"))
+
+
+def test_the_contract_suite_is_discovered():
+    assert len(CONTRACT_TESTS) >= 10 and "test_rollups_only_move_forward" in CONTRACT_TESTS
+
+
+@pytest.mark.parametrize("name", CONTRACT_TESTS)
+def test_contract_on_the_fake(name: str) -> None:
+    fake, events, rollups = fake_stores()
+    getattr(contract, name)(contract.Stores(events, rollups, f"ns_{uuid.uuid4().hex[:8]}"))
+    asyncio.run(events.close())
+    asyncio.run(rollups.close())
+    assert fake.closed and fake.max_in_flight <= fake.concurrency
+
+
+# -- behaviour the contract does not spell out ------------------------------------------------------
+
+S = contract.S
+BASE = contract.BASE
+ev = contract.ev
+
+
+def test_first_rollup_reads_only_partitions_that_exist():
+    """rollup_ts 0 must not fan out over every bucket since 1970: the bucket index bounds the work."""
+    fake, events, _ = fake_stores()
+    asyncio.run(events.write_events([ev("ns", BASE + 5 * S, "a", 2), ev("ns", BASE + 5 * S + 1, "b", 3)]))
+    fake.log.clear()
+    agg = asyncio.run(events.aggregate("ns", "c", 0, BASE + 100 * S))
+    assert agg.delta == 5 and agg.events == 2
+    ops = [s.op for s in fake.log]
+    assert ops.count("index.range") == 1 and ops.count("slices.list") == 0  # catalog known from the write
+    assert len(ops) <= 2 + contract.PART.buckets_per_id, ops  # index + catalog + one query per partition
+
+
+def test_clear_flag_routes_partitions_to_row_reads_and_the_rest_to_server_sums():
+    fake, events, _ = fake_stores()
+    rows = [ev("ns", BASE + i * S, f"e{i}", 1) for i in range(40)]
+    rows.append(ev("ns", BASE + 25 * S, "clear", 0, clear=True))
+    asyncio.run(events.write_events(rows))
+    fake.log.clear()
+    agg = asyncio.run(events.aggregate("ns", "c", 0, BASE + 100 * S))
+    assert (agg.delta, agg.cleared, agg.last_clear_us) == (14, True, BASE + 25 * S)
+    assert agg.events == 1 + 1 + 14  # the clear, the add at its instant, the adds after it
+    ops = [s.op for s in fake.log]
+    assert ops.count("event.rows") == 1  # only the flagged partition's rows cross the wire
+    assert "event.sum" in ops
+    sums = [s for s in fake.log if s.op == "event.sum"]
+    assert all(s.params[2] >= (BASE + 25 * S) // contract.PART.bucket_us for s in sums)  # none before the clear
+
+
+def test_writes_are_ordered_table_then_index_then_events():
+    fake, events, _ = fake_stores()
+    asyncio.run(events.write_events([ev("ns", BASE + 1, "a", 1, clear=True)]))
+    ops = [s.op for s in fake.log if not s.op.startswith(("ns.", "slices.list"))]
+    assert ops == ["slices.add", "index.add_clear", "counters.add", "event.span", "event.insert"], ops
+    asyncio.run(events.write_events([ev("ns", BASE + 2, "b", 1)]))
+    assert [s.op for s in fake.log].count("counters.add") == 1  # registered once per process
+    assert len(fake.ddl_log) == 1 and "default_time_to_live = 0" in fake.ddl_log[0]
+
+
+def test_a_second_process_sees_slices_created_by_another():
+    fake = FakeCassandra()
+    _, writer, _ = fake_stores(fake)
+    _, reader, _ = fake_stores(fake)
+    asyncio.run(writer.write_events([ev("ns", BASE + 1, "a", 1)]))
+    assert asyncio.run(reader.aggregate("ns", "c", 0, BASE + S)).delta == 1
+    asyncio.run(writer.write_events([ev("ns", BASE + 90 * S, "b", 1)]))  # a new slice, after reader cached nothing
+    assert asyncio.run(reader.aggregate("ns", "c", 0, BASE + 100 * S)).delta == 2
+    assert asyncio.run(reader.write_events([ev("ns", BASE + 90 * S, "b", 1)])) == 0
+
+
+def test_reads_skip_a_slice_dropped_by_another_process_meanwhile():
+    fake = FakeCassandra()
+    _, events, _ = fake_stores(fake)
+    asyncio.run(events.write_events([ev("ns", BASE + 1, "a", 1), ev("ns", BASE + 70 * S, "b", 1)]))
+    table = next(iter(sorted(fake.tables)))
+    fake.tables.discard(table)  # dropped, catalog row not yet removed: reads must treat it as empty
+    assert asyncio.run(events.aggregate("ns", "c", 0, BASE + 100 * S)).delta == 1
+    assert len(asyncio.run(events.scan("ns", "c", 0, BASE + 100 * S))) == 1
+
+
+def test_write_recreates_a_table_that_vanished():
+    fake = FakeCassandra()
+    _, events, _ = fake_stores(fake)
+    asyncio.run(events.write_events([ev("ns", BASE + 1, "a", 1)]))
+    fake.tables.clear()
+    assert asyncio.run(events.write_events([ev("ns", BASE + 2, "b", 1)])) == 1
+    assert asyncio.run(events.aggregate("ns", "c", 0, BASE + S)).delta == 1  # "a" went with the table
+
+
+def test_partitioning_is_pinned_on_first_write():
+    fake = FakeCassandra()
+    _, first, _ = fake_stores(fake)
+    asyncio.run(first.write_events([ev("ns", BASE + 1, "a", 1)]))
+    _, changed, _ = fake_stores(fake, Partitioning(16, 5, 30))
+    assert asyncio.run(changed.write_events([ev("ns", BASE + 1, "a", 1)])) == 0
+    assert asyncio.run(changed.aggregate("ns", "c", 0, BASE + S)).delta == 1
+    assert fake.pins["ns"] == (4, 10, 60)
+
+
+def test_ttl_follows_delete_after_per_namespace():
+    fake = FakeCassandra()
+    _, events, _ = fake_stores(fake, delete_after_for=lambda ns: {"a": 3600.0}[ns], ttl_grace_s=100)
+    asyncio.run(events.write_events([ev("a", BASE + 1, "x", 1), ev("b", BASE + 1, "y", 1)]))
+    ddl = {cql.split("(")[0].split(".")[1].strip(): cql for cql in fake.ddl_log}
+    ttl_a = next(v for k, v in ddl.items() if k.startswith("ev_a_"))
+    ttl_b = next(v for k, v in ddl.items() if k.startswith("ev_b_"))
+    assert "default_time_to_live = 3760" in ttl_a  # 3600 + one 60 s slice + 100 s grace
+    assert "default_time_to_live = 0" in ttl_b  # unknown namespace: no TTL
+    index_ttls = {s.params[1]: s.params[-1] for s in fake.log if s.op == "index.add"}
+    assert index_ttls == {"c": index_ttls["c"]} and index_ttls["c"] in (0, 3760 + 3600)
+
+
+def test_concurrency_is_bounded():
+    fake = FakeCassandra(concurrency=3)
+    _, events, _ = fake_stores(fake)
+    asyncio.run(events.write_events([ev("ns", BASE + i * S, f"e{i}", 1, counter=f"c{i % 7}") for i in range(200)]))
+    assert fake.max_in_flight <= 3
+
+
+def test_failed_batch_can_be_retried_and_counts_stay_exact():
+    fake, events, _ = fake_stores()
+    rows = [ev("ns", BASE + i, f"e{i}", 1) for i in range(50)]
+    fake.fail_next["event.insert"] = 1
+    with pytest.raises(TimeoutError):
+        asyncio.run(events.write_events(rows))
+    written = asyncio.run(events.write_events(rows))  # Kafka redelivers the batch
+    assert 0 < written <= 50
+    assert asyncio.run(events.aggregate("ns", "c", 0, BASE + S)).delta == 50
+
+
+def test_write_rollup_races_converge():
+    _, _, rollups = fake_stores()
+
+    async def race() -> list[bool]:
+        return await asyncio.gather(*(rollups.write_rollup("ns", "c", b * 10, b) for b in (5, 9, 7, 9, 3)))
+    applied = asyncio.run(race())
+    assert asyncio.run(rollups.get("ns", "c")).rollup_ts == 9 and asyncio.run(rollups.get("ns", "c")).count == 90
+    assert any(applied)
+
+
+def test_markers_follow_timestamps_not_arrival_order():
+    _, _, rollups = fake_stores()
+    asyncio.run(rollups.bump_last_write([("ns", "c", 100)]))
+    asyncio.run(rollups.write_rollup("ns", "c", 1, 100))  # converged: marker deleted at ts 100
+    assert asyncio.run(rollups.stale()) == []
+    asyncio.run(rollups.bump_last_write([("ns", "c", 90)]))  # a late bump below the rollup: stays clean
+    assert asyncio.run(rollups.stale()) == []
+    asyncio.run(rollups.bump_last_write([("ns", "c", 150)]))
+    assert asyncio.run(rollups.stale()) == [("ns", "c")]
+
+
+def test_stale_heals_a_marker_left_by_a_crash():
+    fake, _, rollups = fake_stores()
+    asyncio.run(rollups.bump_last_write([("ns", "c", 100)]))
+    fake.fail_next["pending.clear"] = 1
+    with pytest.raises(TimeoutError):
+        asyncio.run(rollups.write_rollup("ns", "c", 1, 100))  # rollup stored, marker delete lost
+    assert asyncio.run(rollups.stale()) == []  # converged: not returned, and the marker is deleted
+    assert not any(fake._marker_live(k) for k in fake.markers)
+    assert asyncio.run(rollups.min_rollup_ts("ns")) == 100
+
+
+def test_delete_beats_future_stamped_cells():
+    _, _, rollups = fake_stores()
+    future = _now_us() + 10 * S  # an event time inside max_clock_skew
+    asyncio.run(rollups.bump_last_write([("ns", "c", future)]))
+    assert asyncio.run(rollups.delete("ns", "c")) == 1
+    assert asyncio.run(rollups.get("ns", "c")) is None
+    assert asyncio.run(rollups.stale()) == []
+
+
+def test_adds_at_the_clear_instant_in_other_partitions_count_as_events_not_delta():
+    part = contract.PART
+    clear_id = "the-clear"
+    other = next(f"add{i}" for i in range(100) if part.event_bucket(f"add{i}") != part.event_bucket(clear_id))
+    _, events, _ = fake_stores()
+    t = BASE + 5 * S
+    asyncio.run(events.write_events([ev("ns", t, clear_id, 0, clear=True), ev("ns", t, other, 7),
+                                     ev("ns", t + 1, "after", 2), ev("ns", t - 1, "before", 100)]))
+    agg = asyncio.run(events.aggregate("ns", "c", 0, t + S))
+    assert (agg.delta, agg.cleared, agg.last_clear_us, agg.events) == (2, True, t, 3)
+
+
+def test_counters_page_in_name_order_like_sqlite(tmp_path):
+    from sinks.sqlite_events import SqliteEventStore
+
+    names = [f"k{i:03d}" for i in range(0, 120, 3)] + ["Z", "a", "é", "a b"]
+    rows = [ev("ns", BASE + (i % 5) * 70 * S + i, f"e{i}", 1, counter=n) for i, n in enumerate(names)]
+    rows.append(ev("other", BASE + 1, "x", 1, counter="k000"))
+    _, events, _ = fake_stores()
+    sqlite = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: contract.PART)
+
+    async def pages(store, limit):
+        out, after = [], None
+        while True:
+            page = await store.counters("ns", after=after, limit=limit)
+            assert len(page) <= limit
+            out += page
+            if len(page) < limit:
+                return out
+            after = page[-1]
+
+    async def body():
+        await events.write_events(rows)
+        await sqlite.write_events(rows)
+        expected = sorted(set(names))
+        for limit in (1, 7, 40, 1000):
+            assert await pages(events, limit) == await pages(sqlite, limit) == expected
+        assert await events.counters("ns", after="k050", limit=3) == ["k051", "k054", "k057"]
+        assert await events.counters("ns", limit=0) == [] and await events.counters("nope") == []
+        # a counter whose only slices were dropped by retention has no stored events any more
+        await events.write_events([ev("ns", BASE + 10_000 * S, "late", 1, counter="fresh")])
+        await events.drop_expired_slices("ns", BASE + 5_000 * S, BASE + 5_000 * S)
+        assert await pages(events, 10) == ["fresh"]
+        await sqlite.close()
+    asyncio.run(body())
+
+
+def test_the_stores_implement_every_protocol_method():
+    import inspect
+
+    from sinks.base import EventStore, RollupStore
+
+    _, events, rollups = fake_stores()
+    assert isinstance(events, EventStore) and isinstance(rollups, RollupStore)
+    for proto, store in ((EventStore, events), (RollupStore, rollups)):
+        for name, member in inspect.getmembers(proto, inspect.iscoroutinefunction):
+            if not name.startswith("_"):
+                mine = getattr(type(store), name)
+                assert inspect.iscoroutinefunction(mine), name
+                assert list(inspect.signature(mine).parameters) == list(inspect.signature(member).parameters), name
