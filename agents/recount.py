@@ -33,12 +33,11 @@ from control_plane.admission import rollup_boundary
 from schemas import MAX_EVENT_TIME, parse_generation_time
 from sinks import (
     EventStore,
-    Partitioning,
     RollupCache,
     RollupStore,
     apply_aggregate,
     open_cache,
-    open_stores,
+    open_namespace_stores,
 )
 from streams.settings import Settings, SettingsError, load_settings
 from streams.topics import TopicError, partition_count
@@ -112,7 +111,7 @@ async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, ro
         if state is not None:
             result.count, result.rollup_ts = state.count, state.rollup_ts
             if cache is not None and result.status == "ok":
-                cache.set(name, counter, state.count, state.rollup_ts, ns.ttl_s)
+                await cache.set(name, counter, state.count, state.rollup_ts, ns.ttl_s)
         return result
 
     await rollups.write_rollup(name, counter, recomputed, boundary)
@@ -128,13 +127,25 @@ async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, ro
     else:
         result.action = "raced"  # ... from the drifted one: recount again at a later boundary
     if cache is not None and result.action == "written":
-        cache.set(name, counter, fresh.count, fresh.rollup_ts, ns.ttl_s)
+        await _refresh_cache(cache, rollups, ns, counter, fresh.count, fresh.rollup_ts)
     if state is None and result.action == "written":
         # The lost row also lost last_write_ts: restore it so the sweep rolls up events after B.
         newest = await _newest_event_after(events, name, counter, boundary)
         if newest is not None:
             await rollups.bump_last_write([(name, counter, newest)])
     return result
+
+
+async def _refresh_cache(cache: RollupCache, rollups: RollupStore, ns: Namespace, counter: str, count: int,
+                         rollup_ts: int) -> None:
+    """Set the cache, then make sure a rollup worker that moved the counter meanwhile is not overwritten
+    with our older value (a few rounds: each one only follows a newer stored rollup)."""
+    for _ in range(3):
+        await cache.set(ns.name, counter, count, rollup_ts, ns.ttl_s)
+        now = await rollups.get(ns.name, counter)
+        if now is None or now.rollup_ts <= rollup_ts:
+            return
+        count, rollup_ts = now.count, now.rollup_ts
 
 
 async def _newest_event_after(events: EventStore, namespace: str, counter: str, after_us: int) -> int | None:
@@ -218,16 +229,7 @@ class Runtime:
         await self.events.close()
         await self.rollups.close()
         if self.cache is not None:
-            self.cache.close()
-
-
-def partitioning_for(registry: NamespaceRegistry) -> Callable[[str], Partitioning]:
-    def lookup(namespace: str) -> Partitioning:
-        ns = registry.get(namespace)
-        if ns is None:
-            raise KeyError(f"unknown namespace {namespace!r}")
-        return Partitioning.of(ns.time_partition)
-    return lookup
+            await self.cache.close()
 
 
 def shared_cache(settings: Settings) -> tuple[RollupCache | None, str]:
@@ -251,7 +253,7 @@ def open_runtime(settings: Settings) -> Runtime:
     registry = load_namespaces(settings.namespaces or default_namespaces())
     partitions = partition_count(settings.kafka_bootstrap, settings.mutations_topic)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups = open_stores(settings.store, settings.data_dir, partitioning_for(registry))
+    events, rollups = open_namespace_stores(settings.store, settings.data_dir, registry)
     cache, note = shared_cache(settings)
     return Runtime(settings, registry, events, rollups, cache, note, partitions)
 

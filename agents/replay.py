@@ -372,10 +372,12 @@ class Replay:
         self._save()
         self.totals["recounted"] += sum(1 for r in results if r.action == "written")
         self.totals["drift_fixed"] += sum(1 for r in results if r.action == "written" and r.status != "ok")
-        for r in results:
-            if r.status != "ok":
-                self.console.print(f"  recounted {r.namespace}:{r.counter}: stored {r.stored} -> {r.count} "
-                                   f"(drift {r.drift:+,}, {r.action})", highlight=False)
+        drifted = [r for r in results if r.status != "ok"]
+        for r in drifted[:10]:
+            self.console.print(f"  recounted {r.namespace}:{r.counter}: stored {r.stored} -> {r.count} "
+                               f"(drift {r.drift:+,}, {r.action})", highlight=False)
+        if len(drifted) > 10:
+            self.console.print(f"  ... and {len(drifted) - 10:,} more", highlight=False)
         return stop()
 
     def _save(self) -> None:
@@ -428,6 +430,10 @@ async def _main(args: argparse.Namespace, settings: Settings) -> int:
     from counter_cli.common import console
 
     name = args.name or f"replay-{args.topic or settings.mutations_topic}"
+    if name == settings.worker_id:
+        console.print(f"[bold red]error:[/] --name {name!r} is the workers' consumer group (COUNTER_WORKER_ID): "
+                      "a replay committing offsets there would make the workers skip records", highlight=False)
+        return 2
     lock_path = settings.data_dir / "replay" / f"{_safe(name)}.lock"
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "w") as lock:

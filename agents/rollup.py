@@ -47,19 +47,19 @@ async def rollup_counter(ns: Namespace, counter: str, *, events: EventStore, rol
     state = await rollups.get(ns.name, counter)
     count, rollup_ts, last_write = (state.count, state.rollup_ts, state.last_write_ts) if state else (0, 0, 0)
     if boundary <= rollup_ts:
-        cache.set(ns.name, counter, count, rollup_ts, ns.ttl_s)
+        await cache.set(ns.name, counter, count, rollup_ts, ns.ttl_s)
         return RollupResult(key, count, rollup_ts, False, last_write > rollup_ts)
     agg = await events.aggregate(ns.name, counter, rollup_ts, boundary)
     new_count = apply_aggregate(count, agg)
     applied = await rollups.write_rollup(ns.name, counter, new_count, boundary)
     if applied:
-        cache.set(ns.name, counter, new_count, boundary, ns.ttl_s)
+        await cache.set(ns.name, counter, new_count, boundary, ns.ttl_s)
         return RollupResult(key, new_count, boundary, True, last_write > boundary)
     # Another worker moved it further meanwhile: its value is at least as fresh; keep circulating if needed.
     fresh = await rollups.get(ns.name, counter)
     if fresh is None:
         return RollupResult(key, new_count, boundary, False, True)
-    cache.set(ns.name, counter, fresh.count, fresh.rollup_ts, ns.ttl_s)
+    await cache.set(ns.name, counter, fresh.count, fresh.rollup_ts, ns.ttl_s)
     return RollupResult(key, fresh.count, fresh.rollup_ts, False, fresh.last_write_ts > fresh.rollup_ts)
 
 

@@ -18,7 +18,7 @@ from control_plane import CounterType
 from counter_cli.common import console, fail, namespaces_or_exit, settings_or_exit
 from counter_cli.progress import ProgressBar
 from schemas import MAX_EVENT_TIME, ValidationError, parse_generation_time
-from sinks import EventRow, EventStore, Partitioning, RollupStore, apply_aggregate, open_stores
+from sinks import EventRow, EventStore, RollupStore, apply_aggregate, open_namespace_stores
 
 DESCRIPTION = """\
 Export the events that make up a counter, oldest first: every increment (positive or negative delta) and
@@ -257,10 +257,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _audit(settings, registry, namespace, counter, after_us, upto_us, start_total, sink, stop, bar):
-    def partitioning(name: str) -> Partitioning:  # only used by writes, which an audit never does
-        return Partitioning.of(registry[name].time_partition)
-
-    events, rollups = open_stores(settings.store, settings.data_dir, partitioning)
+    events, rollups = open_namespace_stores(settings.store, settings.data_dir, registry)
     try:
         tally, at_rollup, stopped = await audit(events, rollups, namespace, counter, after_us=after_us,
                                                 upto_us=upto_us, start_total=start_total, sink=sink, stop=stop,

@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 import sys
 
-from counter_cli import api_cmd, audit_cmd, dlq_cmd, produce_cmd, recount_cmd, replay_cmd, up_cmd, worker_cmd
+from counter_cli import (
+    api_cmd,
+    audit_cmd,
+    bench_cmd,
+    dlq_cmd,
+    produce_cmd,
+    recount_cmd,
+    replay_cmd,
+    schema_cmd,
+    up_cmd,
+    worker_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     recount_cmd.register(sub)
     audit_cmd.register(sub)
     dlq_cmd.register(sub)
+    schema_cmd.register(sub)
+    bench_cmd.register(sub)
     return parser
 
 

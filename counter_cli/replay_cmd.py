@@ -139,11 +139,10 @@ def argv_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[s
         flag = action.option_strings[-1]
         if isinstance(action, argparse._StoreTrueAction):
             options += [flag] if value else []
-        elif isinstance(action, argparse._AppendAction):
-            for v in value or []:
-                options += [flag, str(v)]
+        elif isinstance(action, argparse._AppendAction):  # flag=value: values may start with '-'
+            options += [f"{flag}={v}" for v in value or []]
         elif value is not None and value != action.default:
-            options += [flag, str(value)]
+            options.append(f"{flag}={value}")
     return options + (["--", *positionals] if positionals else [])
 
 

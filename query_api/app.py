@@ -10,7 +10,6 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Header, Request
@@ -24,6 +23,7 @@ from control_plane import CounterType, Namespace, load_namespaces
 from control_plane import default_config_path as default_namespaces
 from producers import CounterProducer
 from query_api import metrics
+from query_api.fastpath import install_fast_paths
 from query_api.models import (
     AddCountRequest,
     AddCountResponse,
@@ -36,9 +36,9 @@ from query_api.models import (
     ErrorResponse,
     GetCountRequest,
 )
+from query_api.responses import add_response, count_response
 from query_api.service import (
     BrokerUnavailable,
-    Count,
     CounterService,
     NamespaceNotFound,
     NotCountedYet,
@@ -46,7 +46,7 @@ from query_api.service import (
     Written,
 )
 from query_api.signals import SignalEmitter
-from schemas import MICROS, MutationOp
+from schemas import MutationOp
 from sinks import open_cache, open_namespace_stores
 from sinks.best_effort import CounterOverflow, CounterUnavailable, open_counters
 from streams.settings import Settings, load_settings
@@ -82,20 +82,6 @@ def authorize(ns: Namespace, key: str | None, *scopes: str) -> None:
         raise Forbidden(403, f"this API key lacks the {'/'.join(missing)} scope for namespace {ns.name!r}")
 
 
-def _as_of(rollup_ts: int | None) -> datetime | None:
-    return datetime.fromtimestamp(rollup_ts / MICROS, UTC) if rollup_ts else None
-
-
-def count_response(c: Count) -> CountResponse:
-    return CountResponse(namespace=c.ns.name, counter_name=c.counter, count=c.count,
-                         counter_type=c.ns.counter_type.value, as_of=_as_of(c.rollup_ts))
-
-
-def add_response(w: Written) -> AddCountResponse:
-    return AddCountResponse(namespace=w.ns.name, counter_name=w.counter, counter_type=w.ns.counter_type.value,
-                            durable=w.ns.counter_type is not CounterType.BEST_EFFORT, idempotency_token=w.token)
-
-
 def build_service(settings: Settings) -> CounterService:
     registry = load_namespaces(settings.namespaces or default_namespaces())
 
@@ -129,6 +115,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await asyncio.to_thread(service.producer.close, 5.0)
         await service.events.close()
         await service.rollups.close()
+        await service.cache.close()
+        await service.counters.close()
 
     app = FastAPI(title="Counter Abstraction", version="1", lifespan=lifespan,
                   description="Distributed counters (BEST_EFFORT, EVENTUAL, ACCURATE) with idempotent writes, "
@@ -136,6 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _install_middleware(app)
     _install_handlers(app)
     _install_routes(app)
+    install_fast_paths(app)
     return app
 
 
@@ -299,8 +288,8 @@ def _install_routes(app: FastAPI) -> None:
         """Broker, store and cache reachable."""
         checks = {"broker": await _check(lambda: service.producer._producer.list_topics(timeout=1.0)),
                   "store": await _check_async(service.rollups.get("_readyz", "_readyz")),
-                  "cache": "ok" if service.cache.healthy() else "unreachable",
-                  "best_effort_counters": "ok" if service.counters.healthy() else "unreachable"}
+                  "cache": "ok" if await service.cache.healthy() else "unreachable",
+                  "best_effort_counters": "ok" if await service.counters.healthy() else "unreachable"}
         ok = all(v == "ok" for v in checks.values())
         return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
 

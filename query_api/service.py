@@ -94,11 +94,10 @@ class CounterService:
     async def write(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                     generation_time: str | int | float | None, item_key: str = "") -> Written:
         if ns.counter_type is CounterType.BEST_EFFORT:  # tokens are accepted and ignored, as documented
-            # memcached calls are ~100 µs: cheaper inline than a thread hop, bounded by the client timeout.
             if op is MutationOp.CLEAR:
-                self.counters.clear(ns.name, counter)
+                await self.counters.clear(ns.name, counter)
                 return Written(ns, counter, None, None, 0)
-            value = self.counters.add(ns.name, counter, delta, ns.ttl_s)
+            value = await self.counters.add(ns.name, counter, delta, ns.ttl_s)
             return Written(ns, counter, None, None, value)
         m = self.mutation(ns, counter, delta, op, token, generation_time, item_key)
         await self.send_durably([m])
@@ -120,7 +119,7 @@ class CounterService:
 
     async def rollup_of(self, ns: Namespace, counter: str) -> tuple[int, int]:
         """(count, rollup_ts): the cached rollup, else the rollup store's (then cached)."""
-        cached = self.cache.get(ns.name, counter)
+        cached = await self.cache.get(ns.name, counter)
         if cached is not None:
             metrics.CACHE.labels("hit").inc()
             return cached
@@ -128,12 +127,12 @@ class CounterService:
         state = await self.rollups.get(ns.name, counter)
         if state is None or state.rollup_ts == 0:
             return (state.count if state else 0), 0
-        self.cache.set(ns.name, counter, state.count, state.rollup_ts, ns.ttl_s)
+        await self.cache.set(ns.name, counter, state.count, state.rollup_ts, ns.ttl_s)
         return state.count, state.rollup_ts
 
     async def get(self, ns: Namespace, counter: str) -> Count:
         if ns.counter_type is CounterType.BEST_EFFORT:
-            return Count(ns, counter, self.counters.get(ns.name, counter), None)
+            return Count(ns, counter, await self.counters.get(ns.name, counter), None)
         count, rollup_ts = await self.rollup_of(ns, counter)
         self.signals.emit(ns.name, counter)
         if ns.counter_type is CounterType.ACCURATE:

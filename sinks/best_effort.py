@@ -7,14 +7,13 @@ is a negative count, and a count outside int64 is refused before it could wrap.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Protocol
 
 import xxhash
-from pymemcache.client.base import PooledClient
 
 from sinks.cache import _parse_servers
+from sinks.memcached_client import AsyncMemcached, MemcachedError
 
 BIAS = 1 << 63
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -39,11 +38,11 @@ def counter_key(namespace: str, counter: str) -> str:
 
 
 class BestEffortCounters(Protocol):
-    def add(self, namespace: str, counter: str, delta: int, ttl_s: float | None) -> int: ...
-    def get(self, namespace: str, counter: str) -> int: ...
-    def clear(self, namespace: str, counter: str) -> None: ...
-    def healthy(self) -> bool: ...
-    def close(self) -> None: ...
+    async def add(self, namespace: str, counter: str, delta: int, ttl_s: float | None) -> int: ...
+    async def get(self, namespace: str, counter: str) -> int: ...
+    async def clear(self, namespace: str, counter: str) -> None: ...
+    async def healthy(self) -> bool: ...
+    async def close(self) -> None: ...
 
 
 def _expire(ttl_s: float | None) -> int:
@@ -60,69 +59,61 @@ class MemcachedCounters:
         if rest:
             raise ValueError("BEST_EFFORT counters use one memcached server (EVCache replicas are future work)")
         self.address = f"{host}:{port}"
-        self._client = PooledClient((host, port), connect_timeout=timeout_s, timeout=timeout_s, no_delay=True,
-                                    max_pool_size=pool_size, default_noreply=False)
+        self._client = AsyncMemcached(host, port, timeout_s=timeout_s, pool_size=pool_size)
         self._touched: dict[str, float] = {}
-        self._lock = threading.Lock()
 
-    def add(self, namespace: str, counter: str, delta: int, ttl_s: float | None) -> int:
+    async def add(self, namespace: str, counter: str, delta: int, ttl_s: float | None) -> int:
         key = counter_key(namespace, counter)
         try:
             for _ in range(3):
-                raw = self._client.incr(key, delta) if delta >= 0 else self._client.decr(key, -delta)
+                raw = await (self._client.incr(key, delta) if delta >= 0 else self._client.decr(key, -delta))
                 if raw is None:  # missing (new or expired): create at the bias, then apply
-                    self._client.add(key, str(BIAS).encode(), expire=_expire(ttl_s))
+                    await self._client.add(key, str(BIAS).encode(), _expire(ttl_s))
                     continue
-                raw = int(raw)
                 if delta > 0 and raw < delta:  # wrapped past 2**64: undo (modular) and refuse
-                    self._client.incr(key, (1 << 64) - delta)
+                    await self._client.incr(key, (1 << 64) - delta)
                     raise CounterOverflow(f"count of {namespace}:{counter} would exceed {INT64_MAX}")
                 if delta < 0 and raw == 0:  # decr clamped at zero: the exact value is lost below INT64_MIN
                     raise CounterOverflow(f"count of {namespace}:{counter} would fall below {INT64_MIN}")
-                value = raw - BIAS
-                self._refresh_ttl(key, ttl_s)
-                return value
-        except (CounterOverflow, CounterUnavailable):
-            raise
-        except Exception as exc:
-            raise CounterUnavailable(f"memcached {self.address}: {type(exc).__name__}: {exc}") from exc
+                await self._refresh_ttl(key, ttl_s)
+                return raw - BIAS
+        except MemcachedError as exc:
+            raise CounterUnavailable(str(exc)) from exc
         raise CounterUnavailable(f"memcached {self.address}: key {key} vanished repeatedly")
 
-    def _refresh_ttl(self, key: str, ttl_s: float | None) -> None:
+    async def _refresh_ttl(self, key: str, ttl_s: float | None) -> None:
         """`incr` keeps the expiry set at creation; touch it again at most every tenth of the TTL."""
         if not ttl_s or ttl_s <= 0:
             return
         now = time.monotonic()
-        with self._lock:
-            due = self._touched.get(key, 0.0) + ttl_s / 10 <= now
-            if due:
-                self._touched[key] = now
-                if len(self._touched) > 100_000:
-                    self._touched.clear()
-        if due:
-            self._client.touch(key, expire=_expire(ttl_s), noreply=True)
+        if self._touched.get(key, 0.0) + ttl_s / 10 > now:
+            return
+        if len(self._touched) > 100_000:
+            self._touched.clear()
+        self._touched[key] = now
+        await self._client.touch(key, _expire(ttl_s))
 
-    def get(self, namespace: str, counter: str) -> int:
+    async def get(self, namespace: str, counter: str) -> int:
         try:
-            raw = self._client.get(counter_key(namespace, counter))
-        except Exception as exc:
-            raise CounterUnavailable(f"memcached {self.address}: {type(exc).__name__}: {exc}") from exc
+            raw = await self._client.get(counter_key(namespace, counter))
+        except MemcachedError as exc:
+            raise CounterUnavailable(str(exc)) from exc
         return 0 if raw is None else int(raw) - BIAS
 
-    def clear(self, namespace: str, counter: str) -> None:
+    async def clear(self, namespace: str, counter: str) -> None:
         try:
-            self._client.delete(counter_key(namespace, counter), noreply=False)
-        except Exception as exc:
-            raise CounterUnavailable(f"memcached {self.address}: {type(exc).__name__}: {exc}") from exc
+            await self._client.delete(counter_key(namespace, counter))
+        except MemcachedError as exc:
+            raise CounterUnavailable(str(exc)) from exc
 
-    def healthy(self) -> bool:
+    async def healthy(self) -> bool:
         try:
-            return bool(self._client.version())
-        except Exception:
+            return bool(await self._client.version())
+        except MemcachedError:
             return False
 
-    def close(self) -> None:
-        self._client.close()
+    async def close(self) -> None:
+        await self._client.close()
 
 
 class InProcessCounters:
@@ -130,34 +121,30 @@ class InProcessCounters:
 
     def __init__(self) -> None:
         self._data: dict[str, tuple[int, float]] = {}
-        self._lock = threading.Lock()
 
-    def add(self, namespace: str, counter: str, delta: int, ttl_s: float | None) -> int:
+    async def add(self, namespace: str, counter: str, delta: int, ttl_s: float | None) -> int:
         key = counter_key(namespace, counter)
         now = time.monotonic()
-        with self._lock:
-            value, expires = self._data.get(key, (0, 0.0))
-            if expires and expires <= now:
-                value = 0
-            value += delta
-            if not INT64_MIN <= value <= INT64_MAX:
-                raise CounterOverflow(f"count of {namespace}:{counter} would leave the int64 range")
-            self._data[key] = (value, now + ttl_s if ttl_s else 0.0)
-            return value
+        value, expires = self._data.get(key, (0, 0.0))
+        if expires and expires <= now:
+            value = 0
+        value += delta
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise CounterOverflow(f"count of {namespace}:{counter} would leave the int64 range")
+        self._data[key] = (value, now + ttl_s if ttl_s else 0.0)
+        return value
 
-    def get(self, namespace: str, counter: str) -> int:
-        with self._lock:
-            value, expires = self._data.get(counter_key(namespace, counter), (0, 0.0))
+    async def get(self, namespace: str, counter: str) -> int:
+        value, expires = self._data.get(counter_key(namespace, counter), (0, 0.0))
         return 0 if expires and expires <= time.monotonic() else value
 
-    def clear(self, namespace: str, counter: str) -> None:
-        with self._lock:
-            self._data.pop(counter_key(namespace, counter), None)
+    async def clear(self, namespace: str, counter: str) -> None:
+        self._data.pop(counter_key(namespace, counter), None)
 
-    def healthy(self) -> bool:
+    async def healthy(self) -> bool:
         return True
 
-    def close(self) -> None:
+    async def close(self) -> None:
         pass
 
 

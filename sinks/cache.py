@@ -16,12 +16,13 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import xxhash
-from pymemcache.client.base import PooledClient
 from pymemcache.client.rendezvous import RendezvousHash
+
+from sinks.memcached_client import AsyncMemcached
 
 __all__ = ["InProcessRollupCache", "MemcachedRollupCache", "RollupCache", "cache_key", "open_cache"]
 
@@ -35,21 +36,26 @@ _MAX_RELATIVE_TTL_S = 30 * 24 * 3600  # memcached reads larger expiries as absol
 
 @runtime_checkable
 class RollupCache(Protocol):
-    def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
+    """Async, so an asyncio server keeps serving while memcached answers."""
+
+    async def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
         """(count, rollup_ts) from one cached value, or None on a miss (or an outage)."""
         ...
 
-    def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
+    async def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
         """Hits only; misses are absent."""
         ...
 
-    def set(self, namespace: str, counter: str, count: int, rollup_ts: int, ttl_s: float | None = None) -> None:
+    async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
+                  ttl_s: float | None = None) -> None:
         """Store (count, rollup_ts); ttl_s None = the cache's default. Never raises."""
         ...
 
-    def delete(self, namespace: str, counter: str) -> None: ...
+    async def delete(self, namespace: str, counter: str) -> None: ...
 
-    def healthy(self) -> bool: ...
+    async def healthy(self) -> bool: ...
+
+    async def close(self) -> None: ...
 
 
 def cache_key(namespace: str, counter: str) -> str:
@@ -98,8 +104,7 @@ class _Node:
 
     def __init__(self, host: str, port: int, timeout_s: float, pool_size: int) -> None:
         self.name = f"{host}:{port}"
-        self.client = PooledClient((host, port), connect_timeout=timeout_s, timeout=timeout_s, no_delay=True,
-                                   max_pool_size=pool_size, default_noreply=False)
+        self.client = AsyncMemcached(host, port, timeout_s=timeout_s, pool_size=pool_size)
         self.down_until = 0.0  # monotonic time before which memcached is skipped
         self.failing = False  # inside an outage (already logged)
 
@@ -126,43 +131,46 @@ class MemcachedRollupCache:
     def servers(self) -> list[str]:
         return list(self._nodes)
 
-    def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
+    async def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
         key = cache_key(namespace, counter)
-        return _decode(self._guard(self._node(key), lambda c: c.get(key), None))
+        return _decode(await self._guard(self._node(key), lambda c: c.get(key), None))
 
-    def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
+    async def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
         by_node: dict[str, dict[str, Key]] = {}
         for namespace, counter in keys:
             key = cache_key(namespace, counter)
             by_node.setdefault(self._node(key).name, {})[key] = (namespace, counter)
         out: dict[Key, tuple[int, int]] = {}
         for name, wanted in by_node.items():
-            found = self._guard(self._nodes[name], lambda c, ks=list(wanted): c.get_many(ks), {})
+            found = await self._guard(self._nodes[name], lambda c, ks=list(wanted): c.get_many(ks), {})
             for key, raw in found.items():
-                key_str = key.decode() if isinstance(key, bytes) else key
                 value = _decode(raw)
-                if value is not None and key_str in wanted:
-                    out[wanted[key_str]] = value
+                if value is not None and key in wanted:
+                    out[wanted[key]] = value
         return out
 
-    def set(self, namespace: str, counter: str, count: int, rollup_ts: int, ttl_s: float | None = None) -> None:
+    async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
+                  ttl_s: float | None = None) -> None:
         key = cache_key(namespace, counter)
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
-        self._guard(self._node(key), lambda c: c.set(key, value, expire=expire, noreply=False), None)
+        await self._guard(self._node(key), lambda c: c.set(key, value, expire), None)
 
-    def delete(self, namespace: str, counter: str) -> None:
+    async def delete(self, namespace: str, counter: str) -> None:
         key = cache_key(namespace, counter)
-        self._guard(self._node(key), lambda c: c.delete(key, noreply=False), None)
+        await self._guard(self._node(key), lambda c: c.delete(key), None)
 
-    def healthy(self) -> bool:
+    async def healthy(self) -> bool:
         """True when every server answers now (a server in its breaker window counts as down)."""
-        return all(self._guard(node, lambda c: bool(c.version()), False) for node in self._nodes.values())
+        for node in self._nodes.values():
+            if not await self._guard(node, lambda c: c.version(), False):
+                return False
+        return True
 
-    def close(self) -> None:
+    async def close(self) -> None:
         for node in self._nodes.values():
             with contextlib.suppress(Exception):  # best effort, like everything here
-                node.client.close()
+                await node.client.close()
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -177,12 +185,12 @@ class MemcachedRollupCache:
             return int(time.time() + ttl_s)
         return max(1, math.ceil(ttl_s))
 
-    def _guard(self, node: _Node, op: Callable[[PooledClient], object], default: object) -> object:
+    async def _guard(self, node: _Node, op: Callable[[AsyncMemcached], Awaitable[Any]], default: Any) -> Any:
         """Run op unless the node's breaker is open; any failure opens it and returns default."""
         if time.monotonic() < node.down_until:
             return default
         try:
-            result = op(node.client)
+            result = await op(node.client)
         except Exception as exc:  # a cache must never fail its caller
             with self._lock:
                 node.down_until = time.monotonic() + self.breaker_s
@@ -214,7 +222,10 @@ class InProcessRollupCache:
     def __len__(self) -> int:
         return len(self._data)
 
-    def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
+    async def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
+        return self.get_now(namespace, counter)
+
+    def get_now(self, namespace: str, counter: str) -> tuple[int, int] | None:
         key = (namespace, counter)
         with self._lock:
             entry = self._data.get(key)
@@ -226,15 +237,16 @@ class InProcessRollupCache:
             self._data.move_to_end(key)
             return entry[0], entry[1]
 
-    def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
+    async def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
         out: dict[Key, tuple[int, int]] = {}
         for namespace, counter in keys:
-            value = self.get(namespace, counter)
+            value = self.get_now(namespace, counter)
             if value is not None:
                 out[(namespace, counter)] = value
         return out
 
-    def set(self, namespace: str, counter: str, count: int, rollup_ts: int, ttl_s: float | None = None) -> None:
+    async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
+                  ttl_s: float | None = None) -> None:
         ttl = self.default_ttl_s if ttl_s is None else ttl_s
         expires = self._clock() + ttl if ttl and ttl > 0 else math.inf
         key = (namespace, counter)
@@ -244,14 +256,14 @@ class InProcessRollupCache:
             while len(self._data) > self.max_entries:
                 self._data.popitem(last=False)
 
-    def delete(self, namespace: str, counter: str) -> None:
+    async def delete(self, namespace: str, counter: str) -> None:
         with self._lock:
             self._data.pop((namespace, counter), None)
 
-    def healthy(self) -> bool:
+    async def healthy(self) -> bool:
         return True
 
-    def close(self) -> None:
+    async def close(self) -> None:
         with self._lock:
             self._data.clear()
 

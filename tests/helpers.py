@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 
@@ -116,3 +117,26 @@ def make_topic(bootstrap: str, topic: str, partitions: int = 4) -> None:
     from streams.topics import TopicSpec, ensure_topics
 
     ensure_topics(bootstrap, [TopicSpec(topic, partitions)])
+
+
+class Sync:
+    """Calls an object's async methods from synchronous test code, on one private event loop."""
+
+    def __init__(self, target: object) -> None:
+        self._target = target
+        self._runner = asyncio.Runner()
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._target, name)
+        if inspect.iscoroutinefunction(attr):
+            return lambda *args, **kwargs: self._runner.run(attr(*args, **kwargs))
+        return attr
+
+    def __len__(self) -> int:
+        return len(self._target)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        closer = getattr(self._target, "close", None)
+        if closer is not None and inspect.iscoroutinefunction(closer):
+            self._runner.run(closer())
+        self._runner.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -15,7 +16,7 @@ from pymemcache.client.base import Client
 from infra.memcached import LocalMemcached
 from infra.process import free_port
 from sinks import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
-from tests.helpers import wait_for
+from tests.helpers import Sync, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,16 +36,16 @@ def ns() -> str:
 
 @pytest.fixture
 def mc(memcached_address: str) -> Iterator[MemcachedRollupCache]:
-    cache = MemcachedRollupCache(memcached_address)
+    cache = Sync(MemcachedRollupCache(memcached_address))
     yield cache
     cache.close()
 
 
 @pytest.fixture(params=["memcached", "memory"])
 def cache(request: pytest.FixtureRequest, memcached_address: str) -> Iterator[RollupCache]:
-    c = open_cache(f"memcached://{memcached_address}" if request.param == "memcached" else "memory")
+    c = Sync(open_cache(f"memcached://{memcached_address}" if request.param == "memcached" else "memory"))
     yield c
-    c.close()  # type: ignore[attr-defined]
+    c.close()
 
 
 # -- behaviour shared by both caches --------------------------------------------------------------
@@ -104,7 +105,7 @@ def test_memcached_ttl_expires(mc: MemcachedRollupCache, ns: str) -> None:
 
 
 def test_memcached_outage_costs_reads_nothing_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
-    dead = MemcachedRollupCache(f"127.0.0.1:{free_port()}", breaker_s=0.0)  # retry on every call
+    dead = Sync(MemcachedRollupCache(f"127.0.0.1:{free_port()}", breaker_s=0.0))  # retry on every call
     caplog.set_level(logging.WARNING, logger="sinks.cache")
     assert dead.get("ns", "c") is None
     for _ in range(20):
@@ -121,7 +122,7 @@ def test_memcached_outage_costs_reads_nothing_and_never_raises(caplog: pytest.Lo
 
 def test_memcached_hung_server_then_recovery(tmp_path: Path, ns: str) -> None:
     with LocalMemcached(tmp_path / "memcached.log") as server:
-        cache = MemcachedRollupCache(server.address, timeout_s=0.2, breaker_s=1.0)
+        cache = Sync(MemcachedRollupCache(server.address, timeout_s=0.2, breaker_s=1.0))
         cache.set(ns, "c", 5, 6)
         assert cache.get(ns, "c") == (5, 6)
         server.pause()  # keeps its port, answers nothing: only timeouts tell
@@ -144,7 +145,7 @@ def test_memcached_hung_server_then_recovery(tmp_path: Path, ns: str) -> None:
 
 def test_memcached_stopped_server(tmp_path: Path, ns: str) -> None:
     server = LocalMemcached(tmp_path / "memcached.log").start()
-    cache = MemcachedRollupCache(server.address)
+    cache = Sync(MemcachedRollupCache(server.address))
     cache.set(ns, "c", 1, 1)
     server.stop()
     assert cache.get(ns, "c") is None  # connection reset/refused: a miss, not an error
@@ -155,8 +156,9 @@ def test_memcached_stopped_server(tmp_path: Path, ns: str) -> None:
 
 def test_several_servers_spread_keys(memcached_address: str, tmp_path: Path, ns: str) -> None:
     with LocalMemcached(tmp_path / "second.log") as second:
-        cache = open_cache(f"memcached://{memcached_address},{second.address}")
-        assert isinstance(cache, MemcachedRollupCache) and len(cache.servers) == 2
+        raw = open_cache(f"memcached://{memcached_address},{second.address}")
+        assert isinstance(raw, MemcachedRollupCache) and len(raw.servers) == 2
+        cache = Sync(raw)
         for i in range(40):
             cache.set(ns, f"c{i}", i, i)
         assert cache.get_many([(ns, f"c{i}") for i in range(40)]) == {(ns, f"c{i}"): (i, i) for i in range(40)}
@@ -181,7 +183,7 @@ def test_open_cache_specs(memcached_address: str) -> None:
 
 def test_in_process_ttl_and_lru_bound() -> None:
     clock = FakeClock()
-    cache = InProcessRollupCache(max_entries=3, default_ttl_s=10, clock=clock)
+    cache = Sync(InProcessRollupCache(max_entries=3, default_ttl_s=10, clock=clock))
     cache.set("ns", "a", 1, 1)
     cache.set("ns", "b", 2, 2, ttl_s=1)
     cache.set("ns", "forever", 0, 0, ttl_s=0)  # 0 = no expiry
@@ -202,15 +204,18 @@ def test_in_process_is_thread_safe() -> None:
     cache = InProcessRollupCache(max_entries=500)
     errors: list[BaseException] = []
 
-    def hammer(worker: int) -> None:
+    async def work(worker: int) -> None:
+        for i in range(3000):
+            await cache.set("ns", f"c{i % 700}", worker, i)
+            value = await cache.get("ns", f"c{(i * 7) % 700}")
+            assert value is None or isinstance(value, tuple)
+            await cache.get_many([("ns", f"c{j}") for j in range(i % 5)])
+            if i % 11 == 0:
+                await cache.delete("ns", f"c{i % 700}")
+
+    def hammer(worker: int) -> None:  # one event loop per thread, one cache shared by all
         try:
-            for i in range(3000):
-                cache.set("ns", f"c{i % 700}", worker, i)
-                value = cache.get("ns", f"c{(i * 7) % 700}")
-                assert value is None or isinstance(value, tuple)
-                cache.get_many([("ns", f"c{j}") for j in range(i % 5)])
-                if i % 11 == 0:
-                    cache.delete("ns", f"c{i % 700}")
+            asyncio.run(work(worker))
         except BaseException as exc:
             errors.append(exc)
 

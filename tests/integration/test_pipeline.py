@@ -21,7 +21,7 @@ from confluent_kafka import Producer
 from producers import CounterProducer
 from schemas import MICROS, Mutation, MutationOp, encode_signal
 from sinks import open_cache
-from tests.helpers import read_all, wait_for
+from tests.helpers import Sync, read_all, wait_for
 from tests.pipeline_harness import ACCEPT_LIMIT_S, COALESCE_S, Event, PipelineEnv, oracle
 
 pytestmark = pytest.mark.integration
@@ -110,7 +110,7 @@ def test_exact_after_triple_delivery_and_converges_in_time(pipeline):
     took = time.monotonic() - last_write
     assert took <= CONVERGENCE_BUDGET_S, f"converged in {took:.2f}s, budget {CONVERGENCE_BUDGET_S}s"
     # The cache holds count and rollup_ts in one value, matching the store.
-    cache = open_cache(f"memcached://{pipeline.memcached}")
+    cache = Sync(open_cache(f"memcached://{pipeline.memcached}"))
     states = pipeline.rollups([(NS, c) for c in expected])
     for c, n in expected.items():
         cached = cache.get(NS, c)

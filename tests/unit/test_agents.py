@@ -122,7 +122,7 @@ def test_rollup_counts_only_the_immutable_window(stores):
         held = await rollup_counter(EV, "c", events=events, rollups=rollups, cache=cache,
                                     watermark_us=T + 6 * MICROS + MICROS // 2, now_us=now)
         assert held.count == 50 and held.pending  # events at T+0..T+4 only
-        assert cache.get("ev", "c") == (50, held.rollup_ts)
+        assert await cache.get("ev", "c") == (50, held.rollup_ts)
         done = await rollup_counter(EV, "c", events=events, rollups=rollups, cache=cache, watermark_us=now,
                                     now_us=now)
         assert done.count == 100 and not done.pending

@@ -1,0 +1,36 @@
+"""`counter bench`: run a benchmark from bench/ (each prints its figures next to a same-run baseline)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+BENCHMARKS = {
+    "ingest": ("bench.ingest", "mutations persisted/s, convergence time, raw aiokafka read rate"),
+    "read": ("bench.read", "GetCount p50/p99/throughput at concurrency 32 vs raw memcached get"),
+    "best-effort": ("bench.best_effort", "BEST_EFFORT AddCount throughput vs raw memcached incr"),
+    "history": ("bench.history", "rollup time with 10M old events vs 10 events"),
+}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench", help="run a benchmark (ingest, read, best-effort, history)",
+        description="Benchmarks start their own local stack in a temporary directory, show progress, print "
+                    "their figures next to a baseline measured in the same run, and write JSON results to "
+                    "bench/results/. " + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()) + ".",
+        epilog="examples:\n  counter bench ingest --mutations 1000000 --counters 1000\n"
+               "  counter bench read --duration 10\n  counter bench history --events 10000000\n"
+               "  counter bench ingest --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("benchmark", choices=sorted(BENCHMARKS))
+    p.add_argument("args", nargs=argparse.REMAINDER, help="arguments of the benchmark (see its --help)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    module, _ = BENCHMARKS[args.benchmark]
+    os.execv(sys.executable, [sys.executable, "-m", module, *args.args])
+    return 0  # pragma: no cover

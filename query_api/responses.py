@@ -1,0 +1,24 @@
+"""Response bodies built from service results: one place, shared by the routes and the fast path."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from control_plane import CounterType
+from query_api.models import AddCountResponse, CountResponse
+from query_api.service import Count, Written
+from schemas import MICROS
+
+
+def _as_of(rollup_ts: int | None) -> datetime | None:
+    return datetime.fromtimestamp(rollup_ts / MICROS, UTC) if rollup_ts else None
+
+
+def count_response(c: Count) -> CountResponse:
+    return CountResponse(namespace=c.ns.name, counter_name=c.counter, count=c.count,
+                         counter_type=c.ns.counter_type.value, as_of=_as_of(c.rollup_ts))
+
+
+def add_response(w: Written) -> AddCountResponse:
+    return AddCountResponse(namespace=w.ns.name, counter_name=w.counter, counter_type=w.ns.counter_type.value,
+                            durable=w.ns.counter_type is not CounterType.BEST_EFFORT, idempotency_token=w.token)
