@@ -425,7 +425,7 @@ async def _recount_main(args: argparse.Namespace, settings: Settings) -> int:
             if not interrupted and recounter.pending:
                 bar.update(note=f"waiting for the watermark ({len(recounter.pending)} counter(s))")
                 for r in await recounter.retry(args.wait, stop):
-                    report.add(r)
+                    report.add(r, final=not (stop() and r.action in RETRY))  # else: retried on resume
                 interrupted = stop()
         if interrupted:
             write_json_atomic(state_path, {"after": after, "tallies": tallies,
@@ -442,7 +442,7 @@ async def _recount_main(args: argparse.Namespace, settings: Settings) -> int:
 
 def _summary(console, t: dict[str, int], dry_run: bool, cache_note: str, speed: str) -> None:
     drifted = t.get("drift", 0) + t.get("missing", 0)
-    console.print(f"{t.get('counters', 0):,} counter(s) recounted ({speed}): {t.get('ok', 0):,} ok, "
+    console.print(f"recounted {speed}: {t.get('ok', 0):,} ok, "
                   f"{t.get('drift', 0):,} drifted, {t.get('missing', 0):,} missing a rollup row, "
                   f"{t.get('no-base', 0):,} without a stored rollup at --since; total |drift| "
                   f"{t.get('abs_drift', 0):,}", highlight=False)

@@ -30,6 +30,8 @@ from streams.topics import ensure_topics, signal_partition, topic_specs
 
 log = logging.getLogger("counter.worker")
 
+SIGNAL_BYTES = 256  # a queued rollup signal: Faust event, message and the decoded key, roughly
+
 
 @dataclass
 class Pipeline:
@@ -93,8 +95,13 @@ def build(settings: Settings) -> Pipeline:
         tracker=WatermarkTracker(skew),
         mutation_partitions=counts[settings.mutations_topic],
         rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure())
+    # One coalescing window for the worker: the shortest a namespace asks for; its size is bounded by the
+    # smallest capacity_bytes (a queued signal costs about SIGNAL_BYTES in memory). The rollup topic's
+    # partitions are the queues (num_queues maps to COUNTER_ROLLUPS_PARTITIONS).
     coalesce_s = min((ns.queue.coalesce_ms for ns in rolled), default=1000) / 1000.0
-    _attach(pipeline, coalesce_s)
+    capacity = min((ns.queue.capacity_bytes for ns in rolled), default=16 << 20)
+    max_signals = max(1, min(settings.rollup_max_signals, capacity // SIGNAL_BYTES))
+    _attach(pipeline, coalesce_s, max_signals)
     return pipeline
 
 
@@ -104,7 +111,7 @@ def _cache_spec(settings: Settings) -> str | None:
     return None  # "memory"/"auto" in a worker process: the API owns the shared cache choice
 
 
-def _attach(p: Pipeline, coalesce_s: float) -> None:
+def _attach(p: Pipeline, coalesce_s: float, max_signals: int) -> None:
     app, settings = p.app, p.settings
 
     @app.agent(p.topics.mutations, name="persist")
@@ -119,7 +126,7 @@ def _attach(p: Pipeline, coalesce_s: float) -> None:
 
     @app.agent(p.topics.rollups, name="rollup")
     async def rollup(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(settings.rollup_max_signals, within=coalesce_s):
+        async for events in stream.take_events(max_signals, within=coalesce_s):
             keys: set[Key] = set()
             for e in events:
                 try:

@@ -159,7 +159,7 @@ def test_recount_restores_deleted_rollups_after_dry_run_reports_the_drift(pipeli
     assert counts(pipeline, expected) == dict.fromkeys(expected)  # nothing written
 
     fixed = cli(pipeline, "recount", NS, "--all")
-    assert f"{len(expected)} counter(s) recounted" in fixed.stderr, fixed.stderr
+    assert f"recounted {len(expected)} counters in" in fixed.stderr, fixed.stderr
     converge(pipeline, expected, timeout=5)
     cache = Sync(open_cache(f"memcached://{pipeline.memcached}"))
     try:

@@ -261,6 +261,13 @@ def test_writer_marks_counters_whose_restored_events_are_old(stores):
     assert run(writer(old + fresh)) == 2
     assert marked == {("ev", "a")} and writer.restored == 1
     assert run(writer(old + fresh)) == 0 and marked == {("ev", "a")}
+    # Many late counters in one batch: one write; if anything was new, each of them is recounted.
+    writer.precise_up_to = 2
+    many = [add(f"m{i}", now - 3600 * MICROS, f"m{i}", 1) for i in range(5)]
+    run(events.write_events(many[1:]))
+    assert run(writer(many)) == 1 and {("ev", f"m{i}") for i in range(5)} <= marked
+    marked.clear()
+    assert run(writer(many)) == 0 and not marked
 
 
 def test_persist_batch_order_and_optional_steps(stores):
