@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -258,29 +257,6 @@ def open_runtime(settings: Settings) -> Runtime:
     return Runtime(settings, registry, events, rollups, cache, note, partitions)
 
 
-class Interrupt:
-    """SIGINT sets a flag the loops check between units of work; a second SIGINT raises KeyboardInterrupt."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = signal.getsignal(signal.SIGINT)
-
-    def __enter__(self) -> Interrupt:
-        signal.signal(signal.SIGINT, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._previous)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __call__(self) -> bool:
-        return self.requested
-
-
 def write_json_atomic(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -366,7 +342,7 @@ class _Report:
 
 async def _recount_main(args: argparse.Namespace, settings: Settings) -> int:
     from counter_cli.common import console
-    from counter_cli.progress import ProgressBar
+    from counter_cli.progress import Interrupt, ProgressBar
 
     runtime = open_runtime(settings)
     try:

@@ -35,7 +35,6 @@ from agents.persist import PreparedBatch, RawRecord, prepare
 from agents.persist_path import persist_batch
 from agents.recount import (
     CounterRecount,
-    Interrupt,
     Runtime,
     fmt_time,
     open_runtime,
@@ -241,7 +240,7 @@ class Replay:
     # -- the run ------------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        from counter_cli.progress import ProgressBar
+        from counter_cli.progress import Interrupt, ProgressBar
         from counter_cli.replay_cmd import PartitionEnds
 
         self.state = read_json(self.state_path)

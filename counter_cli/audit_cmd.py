@@ -7,7 +7,6 @@ import asyncio
 import csv
 import io
 import json
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from typing import IO, Any
 
 from control_plane import CounterType
 from counter_cli.common import console, fail, namespaces_or_exit, settings_or_exit
-from counter_cli.progress import ProgressBar
+from counter_cli.progress import Interrupt, ProgressBar
 from schemas import MAX_EVENT_TIME, ValidationError, parse_generation_time
 from sinks import EventRow, EventStore, RollupStore, apply_aggregate, open_namespace_stores
 
@@ -216,22 +215,15 @@ def run(args: argparse.Namespace) -> int:
     elif args.output is not None and args.output.exists() and args.output.stat().st_size:
         fail(f"{args.output} exists: pass --resume to continue it, or remove it")
 
-    interrupted = [False]
-
-    def on_sigint(signum: int, frame: object) -> None:
-        if interrupted[0]:
-            raise KeyboardInterrupt
-        interrupted[0] = True
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    interrupted = Interrupt().install()  # SIGINT: finish the unit in hand, then stop (twice: now)
     out = args.output.open("a", encoding="utf-8", newline="") if args.output else sys.stdout
     try:
         with ProgressBar("auditing", unit="events") as bar:
             tally, at_rollup, stopped, state = asyncio.run(_audit(
                 settings, registry, args.namespace, args.counter, after_us, upto_us, start_total,
-                _Sink(out, args.format, header), lambda: interrupted[0], bar))
+                _Sink(out, args.format, header), interrupted, bar))
     finally:
-        signal.signal(signal.SIGINT, previous)
+        interrupted.restore()
         if args.output:
             out.close()
     where = f" into {args.output}" if args.output else ""

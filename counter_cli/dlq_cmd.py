@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from counter_cli.common import console, fail, resolve_bootstrap, settings_or_exit
-from counter_cli.progress import ProgressBar
+from counter_cli.progress import Interrupt, ProgressBar
 from counter_cli.replay_cmd import PartitionEnds
 from producers.partitioner import partition_for
 from schemas import MICROS, DecodeError, decode_mutations
@@ -290,14 +289,7 @@ def run_replay(args: argparse.Namespace) -> int:
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 5, "client.id": "counter-dlq-replay"})
     errors: list[str] = []
-    interrupted = [False]
-
-    def on_sigint(signum: int, frame: object) -> None:
-        if interrupted[0]:
-            raise KeyboardInterrupt
-        interrupted[0] = True
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    interrupted = Interrupt().install()  # SIGINT: finish the unit in hand, then stop (twice: now)
     done = 0
     try:
         with ProgressBar("re-submitting", total=len(todo), unit="records") as bar:
@@ -323,17 +315,17 @@ def run_replay(args: argparse.Namespace) -> int:
                 _save_sent(state_path, sent)
                 done += len(acked)
                 bar.advance(len(chunk))
-                if errors or interrupted[0]:
+                if errors or interrupted():
                     break
     finally:
-        signal.signal(signal.SIGINT, previous)
+        interrupted.restore()
     console.print(f"re-submitted {done:,} dead letter(s) from {topic} to {target} ({bar.summary()}); "
                   f"{skipped:,} skipped as already re-submitted (--force re-sends them)", highlight=False)
     if errors:
         console.print(f"[bold red]{len(errors)} not delivered[/]: {errors[0]}; run again to retry them",
                       highlight=False)
         return 1
-    if interrupted[0]:
+    if interrupted():
         console.print("interrupted; run the same command again to continue", highlight=False)
         return 130
     if done:

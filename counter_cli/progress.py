@@ -13,6 +13,7 @@ stderr rich draws no live bar, only the final state when the bar closes.
 
 from __future__ import annotations
 
+import signal
 import time
 from types import TracebackType
 
@@ -127,3 +128,32 @@ class ProgressBar:
         """`1,234 records in 0:00:05 (246 records/s)`."""
         done = self.completed - self._initial
         return f"{done:,} {self.unit} in {_clock(self.elapsed)} ({self.rate:,.0f} {self.unit}/s)"
+
+
+class Interrupt:
+    """SIGINT sets a flag the loops check between units of work; a second SIGINT raises KeyboardInterrupt."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = signal.getsignal(signal.SIGINT)
+
+    def install(self) -> Interrupt:
+        signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def __enter__(self) -> Interrupt:
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __call__(self) -> bool:
+        return self.requested
