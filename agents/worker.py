@@ -15,7 +15,7 @@ import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents import metrics
-from agents.persist import RawRecord, prepare
+from agents.persist import PreparedBatch, RawRecord, prepare
 from agents.persist_path import persist_batch
 from agents.rollup import BackPressure, Key, global_watermark, rollup_many
 from agents.watermark import HEARTBEAT_HEADER, WatermarkTracker, is_heartbeat
@@ -181,9 +181,43 @@ def _attach(p: Pipeline, coalesce_s: float, max_signals: int) -> None:
         return web.bytes(generate_latest(metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
 
+PERSIST_CHUNK_BYTES = 1 << 20  # about 25K Avro mutations: keeps each loop-blocking decode short
+
+
+def _chunks(records: list[RawRecord]) -> list[list[RawRecord]]:
+    """Consecutive slices of at most PERSIST_CHUNK_BYTES of values (one record at least), in order."""
+    chunks: list[list[RawRecord]] = [[]]
+    size = 0
+    for rec in records:
+        if chunks[-1] and size + len(rec.value) > PERSIST_CHUNK_BYTES:
+            chunks.append([])
+            size = 0
+        chunks[-1].append(rec)
+        size += len(rec.value)
+    return chunks
+
+
+async def _prepare(p: Pipeline, records: list[RawRecord]) -> PreparedBatch:
+    """Decode a taken batch chunk by chunk, yielding to the event loop in between: client-side batched
+    records can carry 100K+ mutations, and one long decode would stall broker heartbeats, metrics and the
+    watermark. The result is still one batch: one transaction and one signal per counter."""
+    chunks = _chunks(records)
+    batch = prepare(chunks[0], p.registry)
+    for chunk in chunks[1:]:
+        await asyncio.sleep(0)
+        more = prepare(chunk, p.registry)
+        batch.rows.extend(more.rows)
+        batch.dead.extend(more.dead)
+        batch.records += more.records
+        for key, ts in more.last_write.items():
+            if ts > batch.last_write.get(key, -1):
+                batch.last_write[key] = ts
+    return batch
+
+
 async def _persist(p: Pipeline, records: list[RawRecord]) -> None:
     started = time.monotonic()
-    batch = prepare(records, p.registry)
+    batch = await _prepare(p, records)
     await persist_batch(batch, events=p.events, rollups=p.rollups, dead_letters=p.send_dead_letters,
                         signals=p.send_signals)
     for rec in records:

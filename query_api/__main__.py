@@ -20,7 +20,7 @@ def main() -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     uvicorn.run("query_api.app:create_app", factory=True, host=settings.api_host, port=settings.api_port,
-                log_level="warning", access_log=False)
+                workers=settings.api_workers, log_level="warning", access_log=False)
     return 0
 
 

@@ -30,6 +30,7 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path(".counter"), description="SQLite files, endpoints.json and logs")
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=0, le=65535)
+    api_workers: int = Field(1, ge=1, le=64, description="API processes sharing the port (one per core)")
     worker_port: int = Field(6066, ge=0, le=65535, description="worker web port (Prometheus /metrics)")
     mutations_topic: str = "counter-mutations"
     rollups_topic: str = "counter-rollups"
@@ -45,7 +46,8 @@ class Settings(BaseSettings):
     group_rebalance_timeout_s: float = Field(
         5.0, ge=1, description="how long a rebalance waits for members to rejoin (Tansu waits all of it "
                                "before completing a join, so keep it short)")
-    persist_batch_max: int = Field(2000, ge=1, description="records per persist batch (stream.take)")
+    persist_batch_max: int = Field(1000, ge=1, description="records per persist batch (stream.take); a "
+                                   "client-side batched record carries up to hundreds of mutations")
     persist_batch_within_ms: int = Field(50, ge=1, description="longest wait to fill a persist batch")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
