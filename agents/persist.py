@@ -38,14 +38,27 @@ class PreparedBatch:
     records: int = 0
 
 
-def prepare(records: Sequence[RawRecord], registry: NamespaceRegistry) -> PreparedBatch:
-    """Decode, identify and admit every mutation of a batch of records (pure: no I/O)."""
+def prepare(records: Sequence[RawRecord], registry: NamespaceRegistry,
+            arrival_floor: dict[int, int] | None = None) -> PreparedBatch:
+    """Decode, identify and admit every mutation of a batch of records (no I/O).
+
+    Admission judges an event against when its record reached Kafka. A LogAppendTime topic stamps exactly
+    that; a CreateTime one (the local Tansu broker) stamps when the producer built the record, which can be a
+    second or more earlier. `arrival_floor` (partition -> µs, updated in place, records in partition order)
+    holds the timestamp of the last heartbeat seen: a record after it reached Kafka after it, so its arrival
+    is at least that. Without this, a record appended late could carry events behind a rollup boundary the
+    heartbeat watermark already allowed, and be silently skipped; with it, it is dead-lettered with a reason.
+    """
     out = PreparedBatch(records=len(records))
     rows_append = out.rows.append
     last_write = out.last_write
+    floor = {} if arrival_floor is None else arrival_floor
     for rec in records:
         if rec.heartbeat:
+            if rec.timestamp_us > floor.get(rec.partition, 0):
+                floor[rec.partition] = rec.timestamp_us
             continue
+        arrived = max(rec.timestamp_us, floor.get(rec.partition, 0))
         try:
             mutations = decode_mutations(rec.value)
         except DecodeError as exc:
@@ -64,7 +77,7 @@ def prepare(records: Sequence[RawRecord], registry: NamespaceRegistry) -> Prepar
                 reason = (f"namespace {m.namespace!r} is BEST_EFFORT: its counts live in the cache only; "
                           "write them through the API, not Kafka")
             else:
-                reason = admission_error(event_time, rec.timestamp_us, ns)
+                reason = admission_error(event_time, arrived, ns)
             if reason is not None:
                 value = rec.value if single else _reencode(m, event_time, event_id)
                 out.dead.append(_dead(rec, value, reason))

@@ -174,6 +174,7 @@ class Replay:
         self.bootstrap = settings.kafka_bootstrap or ""
         self.topic = args.topic or settings.mutations_topic
         self.name = args.name or f"replay-{self.topic}"
+        self._arrival_floor: dict[int, int] = {}  # partition -> last heartbeat seen (see agents.persist.prepare)
         self.identity_topic = args.as_topic or self.topic
         self.state_path = settings.data_dir / "replay" / f"{_safe(self.name)}.json"
         self.start = parse_position(args.start) if args.start else None
@@ -346,7 +347,7 @@ class Replay:
         return PreparedBatch(rows=rows, last_write=last, dead=batch.dead, records=batch.records)
 
     async def _persist(self, records: list[RawRecord]) -> None:
-        batch = self._filter(prepare(records, self.runtime.registry))
+        batch = self._filter(prepare(records, self.runtime.registry, self._arrival_floor))
         for d in batch.dead:
             self.rejected[dlq_kind(d.reason)] += 1
         self.totals["rejected"] += len(batch.dead)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -48,6 +48,7 @@ class Pipeline:
     mutation_partitions: int
     rollup_partitions: int
     pressure: BackPressure
+    arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat seen (µs)
 
     async def send_signals(self, keys: set[Key] | list[Key]) -> None:
         futures = []
@@ -202,10 +203,10 @@ async def _prepare(p: Pipeline, records: list[RawRecord]) -> PreparedBatch:
     records can carry 100K+ mutations, and one long decode would stall broker heartbeats, metrics and the
     watermark. The result is still one batch: one transaction and one signal per counter."""
     chunks = _chunks(records)
-    batch = prepare(chunks[0], p.registry)
+    batch = prepare(chunks[0], p.registry, p.arrival_floor)
     for chunk in chunks[1:]:
         await asyncio.sleep(0)
-        more = prepare(chunk, p.registry)
+        more = prepare(chunk, p.registry, p.arrival_floor)
         batch.rows.extend(more.rows)
         batch.dead.extend(more.dead)
         batch.records += more.records

@@ -155,6 +155,13 @@ class CounterProducer:
         if remaining:
             raise DeliveryError(f"{remaining} record(s) not acknowledged by the broker within {timeout:.1f}s")
 
+    def ping(self, timeout: float = 1.0) -> None:
+        """Raise DeliveryError unless the broker answers a metadata request within `timeout`."""
+        try:
+            self._producer.list_topics(self.topic, timeout=timeout)
+        except KafkaException as exc:
+            raise DeliveryError(f"broker unreachable: {exc.args[0].str()}") from exc
+
     def close(self, timeout: float = 30.0) -> None:
         """Flush and stop; raises DeliveryError if anything was not delivered."""
         if self._closed:

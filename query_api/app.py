@@ -286,7 +286,7 @@ def _install_routes(app: FastAPI) -> None:
     @app.get("/readyz", responses={503: {"description": "a dependency is unreachable"}})
     async def readyz(service: Service) -> JSONResponse:
         """Broker, store and cache reachable."""
-        checks = {"broker": await _check(lambda: service.producer._producer.list_topics(timeout=1.0)),
+        checks = {"broker": await _check(lambda: service.producer.ping(1.0)),
                   "store": await _check_async(service.rollups.get("_readyz", "_readyz")),
                   "cache": "ok" if await service.cache.healthy() else "unreachable",
                   "best_effort_counters": "ok" if await service.counters.healthy() else "unreachable"}

@@ -20,7 +20,7 @@ from streams.settings import load_settings
 from streams.topics import ensure_topics, topic_specs
 
 NAMESPACES = Path(__file__).parent / "data" / "pipeline_namespaces.yaml"
-ACCEPT_LIMIT_S = 1.0
+ACCEPT_LIMIT_S = 3.0
 COALESCE_S = 0.2
 SKEW_S = 0.25
 

@@ -84,6 +84,16 @@ class TestPrepare:
         headers = dict(out.dead[0].headers())
         assert headers["dlq.partition"] == b"3" and headers["dlq.offset"] == b"1"
 
+    def test_a_record_appended_after_a_heartbeat_arrived_after_it(self):
+        """CreateTime brokers: a record stamped 10 s before a heartbeat it follows reached Kafka after it."""
+        late = encode_mutation(m("a", 1, T - 10 * MICROS, "late"))
+        floor: dict[int, int] = {}
+        out = prepare([rec(b"", 0, ts=T, heartbeat=True), rec(late, 1, ts=T - 10 * MICROS)], REGISTRY, floor)
+        assert out.rows == [] and "accept_limit" in out.dead[0].reason
+        assert floor == {3: T}
+        # Without the heartbeat before it, its own timestamp admits it.
+        assert prepare([rec(late, 1, ts=T - 10 * MICROS)], REGISTRY).rows != []
+
     def test_json_without_token_gets_its_kafka_position_as_identity(self):
         body = json.dumps({"namespace": "ev", "counter_name": "c", "delta": 4}).encode()
         first = prepare([rec(body, 17)], REGISTRY).rows
