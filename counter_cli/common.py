@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -50,3 +52,22 @@ def resolve_bootstrap(settings: Settings, explicit: str | None) -> str:
         fail("no Kafka broker: pass --bootstrap, set COUNTER_KAFKA_BOOTSTRAP, or start one with `counter up` "
              f"(its endpoints are read from {settings.endpoints_path})")
     return bootstrap
+
+
+def add_verb(sub: argparse._SubParsersAction, name: str, *, help: str, description: str, epilog: str,
+             add_arguments: Callable[[argparse.ArgumentParser], None],
+             run: Callable[[argparse.Namespace], int]) -> None:
+    """Register a verb whose arguments also serve a standalone parser (see `standalone_parser`)."""
+    p = sub.add_parser(name, help=help, description=description, epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(run=run)
+
+
+def standalone_parser(prog: str, *, description: str, epilog: str,
+                      add_arguments: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    """The same arguments for the process a verb execs (`python -m agents.replay` re-parses its argv)."""
+    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return p

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from counter_cli.common import fail, resolve_bootstrap, settings_or_exit
+from counter_cli.common import add_verb, fail, resolve_bootstrap, settings_or_exit, standalone_parser
 from counter_cli.replay_cmd import argv_of
 from schemas import ValidationError, parse_generation_time
 
@@ -62,17 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "counter recount") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return p
+    return standalone_parser(prog, description=DESCRIPTION, epilog=EPILOG, add_arguments=add_arguments)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("recount", help="recompute rollups from the event store; report and fix drift",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(run=run)
+    add_verb(sub, "recount", help="recompute rollups from the event store; report and fix drift",
+             description=DESCRIPTION, epilog=EPILOG,
+             add_arguments=add_arguments, run=run)
 
 
 def check(args: argparse.Namespace) -> None:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from counter_cli.common import fail, resolve_bootstrap, settings_or_exit
+from counter_cli.common import add_verb, fail, resolve_bootstrap, settings_or_exit, standalone_parser
 from schemas import MICROS, ValidationError, parse_generation_time
 
 DESCRIPTION = """\
@@ -83,17 +83,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str = "counter replay") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return p
+    return standalone_parser(prog, description=DESCRIPTION, epilog=EPILOG, add_arguments=add_arguments)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("replay", help="re-read a mutations topic through the persist path (safe: idempotent)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    p.set_defaults(run=run)
+    add_verb(sub, "replay", help="re-read a mutations topic through the persist path (safe: idempotent)",
+             description=DESCRIPTION, epilog=EPILOG,
+             add_arguments=add_arguments, run=run)
 
 
 def check(args: argparse.Namespace) -> None:

@@ -83,6 +83,12 @@ class PipelineEnv:
             "COUNTER_WORKER_LOG_LEVEL": "info",
         }
 
+    def prepare(self) -> PipelineEnv:
+        """Create the data directory and the topics; returns self."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.create_topics()
+        return self
+
     def create_topics(self) -> None:
         settings = load_settings(**{k.removeprefix("COUNTER_").lower(): v for k, v in self.env().items()})
         ensure_topics(self.bootstrap, topic_specs(settings))

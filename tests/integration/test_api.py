@@ -45,9 +45,7 @@ def fresh(body: dict, **changes: object) -> dict:
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap, memcached_address, tmp_path_factory):
     env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path_factory.mktemp("api") / "data",
-                      namespaces=NAMESPACES)
-    env.data_dir.mkdir()
-    env.create_topics()
+                      namespaces=NAMESPACES).prepare()
     env.start_worker()
     api = env.start_api()
     with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:

@@ -24,9 +24,7 @@ NAMESPACES = Path(__file__).resolve().parents[1] / "data" / "api_namespaces.yaml
 @pytest.fixture(scope="module")
 def api_schema(kafka_bootstrap, memcached_address, tmp_path_factory):
     env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path_factory.mktemp("fuzz") / "data",
-                      namespaces=NAMESPACES)
-    env.data_dir.mkdir()
-    env.create_topics()
+                      namespaces=NAMESPACES).prepare()
     env.start_worker()  # AddAndGetCount waits for its write to be persisted
     api = env.start_api()
     yield schemathesis.openapi.from_url(f"http://127.0.0.1:{api.port}/openapi.json")

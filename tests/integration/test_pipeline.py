@@ -30,15 +30,6 @@ NS = "my_dataset"
 CONVERGENCE_BUDGET_S = ACCEPT_LIMIT_S + COALESCE_S + 2.0
 
 
-@pytest.fixture
-def pipeline(kafka_bootstrap, memcached_address, tmp_path):
-    env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path / "data")
-    env.data_dir.mkdir()
-    env.create_topics()
-    yield env
-    env.stop()
-
-
 def now_us() -> int:
     return time.time_ns() // 1000
 
