@@ -19,8 +19,11 @@ def main() -> int:
     except (SettingsError, ConfigError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    from query_api.http_protocol import CounterHttpProtocol
+
     uvicorn.run("query_api.app:create_app", factory=True, host=settings.api_host, port=settings.api_port,
-                workers=settings.api_workers, log_level="warning", access_log=False)
+                workers=settings.api_workers, http=CounterHttpProtocol, loop="uvloop", log_level="warning",
+                access_log=False)
     return 0
 
 

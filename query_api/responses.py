@@ -6,8 +6,12 @@ from datetime import UTC, datetime
 
 from control_plane import CounterType
 from query_api.models import AddCountResponse, CountResponse
-from query_api.service import Count, Written
+from query_api.service import BrokerUnavailable, Count, NamespaceNotFound, NotCountedYet, Rejected, Written
 from schemas import MICROS
+from sinks.best_effort import CounterOverflow, CounterUnavailable
+
+SERVICE_ERRORS: tuple[type[Exception], ...] = (NamespaceNotFound, BrokerUnavailable, CounterUnavailable,
+                                                NotCountedYet, Rejected, CounterOverflow)
 
 
 def _as_of(rollup_ts: int | None) -> datetime | None:
@@ -22,3 +26,18 @@ def count_response(c: Count) -> CountResponse:
 def add_response(w: Written) -> AddCountResponse:
     return AddCountResponse(namespace=w.ns.name, counter_name=w.counter, counter_type=w.ns.counter_type.value,
                             durable=w.ns.counter_type is not CounterType.BEST_EFFORT, idempotency_token=w.token)
+
+
+def error_response(exc: Exception) -> tuple[int, dict]:
+    """Status and body for one of SERVICE_ERRORS: one mapping for the FastAPI handlers and the fast path."""
+    if isinstance(exc, Rejected):
+        return 422, {"detail": [{"loc": ["body", *exc.field.split(".")], "msg": str(exc), "type": "value_error"}]}
+    if isinstance(exc, CounterOverflow):
+        return 422, {"detail": [{"loc": ["body", "delta"], "msg": str(exc), "type": "value_error"}]}
+    if isinstance(exc, NamespaceNotFound):
+        return 404, {"detail": str(exc)}
+    if isinstance(exc, NotCountedYet):
+        return 504, {"detail": str(exc)}
+    if isinstance(exc, BrokerUnavailable | CounterUnavailable):
+        return 503, {"detail": str(exc)}
+    raise TypeError(f"not a service error: {exc!r}")

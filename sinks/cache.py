@@ -110,14 +110,14 @@ class _Node:
 
 
 class MemcachedRollupCache:
-    """memcached via pymemcache (thread-safe pools); several servers by rendezvous hashing.
+    """memcached over pipelined asyncio connections; several servers by rendezvous hashing.
 
     A key always maps to the same server: while one is down its keys just miss rather than
     moving to another server and coming back stale after the outage.
     """
 
     def __init__(self, servers: str | Sequence[str], *, default_ttl_s: float | None = None,
-                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 16) -> None:
+                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 2) -> None:
         specs = [servers] if isinstance(servers, str) else list(servers)
         addresses = [addr for spec in specs for addr in _parse_servers(spec)]
         self._nodes = {f"{h}:{p}": _Node(h, p, timeout_s, pool_size) for h, p in addresses}

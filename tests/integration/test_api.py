@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -211,6 +212,83 @@ def test_health_ready_metrics_openapi(stack):
     assert {"/v1/AddCount", "/v1/AddAndGetCount", "/v1/GetCount", "/v1/ClearCount", "/v1/BatchAddCount",
             "/v1/BatchGetCount"} <= set(spec["paths"])
     assert stack.client.get("/docs").status_code == 200
+
+
+def _raw_http(port: int, data: bytes, responses: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
+    """Send raw bytes on one connection and read `responses` HTTP responses: (status line, headers, body)."""
+    out = []
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(data)
+        buf = b""
+        while len(out) < responses:
+            while b"\r\n\r\n" not in buf:
+                chunk = sock.recv(65536)
+                assert chunk, f"connection closed after {len(out)} responses"
+                buf += chunk
+            head, buf = buf.split(b"\r\n\r\n", 1)
+            status, *lines = head.split(b"\r\n")
+            headers = {k.strip().lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines)}
+            length = int(headers[b"content-length"])
+            while len(buf) < length:
+                buf += sock.recv(65536)
+            out.append((status, headers, buf[:length]))
+            buf = buf[length:]
+        if out and out[-1][1].get(b"connection") == b"close":
+            assert sock.recv(1) == b""  # and the server closed it
+    return out
+
+
+def _get_count_requests(stack) -> float:
+    series = 'counter_api_requests_total{endpoint="/v1/GetCount",status="200"} '
+    line = next(x for x in stack.client.get("/metrics").text.splitlines() if x.startswith(series))
+    return float(line[len(series):])
+
+
+def _request(body: dict, *extra: str) -> bytes:
+    data = json.dumps(body).encode()
+    head = ["POST /v1/GetCount HTTP/1.1", "Host: t", "Content-Type: application/json",
+            f"Content-Length: {len(data)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + data
+
+
+def test_fast_path_answers_like_the_app_in_order_and_honours_connection_close(stack):
+    """Plain GetCounts are answered by the protocol's fast path; a request pipelined behind one goes to the
+    FastAPI route. Both answers are the same bytes, in request order, and both are counted in /metrics."""
+    name = f"fast-{uuid.uuid4().hex[:8]}"
+    assert post(stack, "/v1/AddCount", fresh(POST_ADD, counter_name=name, delta=7)).status_code == 200
+    wait_for(lambda: get_count(stack, "my_dataset", name) == 7, 30, message="the count to be rolled up")
+    before = _get_count_requests(stack)
+    body = {"namespace": "my_dataset", "counter_name": name}
+    other = {"namespace": "my_dataset_best_effort", "counter_name": name}
+    answers = _raw_http(stack.apis[0].port, _request(body) + _request(other) + _request(body), 3)
+    assert [a[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 3
+    first, second, third = (json.loads(a[2]) for a in answers)
+    assert first == third and first["count"] == 7 and first["counter_type"] == "EVENTUAL" and first["as_of"]
+    assert second == {"namespace": "my_dataset_best_effort", "counter_name": name, "count": 0,
+                      "counter_type": "BEST_EFFORT", "as_of": None}
+    assert answers[0][2] == answers[2][2]  # the fast path's bytes equal the FastAPI route's
+    assert all(a[1][b"content-type"] == b"application/json" for a in answers)
+
+    closed = _raw_http(stack.apis[0].port, _request(body, "Connection: close"), 1)
+    assert json.loads(closed[0][2])["count"] == 7 and closed[0][1][b"connection"] == b"close"
+    assert _get_count_requests(stack) == before + 4
+
+
+def test_fast_path_hands_everything_unusual_to_the_app(stack):
+    """Large, malformed, keyed or extra-field bodies get the app's answers (422 naming the field, 401)."""
+    port = stack.apis[0].port
+    huge = {"namespace": "my_dataset", "counter_name": "x" * 20_000}
+    cases = [
+        (huge, b"422", "counter_name"),
+        ({"namespace": "my_dataset", "counter_name": "c", "extra": 1}, b"422", "extra"),
+        ({"namespace": "my_dataset", "counter_name": "a b"}, b"422", "counter_name"),
+        ({"namespace": "nope", "counter_name": "c"}, b"404", "nope"),
+    ]
+    for body, status, mentioned in cases:
+        (line, _, text), = _raw_http(port, _request(body), 1)
+        assert line.split()[1] == status and mentioned in text.decode(), (body, line, text[:200])
+    (line, _, text), = _raw_http(port, b"POST /v1/GetCount HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n{nope", 1)
+    assert line.split()[1] == b"422", text
 
 
 def test_broker_and_memcached_outages(memcached_address, tmp_path):

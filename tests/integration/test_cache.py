@@ -16,6 +16,7 @@ from pymemcache.client.base import Client
 from infra.memcached import LocalMemcached
 from infra.process import free_port
 from sinks import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
+from sinks.memcached_client import AsyncMemcached
 from tests.helpers import Sync, wait_for
 
 pytestmark = pytest.mark.integration
@@ -102,6 +103,30 @@ def test_memcached_ttl_expires(mc: MemcachedRollupCache, ns: str) -> None:
     assert mc.get(ns, "short") == (1, 2)
     wait_for(lambda: mc.get(ns, "short") is None, timeout=5, message="the 1 s TTL to expire")
     assert mc.get(ns, "forever") == (3, 4)
+
+
+def test_client_pipelines_concurrent_requests_in_order(memcached_address: str, ns: str) -> None:
+    """Thousands of requests in flight on two shared connections each get their own reply, large values too."""
+    host, port = memcached_address.rsplit(":", 1)
+    client = AsyncMemcached(host, int(port), pool_size=2, timeout_s=5.0)
+    big = bytes(range(256)) * 800  # 200 KB: arrives in many TCP reads, mixed with other replies
+
+    async def scenario() -> None:
+        keys = [f"{ns}:{i}" for i in range(2000)]
+        await asyncio.gather(*(client.set(k, str(i).encode()) for i, k in enumerate(keys)), client.set(ns, big))
+        got, large = await asyncio.gather(asyncio.gather(*(client.get(k) for k in keys)),
+                                          asyncio.gather(*(client.get(ns) for _ in range(20))))
+        assert got == [str(i).encode() for i in range(len(keys))]
+        assert large == [big] * 20
+        incrs, many = await asyncio.gather(asyncio.gather(*(client.incr(k, 1000) for k in keys)),
+                                           client.get_many([*keys[:100], f"{ns}:missing"]))
+        assert incrs == [i + 1000 for i in range(len(keys))]
+        many = await client.get_many([*keys[:100], f"{ns}:missing"])  # after the increments, on any connection
+        assert many == {k: str(i + 1000).encode() for i, k in enumerate(keys[:100])}
+        assert await client.incr(f"{ns}:missing", 1) is None
+        await client.close()
+
+    asyncio.run(scenario())
 
 
 def test_memcached_outage_costs_reads_nothing_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
