@@ -91,6 +91,7 @@ def build_service(settings: Settings) -> CounterService:
     return CounterService(
         registry, producer=producer, signals=SignalEmitter(settings.kafka_bootstrap, settings.rollups_topic),
         events=events, rollups=rollups, counters=open_counters(cache_spec),
+        read_signal_lag_s=settings.read_signal_lag_s,
         # An in-process cache cannot see the worker's rollups: keep its entries short-lived.
         cache=open_cache(cache_spec, default_ttl_s=None if cache_spec else 1.0))
 

@@ -2,19 +2,20 @@
 
 FastAPI's routing, dependency injection and model validation cost most of a cached GetCount. `fast_call`
 recognises the common case (known namespace without API keys, exactly the expected fields, valid values)
-and returns the coroutine that serves it with the same service methods and response models; for anything
+and returns the coroutine that serves it with the same service methods and response bodies; for anything
 else it returns None and the request goes to the FastAPI route, so errors and edge cases have exactly one
 implementation. `query_api.http_protocol` calls it straight from the HTTP parser.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Coroutine
 from typing import Any
 
+import orjson
+
 from control_plane import CounterType, Namespace
-from query_api.responses import add_response, count_response
+from query_api.responses import add_json, count_json
 from query_api.service import CounterService
 from schemas import INT64_MAX, INT64_MIN, MutationOp, ValidationError, validate_counter_name
 
@@ -27,8 +28,8 @@ _ADD_KEYS = frozenset({"namespace", "counter_name", "delta"})
 def fast_call(service: CounterService, path: bytes, body: bytes) -> Coroutine[Any, Any, bytes] | None:
     """The coroutine answering this POST with a JSON body, or None to let the FastAPI route decide."""
     try:
-        req: Any = json.loads(body)
-    except ValueError:
+        req: Any = orjson.loads(body)
+    except orjson.JSONDecodeError:  # or anything else orjson refuses (e.g. integers beyond 64 bits)
         return None
     if not isinstance(req, dict) or not isinstance(req.get("namespace"), str):
         return None
@@ -50,9 +51,9 @@ def fast_call(service: CounterService, path: bytes, body: bytes) -> Coroutine[An
 
 
 async def _get(service: CounterService, ns: Namespace, counter: str) -> bytes:
-    return count_response(await service.get(ns, counter)).model_dump_json().encode()
+    return count_json(await service.get(ns, counter))
 
 
 async def _add(service: CounterService, ns: Namespace, counter: str, delta: int) -> bytes:
     written = await service.write(ns, counter, delta, MutationOp.ADD, None, None)
-    return add_response(written).model_dump_json().encode()
+    return add_json(written)

@@ -12,6 +12,7 @@ Use it with `uvicorn.run(..., http=CounterHttpProtocol)` (what `python -m query_
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -29,6 +30,13 @@ log = logging.getLogger(__name__)
 MAX_FAST_BODY = 16 * 1024  # larger bodies are not the plain case: hand them to the app as they arrive
 _JSON = b"content-type: application/json\r\n"
 _CLOSE = b"connection: close\r\n"
+
+
+@functools.cache
+def _metrics(path: bytes, status: int) -> tuple[Any, Any]:
+    """The request counter and latency histogram of (endpoint, status), looked up once."""
+    endpoint = path.decode()
+    return metrics.REQUESTS.labels(endpoint, str(status)), metrics.LATENCY.labels(endpoint)
 
 
 class _Noop:
@@ -111,9 +119,9 @@ class CounterHttpProtocol(HttpToolsProtocol):
             log.exception("fast path %s failed", path.decode())
             status, body = 500, b'{"detail":"Internal Server Error"}'
         self._respond(cycle, status, body)
-        endpoint = path.decode()
-        metrics.REQUESTS.labels(endpoint, str(status)).inc()
-        metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
+        requests, latency = _metrics(path, status)
+        requests.inc()
+        latency.observe(time.perf_counter() - started)
 
     def _respond(self, cycle: FastCycle, status: int, body: bytes) -> None:
         cycle.response_complete = True

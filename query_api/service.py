@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
-from control_plane.admission import admission_error
+from control_plane.admission import admission_error, rollup_boundary
 from producers import CounterProducer, DeliveryError
 from query_api import metrics
 from query_api.signals import SignalEmitter
@@ -63,7 +63,8 @@ class Written:
 class CounterService:
     def __init__(self, registry: NamespaceRegistry, *, producer: CounterProducer, signals: SignalEmitter,
                  events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
-                 write_timeout_s: float = 5.0, read_your_write_timeout_s: float = 5.0) -> None:
+                 write_timeout_s: float = 5.0, read_your_write_timeout_s: float = 5.0,
+                 read_signal_lag_s: float = 5.0) -> None:
         self.registry = registry
         self.producer = producer
         self.signals = signals
@@ -73,6 +74,7 @@ class CounterService:
         self.counters = counters
         self.write_timeout_s = write_timeout_s
         self.read_your_write_timeout_s = read_your_write_timeout_s
+        self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
 
     def namespace(self, name: str) -> Namespace:
         ns = self.registry.get(name)
@@ -121,9 +123,9 @@ class CounterService:
         """(count, rollup_ts): the cached rollup, else the rollup store's (then cached)."""
         cached = await self.cache.get(ns.name, counter)
         if cached is not None:
-            metrics.CACHE.labels("hit").inc()
+            metrics.CACHE_HITS.inc()
             return cached
-        metrics.CACHE.labels("miss").inc()
+        metrics.CACHE_MISSES.inc()
         state = await self.rollups.get(ns.name, counter)
         if state is None or state.rollup_ts == 0:
             return (state.count if state else 0), 0
@@ -134,10 +136,19 @@ class CounterService:
         if ns.counter_type is CounterType.BEST_EFFORT:
             return Count(ns, counter, await self.counters.get(ns.name, counter), None)
         count, rollup_ts = await self.rollup_of(ns, counter)
-        self.signals.emit(ns.name, counter)
+        self.signal_if_stale(ns, counter, rollup_ts)
         if ns.counter_type is CounterType.ACCURATE:
             count = await self.live_count(ns, counter, count, rollup_ts)
         return Count(ns, counter, count, rollup_ts or None)
+
+    def signal_if_stale(self, ns: Namespace, counter: str, rollup_ts: int) -> None:
+        """A read repairs a stale counter: signal a rollup when its rollup lags the newest boundary possible
+        now by more than `read_signal_lag_s`. A converged counter read in a loop then costs the workers one
+        rollup per lag period (shared by every API process) instead of one per read; written counters are
+        signalled by the persist path anyway, and the sweep repairs lost signals."""
+        now_us = time.time_ns() // 1000
+        if rollup_ts < rollup_boundary(now_us, now_us, ns) - self.read_signal_lag_us:
+            self.signals.emit(ns.name, counter)
 
     async def live_count(self, ns: Namespace, counter: str, rollup_count: int, rollup_ts: int) -> int:
         """Rollup plus the persisted events after it, read in bounded pages; clears reset the sum."""
@@ -165,7 +176,7 @@ class CounterService:
             return Count(ns, counter, written.value, None)
         await self.wait_persisted(ns, counter, written.event_time, written.token, item_key)
         count, rollup_ts = await self.rollup_of(ns, counter)
-        self.signals.emit(ns.name, counter)
+        self.signal_if_stale(ns, counter, rollup_ts)
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
 
     async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 Key = tuple[str, str]
 
 _MAX_KEY_BYTES = 250
+_LEGAL_KEY = re.compile(rf"[!-~]{{1,{_MAX_KEY_BYTES}}}")  # printable ASCII without space, <= 250 bytes
 _MAX_RELATIVE_TTL_S = 30 * 24 * 3600  # memcached reads larger expiries as absolute unix times
 
 
@@ -63,7 +65,7 @@ def cache_key(namespace: str, counter: str) -> str:
     otherwise ``rollup#<xxh3-128 hex>`` of the UTF-8 key. Readable keys always start ``rollup:``
     and hashed ones ``rollup#``, so the two forms never collide."""
     key = f"rollup:{namespace}:{counter}"
-    if len(key) <= _MAX_KEY_BYTES and key.isascii() and all(33 <= ord(ch) <= 126 for ch in key):
+    if _LEGAL_KEY.fullmatch(key):
         return key
     return "rollup#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
 

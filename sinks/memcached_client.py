@@ -209,18 +209,18 @@ class AsyncMemcached:
         return int(reply)
 
     async def _request(self, data: bytes, shape: int):  # type: ignore[no-untyped-def]
-        conn = await self._connection()
-        return await conn.request(data, shape)
-
-    async def _connection(self) -> _Connection:
-        """The next connection round-robin; opened (once, shared by concurrent callers) when missing or broken."""
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a new event loop (e.g. a CLI's asyncio.run): connections are per loop
             self._loop, self._slots, self._next = loop, [None] * self.pool_size, 0
         i = self._next = (self._next + 1) % self.pool_size
+        conn = self._slots[i]
+        if not (isinstance(conn, _Connection) and conn.broken is None):
+            conn = await self._connect(loop, i)
+        return await conn.request(data, shape)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop, i: int) -> _Connection:
+        """Slot i's connection, opened once however many callers wait for it."""
         slot = self._slots[i]
-        if isinstance(slot, _Connection) and slot.broken is None:
-            return slot
         if isinstance(slot, asyncio.Future):  # another caller is connecting this slot
             return await asyncio.shield(slot)
         slots, opening = self._slots, loop.create_future()

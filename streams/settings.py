@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     persist_batch_within_ms: int = Field(50, ge=1, description="longest wait to fill a persist batch")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
+    read_signal_lag_s: float = Field(
+        5.0, ge=0, description="a GetCount signals a rollup when the counter's rollup lags the newest possible "
+                               "boundary by more than this (0: every read signals, throttled to 1/s per counter)")
     retention_interval_s: float = Field(300.0, gt=0, description="how often expired, rolled-up slices are dropped")
     rollup_max_signals: int = Field(50_000, ge=1, description="signals coalesced at most per rollup window")
 
