@@ -10,13 +10,14 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench.common import console, local_stack, write_result
+from bench.common import console, http_floor, local_stack, write_result
 from bench.loadgen import http_load, http_post, memcached_load
 from bench.read import _load, _show
 
 
 def run(duration: float, concurrency: int, counters: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-be-") as tmp, local_stack(Path(tmp)) as stack:
+    with (tempfile.TemporaryDirectory(prefix="bench-be-") as tmp, local_stack(Path(tmp)) as stack,
+          http_floor(Path(tmp)) as floor):
         api = stack.apis[0]
         mc_host, mc_port = stack.memcached.address.rsplit(":", 1)
         names = [f"be-{i}" for i in range(counters)]
@@ -32,6 +33,9 @@ def run(duration: float, concurrency: int, counters: int) -> dict:
             "raw_memcached_incr": _show("raw memcached incr (baseline)", _load(
                 "raw memcached incr", lambda **kw: memcached_load(mc_host, int(mc_port), raw,
                                                                   concurrency=concurrency, **kw), duration)),
+            "http_floor": _show("HTTP floor (no-op uvloop+httptools)", _load(
+                "HTTP floor", lambda **kw: http_load(floor.host, floor.port, adds, concurrency=concurrency, **kw),
+                duration)),
             "addcount_best_effort": _show("AddCount BEST_EFFORT", _load(
                 "AddCount BEST_EFFORT", lambda **kw: http_load(api.host, api.port, adds, concurrency=concurrency,
                                                                **kw), duration)),
@@ -39,7 +43,13 @@ def run(duration: float, concurrency: int, counters: int) -> dict:
     base = results["raw_memcached_incr"]["throughput_per_s"]
     ratio = results["addcount_best_effort"]["throughput_per_s"] / base if base else 0.0
     results["addcount_best_effort"]["ratio_to_raw_incr"] = ratio
-    console.print(f"  AddCount BEST_EFFORT: {ratio:.1%} of raw memcached incr throughput")
+    floor_rate = results["http_floor"]["throughput_per_s"]
+    results["http_floor"]["ratio_to_raw_incr"] = floor_rate / base if base else 0.0
+    results["addcount_best_effort"]["ratio_to_http_floor"] = (
+        results["addcount_best_effort"]["throughput_per_s"] / floor_rate if floor_rate else 0.0)
+    console.print(f"  AddCount BEST_EFFORT: {ratio:.1%} of raw memcached incr throughput, "
+                  f"{results['addcount_best_effort']['ratio_to_http_floor']:.1%} of the HTTP floor "
+                  f"(the floor itself: {results['http_floor']['ratio_to_raw_incr']:.1%} of raw incr)")
     return {"concurrency": concurrency, "duration_s": duration, "counters": counters, "results": results}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from infra.process import ManagedProcess, free_port
 from infra.stack import LocalStack
 from streams.settings import load_settings
 from streams.topics import ensure_topics, topic_specs
@@ -42,6 +44,17 @@ def local_stack(data_dir: Path, *, workers: int = 1, api: bool = True, **env: st
             console.print("starting API...")
             stack.start_api()
         yield stack
+
+
+@contextmanager
+def http_floor(data_dir: Path) -> Iterator[ManagedProcess]:
+    """`bench.http_floor` in its own process: the cheapest Python HTTP endpoint, as a same-run baseline."""
+    port = free_port()
+    floor = ManagedProcess([sys.executable, "-m", "bench.http_floor", "--port", str(port)], host="127.0.0.1",
+                           port=port, log_path=data_dir / "http-floor.log", ready_path="/")
+    floor.name = "http-floor"
+    with floor:
+        yield floor
 
 
 @contextmanager

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import console, local_stack, progress_bar, write_result
+from bench.common import console, http_floor, local_stack, progress_bar, write_result
 from bench.loadgen import LoadResult, http_load, http_post, memcached_load
 from sinks.cache import cache_key
 
@@ -34,7 +34,8 @@ def _load(label: str, fn, duration: float) -> LoadResult:
 
 
 def run(duration: float, concurrency: int, counters: int) -> dict:
-    with tempfile.TemporaryDirectory(prefix="bench-read-") as tmp, local_stack(Path(tmp)) as stack:
+    with (tempfile.TemporaryDirectory(prefix="bench-read-") as tmp, local_stack(Path(tmp)) as stack,
+          http_floor(Path(tmp)) as floor):
         api = stack.apis[0]
         mc_host, mc_port = stack.memcached.address.rsplit(":", 1)
         names = [f"bench-{i}" for i in range(counters)]
@@ -68,6 +69,9 @@ def run(duration: float, concurrency: int, counters: int) -> dict:
             "raw_memcached_get": _show("raw memcached get (baseline)", _load(
                 "raw memcached get", lambda **kw: memcached_load(mc_host, int(mc_port), raw,
                                                                  concurrency=concurrency, **kw), duration)),
+            "http_floor": _show("HTTP floor (no-op uvloop+httptools)", _load(
+                "HTTP floor", lambda **kw: http_load(floor.host, floor.port, eventual, concurrency=concurrency,
+                                                     **kw), duration)),
             "getcount_eventual_cached": _show("GetCount EVENTUAL (cached)", _load(
                 "GetCount EVENTUAL", lambda **kw: http_load(host, port, eventual, concurrency=concurrency, **kw),
                 duration)),
@@ -76,9 +80,13 @@ def run(duration: float, concurrency: int, counters: int) -> dict:
                 duration)),
         }
     base = results["raw_memcached_get"]["throughput_per_s"]
+    floor_rate = results["http_floor"]["throughput_per_s"]
     for key in ("getcount_eventual_cached", "getcount_accurate"):
-        results[key]["ratio_to_raw_get"] = results[key]["throughput_per_s"] / base if base else 0.0
-        console.print(f"  {key}: {results[key]['ratio_to_raw_get']:.1%} of raw memcached get throughput")
+        rate = results[key]["throughput_per_s"]
+        results[key]["ratio_to_raw_get"] = rate / base if base else 0.0
+        results[key]["ratio_to_http_floor"] = rate / floor_rate if floor_rate else 0.0
+        console.print(f"  {key}: {results[key]['ratio_to_raw_get']:.1%} of raw memcached get throughput, "
+                      f"{results[key]['ratio_to_http_floor']:.1%} of the HTTP floor")
     return {"concurrency": concurrency, "duration_s": duration, "counters": counters, "results": results}
 
 

@@ -13,11 +13,10 @@ from typing import Protocol
 import xxhash
 
 from sinks.cache import _parse_servers
-from sinks.memcached_client import AsyncMemcached, MemcachedError
+from sinks.memcached_client import AsyncMemcached, MemcachedError, is_legal_key
 
 BIAS = 1 << 63
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
-_MAX_KEY_BYTES = 250
 _MAX_RELATIVE_TTL_S = 30 * 24 * 3600
 
 
@@ -32,7 +31,7 @@ class CounterOverflow(ValueError):
 def counter_key(namespace: str, counter: str) -> str:
     """`<namespace>:<counter_name>` as in the post, hashed when it is not a legal memcached key."""
     key = f"{namespace}:{counter}"
-    if len(key) <= _MAX_KEY_BYTES and key.isascii() and all(33 <= ord(ch) <= 126 for ch in key):
+    if is_legal_key(key):
         return key
     return "be#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -23,7 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 import xxhash
 from pymemcache.client.rendezvous import RendezvousHash
 
-from sinks.memcached_client import AsyncMemcached
+from sinks.memcached_client import AsyncMemcached, is_legal_key
 
 __all__ = ["InProcessRollupCache", "MemcachedRollupCache", "RollupCache", "cache_key", "open_cache"]
 
@@ -31,8 +30,6 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
 
-_MAX_KEY_BYTES = 250
-_LEGAL_KEY = re.compile(rf"[!-~]{{1,{_MAX_KEY_BYTES}}}")  # printable ASCII without space, <= 250 bytes
 _MAX_RELATIVE_TTL_S = 30 * 24 * 3600  # memcached reads larger expiries as absolute unix times
 
 
@@ -65,7 +62,7 @@ def cache_key(namespace: str, counter: str) -> str:
     otherwise ``rollup#<xxh3-128 hex>`` of the UTF-8 key. Readable keys always start ``rollup:``
     and hashed ones ``rollup#``, so the two forms never collide."""
     key = f"rollup:{namespace}:{counter}"
-    if _LEGAL_KEY.fullmatch(key):
+    if is_legal_key(key):
         return key
     return "rollup#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
 

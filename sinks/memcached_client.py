@@ -12,11 +12,19 @@ opens a new one.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import deque
 from collections.abc import Iterable
 
 _LINE, _VALUES = 0, 1  # reply shapes: one line, or VALUE blocks up to END
+MAX_KEY_BYTES = 250
+_LEGAL_KEY = re.compile(rf"[!-~]{{1,{MAX_KEY_BYTES}}}")
+
+
+def is_legal_key(key: str) -> bool:
+    """memcached's text-protocol key rule: 1 to 250 printable ASCII characters, no space."""
+    return _LEGAL_KEY.fullmatch(key) is not None
 
 
 class MemcachedError(RuntimeError):
@@ -209,9 +217,12 @@ class AsyncMemcached:
         return int(reply)
 
     async def _request(self, data: bytes, shape: int):  # type: ignore[no-untyped-def]
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # a new event loop (e.g. a CLI's asyncio.run): connections are per loop
-            self._loop, self._slots, self._next = loop, [None] * self.pool_size, 0
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            # First use, or a new event loop (a CLI's next asyncio.run): connections belong to one loop.
+            # Not get_running_loop() on every call: it costs a getpid() system call (8% of a fast request).
+            loop = self._loop = asyncio.get_running_loop()
+            self._slots, self._next = [None] * self.pool_size, 0
         i = self._next = (self._next + 1) % self.pool_size
         conn = self._slots[i]
         if not (isinstance(conn, _Connection) and conn.broken is None):
