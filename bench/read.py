@@ -1,9 +1,11 @@
 """GetCount latency and throughput over HTTP at concurrency 32, next to raw memcached `get` in the same run.
 
-    python -m bench.read [--duration 10] [--concurrency 32] [--counters 1000]
+    python -m bench.read [--duration 10] [--concurrency 32] [--counters 1000] [--rounds 3]
 
 Cached EVENTUAL counters (the rollup is in memcached) and ACCURATE counters (rollup + live delta scan) are
-measured after a warm-up; the baseline is the same load generator sending `get` straight to memcached.
+measured after a warm-up. Baselines, from the same load generator: `get` straight to memcached, and the
+HTTP floor (`bench.http_floor`, the cheapest Python HTTP endpoint). All phases run once per round; the
+figures are medians over the rounds.
 """
 
 from __future__ import annotations
@@ -17,23 +19,12 @@ from pathlib import Path
 import httpx
 
 from bench.common import console, http_floor, local_stack, progress_bar, write_result
-from bench.loadgen import LoadResult, http_load, http_post, memcached_load
+from bench.loadgen import http_load, http_post, memcached_load
+from bench.rounds import median_ratio, medians, run_rounds
 from sinks.cache import cache_key
 
 
-def _show(name: str, r: LoadResult) -> dict[str, float]:
-    s = r.summary()
-    console.print(f"  {name:<34} {s['throughput_per_s']:>9,.0f}/s  p50 {s['p50_ms']:6.2f} ms  "
-                  f"p99 {s['p99_ms']:6.2f} ms  max {s['max_ms']:7.2f} ms  errors {s['errors']}")
-    return s
-
-
-def _load(label: str, fn, duration: float) -> LoadResult:
-    with progress_bar(label, None) as update:
-        return fn(on_progress=update, duration_s=duration)
-
-
-def run(duration: float, concurrency: int, counters: int) -> dict:
+def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:
     with (tempfile.TemporaryDirectory(prefix="bench-read-") as tmp, local_stack(Path(tmp)) as stack,
           http_floor(Path(tmp)) as floor):
         api = stack.apis[0]
@@ -63,31 +54,31 @@ def run(duration: float, concurrency: int, counters: int) -> dict:
                                                           "counter_name": n}).encode()) for n in names]
         raw = [f"get {cache_key('my_dataset', n)}\r\n".encode() for n in names]
         host, port = api.host, api.port
-        _load("warm-up", lambda **kw: http_load(host, port, eventual, concurrency=concurrency, **kw), 2)
-        console.print(f"GetCount over HTTP at concurrency {concurrency}, {duration:.0f} s each:")
-        results = {
-            "raw_memcached_get": _show("raw memcached get (baseline)", _load(
-                "raw memcached get", lambda **kw: memcached_load(mc_host, int(mc_port), raw,
-                                                                 concurrency=concurrency, **kw), duration)),
-            "http_floor": _show("HTTP floor (no-op uvloop+httptools)", _load(
-                "HTTP floor", lambda **kw: http_load(floor.host, floor.port, eventual, concurrency=concurrency,
-                                                     **kw), duration)),
-            "getcount_eventual_cached": _show("GetCount EVENTUAL (cached)", _load(
-                "GetCount EVENTUAL", lambda **kw: http_load(host, port, eventual, concurrency=concurrency, **kw),
-                duration)),
-            "getcount_accurate": _show("GetCount ACCURATE", _load(
-                "GetCount ACCURATE", lambda **kw: http_load(host, port, accurate, concurrency=concurrency, **kw),
-                duration)),
-        }
-    base = results["raw_memcached_get"]["throughput_per_s"]
-    floor_rate = results["http_floor"]["throughput_per_s"]
+        with progress_bar("warm-up", None) as update:
+            http_load(host, port, eventual, concurrency=concurrency, duration_s=2, on_progress=update)
+        console.print(f"GetCount over HTTP at concurrency {concurrency}, {duration:.0f} s per phase, "
+                      f"{rounds} interleaved rounds:")
+        per_round = run_rounds({
+            "raw_memcached_get": ("raw memcached get (baseline)", lambda **kw: memcached_load(
+                mc_host, int(mc_port), raw, concurrency=concurrency, **kw)),
+            "http_floor": ("HTTP floor (no-op uvloop+httptools)", lambda **kw: http_load(
+                floor.host, floor.port, eventual, concurrency=concurrency, **kw)),
+            "getcount_eventual_cached": ("GetCount EVENTUAL (cached)", lambda **kw: http_load(
+                host, port, eventual, concurrency=concurrency, **kw)),
+            "getcount_accurate": ("GetCount ACCURATE", lambda **kw: http_load(
+                host, port, accurate, concurrency=concurrency, **kw)),
+        }, rounds=rounds, duration_s=duration)
+    results = {key: medians(values) for key, values in per_round.items()}
+    console.print(f"medians of {rounds} rounds:")
     for key in ("getcount_eventual_cached", "getcount_accurate"):
-        rate = results[key]["throughput_per_s"]
-        results[key]["ratio_to_raw_get"] = rate / base if base else 0.0
-        results[key]["ratio_to_http_floor"] = rate / floor_rate if floor_rate else 0.0
-        console.print(f"  {key}: {results[key]['ratio_to_raw_get']:.1%} of raw memcached get throughput, "
-                      f"{results[key]['ratio_to_http_floor']:.1%} of the HTTP floor")
-    return {"concurrency": concurrency, "duration_s": duration, "counters": counters, "results": results}
+        r = results[key]
+        r["ratio_to_raw_get"] = median_ratio(per_round, key, "raw_memcached_get")
+        r["ratio_to_http_floor"] = median_ratio(per_round, key, "http_floor")
+        console.print(f"  {key}: {r['throughput_per_s']:,.0f}/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
+                      f"{r['ratio_to_raw_get']:.1%} of raw memcached get, {r['ratio_to_http_floor']:.1%} of the "
+                      "HTTP floor")
+    return {"concurrency": concurrency, "duration_s": duration, "counters": counters, "rounds": rounds,
+            "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement (default 10)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--counters", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
     args = parser.parse_args(argv)
-    write_result("read", run(args.duration, args.concurrency, args.counters))
+    write_result("read", run(args.duration, args.concurrency, args.counters, args.rounds))
     return 0
 
 

@@ -53,7 +53,7 @@ def _expire(ttl_s: float | None) -> int:
 class MemcachedCounters:
     """Signed counters in memcached. Errors raise CounterUnavailable: a best-effort write must not pretend."""
 
-    def __init__(self, server: str, *, timeout_s: float = 0.25, pool_size: int = 2) -> None:
+    def __init__(self, server: str, *, timeout_s: float = 0.25, pool_size: int = 1) -> None:
         (host, port), *rest = _parse_servers(server)
         if rest:
             raise ValueError("BEST_EFFORT counters use one memcached server (EVCache replicas are future work)")

@@ -116,7 +116,7 @@ class MemcachedRollupCache:
     """
 
     def __init__(self, servers: str | Sequence[str], *, default_ttl_s: float | None = None,
-                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 2) -> None:
+                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 1) -> None:
         specs = [servers] if isinstance(servers, str) else list(servers)
         addresses = [addr for spec in specs for addr in _parse_servers(spec)]
         self._nodes = {f"{h}:{p}": _Node(h, p, timeout_s, pool_size) for h, p in addresses}
