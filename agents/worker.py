@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import faust
@@ -21,7 +22,7 @@ from agents.rollup import BackPressure, Key, global_watermark, rollup_many
 from agents.watermark import HEARTBEAT_HEADER, WatermarkTracker, is_heartbeat
 from control_plane import CounterType, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
-from schemas import DecodeError, decode_signal, encode_signal
+from schemas import DecodeError, decode_signals, encode_signals
 from schemas.dead_letter import DeadLetter
 from sinks import EventStore, RollupCache, RollupStore, open_cache, open_namespace_stores
 from streams.app import AppTopics, create_app, declare_topics
@@ -31,6 +32,7 @@ from streams.topics import ensure_topics, signal_partition, topic_specs
 log = logging.getLogger("counter.worker")
 
 SIGNAL_BYTES = 256  # a queued rollup signal: Faust event, message and the decoded key, roughly
+SIGNALS_PER_RECORD = 500  # counters per RollupSignalBatch record: about 20 KB
 
 
 @dataclass
@@ -51,12 +53,16 @@ class Pipeline:
     arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat seen (µs)
 
     async def send_signals(self, keys: set[Key] | list[Key]) -> None:
-        futures = []
+        """One record per rollup partition (up to SIGNALS_PER_RECORD counters each), not one per counter."""
+        by_partition: dict[int, list[Key]] = defaultdict(list)
         for ns, counter in keys:
-            key = f"{ns}:{counter}".encode()
-            futures.append(await self.topics.rollups.send(
-                key=key, value=encode_signal(ns, counter),
-                partition=signal_partition(key, self.rollup_partitions)))
+            by_partition[signal_partition(f"{ns}:{counter}".encode(), self.rollup_partitions)].append((ns, counter))
+        futures = []
+        for partition, group in by_partition.items():
+            for i in range(0, len(group), SIGNALS_PER_RECORD):
+                chunk = group[i:i + SIGNALS_PER_RECORD]
+                futures.append(await self.topics.rollups.send(
+                    key=f"{chunk[0][0]}:{chunk[0][1]}".encode(), value=encode_signals(chunk), partition=partition))
         await self._settle(futures)
 
     async def send_dead_letters(self, dead: list[DeadLetter]) -> None:
@@ -102,7 +108,9 @@ def build(settings: Settings) -> Pipeline:
     coalesce_s = min((ns.queue.coalesce_ms for ns in rolled), default=1000) / 1000.0
     capacity = min((ns.queue.capacity_bytes for ns in rolled), default=16 << 20)
     max_signals = max(1, min(settings.rollup_max_signals, capacity // SIGNAL_BYTES))
-    _attach(pipeline, coalesce_s, max_signals)
+    # A window is counted in records; the persist path packs up to SIGNALS_PER_RECORD signals in one, reads
+    # send one each. A hundredth of the signal bound keeps a window of batches within a few times the bound.
+    _attach(pipeline, coalesce_s, max(1, max_signals // 100))
     return pipeline
 
 
@@ -112,7 +120,7 @@ def _cache_spec(settings: Settings) -> str | None:
     return None  # "memory"/"auto" in a worker process: the API owns the shared cache choice
 
 
-def _attach(p: Pipeline, coalesce_s: float, max_signals: int) -> None:
+def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
     app, settings = p.app, p.settings
 
     @app.agent(p.topics.mutations, name="persist")
@@ -127,11 +135,11 @@ def _attach(p: Pipeline, coalesce_s: float, max_signals: int) -> None:
 
     @app.agent(p.topics.rollups, name="rollup")
     async def rollup(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(max_signals, within=coalesce_s):
+        async for events in stream.take_events(max_records, within=coalesce_s):
             keys: set[Key] = set()
             for e in events:
                 try:
-                    keys.add(decode_signal(e.message.value))
+                    keys.update(decode_signals(e.message.value))
                 except DecodeError as exc:
                     log.warning("ignoring undecodable rollup signal at %s[%d]@%d: %s", e.message.topic,
                                 e.message.partition, e.message.offset, exc)
@@ -267,4 +275,7 @@ def start(pipeline: Pipeline) -> None:
     """Run the worker and block until it is stopped (SIGINT/SIGTERM)."""
     settings = pipeline.settings
     worker = faust.Worker(pipeline.app, loglevel=settings.worker_log_level.upper())
+    # Faust's terminal spinner sets the root logger to DEBUG so that it spins on every record: then every
+    # debug call in aiokafka and Faust builds a log record nobody prints (about 5% of a persist batch).
+    worker.spinner = None
     worker.execute_from_commandline()

@@ -76,7 +76,9 @@ def _load(filename: str) -> AvroSchema:
 COUNT_MUTATION = _load("count_mutation.avsc")
 MUTATION_BATCH = _load("mutation_batch.avsc")
 ROLLUP_SIGNAL = _load("rollup_signal.avsc")
-SCHEMAS: dict[bytes, AvroSchema] = {s.fingerprint: s for s in (COUNT_MUTATION, MUTATION_BATCH, ROLLUP_SIGNAL)}
+ROLLUP_SIGNAL_BATCH = _load("rollup_signal_batch.avsc")
+SCHEMAS: dict[bytes, AvroSchema] = {s.fingerprint: s for s in (COUNT_MUTATION, MUTATION_BATCH, ROLLUP_SIGNAL,
+                                                                ROLLUP_SIGNAL_BATCH)}
 """Every schema this codec reads, by wire fingerprint. Keep old versions here when a schema evolves."""
 
 _CM_HEADER = COUNT_MUTATION.header
@@ -85,6 +87,8 @@ _SIGNAL_HEADER = ROLLUP_SIGNAL.header
 _CM_PARSED = COUNT_MUTATION.parsed
 _BATCH_PARSED = MUTATION_BATCH.parsed
 _SIGNAL_PARSED = ROLLUP_SIGNAL.parsed
+_SIGNAL_BATCH_HEADER = ROLLUP_SIGNAL_BATCH.header
+_SIGNAL_BATCH_PARSED = ROLLUP_SIGNAL_BATCH.parsed
 _OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
 
 
@@ -134,6 +138,21 @@ def encode_signal(namespace: str, counter: str) -> bytes:
         "counter": validate_counter_name(counter, field="counter"),
     }
     return _write(_SIGNAL_HEADER, _SIGNAL_PARSED, record)
+
+
+def encode_signals(keys: Sequence[tuple[str, str]]) -> bytes:
+    """Signals for several counters in one record: a RollupSignal for one, a RollupSignalBatch for more.
+
+    Why: the persist agent touches hundreds of counters per batch, and a record per signal cost a Faust
+    send on one side and Faust's per-record overhead on the other. Callers batch only counters bound for
+    the same partition."""
+    if not keys:
+        raise ValueError("a RollupSignalBatch needs at least one signal")
+    if len(keys) == 1:
+        return encode_signal(*keys[0])
+    signals = [{"namespace": validate_namespace(ns), "counter": validate_counter_name(c, field="counter")}
+               for ns, c in keys]
+    return _write(_SIGNAL_BATCH_HEADER, _SIGNAL_BATCH_PARSED, {"signals": signals})
 
 
 # --------------------------------------------------------------------------- decoding
@@ -255,16 +274,28 @@ def decode_mutations(data: bytes) -> list[Mutation]:
 
 def decode_signal(data: bytes) -> tuple[str, str]:
     """Decode a single-object RollupSignal into (namespace, counter); DecodeError otherwise."""
+    signals = decode_signals(data)
+    if len(signals) != 1:
+        raise DecodeError(f"record is a RollupSignalBatch of {len(signals)}, not one RollupSignal")
+    return signals[0]
+
+
+def decode_signals(data: bytes) -> list[tuple[str, str]]:
+    """Decode a RollupSignal or RollupSignalBatch into [(namespace, counter), ...]; DecodeError otherwise."""
     data = _as_bytes(data)
     if not data:
         raise DecodeError("empty record")
     if data[:2] != MAGIC:
         raise DecodeError("not Avro single-object (no C3 01 magic)")
     schema, value = _read_avro(data)
-    if schema is not ROLLUP_SIGNAL:
-        raise DecodeError(f"record is a {schema.name}, not a RollupSignal")
+    if schema is ROLLUP_SIGNAL:
+        items = [value]
+    elif schema is ROLLUP_SIGNAL_BATCH:
+        items = value["signals"]
+    else:
+        raise DecodeError(f"record is a {schema.name}, not a RollupSignal or RollupSignalBatch")
     try:
-        namespace = validate_namespace(value["namespace"])
-        return namespace, validate_counter_name(value["counter"], field="counter")
+        return [(validate_namespace(v["namespace"]), validate_counter_name(v["counter"], field="counter"))
+                for v in items]
     except ValidationError as exc:
         raise DecodeError(f"RollupSignal {exc}", exc.field) from None

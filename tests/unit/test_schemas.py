@@ -27,9 +27,11 @@ from schemas import (
     ValidationError,
     decode_mutations,
     decode_signal,
+    decode_signals,
     encode_batch,
     encode_mutation,
     encode_signal,
+    encode_signals,
     mutation_from_json,
     parse_generation_time,
     validate_counter_name,
@@ -158,6 +160,28 @@ def test_round_trip_signal() -> None:
     assert decode_signal(data) == ("my_dataset", "counter123")
 
 
+def test_round_trip_signal_batches() -> None:
+    keys = [("my_dataset", f"c{i}") for i in range(3)] + [("other", "视频")]
+    data = encode_signals(keys)
+    assert data[:10] == schemas.ROLLUP_SIGNAL_BATCH.header
+    assert decode_signals(data) == keys
+    one = encode_signals(keys[:1])
+    assert one == encode_signal(*keys[0]) and decode_signals(one) == keys[:1]  # one signal: a RollupSignal
+    with pytest.raises(DecodeError, match="RollupSignalBatch of 4"):
+        decode_signal(data)
+    with pytest.raises(ValueError, match="at least one"):
+        encode_signals([])
+    with pytest.raises(ValidationError, match="counter"):
+        encode_signals([("ns", "ok"), ("ns", "has space")])
+    with pytest.raises(DecodeError, match="not a RollupSignal or RollupSignalBatch"):
+        decode_signals(encode_mutation(_mutation()))
+    bad = _plain_encode("rollup_signal_batch.avsc", {"signals": [{"namespace": "n", "counter": "c"},
+                                                                {"namespace": "n", "counter": "a b"}]})
+    with pytest.raises(DecodeError, match="counter") as info:
+        decode_signals(bad)
+    assert info.value.field == "counter"
+
+
 def test_mutation_key() -> None:
     assert POST_MUTATION.key == "my_dataset:counter123"
 
@@ -209,6 +233,12 @@ def test_plain_fastavro_decodes_our_records_from_the_avsc_files() -> None:
     data = encode_signal("ns", "c")
     assert data[:10] == header
     assert fastavro.schemaless_reader(io.BytesIO(data[10:]), parsed) == {"namespace": "ns", "counter": "c"}
+
+    parsed, header = _plain_schema("rollup_signal_batch.avsc")
+    data = encode_signals([("ns", "c"), ("ns", "d")])
+    assert data[:10] == header
+    assert fastavro.schemaless_reader(io.BytesIO(data[10:]), parsed) == {
+        "signals": [{"namespace": "ns", "counter": "c"}, {"namespace": "ns", "counter": "d"}]}
 
 
 def _plain_encode(filename: str, record: dict) -> bytes:
