@@ -39,16 +39,25 @@ def http_post(path: str, body: bytes, headers: str = "") -> bytes:
 
 
 async def _http_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bool:
+    """One request, one response: usually a single read (the load generator's own cost competes with the
+    server for the same two cores, so it reads what arrived and parses it once)."""
     writer.write(request)
-    head = await reader.readuntil(b"\r\n\r\n")
-    status_ok = head[9:12] == b"200"
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line[:15].lower() == b"content-length:":
-            length = int(line[15:])
-    if length:
-        await reader.readexactly(length)
-    return status_ok
+    buf = await reader.read(65536)
+    while True:
+        end = buf.find(b"\r\n\r\n")
+        if end >= 0:
+            head = buf[:end].lower()
+            at = head.find(b"content-length:")
+            length = 0
+            if at >= 0:
+                stop = head.find(b"\r\n", at)
+                length = int(head[at + 15:stop if stop >= 0 else len(head)])
+            if len(buf) >= end + 4 + length:
+                return buf[9:12] == b"200"
+        more = await reader.read(65536)
+        if not more:
+            raise ConnectionError("the server closed the connection mid-response")
+        buf += more
 
 
 async def _memcached_exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> bool:

@@ -137,5 +137,4 @@ class CounterHttpProtocol(HttpToolsProtocol):
         self.transport.write(b"".join(head))
         if not cycle.keep_alive:
             self.transport.close()
-            return
-        self.on_response_complete()  # uvicorn: next pipelined request, or the keep-alive timer
+        self.on_response_complete()  # uvicorn: count it; then the next pipelined request or the keep-alive timer
