@@ -10,7 +10,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from control_plane import Namespace, NamespaceRegistry
@@ -41,26 +41,57 @@ def global_watermark(marks: Mapping[int, int], partitions: int) -> int:
 async def rollup_counter(ns: Namespace, counter: str, *, events: EventStore, rollups: RollupStore,
                          cache: RollupCache, watermark_us: int, now_us: int | None = None) -> RollupResult:
     """Roll one counter up to the latest immutable boundary and refresh its cache value."""
-    key = (ns.name, counter)
+    [result] = await rollup_counters(ns, [counter], events=events, rollups=rollups, cache=cache,
+                                     watermark_us=watermark_us, now_us=now_us)
+    return result
+
+
+async def rollup_counters(ns: Namespace, counters: Sequence[str], *, events: EventStore, rollups: RollupStore,
+                          cache: RollupCache, watermark_us: int, now_us: int | None = None) -> list[RollupResult]:
+    """Roll counters of one namespace up to the latest immutable boundary and refresh their cache values.
+
+    Three store calls for the whole batch (states, aggregates, forward-only writes) rather than three per
+    counter: on SQLite each call is a hand-off to the store's thread, which cost more than the query.
+    Returns one result per distinct counter, in order.
+    """
     now_us = time.time_ns() // 1000 if now_us is None else now_us
     boundary = rollup_boundary(now_us, watermark_us, ns)
-    state = await rollups.get(ns.name, counter)
-    count, rollup_ts, last_write = (state.count, state.rollup_ts, state.last_write_ts) if state else (0, 0, 0)
-    if boundary <= rollup_ts:
-        await cache.set(ns.name, counter, count, rollup_ts, ns.ttl_s)
-        return RollupResult(key, count, rollup_ts, False, last_write > rollup_ts)
-    agg = await events.aggregate(ns.name, counter, rollup_ts, boundary)
-    new_count = apply_aggregate(count, agg)
-    applied = await rollups.write_rollup(ns.name, counter, new_count, boundary)
-    if applied:
-        await cache.set(ns.name, counter, new_count, boundary, ns.ttl_s)
-        return RollupResult(key, new_count, boundary, True, last_write > boundary)
-    # Another worker moved it further meanwhile: its value is at least as fresh; keep circulating if needed.
-    fresh = await rollups.get(ns.name, counter)
-    if fresh is None:
-        return RollupResult(key, new_count, boundary, False, True)
-    await cache.set(ns.name, counter, fresh.count, fresh.rollup_ts, ns.ttl_s)
-    return RollupResult(key, fresh.count, fresh.rollup_ts, False, fresh.last_write_ts > fresh.rollup_ts)
+    names = list(dict.fromkeys(counters))
+    states = await rollups.get_many([(ns.name, c) for c in names])
+    results: dict[str, RollupResult] = {}
+    to_cache: list[tuple[str, int, int]] = []
+    todo: list[tuple[str, int, int, int]] = []  # counter, count, rollup_ts, last_write_ts
+    for c in names:
+        st = states.get((ns.name, c))
+        count, rollup_ts, last_write = (st.count, st.rollup_ts, st.last_write_ts) if st else (0, 0, 0)
+        if boundary <= rollup_ts:
+            to_cache.append((c, count, rollup_ts))
+            results[c] = RollupResult((ns.name, c), count, rollup_ts, False, last_write > rollup_ts)
+        else:
+            todo.append((c, count, rollup_ts, last_write))
+    if todo:
+        aggs = await events.aggregate_many(ns.name, [(c, rollup_ts, boundary) for c, _, rollup_ts, _ in todo])
+        new_counts = [apply_aggregate(count, agg) for (_, count, _, _), agg in zip(todo, aggs, strict=True)]
+        applied = await rollups.write_rollups(ns.name, [(c, n, boundary) for (c, *_), n in
+                                                        zip(todo, new_counts, strict=True)])
+        raced: list[tuple[str, int]] = []
+        for (c, _, _, last_write), n, ok in zip(todo, new_counts, applied, strict=True):
+            if ok:
+                to_cache.append((c, n, boundary))
+                results[c] = RollupResult((ns.name, c), n, boundary, True, last_write > boundary)
+            else:
+                raced.append((c, n))
+        if raced:  # another worker moved them further meanwhile: its values are at least as fresh
+            fresh = await rollups.get_many([(ns.name, c) for c, _ in raced])
+            for c, n in raced:
+                f = fresh.get((ns.name, c))
+                if f is None:
+                    results[c] = RollupResult((ns.name, c), n, boundary, False, True)
+                    continue
+                to_cache.append((c, f.count, f.rollup_ts))
+                results[c] = RollupResult((ns.name, c), f.count, f.rollup_ts, False, f.last_write_ts > f.rollup_ts)
+    await asyncio.gather(*(cache.set(ns.name, c, n, ts, ns.ttl_s) for c, n, ts in to_cache))
+    return [results[c] for c in names]
 
 
 class BackPressure:
@@ -97,8 +128,7 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
             first = False
             mark = await watermark()
             started = time.monotonic()
-            results.extend(await asyncio.gather(*(
-                rollup_counter(ns, c, events=events, rollups=rollups, cache=cache, watermark_us=mark)
-                for c in counters[i:i + step])))
+            results.extend(await rollup_counters(ns, counters[i:i + step], events=events, rollups=rollups,
+                                                 cache=cache, watermark_us=mark))
             pressure.last_batch_s = time.monotonic() - started
     return results

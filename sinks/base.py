@@ -34,6 +34,10 @@ class EventStore(Protocol):
         """Aggregate of the events with ``after_us < event_time <= upto_us`` (clears honoured)."""
         ...
 
+    async def aggregate_many(self, namespace: str, windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
+        """``aggregate`` of each ``(counter, after_us, upto_us)``, in order: a rollup batch in one call."""
+        ...
+
     async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
                    after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:
         """Up to ``limit`` events of ``after_us < event_time <= upto_us`` in ascending
@@ -82,6 +86,10 @@ class RollupStore(Protocol):
     async def write_rollup(self, namespace: str, counter: str, count: int, rollup_ts: int) -> bool:
         """Forward-only: applied only if ``rollup_ts`` is later than the stored one (or no row).
         Returns whether it was applied; racing rollup workers converge without locks."""
+        ...
+
+    async def write_rollups(self, namespace: str, items: Sequence[tuple[str, int, int]]) -> list[bool]:
+        """``write_rollup`` of each ``(counter, count, rollup_ts)``, in order: a rollup batch in one call."""
         ...
 
     async def stale(self, limit: int = 1000) -> list[tuple[str, str]]:

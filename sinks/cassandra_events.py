@@ -115,6 +115,11 @@ class CassandraEventStore:
             rows.extend(result or ())
         return await self._combine(namespace, counter, after_us, upto_us, part, rows, plain)
 
+    async def aggregate_many(self, namespace: str, windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
+        """One aggregate after another: each already fans its partition reads out up to the session's
+        concurrency, so running several at once would only queue behind the same bound."""
+        return [await self.aggregate(namespace, c, after, upto) for c, after, upto in windows]
+
     async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
                    after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:
         if upto_us <= after_us or limit <= 0 or (after is not None and after[0] > upto_us):

@@ -43,6 +43,7 @@ wide delete scans the rollups table (paged, client-side filter): an ops action, 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -116,6 +117,15 @@ class CassandraRollupStore:
         if before is not None and before.stale and not after.stale:
             await self._settle(self._shard(namespace, counter), namespace, counter, after.rollup_ts)
         return after.rollup_ts == rollup_ts and after.count == count
+
+    async def write_rollups(self, namespace: str, items: Sequence[tuple[str, int, int]]) -> list[bool]:
+        """Single writes (each a read, a timestamped write and a read), up to the session's concurrency at once."""
+        slots = asyncio.Semaphore(max(1, self._x.concurrency))
+
+        async def one(counter: str, count: int, rollup_ts: int) -> bool:
+            async with slots:
+                return await self.write_rollup(namespace, counter, count, rollup_ts)
+        return list(await asyncio.gather(*(one(c, n, ts) for c, n, ts in items)))
 
     async def stale(self, limit: int = 1000) -> list[tuple[str, str]]:
         """Round-robin over pending markers: continue after the last key returned, wrapping once."""

@@ -65,6 +65,7 @@ class Executor(Protocol):
     """What the stores need from a session (the unit tests substitute an in-memory fake)."""
 
     keyspace: str
+    concurrency: int  # requests in flight at most
 
     async def run(self, stmt: Stmt) -> list[tuple]: ...
 
@@ -229,6 +230,7 @@ class CassandraSession:
 
     def __init__(self, config: CassandraConfig) -> None:
         self.config = config
+        self.concurrency = config.concurrency
         self.keyspace = config.keyspace
         self._cluster: Any = None
         self._session: Any = None

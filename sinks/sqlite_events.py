@@ -155,6 +155,14 @@ class SqliteEventStore:
             return EMPTY_AGGREGATE
         return await self._db.run(self._read, self._aggregate, namespace, counter, after_us, upto_us)
 
+    async def aggregate_many(self, namespace: str, windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
+        def read_all(conn: sqlite3.Connection) -> list[Aggregate]:
+            return [self._aggregate(conn, namespace, counter, after, upto) if upto > after else EMPTY_AGGREGATE
+                    for counter, after, upto in windows]
+        if not windows:
+            return []
+        return await self._db.run(self._read, read_all)
+
     async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
                    after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:
         if upto_us <= after_us or limit <= 0 or (after is not None and after[0] > upto_us):

@@ -91,6 +91,13 @@ class SqliteRollupStore:
             return conn.execute(_ROLLUP, (namespace, counter, count, rollup_ts)).rowcount > 0
         return await self._db.run(lambda conn: self._db.write(conn, apply))
 
+    async def write_rollups(self, namespace: str, items: Sequence[tuple[str, int, int]]) -> list[bool]:
+        def apply(conn: sqlite3.Connection) -> list[bool]:
+            return [conn.execute(_ROLLUP, (namespace, counter, count, ts)).rowcount > 0 for counter, count, ts in items]
+        if not items:
+            return []
+        return await self._db.run(lambda conn: self._db.write(conn, apply))
+
     async def stale(self, limit: int = 1000) -> list[tuple[str, str]]:
         return await self._db.run(self._stale, limit)
 

@@ -182,6 +182,22 @@ def test_ranges_across_buckets_and_slices_match_the_oracle(stores: Stores) -> No
     assert count == oracle(rows, 0, BASE + 400 * S)[0]
 
 
+def test_aggregate_many_equals_one_aggregate_per_window(stores: Stores) -> None:
+    ns, es = stores.namespace, stores.events
+    rng = random.Random(11)
+    rows = [ev(ns, BASE + rng.randrange(0, 200 * S), f"e{i}", rng.randint(-3, 9), counter=f"c{i % 5}",
+               clear=rng.random() < 0.05) for i in range(200)]
+    stores.run(es.write_events(rows))
+    windows = [(f"c{rng.randrange(6)}", *sorted(rng.sample(range(BASE - S, BASE + 210 * S), 2))) for _ in range(40)]
+    windows += [("c1", BASE + 50 * S, BASE + 50 * S), ("c2", BASE + 60 * S, BASE)]  # empty and reversed
+    many = stores.run(es.aggregate_many(ns, windows))
+    assert len(many) == len(windows)
+    for (counter, after, upto), agg in zip(windows, many, strict=True):
+        assert agg == stores.run(es.aggregate(ns, counter, after, upto))
+        check(agg, oracle([r for r in rows if r[1] == counter], after, upto))
+    assert stores.run(es.aggregate_many(ns, [])) == []
+
+
 def test_scan_pages_with_a_cursor_return_each_event_once(stores: Stores) -> None:
     ns, es = stores.namespace, stores.events
     rows = [ev(ns, BASE + 60 * S - 1, f"tie{i:02d}", i) for i in range(23)]  # 23 events on one instant
@@ -247,6 +263,17 @@ def test_rollups_only_move_forward(stores: Stores) -> None:
     assert stores.run(rs.get(ns, "c")) == RollupState(10, 1000, 0)
     assert stores.run(rs.write_rollup(ns, "c", 12, 2000)) is True
     assert stores.run(rs.get(ns, "c")) == RollupState(12, 2000, 0)
+
+
+def test_write_rollups_is_write_rollup_per_item(stores: Stores) -> None:
+    ns, rs = stores.namespace, stores.rollups
+    assert stores.run(rs.write_rollup(ns, "b", 5, 2000))
+    applied = stores.run(rs.write_rollups(ns, [("a", 1, 1000), ("b", 6, 1500), ("c", 3, 3000), ("b", 7, 2500)]))
+    assert applied == [True, False, True, True]  # b: older refused, then later applied
+    got = stores.run(rs.get_many([(ns, "a"), (ns, "b"), (ns, "c")]))
+    assert got == {(ns, "a"): RollupState(1, 1000, 0), (ns, "b"): RollupState(7, 2500, 0),
+                   (ns, "c"): RollupState(3, 3000, 0)}
+    assert stores.run(rs.write_rollups(ns, [])) == []
 
 
 def test_last_write_keeps_the_max_and_stale_finds_pending_counters(stores: Stores) -> None:
