@@ -198,6 +198,32 @@ def test_aggregate_many_equals_one_aggregate_per_window(stores: Stores) -> None:
     assert stores.run(es.aggregate_many(ns, [])) == []
 
 
+def test_counters_page_through_distinct_names_in_order(stores: Stores) -> None:
+    """`counters` (what `counter recount --all` walks): distinct names with events, ascending, paged."""
+    ns, es = stores.namespace, stores.events
+    names = [f"k{i:03d}" for i in range(0, 60, 3)] + ["Z", "a", "é", "视频"]
+    stores.run(es.write_events([ev(ns, BASE + (i % 5) * 70 * S + i, f"e{i}", counter=n) for i, n in enumerate(names)]
+                               + [ev(ns, BASE + 7, "again", counter="a")]))
+    stores.run(es.write_events([ev(f"{ns}_other", BASE + 1, "x", counter="k000")]))
+
+    def pages(limit: int) -> list[str]:
+        out: list[str] = []
+        after = None
+        while True:
+            page = stores.run(es.counters(ns, after=after, limit=limit))
+            assert len(page) <= limit
+            out += page
+            if len(page) < limit:
+                return out
+            after = page[-1]
+
+    for limit in (1, 7, 24, 1000):
+        assert pages(limit) == sorted(set(names))
+    assert stores.run(es.counters(ns, after="k030", limit=3)) == ["k033", "k036", "k039"]
+    assert stores.run(es.counters(ns, limit=0)) == []
+    assert stores.run(es.counters(f"{ns}_none")) == []
+
+
 def test_scan_pages_with_a_cursor_return_each_event_once(stores: Stores) -> None:
     ns, es = stores.namespace, stores.events
     rows = [ev(ns, BASE + 60 * S - 1, f"tie{i:02d}", i) for i in range(23)]  # 23 events on one instant
