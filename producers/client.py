@@ -58,6 +58,16 @@ class _Pending:
         self.since = time.monotonic()
 
 
+def release(producer: Producer) -> None:
+    """Shut a flushed librdkafka handle down now, rather than when it is garbage collected: until then it
+    keeps reconnecting (and logging it) to a broker that may be gone. Older confluent-kafka releases have no
+    `Producer.close` and free the handle only on collection."""
+    close = getattr(producer, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
+
+
 class CounterProducer:
     """Produce AddCount / ClearCount mutations to the mutations topic.
 
@@ -174,6 +184,8 @@ class CounterProducer:
             self._closed = True
             self._wake.set()
             self._poller.join(timeout=2.0)
+            if not self._poller.is_alive():
+                release(self._producer)
 
     def __enter__(self) -> CounterProducer:
         return self

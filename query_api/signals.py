@@ -8,6 +8,7 @@ import time
 
 from confluent_kafka import Producer
 
+from producers.client import release
 from schemas import encode_signal
 from streams.topics import partition_count, signal_partition
 
@@ -53,3 +54,4 @@ class SignalEmitter:
 
     def close(self) -> None:
         self._producer.flush(2.0)
+        release(self._producer)
