@@ -10,7 +10,6 @@ figures are medians over the rounds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -20,7 +19,7 @@ import httpx
 
 from bench.common import console, http_floor, local_stack, progress_bar, write_result
 from bench.loadgen import http_load, http_post, memcached_load
-from bench.rounds import median_ratio, medians, run_rounds
+from bench.rounds import load_args, median_ratio, medians, run_rounds
 from sinks.cache import cache_key
 
 
@@ -82,13 +81,7 @@ def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="counter bench read", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement (default 10)")
-    parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--counters", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
-    args = parser.parse_args(argv)
+    args = load_args("counter bench read", __doc__, argv)
     write_result("read", run(args.duration, args.concurrency, args.counters, args.rounds))
     return 0
 

@@ -7,6 +7,7 @@ of the comparison.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -45,3 +46,14 @@ def median_ratio(per_round: Mapping[str, list[dict]], key: str, base: str) -> fl
     ratios = [a["throughput_per_s"] / b["throughput_per_s"]
               for a, b in zip(per_round[key], per_round[base], strict=True) if b["throughput_per_s"]]
     return statistics.median(ratios) if ratios else 0.0
+
+
+def load_args(prog: str, description: str | None, argv: list[str] | None) -> argparse.Namespace:
+    """The options every load benchmark takes: --duration, --concurrency, --counters, --rounds."""
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement (default 10)")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--counters", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
+    return parser.parse_args(argv)

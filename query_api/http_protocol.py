@@ -13,12 +13,12 @@ Use it with `uvicorn.run(..., http=CounterHttpProtocol)` (what `python -m query_
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
 
+import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from query_api import metrics
@@ -80,7 +80,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
             return
         self._fast_body += body
         if len(self._fast_body) > MAX_FAST_BODY:
-            self._to_app()
+            self._to_app(bytes(self._fast_body))
 
     def on_message_complete(self) -> None:
         if self._fast_body is None:
@@ -89,8 +89,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
         body, self._fast_body = bytes(self._fast_body), None
         call = fast_call(self.app_state["service"], self.url, body)
         if call is None:
-            self._fast_body = bytearray(body)
-            self._to_app()
+            self._to_app(body)
             super().on_message_complete()
             return
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
@@ -101,12 +100,13 @@ class CounterHttpProtocol(HttpToolsProtocol):
 
     # -- internals --------------------------------------------------------------------------------------
 
-    def _to_app(self) -> None:
-        """Hand the request so far to uvicorn's own cycle: the FastAPI app answers it."""
-        body, self._fast_body = self._fast_body, None
+    def _to_app(self, body: bytes) -> None:
+        """Hand the request so far (headers, and the body read until now) to uvicorn's own cycle: the FastAPI
+        app answers it."""
+        self._fast_body = None
         super().on_headers_complete()
         if body:
-            super().on_body(bytes(body))
+            super().on_body(body)
 
     async def _serve(self, cycle: FastCycle, path: bytes, call: Coroutine[Any, Any, bytes]) -> None:
         started = time.perf_counter()
@@ -114,7 +114,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
             status, body = 200, await call
         except SERVICE_ERRORS as exc:
             status, detail = error_response(exc)
-            body = json.dumps(detail).encode()
+            body = orjson.dumps(detail)  # compact, like the app's JSONResponse
         except Exception:
             log.exception("fast path %s failed", path.decode())
             status, body = 500, b'{"detail":"Internal Server Error"}'
