@@ -23,7 +23,7 @@ def main() -> int:
 
     uvicorn.run("query_api.app:create_app", factory=True, host=settings.api_host, port=settings.api_port,
                 workers=settings.api_workers, http=CounterHttpProtocol, loop="uvloop", log_level="warning",
-                access_log=False)
+                access_log=False, timeout_keep_alive=settings.api_keep_alive_s)  # type: ignore[arg-type]
     return 0
 
 

@@ -159,8 +159,7 @@ class RequestMetrics:
         finally:
             path = scope["path"]
             endpoint = path if path.startswith("/v1/") else "other"
-            metrics.REQUESTS.labels(endpoint, str(status)).inc()
-            metrics.LATENCY.labels(endpoint).observe(time.perf_counter() - started)
+            metrics.record(endpoint, status, time.perf_counter() - started)
 
 
 def _install_middleware(app: FastAPI) -> None:
@@ -283,7 +282,7 @@ def _install_routes(app: FastAPI) -> None:
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus() -> Response:
         """Prometheus metrics: requests and latency per endpoint, cache hit ratio."""
-        metrics.refresh_hit_ratio()
+        metrics.collect()
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -2,31 +2,36 @@
 
 FastAPI's routing, dependency injection and model validation cost most of a cached GetCount. `fast_call`
 recognises the common case (known namespace without API keys, exactly the expected fields, valid values)
-and returns the coroutine that serves it with the same service methods and response bodies; for anything
-else it returns None and the request goes to the FastAPI route, so errors and edge cases have exactly one
-implementation. `query_api.http_protocol` calls it straight from the HTTP parser.
+and returns what serves it: the service call's awaitable and the function rendering its result as the
+route's response body. For anything else it returns None and the request goes to the FastAPI route, so
+errors and edge cases have exactly one implementation. `query_api.http_protocol` calls it straight from the
+HTTP parser and settles the response in a callback (a BEST_EFFORT add needs no task at all).
 """
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import orjson
 
 from control_plane import CounterType, Namespace
 from query_api.responses import add_json, count_json
-from query_api.service import CounterService
-from schemas import INT64_MAX, INT64_MIN, MutationOp, ValidationError, validate_counter_name
+from query_api.service import CounterService, Written
+from schemas import INT64_MAX, INT64_MIN, ValidationError, validate_counter_name
 
 GET_COUNT, ADD_COUNT = b"/v1/GetCount", b"/v1/AddCount"
-FAST_PATHS = frozenset({GET_COUNT, ADD_COUNT})
+FAST_PATHS = {GET_COUNT: "/v1/GetCount", ADD_COUNT: "/v1/AddCount"}  # the path, and its metrics endpoint
 _GET_KEYS = frozenset({"namespace", "counter_name"})
 _ADD_KEYS = frozenset({"namespace", "counter_name", "delta"})
 
 
-def fast_call(service: CounterService, path: bytes, body: bytes) -> Coroutine[Any, Any, bytes] | None:
-    """The coroutine answering this POST with a JSON body, or None to let the FastAPI route decide."""
+FastCall = tuple[Awaitable[Any], Callable[[Any], bytes]]
+
+
+def fast_call(service: CounterService, path: bytes, body: bytes) -> FastCall | None:
+    """(service awaitable, render) answering this POST with a JSON body, or None to let the route decide."""
     try:
         req: Any = orjson.loads(body)
     except orjson.JSONDecodeError:  # or anything else orjson refuses (e.g. integers beyond 64 bits)
@@ -42,18 +47,22 @@ def fast_call(service: CounterService, path: bytes, body: bytes) -> Coroutine[An
     except ValidationError:
         return None
     if path == GET_COUNT:
-        return _get(service, ns, counter) if req.keys() == _GET_KEYS else None
+        return (service.get(ns, counter), count_json) if req.keys() == _GET_KEYS else None
     delta = req.get("delta")
     if (path != ADD_COUNT or req.keys() != _ADD_KEYS or ns.counter_type is not CounterType.BEST_EFFORT
             or type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX):
         return None
-    return _add(service, ns, counter, delta)
+    return service.add_best_effort(ns, counter, delta), partial(_added, ns, counter)
 
 
-async def _get(service: CounterService, ns: Namespace, counter: str) -> bytes:
-    return count_json(await service.get(ns, counter))
+_ADDED: dict[tuple[str, str], bytes] = {}  # BEST_EFFORT AddCount bodies: they do not depend on the count
 
 
-async def _add(service: CounterService, ns: Namespace, counter: str, delta: int) -> bytes:
-    written = await service.write(ns, counter, delta, MutationOp.ADD, None, None)
-    return add_json(written)
+def _added(ns: Namespace, counter: str, value: int) -> bytes:
+    key = (ns.name, counter)
+    body = _ADDED.get(key)
+    if body is None:
+        if len(_ADDED) >= 100_000:
+            _ADDED.clear()
+        body = _ADDED[key] = add_json(Written(ns, counter, None, None, value))  # as service.write's result
+    return body

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
@@ -99,11 +99,15 @@ class CounterService:
             if op is MutationOp.CLEAR:
                 await self.counters.clear(ns.name, counter)
                 return Written(ns, counter, None, None, 0)
-            value = await self.counters.add(ns.name, counter, delta, ns.ttl_s)
-            return Written(ns, counter, None, None, value)
+            return Written(ns, counter, None, None, await self.add_best_effort(ns, counter, delta))
         m = self.mutation(ns, counter, delta, op, token, generation_time, item_key)
         await self.send_durably([m])
         return Written(ns, counter, m.event_id, m.event_time)
+
+    def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
+        """A BEST_EFFORT add (memcached only): the new count. An awaitable rather than a coroutine, so the fast
+        path can settle the response in a callback."""
+        return self.counters.add(ns.name, counter, delta, ns.ttl_s)
 
     async def send_durably(self, mutations: Sequence[Mutation]) -> None:
         """Return once the broker acknowledged every mutation; BrokerUnavailable otherwise."""
@@ -123,9 +127,9 @@ class CounterService:
         """(count, rollup_ts): the cached rollup, else the rollup store's (then cached)."""
         cached = await self.cache.get(ns.name, counter)
         if cached is not None:
-            metrics.CACHE_HITS.inc()
+            metrics.count_cache(hit=True)
             return cached
-        metrics.CACHE_MISSES.inc()
+        metrics.count_cache(hit=False)
         state = await self.rollups.get(ns.name, counter)
         if state is None or state.rollup_ts == 0:
             return (state.count if state else 0), 0

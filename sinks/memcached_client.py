@@ -148,6 +148,15 @@ def _parse_values(buffer: bytearray) -> tuple[dict[str, bytes], int] | None:
         at = stop + 2
 
 
+def arith_value(cmd: bytes, key: str, reply: bytes) -> int | None:
+    """The value an `incr`/`decr` reply carries; None when the key is missing."""
+    if reply == b"NOT_FOUND\r\n":
+        return None
+    if not reply[:1].isdigit():
+        raise MemcachedError(f"{cmd.decode()} {key}: {reply.strip()[:80]!r}")
+    return int(reply)
+
+
 class AsyncMemcached:
     def __init__(self, host: str, port: int, *, pool_size: int = 4, timeout_s: float = 0.25) -> None:
         self.host = host
@@ -184,6 +193,11 @@ class AsyncMemcached:
     async def decr(self, key: str, delta: int) -> int | None:
         return await self._arith(b"decr", key, delta)
 
+    def arith(self, cmd: bytes, key: str, delta: int) -> asyncio.Future[bytes]:
+        """`incr`/`decr` as a future of memcached's raw reply line (`arith_value` reads it), for a caller that
+        settles its result in a callback rather than a task: the BEST_EFFORT AddCount hot path."""
+        return self._submit(b"%s %s %d\r\n" % (cmd, key.encode(), delta), _LINE)
+
     async def touch(self, key: str, expire: int) -> bool:
         return await self._request(b"touch %s %d\r\n" % (key.encode(), expire), _LINE) == b"TOUCHED\r\n"
 
@@ -209,14 +223,14 @@ class AsyncMemcached:
         return await self._request(request, _LINE)
 
     async def _arith(self, cmd: bytes, key: str, delta: int) -> int | None:
-        reply = await self._request(b"%s %s %d\r\n" % (cmd, key.encode(), delta), _LINE)
-        if reply == b"NOT_FOUND\r\n":
-            return None
-        if not reply[:1].isdigit():
-            raise MemcachedError(f"{cmd.decode()} {key}: {reply.strip()[:80]!r}")
-        return int(reply)
+        return arith_value(cmd, key, await self.arith(cmd, key, delta))
 
     async def _request(self, data: bytes, shape: int):  # type: ignore[no-untyped-def]
+        return await self._submit(data, shape)
+
+    def _submit(self, data: bytes, shape: int) -> asyncio.Future:
+        """The future of this request's reply: sent on the slot's live connection, or by a task once the slot
+        has connected."""
         loop = self._loop
         if loop is None or loop.is_closed():
             # First use, or a new event loop (a CLI's next asyncio.run): connections belong to one loop.
@@ -225,8 +239,12 @@ class AsyncMemcached:
             self._slots, self._next = [None] * self.pool_size, 0
         i = self._next = (self._next + 1) % self.pool_size
         conn = self._slots[i]
-        if not (isinstance(conn, _Connection) and conn.broken is None):
-            conn = await self._connect(loop, i)
+        if isinstance(conn, _Connection) and conn.broken is None:
+            return conn.request(data, shape)
+        return loop.create_task(self._connect_and_send(loop, i, data, shape))
+
+    async def _connect_and_send(self, loop: asyncio.AbstractEventLoop, i: int, data: bytes, shape: int):  # type: ignore[no-untyped-def]
+        conn = await self._connect(loop, i)
         return await conn.request(data, shape)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, i: int) -> _Connection:

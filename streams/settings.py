@@ -31,6 +31,7 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(8080, ge=0, le=65535)
     api_workers: int = Field(1, ge=1, le=64, description="API processes sharing the port (one per core)")
+    api_keep_alive_s: float = Field(5.0, gt=0, description="an idle HTTP keep-alive connection is closed after this")
     worker_port: int = Field(6066, ge=0, le=65535, description="worker web port (Prometheus /metrics)")
     mutations_topic: str = "counter-mutations"
     rollups_topic: str = "counter-rollups"

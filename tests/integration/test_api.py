@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -214,25 +215,32 @@ def test_health_ready_metrics_openapi(stack):
     assert stack.client.get("/docs").status_code == 200
 
 
+def _read_responses(sock: socket.socket, responses: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
+    """Read `responses` HTTP responses from the socket: (status line, headers, body)."""
+    out = []
+    buf = b""
+    while len(out) < responses:
+        while b"\r\n\r\n" not in buf:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(out)} responses"
+            buf += chunk
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        status, *lines = head.split(b"\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines)}
+        length = int(headers[b"content-length"])
+        while len(buf) < length:
+            buf += sock.recv(65536)
+        out.append((status, headers, buf[:length]))
+        buf = buf[length:]
+    assert not buf, f"unexpected bytes after {responses} responses: {buf[:80]!r}"
+    return out
+
+
 def _raw_http(port: int, data: bytes, responses: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
     """Send raw bytes on one connection and read `responses` HTTP responses: (status line, headers, body)."""
-    out = []
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
         sock.sendall(data)
-        buf = b""
-        while len(out) < responses:
-            while b"\r\n\r\n" not in buf:
-                chunk = sock.recv(65536)
-                assert chunk, f"connection closed after {len(out)} responses"
-                buf += chunk
-            head, buf = buf.split(b"\r\n\r\n", 1)
-            status, *lines = head.split(b"\r\n")
-            headers = {k.strip().lower(): v.strip() for k, v in (line.split(b":", 1) for line in lines)}
-            length = int(headers[b"content-length"])
-            while len(buf) < length:
-                buf += sock.recv(65536)
-            out.append((status, headers, buf[:length]))
-            buf = buf[length:]
+        out = _read_responses(sock, responses)
         if out and out[-1][1].get(b"connection") == b"close":
             assert sock.recv(1) == b""  # and the server closed it
     return out
@@ -244,9 +252,9 @@ def _get_count_requests(stack) -> float:
     return float(line[len(series):])
 
 
-def _request(body: dict, *extra: str) -> bytes:
+def _request(body: dict, *extra: str, path: str = "/v1/GetCount") -> bytes:
     data = json.dumps(body).encode()
-    head = ["POST /v1/GetCount HTTP/1.1", "Host: t", "Content-Type: application/json",
+    head = [f"POST {path} HTTP/1.1", "Host: t", "Content-Type: application/json",
             f"Content-Length: {len(data)}", *extra]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + data
 
@@ -289,6 +297,52 @@ def test_fast_path_hands_everything_unusual_to_the_app(stack):
         assert line.split()[1] == status and mentioned in text.decode(), (body, line, text[:200])
     (line, _, text), = _raw_http(port, b"POST /v1/GetCount HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\n{nope", 1)
     assert line.split()[1] == b"422", text
+
+
+def test_fast_path_best_effort_add_refuses_overflow_and_counts_exactly(stack):
+    """AddCount on a BEST_EFFORT namespace is answered by the fast path, settled in callbacks on memcached's
+    reply: concurrent adds to a new key count exactly once each, and an add past int64 is a 422 naming delta
+    that leaves the count unchanged."""
+    port, counter = stack.apis[0].port, f"fast-be-{uuid.uuid4().hex[:8]}"
+    add = {"namespace": "my_dataset_best_effort", "counter_name": counter, "delta": 3}
+    answers = _raw_http(port, _request(add, path="/v1/AddCount") * 50, 50)  # pipelined: fast path and app
+    assert {a[0] for a in answers} == {b"HTTP/1.1 200 OK"}
+    assert json.loads(answers[0][2]) == {"namespace": "my_dataset_best_effort", "counter_name": counter,
+                                         "counter_type": "BEST_EFFORT", "durable": False, "idempotency_token": None}
+    assert len({a[2] for a in answers}) == 1  # the fast path's bytes equal the app's
+    with httpx.Client(base_url=str(stack.client.base_url), timeout=30) as c:
+        def add_once(_: int) -> int:
+            return c.post("/v1/AddCount", json=add).status_code
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(add_once, range(100))) == {200}
+    assert get_count(stack, "my_dataset_best_effort", counter) == 150 * 3
+    (line, _, text), = _raw_http(port, _request({**add, "delta": 2**63 - 1}, path="/v1/AddCount"), 1)
+    assert line.split()[1] == b"422" and b"delta" in text and b"exceed" in text
+    assert get_count(stack, "my_dataset_best_effort", counter) == 150 * 3
+
+
+def test_idle_keep_alive_connections_close_and_busy_ones_stay_open(stack):
+    """The protocol arms one keep-alive timer per idle period instead of one per request: an idle connection
+    still closes after COUNTER_API_KEEP_ALIVE_S, and one kept busy (fast path and app requests) past several
+    periods stays open."""
+    api = stack.start_api(COUNTER_API_KEEP_ALIVE_S="0.5")
+    fast = _request({"namespace": "my_dataset_best_effort", "counter_name": "keep-alive"})
+    app = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", api.port), timeout=10) as sock:
+        sock.sendall(fast)
+        assert _read_responses(sock, 1)[0][0] == b"HTTP/1.1 200 OK"
+        answered = time.monotonic()
+        assert sock.recv(1) == b""  # closed by the server...
+        assert 0.4 <= time.monotonic() - answered < 5  # ...after the keep-alive period, not at once
+    with socket.create_connection(("127.0.0.1", api.port), timeout=10) as sock:
+        started = time.monotonic()
+        while time.monotonic() - started < 2.0:  # four keep-alive periods, never idle for one
+            sock.sendall(fast + app)
+            assert [r[0] for r in _read_responses(sock, 2)] == [b"HTTP/1.1 200 OK"] * 2
+            time.sleep(0.1)  # pacing: idle for a fifth of the period
+        answered = time.monotonic()
+        assert sock.recv(1) == b""
+        assert 0.4 <= time.monotonic() - answered < 5
 
 
 def test_broker_and_memcached_outages(memcached_address, tmp_path):

@@ -16,6 +16,7 @@ from pymemcache.client.base import Client
 from infra.memcached import LocalMemcached
 from infra.process import free_port
 from sinks import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
+from sinks.best_effort import CounterOverflow, CounterUnavailable, MemcachedCounters
 from sinks.memcached_client import AsyncMemcached
 from tests.helpers import Sync, wait_for
 
@@ -125,6 +126,38 @@ def test_client_pipelines_concurrent_requests_in_order(memcached_address: str, n
         assert many == {k: str(i + 1000).encode() for i, k in enumerate(keys[:100])}
         assert await client.incr(f"{ns}:missing", 1) is None
         await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_best_effort_counters_create_refresh_ttl_and_refuse_overflow(memcached_address: str, ns: str) -> None:
+    """MemcachedCounters.add settles the common case in a callback and the rest (creating the key, undoing a
+    wrap, refreshing the TTL) in a task: racing creators count exactly, a counter written more often than its
+    TTL outlives the TTL, and both int64 edges are refused."""
+    counters = MemcachedCounters(f"memcached://{memcached_address}")
+
+    async def scenario() -> None:
+        values = await asyncio.gather(*(counters.add(ns, "race", 2, None) for _ in range(200)))
+        assert sorted(values) == list(range(2, 401, 2))  # each add saw its own new count, none lost
+        started = time.monotonic()
+        n = 0
+        while time.monotonic() - started < 3:  # past the 2 s TTL set at creation (memcached counts whole seconds)
+            n += 1
+            assert await counters.add(ns, "ttl", 1, 2.0) == n  # each add is due a touch (every tenth of the TTL)
+            await asyncio.sleep(0.25)
+        assert await counters.get(ns, "ttl") == n
+        assert await counters.add(ns, "edge", -5, None) == -5
+        with pytest.raises(CounterOverflow, match="below"):
+            await counters.add(ns, "edge", -(2**63), None)
+        assert await counters.add(ns, "top", 2**63 - 1, None) == 2**63 - 1
+        with pytest.raises(CounterOverflow, match="exceed"):
+            await counters.add(ns, "top", 1, None)
+        assert await counters.get(ns, "top") == 2**63 - 1  # the wrap was undone
+        await counters.close()
+        dead = MemcachedCounters(f"memcached://127.0.0.1:{free_port()}")
+        with pytest.raises(CounterUnavailable):
+            await dead.add(ns, "x", 1, None)
+        await dead.close()
 
     asyncio.run(scenario())
 
