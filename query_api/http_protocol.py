@@ -38,6 +38,9 @@ class _Noop:
         pass
 
 
+_NOOP = _Noop()
+
+
 class FastCycle:
     """The state uvicorn's protocol reads from `self.cycle` while a fast request is in flight.
 
@@ -51,7 +54,7 @@ class FastCycle:
         self.keep_alive = keep_alive
         self.disconnected = False
         self.response_complete = False
-        self.message_event = _Noop()
+        self.message_event = _NOOP
 
 
 class _Heads:
@@ -76,7 +79,7 @@ _HEADS = _Heads()
 
 
 class CounterHttpProtocol(HttpToolsProtocol):
-    _fast_body: bytearray | None = None
+    _fast_body: bytes | None = None
     _idle_since: float | None = None  # when the last response completed; None while a request is in flight
 
     # -- httptools parser callbacks ---------------------------------------------------------------------
@@ -92,7 +95,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
         idle = (self.cycle is None or self.cycle.response_complete) and not self.pipeline
         if (idle and self.url in FAST_PATHS and not self.expect_100_continue and self.limit_concurrency is None
                 and self.parser.get_method() == b"POST" and self.app_state.get("service") is not None):
-            self._fast_body = bytearray()
+            self._fast_body = b""
             return
         self._fast_body = None
         self._begin_app_request()
@@ -102,15 +105,15 @@ class CounterHttpProtocol(HttpToolsProtocol):
         if self._fast_body is None:
             super().on_body(body)
             return
-        self._fast_body += body
+        self._fast_body += body  # usually the one chunk: b"" + body is body, no copy
         if len(self._fast_body) > MAX_FAST_BODY:
-            self._to_app(bytes(self._fast_body))
+            self._to_app(self._fast_body)
 
     def on_message_complete(self) -> None:
         if self._fast_body is None:
             super().on_message_complete()
             return
-        body, self._fast_body = bytes(self._fast_body), None
+        body, self._fast_body = self._fast_body, None
         call = fast_call(self.app_state["service"], self.url, body)
         if call is None:
             self._to_app(body)
@@ -119,7 +122,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
         self.cycle = cycle = FastCycle(keep_alive)  # type: ignore[assignment]
         awaitable, render = call
-        future = awaitable if asyncio.isfuture(awaitable) else self.loop.create_task(awaitable)  # type: ignore[arg-type]
+        future = awaitable if isinstance(awaitable, asyncio.Future) else self.loop.create_task(awaitable)  # type: ignore[arg-type]
         future.add_done_callback(functools.partial(self._done, cycle, self.url, render, time.perf_counter()))
         self.tasks.add(future)  # type: ignore[arg-type]  # uvicorn's shutdown waits while this set is not empty
 
@@ -178,7 +181,8 @@ class CounterHttpProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        self.flow.resume_reading()
+        if self.flow.read_paused:
+            self.flow.resume_reading()
         if self.pipeline:
             self._idle_since = None
             cycle, app = self.pipeline.pop()

@@ -93,29 +93,30 @@ class MemcachedCounters:
         """The new count. This is BEST_EFFORT AddCount's hot path, so the common case (the key exists, no wrap,
         no TTL touch due) is settled in a callback on memcached's reply, without a task or coroutine;
         anything else continues in `_finish`."""
-        key = self._key(namespace, counter)
-        reply = self._client.arith(_command(delta), key, abs(delta))
-        result = reply.get_loop().create_future()
-        reply.add_done_callback(functools.partial(self._settle, result, namespace, counter, key, delta, ttl_s))
+        key = self._keys.get((namespace, counter)) or self._key(namespace, counter)
+        result = self._client.event_loop().create_future()
+        self._client.arith(b"incr" if delta >= 0 else b"decr", key, abs(delta),
+                           functools.partial(self._settle, result, namespace, counter, key, delta, ttl_s))
         return result
 
     def _settle(self, result: asyncio.Future[int], namespace: str, counter: str, key: str, delta: int,
-                ttl_s: float | None, reply: asyncio.Future[bytes]) -> None:
+                ttl_s: float | None, line: bytes | None, error: MemcachedError | None) -> None:
         if result.done():  # the caller gave up (cancelled)
             return
-        if reply.cancelled():
-            result.cancel()
-            return
         try:
-            raw = arith_value(_command(delta), key, reply.result())
+            if error is None and line[:1].isdigit():  # type: ignore[index]  # the common case first: a count
+                raw = int(line)  # type: ignore[arg-type]
+                if _in_range(delta, raw) and not (ttl_s and self._touch_due(key, ttl_s)):
+                    result.set_result(raw - BIAS)
+                    return
+            if error is not None:
+                raise error
+            raw = arith_value(_command(delta), key, line)  # type: ignore[arg-type, assignment]
         except MemcachedError as exc:
             result.set_exception(CounterUnavailable(str(exc)))
             return
         except Exception as exc:  # never leave the caller waiting
             result.set_exception(exc)
-            return
-        if raw is not None and _in_range(delta, raw) and not self._touch_due(key, ttl_s):
-            result.set_result(raw - BIAS)
             return
         _copy_outcome(result.get_loop().create_task(self._finish(namespace, counter, key, delta, ttl_s, raw)),
                       result)
@@ -130,7 +131,7 @@ class MemcachedCounters:
                     raise CounterUnavailable(f"memcached {self.address}: key {key} vanished repeatedly")
                 attempts += 1
                 await self._client.add(key, str(BIAS).encode(), _expire(ttl_s))
-                raw = arith_value(_command(delta), key, await self._client.arith(_command(delta), key, abs(delta)))
+                raw = await (self._client.incr(key, delta) if delta >= 0 else self._client.decr(key, -delta))
             if not _in_range(delta, raw):
                 if delta > 0:  # wrapped past 2**64: undo (modular) and refuse
                     await self._client.incr(key, (1 << 64) - delta)

@@ -2,8 +2,9 @@
 
 A blocking client stalls every request of an asyncio server for each round trip; a connection per request
 costs a pool, a semaphore and a stream reader per call. Here each request goes to one of a few shared
-connections and waits on a future; the requests made during one event-loop pass leave in one send (a
-system call per request was a tenth of a cached GetCount). Replies come back in order (memcached answers a
+connections and waits on a future (or, on the hottest path, passes a callback that the read callback calls
+with the reply: no future, no extra loop pass); the requests made during one event-loop pass leave in one
+send (a system call per request was a tenth of a cached GetCount). Replies come back in order (memcached answers a
 connection's requests in sequence) and are matched first-in, first-out. A connection that saw an error, an unexpected
 reply or a timeout is closed and every request waiting on it fails with MemcachedError; the next request
 opens a new one.
@@ -12,10 +13,15 @@ opens a new one.
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import re
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 _LINE, _VALUES = 0, 1  # reply shapes: one line, or VALUE blocks up to END
 MAX_KEY_BYTES = 250
@@ -31,6 +37,21 @@ class MemcachedError(RuntimeError):
     """memcached could not be reached or answered something unexpected."""
 
 
+OnReply = Callable[[Any, "MemcachedError | None"], None]  # (reply, None) or (None, error)
+Waiter = asyncio.Future | OnReply
+
+
+def _deliver(waiter: Waiter, reply: Any, error: MemcachedError | None) -> None:
+    if isinstance(waiter, asyncio.Future):
+        if not waiter.done():
+            waiter.set_result(reply) if error is None else waiter.set_exception(error)
+        return
+    try:
+        waiter(reply, error)
+    except Exception:  # a callback's bug must not stop the replies of the requests behind it
+        log.exception("memcached reply callback failed")
+
+
 class _Connection(asyncio.Protocol):
     """One connection: requests go out in order, replies resolve their futures in the same order."""
 
@@ -39,7 +60,7 @@ class _Connection(asyncio.Protocol):
         self.timeout_s = timeout_s
         self.transport: asyncio.Transport | None = None
         self.broken: MemcachedError | None = None
-        self._pending: deque[tuple[int, asyncio.Future, float]] = deque()
+        self._pending: deque[tuple[int, Waiter, float]] = deque()
         self._buffer = bytearray()
         self._outgoing: list[bytes] = []  # written once per event-loop pass: one send for many requests
         self._watchdog: asyncio.TimerHandle | None = None
@@ -47,18 +68,19 @@ class _Connection(asyncio.Protocol):
 
     # -- used by the client ---------------------------------------------------------------------------
 
-    def request(self, data: bytes, shape: int) -> asyncio.Future:
-        future = self._loop.create_future()
+    def request(self, data: bytes, shape: int, on_reply: OnReply | None = None) -> asyncio.Future | None:
+        """Queue a request: its reply resolves the returned future, or is passed to on_reply if given."""
+        waiter = self._loop.create_future() if on_reply is None else on_reply
         if self.broken is not None:
-            future.set_exception(self.broken)
-            return future
-        self._pending.append((shape, future, time.monotonic()))
+            _deliver(waiter, None, self.broken)
+            return None if on_reply else waiter  # type: ignore[return-value]
+        self._pending.append((shape, waiter, time.monotonic()))
         if not self._outgoing:
             self._loop.call_soon(self._flush)
         self._outgoing.append(data)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(self.timeout_s, self._check_timeout)
-        return future
+        return None if on_reply else waiter  # type: ignore[return-value]
 
     def close(self) -> None:
         self._fail(MemcachedError(f"memcached {self.address}: connection closed"))
@@ -72,25 +94,38 @@ class _Connection(asyncio.Protocol):
         self._fail(MemcachedError(f"memcached {self.address}: connection lost ({exc or 'closed by server'})"))
 
     def data_received(self, data: bytes) -> None:
-        buffer = self._buffer
-        buffer += data
-        pending = self._pending
+        if self._buffer:  # the rest of a reply that began in an earlier read
+            data = bytes(self._buffer + data)
+        at, pending = 0, self._pending
         while pending:
-            shape, future, _ = pending[0]
-            try:
-                parsed = _parse_line(buffer) if shape == _LINE else _parse_values(buffer)
-            except ValueError as exc:
-                self._fail(MemcachedError(f"memcached {self.address}: {exc}"))
-                return
-            if parsed is None:
-                break
-            reply, used = parsed
-            del buffer[:used]
+            shape, waiter, _ = pending[0]
+            if shape == _LINE:
+                end = data.find(b"\r\n", at)
+                if end < 0:
+                    break
+                reply: bytes | dict[str, bytes] = data[at:end + 2]
+                at = end + 2
+            else:
+                try:
+                    parsed = _parse_values(data, at)
+                except ValueError as exc:
+                    self._fail(MemcachedError(f"memcached {self.address}: {exc}"))
+                    return
+                if parsed is None:
+                    break
+                reply, at = parsed
             pending.popleft()
-            if not future.done():
-                future.set_result(reply)
-        if not pending and buffer:
-            self._fail(MemcachedError(f"memcached {self.address}: unexpected reply {bytes(buffer[:60])!r}"))
+            if isinstance(waiter, asyncio.Future):  # inline _deliver: this runs once per reply
+                if not waiter.done():
+                    waiter.set_result(reply)
+            else:
+                _deliver(waiter, reply, None)
+        if at < len(data):
+            self._buffer = bytearray(data[at:])
+        elif self._buffer:
+            self._buffer.clear()
+        if not pending and self._buffer:
+            self._fail(MemcachedError(f"memcached {self.address}: unexpected reply {bytes(self._buffer[:60])!r}"))
 
     # -- internals ------------------------------------------------------------------------------------
 
@@ -116,35 +151,29 @@ class _Connection(asyncio.Protocol):
             self._watchdog.cancel()
             self._watchdog = None
         pending, self._pending = self._pending, deque()
-        for _, future, _ in pending:
-            if not future.done():
-                future.set_exception(error)
+        for _, waiter, _ in pending:
+            _deliver(waiter, None, error)
         if self.transport is not None:
             self.transport.close()
 
 
-def _parse_line(buffer: bytearray) -> tuple[bytes, int] | None:
-    end = buffer.find(b"\r\n")
-    return None if end < 0 else (bytes(buffer[:end + 2]), end + 2)
-
-
-def _parse_values(buffer: bytearray) -> tuple[dict[str, bytes], int] | None:
-    """`VALUE <key> <flags> <bytes>\\r\\n<data>\\r\\n` blocks up to `END\\r\\n`, or None when incomplete."""
+def _parse_values(data: bytes, at: int) -> tuple[dict[str, bytes], int] | None:
+    """`VALUE <key> <flags> <bytes>\\r\\n<data>\\r\\n` blocks up to `END\\r\\n` from offset `at`: the values and
+    the offset after END, or None when incomplete."""
     found: dict[str, bytes] = {}
-    at = 0
     while True:
-        end = buffer.find(b"\r\n", at)
+        end = data.find(b"\r\n", at)
         if end < 0:
             return None
-        if end - at == 3 and buffer[at:end] == b"END":
+        if end - at == 3 and data[at:end] == b"END":
             return found, end + 2
-        parts = bytes(buffer[at:end]).split()
+        parts = data[at:end].split()
         if len(parts) < 4 or parts[0] != b"VALUE":
-            raise ValueError(f"unexpected reply {bytes(buffer[at:end][:60])!r}")
+            raise ValueError(f"unexpected reply {data[at:end][:60]!r}")
         start, stop = end + 2, end + 2 + int(parts[3])
-        if len(buffer) < stop + 2:
+        if len(data) < stop + 2:
             return None
-        found[parts[1].decode()] = bytes(buffer[start:stop])
+        found[parts[1].decode()] = data[start:stop]
         at = stop + 2
 
 
@@ -155,6 +184,15 @@ def arith_value(cmd: bytes, key: str, reply: bytes) -> int | None:
     if not reply[:1].isdigit():
         raise MemcachedError(f"{cmd.decode()} {key}: {reply.strip()[:80]!r}")
     return int(reply)
+
+
+def _forward_outcome(on_reply: OnReply, task: asyncio.Task) -> None:
+    if task.cancelled():
+        _deliver(on_reply, None, MemcachedError("memcached request cancelled"))
+    elif (exc := task.exception()) is None:
+        _deliver(on_reply, task.result(), None)
+    else:
+        _deliver(on_reply, None, exc if isinstance(exc, MemcachedError) else MemcachedError(repr(exc)))
 
 
 class AsyncMemcached:
@@ -193,10 +231,21 @@ class AsyncMemcached:
     async def decr(self, key: str, delta: int) -> int | None:
         return await self._arith(b"decr", key, delta)
 
-    def arith(self, cmd: bytes, key: str, delta: int) -> asyncio.Future[bytes]:
-        """`incr`/`decr` as a future of memcached's raw reply line (`arith_value` reads it), for a caller that
-        settles its result in a callback rather than a task: the BEST_EFFORT AddCount hot path."""
-        return self._submit(b"%s %s %d\r\n" % (cmd, key.encode(), delta), _LINE)
+    def arith(self, cmd: bytes, key: str, delta: int, on_reply: OnReply) -> None:
+        """`incr`/`decr`, passing memcached's raw reply line (`arith_value` reads it) or the error to on_reply,
+        called from the connection's read callback: no task, no future, no extra loop pass. For the BEST_EFFORT
+        AddCount hot path; on_reply runs on the event loop and must not block."""
+        self._submit(b"%s %s %d\r\n" % (cmd, key.encode(), delta), _LINE, on_reply)
+
+    def event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop this client's connections belong to: the running one at first use, or after the previous
+        loop closed (a CLI's next asyncio.run)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            # Not get_running_loop() on every call: it costs a getpid() system call (8% of a fast request).
+            loop = self._loop = asyncio.get_running_loop()
+            self._slots, self._next = [None] * self.pool_size, 0
+        return loop
 
     async def touch(self, key: str, expire: int) -> bool:
         return await self._request(b"touch %s %d\r\n" % (key.encode(), expire), _LINE) == b"TOUCHED\r\n"
@@ -223,25 +272,24 @@ class AsyncMemcached:
         return await self._request(request, _LINE)
 
     async def _arith(self, cmd: bytes, key: str, delta: int) -> int | None:
-        return arith_value(cmd, key, await self.arith(cmd, key, delta))
+        return arith_value(cmd, key, await self._request(b"%s %s %d\r\n" % (cmd, key.encode(), delta), _LINE))
 
     async def _request(self, data: bytes, shape: int):  # type: ignore[no-untyped-def]
-        return await self._submit(data, shape)
+        return await self._submit(data, shape)  # type: ignore[misc]
 
-    def _submit(self, data: bytes, shape: int) -> asyncio.Future:
-        """The future of this request's reply: sent on the slot's live connection, or by a task once the slot
-        has connected."""
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            # First use, or a new event loop (a CLI's next asyncio.run): connections belong to one loop.
-            # Not get_running_loop() on every call: it costs a getpid() system call (8% of a fast request).
-            loop = self._loop = asyncio.get_running_loop()
-            self._slots, self._next = [None] * self.pool_size, 0
+    def _submit(self, data: bytes, shape: int, on_reply: OnReply | None = None) -> asyncio.Future | None:
+        """Send on the slot's live connection, or from a task once the slot has connected. Without on_reply,
+        the future of the reply."""
+        loop = self.event_loop()
         i = self._next = (self._next + 1) % self.pool_size
         conn = self._slots[i]
         if isinstance(conn, _Connection) and conn.broken is None:
-            return conn.request(data, shape)
-        return loop.create_task(self._connect_and_send(loop, i, data, shape))
+            return conn.request(data, shape, on_reply)
+        task = loop.create_task(self._connect_and_send(loop, i, data, shape))
+        if on_reply is None:
+            return task
+        task.add_done_callback(functools.partial(_forward_outcome, on_reply))
+        return None
 
     async def _connect_and_send(self, loop: asyncio.AbstractEventLoop, i: int, data: bytes, shape: int):  # type: ignore[no-untyped-def]
         conn = await self._connect(loop, i)
