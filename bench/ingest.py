@@ -6,6 +6,11 @@ Produces N mutations (client-side batching) over K counters into a fresh local s
 which the worker persists them (its events_persisted metric), the time from the last write until every counter
 is exact in the rollup store, and, on the same broker in the same run, how fast a bare aiokafka consumer reads
 the same records. Prints all three and the ratio persisted/raw.
+
+Two ceilings of the persist path are measured in the same run on the same records, so the ratio can be
+read against them: decoding alone (the records' Avro, on one core, nothing stored) and storing alone (the
+decoded events written to a fresh SQLite event store in the worker's batch size, nothing decoded). The
+pipeline cannot persist faster than either.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench.common import console, local_stack, progress_bar, write_result
+from bench.common import NAMESPACES, console, local_stack, progress_bar, write_result
+from control_plane import load_namespaces
 from producers import CounterProducer
-from schemas import Mutation, MutationOp
-from sinks import SqliteRollupStore
+from schemas import Mutation, MutationOp, decode_mutations
+from sinks import EventRow, SqliteRollupStore, open_namespace_stores
 
 NS = "my_dataset"
 
@@ -69,9 +75,9 @@ def exact_counters(data_dir: Path, expected: dict[str, int]) -> int:
     return asyncio.run(check())
 
 
-async def raw_read(bootstrap: str, topic: str, records: int) -> tuple[int, float]:
+async def raw_read(bootstrap: str, topic: str, records: int, keep: list[bytes] | None = None) -> tuple[int, float]:
     """A bare aiokafka consumer reading the topic from the start until it has seen `records` mutation
-    records (heartbeats are read but not counted): (records, seconds)."""
+    records (heartbeats are read but not counted): (records, seconds). `keep` collects the values."""
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                 max_partition_fetch_bytes=8 << 20, fetch_max_bytes=64 << 20)
     await consumer.start()
@@ -83,11 +89,37 @@ async def raw_read(bootstrap: str, topic: str, records: int) -> tuple[int, float
         while got < records:
             batch = await consumer.getmany(timeout_ms=1000, max_records=100_000)
             got += sum(1 for recs in batch.values() for r in recs if r.value)  # heartbeats have empty values
+            if keep is not None:
+                keep.extend(r.value for recs in batch.values() for r in recs if r.value)
             if time.perf_counter() - started > 300:
                 raise SystemExit(f"raw read saw only {got} of {records} records in 300 s")
         return got, time.perf_counter() - started
     finally:
         await consumer.stop()
+
+
+ROWS_PER_PERSIST_BATCH = 500_000  # the worker's persist batch: 1,000 records of 500 mutations, one transaction
+
+
+def ceilings(values: list[bytes], data_dir: Path) -> tuple[float, float]:
+    """(decoded mutations/s, stored event rows/s) for the same records, each step alone."""
+    started = time.perf_counter()
+    decoded = [m for value in values for m in decode_mutations(value)]
+    decode_rate = len(decoded) / (time.perf_counter() - started)
+    rows: list[EventRow] = [(m.namespace, m.counter_name, m.event_time or 0, m.event_id or "", m.event_item_key,
+                             m.delta, m.op is MutationOp.CLEAR) for m in decoded]
+
+    async def store() -> float:
+        events, rollups = open_namespace_stores("sqlite", data_dir, load_namespaces(NAMESPACES))
+        try:
+            started = time.perf_counter()
+            for i in range(0, len(rows), ROWS_PER_PERSIST_BATCH):
+                await events.write_events(rows[i:i + ROWS_PER_PERSIST_BATCH])
+            return len(rows) / (time.perf_counter() - started)
+        finally:
+            await events.close()
+            await rollups.close()
+    return decode_rate, asyncio.run(store())
 
 
 def run(n: int, counters: int, batch_size: int) -> dict:
@@ -103,6 +135,11 @@ def run(n: int, counters: int, batch_size: int) -> dict:
         with progress_bar("raw aiokafka read", None, "rec"):
             got, raw_s = asyncio.run(raw_read(bootstrap, "counter-mutations", records))
         raw_rate = n / raw_s  # the same mutations, read without decoding or persisting
+        values: list[bytes] = []
+        with progress_bar("ceilings: decode, store", None, "rec"):
+            asyncio.run(raw_read(bootstrap, "counter-mutations", records, keep=values))
+            decode_rate, store_rate = ceilings(values, Path(tmp) / "ceiling")
+        del values
         console.print("starting the worker (joins the consumer group)...")
         worker = stack.start_worker()
         t0 = time.perf_counter()
@@ -136,6 +173,7 @@ def run(n: int, counters: int, batch_size: int) -> dict:
         "produce_rate_per_s": n / produce_s, "persisted_per_s": persist_rate,
         "raw_read_mutations_per_s": raw_rate, "raw_read_records_per_s": got / raw_s,
         "persisted_to_raw_ratio": persist_rate / raw_rate,
+        "decode_only_mutations_per_s": decode_rate, "store_only_rows_per_s": store_rate,
         "streaming_mutations": extra, "streaming_produce_rate_per_s": extra / stream_s,
         "convergence_after_last_write_s": converged_s,
         "persisted_over_time": samples, "exact_counters_over_time": convergence,
@@ -144,6 +182,10 @@ def run(n: int, counters: int, batch_size: int) -> dict:
     console.print(f"  raw aiokafka read   {raw_rate:>12,.0f} mutations/s ({got} records of {batch_size} in "
                   f"{raw_s:.2f} s: {got / raw_s:,.0f} records/s)")
     console.print(f"  ratio persisted/raw {result['persisted_to_raw_ratio']:>12.1%}")
+    console.print(f"  decode alone        {decode_rate:>12,.0f} mutations/s on one core "
+                  f"({decode_rate / raw_rate:.1%} of raw)")
+    console.print(f"  store alone         {store_rate:>12,.0f} event rows/s into SQLite "
+                  f"({store_rate / raw_rate:.1%} of raw)")
     console.print(f"  converged           {converged_s:>12.2f} s after the last of {extra:,} writes at "
                   f"{extra / stream_s:,.0f}/s")
     return result
