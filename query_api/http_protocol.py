@@ -114,7 +114,12 @@ class CounterHttpProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         body, self._fast_body = self._fast_body, None
-        call = fast_call(self.app_state["service"], self.url, body)
+        try:
+            call = fast_call(self.app_state["service"], self.url, body)
+        except Exception as exc:  # raised before any await: answered by _done like a failed call
+            failed = self.loop.create_future()
+            failed.set_exception(exc)
+            call = failed, bytes
         if call is None:
             self._to_app(body)
             super().on_message_complete()
