@@ -325,7 +325,7 @@ def test_idle_keep_alive_connections_close_and_busy_ones_stay_open(stack):
     """The protocol arms one keep-alive timer per idle period instead of one per request: an idle connection
     still closes after COUNTER_API_KEEP_ALIVE_S, and one kept busy (fast path and app requests) past several
     periods stays open."""
-    api = stack.start_api(COUNTER_API_KEEP_ALIVE_S="0.5")
+    api = stack.start_api(COUNTER_API_KEEP_ALIVE_S="1")
     fast = _request({"namespace": "my_dataset_best_effort", "counter_name": "keep-alive"})
     app = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
     with socket.create_connection(("127.0.0.1", api.port), timeout=10) as sock:
@@ -333,16 +333,17 @@ def test_idle_keep_alive_connections_close_and_busy_ones_stay_open(stack):
         assert _read_responses(sock, 1)[0][0] == b"HTTP/1.1 200 OK"
         answered = time.monotonic()
         assert sock.recv(1) == b""  # closed by the server...
-        assert 0.4 <= time.monotonic() - answered < 5  # ...after the keep-alive period, not at once
+        # ...after about the keep-alive period, not at once (this side reads the answer a little after it left)
+        assert 0.5 <= time.monotonic() - answered < 6
     with socket.create_connection(("127.0.0.1", api.port), timeout=10) as sock:
         started = time.monotonic()
-        while time.monotonic() - started < 2.0:  # four keep-alive periods, never idle for one
+        while time.monotonic() - started < 3.0:  # three keep-alive periods, never idle for one
             sock.sendall(fast + app)
             assert [r[0] for r in _read_responses(sock, 2)] == [b"HTTP/1.1 200 OK"] * 2
-            time.sleep(0.1)  # pacing: idle for a fifth of the period
+            time.sleep(0.2)  # pacing: idle for a fifth of the period
         answered = time.monotonic()
         assert sock.recv(1) == b""
-        assert 0.4 <= time.monotonic() - answered < 5
+        assert 0.5 <= time.monotonic() - answered < 6
 
 
 def test_broker_and_memcached_outages(memcached_address, tmp_path):
