@@ -20,7 +20,7 @@ import httpx
 from bench.common import console, http_floor, local_stack, progress_bar, write_result
 from bench.loadgen import http_load, http_post, memcached_load
 from bench.rounds import load_args, median_ratio, medians, run_rounds
-from sinks.cache import cache_key
+from sinks import cache_key
 
 
 def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:

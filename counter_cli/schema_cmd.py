@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cassandra_config(args: argparse.Namespace):
-    from sinks.cassandra_config import CassandraUrlError, parse_cassandra_url, with_replication
+    from sinks.cassandra.config import CassandraUrlError, parse_cassandra_url, with_replication
 
     try:
         config = parse_cassandra_url(args.store_url)
@@ -61,7 +61,7 @@ def _store_url(args: argparse.Namespace) -> str:
 
 
 def run_print(args: argparse.Namespace) -> int:
-    from sinks.cassandra_cql import schema_statements
+    from sinks.cassandra.cql import schema_statements
 
     if not _store_url(args).startswith("cassandra://"):
         fail("schema print is for a cassandra:// store (SQLite creates its schema when the store opens)")
@@ -75,7 +75,7 @@ def run_apply(args: argparse.Namespace) -> int:
     url = _store_url(args)
     if not url.startswith("cassandra://"):
         return _apply_sqlite(url, Path(args.data_dir))
-    from sinks.cassandra_session import CassandraSession
+    from sinks.cassandra.session import CassandraSession
 
     config = _cassandra_config(args)
     session = CassandraSession(replace(config, create=True))

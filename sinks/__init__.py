@@ -1,14 +1,17 @@
-"""Storage: the TimeSeries event store, the rollup store and the rollup cache.
+"""Storage: the TimeSeries event store, the rollup store, the rollup cache and BEST_EFFORT counters.
 
-Backends: SQLite (embedded default) now, Cassandra next; memcached or in-process for the cache.
+The interfaces live here at the top (`base`, `cache`, `best_effort`, `model`); each backend is a subpackage:
+`sqlite/` (embedded default), `cassandra/` (production), `memcached/` and `memory/` (caches and counters).
 Everything time-like is epoch microseconds.
 """
 
 from sinks.base import EventStore, RollupStore, ScanCursor
-from sinks.cache import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
+from sinks.cache import RollupCache, open_cache
 from sinks.factory import EVENTS_FILE, ROLLUPS_FILE, open_namespace_stores, open_stores
+from sinks.memcached.rollup_cache import MemcachedRollupCache, cache_key
+from sinks.memory.rollup_cache import InProcessRollupCache
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, RollupState, apply_aggregate
-from sinks.sqlite_store import SqliteEventStore, SqliteRollupStore
+from sinks.sqlite import SqliteEventStore, SqliteRollupStore
 
 __all__ = [
     "EMPTY_AGGREGATE",

@@ -8,7 +8,7 @@ from typing import Any
 
 from sinks.base import EventStore, RollupStore
 from sinks.model import Partitioning
-from sinks.sqlite_store import SqliteEventStore, SqliteRollupStore
+from sinks.sqlite import SqliteEventStore, SqliteRollupStore
 
 __all__ = ["EVENTS_FILE", "ROLLUPS_FILE", "open_namespace_stores", "open_stores"]
 
@@ -19,7 +19,7 @@ ROLLUPS_FILE = "rollups.sqlite3"
 def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str], Partitioning], *,
                 delete_after_for: Callable[[str], float | None] | None = None) -> tuple[EventStore, RollupStore]:
     """``"sqlite"``: files under data_dir; ``"sqlite:///abs/dir"``: files under that directory;
-    ``"cassandra://h1,h2:9042/keyspace?dc=..."``: a Cassandra cluster (see ``sinks.cassandra_config``).
+    ``"cassandra://h1,h2:9042/keyspace?dc=..."``: a Cassandra cluster (see ``sinks.cassandra.config``).
 
     ``delete_after_for(namespace)`` (seconds) sets the Cassandra slice tables' TTL backstop; SQLite
     ignores it (its retention is ``drop_expired_slices`` alone).
@@ -33,7 +33,7 @@ def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str]
             raise ValueError(f"expected 'sqlite:///absolute/dir', got {store_url!r}")
         directory = Path(rest)
     elif url.startswith("cassandra://"):
-        from sinks.cassandra_store import open_cassandra_stores  # the driver loads only when used
+        from sinks.cassandra.store import open_cassandra_stores  # the driver loads only when used
 
         return open_cassandra_stores(url, partitioning_for, delete_after_for=delete_after_for)
     else:

@@ -16,8 +16,9 @@ from pymemcache.client.base import Client
 from infra.memcached import LocalMemcached
 from infra.process import free_port
 from sinks import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
-from sinks.best_effort import CounterOverflow, CounterUnavailable, MemcachedCounters
-from sinks.memcached_client import AsyncMemcached
+from sinks.best_effort import CounterOverflow, CounterUnavailable
+from sinks.memcached.client import AsyncMemcached
+from sinks.memcached.counters import MemcachedCounters
 from tests.helpers import Sync, wait_for
 
 pytestmark = pytest.mark.integration
@@ -164,7 +165,7 @@ def test_best_effort_counters_create_refresh_ttl_and_refuse_overflow(memcached_a
 
 def test_memcached_outage_costs_reads_nothing_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:
     dead = Sync(MemcachedRollupCache(f"127.0.0.1:{free_port()}", breaker_s=0.0))  # retry on every call
-    caplog.set_level(logging.WARNING, logger="sinks.cache")
+    caplog.set_level(logging.WARNING, logger="sinks.memcached.rollup_cache")
     assert dead.get("ns", "c") is None
     for _ in range(20):
         start = time.monotonic()
@@ -174,7 +175,7 @@ def test_memcached_outage_costs_reads_nothing_and_never_raises(caplog: pytest.Lo
     dead.delete("ns", "c")
     assert dead.get_many([("ns", "c"), ("ns", "d")]) == {}
     assert not dead.healthy()
-    warnings = [r for r in caplog.records if r.name == "sinks.cache"]
+    warnings = [r for r in caplog.records if r.name == "sinks.memcached.rollup_cache"]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]  # logged once per outage
 
 

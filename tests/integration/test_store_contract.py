@@ -29,7 +29,7 @@ from sinks import (
     apply_aggregate,
     open_stores,
 )
-from sinks.sqlite_events import _AGGREGATE
+from sinks.sqlite.events import _AGGREGATE
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
 
     with ExitStack() as stack:
         if request.param == "cassandra":  # skips, naming why, when no cluster is reachable
-            from sinks.cassandra_testing import contract_stores
+            from tests.cassandra_support import contract_stores
 
             events, rollups, namespace = stack.enter_context(contract_stores(lambda ns: PART))
         else:

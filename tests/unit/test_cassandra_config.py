@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.cassandra_config import (
+from sinks.cassandra.config import (
     MAX_TTL_SECONDS,
     CassandraConfig,
     CassandraUrlError,

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from sinks.cassandra_cql import (
+from sinks.cassandra.cql import (
     BASE_TABLES,
     EventCql,
     Part,
@@ -238,7 +238,7 @@ def test_parts_for_the_first_rollup_start_only_where_events_are():
 
 
 def test_counter_registry_statements():
-    from sinks.cassandra_cql import COUNTER_SHARDS, counter_shard
+    from sinks.cassandra.cql import COUNTER_SHARDS, counter_shard
 
     add = E.register_counter("ns", "c1")
     assert add.cql == "INSERT INTO ks.event_counters (namespace, shard, counter_name) VALUES (?, ?, ?)"

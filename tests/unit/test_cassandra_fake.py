@@ -1,6 +1,6 @@
 """The Cassandra stores' logic against an in-memory fake of the statements they send.
 
-The fake implements each statement ``op`` of ``sinks.cassandra_cql`` with Cassandra's semantics
+The fake implements each statement ``op`` of ``sinks.cassandra.cql`` with Cassandra's semantics
 that the design relies on: cells resolved by write timestamp (ties: the greater value), tombstones
 shadowing writes with timestamps <= theirs, clustering order, range deletes, dropped tables raising
 "unconfigured table". It checks every statement's bind-marker count too. With it, the whole shared
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from sinks.cassandra_cql import Stmt
-from sinks.cassandra_events import CassandraEventStore
-from sinks.cassandra_rollups import CassandraRollupStore
-from sinks.cassandra_session import MissingTable, run_bounded
+from sinks.cassandra.cql import Stmt
+from sinks.cassandra.events import CassandraEventStore
+from sinks.cassandra.rollups import CassandraRollupStore
+from sinks.cassandra.session import MissingTable, run_bounded
 from sinks.model import Partitioning
 from tests.integration import test_store_contract as contract
 
@@ -479,7 +479,7 @@ def test_adds_at_the_clear_instant_in_other_partitions_count_as_events_not_delta
 
 
 def test_counters_page_in_name_order_like_sqlite(tmp_path):
-    from sinks.sqlite_events import SqliteEventStore
+    from sinks.sqlite.events import SqliteEventStore
 
     names = [f"k{i:03d}" for i in range(0, 120, 3)] + ["Z", "a", "é", "a b"]
     rows = [ev("ns", BASE + (i % 5) * 70 * S + i, f"e{i}", 1, counter=n) for i, n in enumerate(names)]

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from sinks import open_stores
-from sinks.cassandra_config import CassandraUrlError, parse_cassandra_url
-from sinks.cassandra_cql import BASE_TABLES, render_schema_file
+from sinks.cassandra.config import CassandraUrlError, parse_cassandra_url
+from sinks.cassandra.cql import BASE_TABLES, render_schema_file
 from streams.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -221,7 +221,7 @@ def test_factory_routes_cassandra_urls(tmp_path):
 
 
 def test_contract_skip_reason_is_explicit(monkeypatch):
-    from sinks import cassandra_testing
+    from tests import cassandra_support as cassandra_testing
 
     monkeypatch.delenv(cassandra_testing.ENV, raising=False)
     monkeypatch.setattr(cassandra_testing, "_state", {})
@@ -240,7 +240,7 @@ def test_contract_skip_reason_is_explicit(monkeypatch):
     ("cassandra://u:p@db1,db2:9142/ignored?dc=dc9", "cassandra://u:p@db1,db2:9142/"),
 ])
 def test_contract_url_from_the_environment(monkeypatch, target, expected):
-    from sinks import cassandra_testing
+    from tests import cassandra_support as cassandra_testing
 
     monkeypatch.setenv(cassandra_testing.ENV, target)
     monkeypatch.setattr(cassandra_testing, "_state", {})

@@ -15,9 +15,9 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy, TokenAwarePolicy, WriteType
 from cassandra.query import tuple_factory
 
-from sinks.cassandra_config import parse_cassandra_url
-from sinks.cassandra_cql import BASE_TABLES, EventCql, RollupCql, Stmt
-from sinks.cassandra_session import (
+from sinks.cassandra.config import parse_cassandra_url
+from sinks.cassandra.cql import BASE_TABLES, EventCql, RollupCql, Stmt
+from sinks.cassandra.session import (
     CassandraSchemaError,
     CassandraSession,
     IdempotentRetryPolicy,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sinks.model import RollupState
-from sinks.sqlite_thread import SqliteThread
+from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteRollupStore"]
 

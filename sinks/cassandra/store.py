@@ -1,19 +1,19 @@
 """Cassandra backend, the production store: open both stores on one shared driver session.
 
 ``COUNTER_STORE=cassandra://host1,host2:9042/keyspace?dc=dc1`` selects it (URL options in
-``sinks.cassandra_config``). The keyspace and fixed tables come from ``counter schema apply``
+``sinks.cassandra.config``). The keyspace and fixed tables come from ``counter schema apply``
 (or ``create=1`` on a dev cluster); slice tables are created by the workers as time moves on.
-Layout and concurrency rules are documented in ``cassandra_events`` and ``cassandra_rollups``.
+Layout and concurrency rules are documented in ``sinks.cassandra.events`` and ``sinks.cassandra.rollups``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from sinks.cassandra_config import CassandraConfig, parse_cassandra_url
-from sinks.cassandra_events import CassandraEventStore
-from sinks.cassandra_rollups import CassandraRollupStore
-from sinks.cassandra_session import CassandraSession
+from sinks.cassandra.config import CassandraConfig, parse_cassandra_url
+from sinks.cassandra.events import CassandraEventStore
+from sinks.cassandra.rollups import CassandraRollupStore
+from sinks.cassandra.session import CassandraSession
 from sinks.model import Partitioning
 
 __all__ = ["CassandraEventStore", "CassandraRollupStore", "connect", "open_cassandra_stores"]

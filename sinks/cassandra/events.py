@@ -1,6 +1,6 @@
 """Cassandra TimeSeries event store: one table per (namespace, time slice), idempotent events.
 
-Layout (statements in ``sinks.cassandra_cql``):
+Layout (statements in ``sinks.cassandra.cql``):
 * Slice table ``ev_<ns>_<hash>_<slice>``: partition ``(namespace, counter_name, time_bucket,
   event_bucket)``, clustering ``(event_time DESC, event_id, event_item_key)``, so a hot counter is
   spread over ``buckets_per_id`` partitions per ``seconds_per_bucket`` and no partition grows wide.
@@ -39,8 +39,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from sinks.base import ScanCursor
-from sinks.cassandra_config import event_ttl_seconds, index_ttl_seconds
-from sinks.cassandra_cql import (
+from sinks.cassandra.config import event_ttl_seconds, index_ttl_seconds
+from sinks.cassandra.cql import (
     COUNTER_SHARDS,
     MIN_BIGINT,
     EventCql,
@@ -51,7 +51,7 @@ from sinks.cassandra_cql import (
     parts_for,
     slice_table_name,
 )
-from sinks.cassandra_session import Executor, MissingTable
+from sinks.cassandra.session import Executor, MissingTable
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
 
 __all__ = ["CassandraEventStore"]

@@ -47,8 +47,8 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from sinks.cassandra_cql import RollupCql, Stmt, pending_shard
-from sinks.cassandra_session import Executor
+from sinks.cassandra.cql import RollupCql, Stmt, pending_shard
+from sinks.cassandra.session import Executor
 from sinks.model import RollupState
 
 __all__ = ["CassandraRollupStore"]

@@ -84,7 +84,7 @@ def contract_url() -> str:
 
 
 def _session():
-    from sinks.cassandra_store import connect
+    from sinks.cassandra.store import connect
 
     session = _state.get("session")
     if session is None:
@@ -104,8 +104,8 @@ def _session():
 @contextlib.contextmanager
 def contract_stores(partitioning_for: Callable[[str], Partitioning]) -> Iterator[tuple[object, object, str]]:
     """(event store, rollup store, fresh namespace) on the shared contract keyspace."""
-    from sinks.cassandra_events import CassandraEventStore
-    from sinks.cassandra_rollups import CassandraRollupStore
+    from sinks.cassandra.events import CassandraEventStore
+    from sinks.cassandra.rollups import CassandraRollupStore
 
     session = _session()
     session.acquire()

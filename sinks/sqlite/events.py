@@ -36,7 +36,7 @@ import xxhash
 
 from sinks.base import ScanCursor
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
-from sinks.sqlite_thread import SqliteThread
+from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteEventStore"]
 

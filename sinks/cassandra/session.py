@@ -30,8 +30,8 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy, TokenAwarePolicy, WriteType
 from cassandra.query import SimpleStatement, tuple_factory
 
-from sinks.cassandra_config import CassandraConfig
-from sinks.cassandra_cql import BASE_TABLES, Stmt, schema_statements
+from sinks.cassandra.config import CassandraConfig
+from sinks.cassandra.cql import BASE_TABLES, Stmt, schema_statements
 
 __all__ = [
     "CassandraSchemaError",

@@ -1,0 +1,1 @@
+"""memcached backends: the pipelined asyncio client, the rollup cache and BEST_EFFORT counters."""

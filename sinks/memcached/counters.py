@@ -1,0 +1,161 @@
+"""BEST_EFFORT counters: memcached `incr`/`decr` with a TTL, exact for negative deltas and totals.
+
+memcached counters are unsigned 64-bit: `decr` stops at zero and `incr` wraps at 2**64. Storing
+`count + 2**63` (a bias) keeps every signed 64-bit count in range, so both are exact: a decr below the bias
+is a negative count, and a count outside int64 is refused before it could wrap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+
+import xxhash
+
+from sinks.best_effort import CounterOverflow, CounterUnavailable
+from sinks.memcached.client import AsyncMemcached, MemcachedError, arith_value, is_legal_key
+from sinks.memcached.rollup_cache import parse_servers
+
+__all__ = ["MemcachedCounters", "counter_key"]
+
+BIAS = 1 << 63
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+_MAX_RELATIVE_TTL_S = 30 * 24 * 3600
+_MAX_REMEMBERED = 100_000  # touch times kept per process
+
+
+@functools.lru_cache(maxsize=100_000)  # the key check was 2% of a fast AddCount
+def counter_key(namespace: str, counter: str) -> str:
+    """`<namespace>:<counter_name>` as in the post, hashed when it is not a legal memcached key."""
+    key = f"{namespace}:{counter}"
+    if is_legal_key(key):
+        return key
+    return "be#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
+
+
+def _command(delta: int) -> bytes:
+    return b"incr" if delta >= 0 else b"decr"
+
+
+def _in_range(delta: int, raw: int) -> bool:
+    """False when an incr wrapped past 2**64 or a decr stopped at zero: the count left int64."""
+    return not ((delta > 0 and raw < delta) or (delta < 0 and raw == 0))
+
+
+def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
+    """Settle target as source settles (unless target was cancelled meanwhile)."""
+    def copy(done: asyncio.Future) -> None:
+        if target.done():
+            return
+        if done.cancelled():
+            target.cancel()
+        elif done.exception() is not None:
+            target.set_exception(done.exception())
+        else:
+            target.set_result(done.result())
+    source.add_done_callback(copy)
+
+
+def _expire(ttl_s: float | None) -> int:
+    if not ttl_s or ttl_s <= 0:
+        return 0
+    return int(time.time() + ttl_s) if ttl_s > _MAX_RELATIVE_TTL_S else max(1, int(ttl_s))
+
+
+class MemcachedCounters:
+    """Signed counters in memcached. Errors raise CounterUnavailable: a best-effort write must not pretend."""
+
+    def __init__(self, server: str, *, timeout_s: float = 0.25, pool_size: int = 1) -> None:
+        (host, port), *rest = parse_servers(server)
+        if rest:
+            raise ValueError("BEST_EFFORT counters use one memcached server (EVCache replicas are future work)")
+        self.address = f"{host}:{port}"
+        self._client = AsyncMemcached(host, port, timeout_s=timeout_s, pool_size=pool_size)
+        self._touched: dict[str, float] = {}
+
+    def add(self, namespace: str, counter: str, delta: int, ttl_s: float | None) -> asyncio.Future[int]:
+        """The new count. This is BEST_EFFORT AddCount's hot path, so the common case (the key exists, no wrap,
+        no TTL touch due) is settled in a callback on memcached's reply, without a task or coroutine;
+        anything else continues in `_finish`."""
+        key = counter_key(namespace, counter)
+        result = self._client.event_loop().create_future()
+        self._client.arith(_command(delta), key, abs(delta),
+                           functools.partial(self._settle, result, namespace, counter, key, delta, ttl_s))
+        return result
+
+    def _settle(self, result: asyncio.Future[int], namespace: str, counter: str, key: str, delta: int,
+                ttl_s: float | None, line: bytes | None, error: MemcachedError | None) -> None:
+        if result.done():  # the caller gave up (cancelled)
+            return
+        try:
+            if error is None and line[:1].isdigit():  # type: ignore[index]  # the common case first: a count
+                raw = int(line)  # type: ignore[arg-type]
+                if _in_range(delta, raw) and not (ttl_s and self._touch_due(key, ttl_s)):
+                    result.set_result(raw - BIAS)
+                    return
+            if error is not None:
+                raise error
+            raw = arith_value(_command(delta), key, line)  # type: ignore[arg-type, assignment]
+        except MemcachedError as exc:
+            result.set_exception(CounterUnavailable(str(exc)))
+            return
+        except Exception as exc:  # never leave the caller waiting
+            result.set_exception(exc)
+            return
+        _copy_outcome(result.get_loop().create_task(self._finish(namespace, counter, key, delta, ttl_s, raw)),
+                      result)
+
+    async def _finish(self, namespace: str, counter: str, key: str, delta: int, ttl_s: float | None,
+                      raw: int | None) -> int:
+        """After the first incr/decr: create a missing key and apply again, undo a wrap, refresh the TTL."""
+        try:
+            attempts = 0
+            while raw is None:  # missing (new or expired): create at the bias, then apply
+                if attempts == 3:
+                    raise CounterUnavailable(f"memcached {self.address}: key {key} vanished repeatedly")
+                attempts += 1
+                await self._client.add(key, str(BIAS).encode(), _expire(ttl_s))
+                raw = await (self._client.incr(key, delta) if delta >= 0 else self._client.decr(key, -delta))
+            if not _in_range(delta, raw):
+                if delta > 0:  # wrapped past 2**64: undo (modular) and refuse
+                    await self._client.incr(key, (1 << 64) - delta)
+                    raise CounterOverflow(f"count of {namespace}:{counter} would exceed {INT64_MAX}")
+                # decr stopped at zero: the exact value is lost below INT64_MIN
+                raise CounterOverflow(f"count of {namespace}:{counter} would fall below {INT64_MIN}")
+            if self._touch_due(key, ttl_s):
+                self._touched[key] = time.monotonic()
+                await self._client.touch(key, _expire(ttl_s))
+            return raw - BIAS
+        except MemcachedError as exc:
+            raise CounterUnavailable(str(exc)) from exc
+
+    def _touch_due(self, key: str, ttl_s: float | None) -> bool:
+        """`incr` keeps the expiry set at creation: touch it again at most every tenth of the TTL."""
+        if not ttl_s or ttl_s <= 0:
+            return False
+        if len(self._touched) > _MAX_REMEMBERED:
+            self._touched.clear()
+        return self._touched.get(key, 0.0) + ttl_s / 10 <= time.monotonic()
+
+    async def get(self, namespace: str, counter: str) -> int:
+        try:
+            raw = await self._client.get(counter_key(namespace, counter))
+        except MemcachedError as exc:
+            raise CounterUnavailable(str(exc)) from exc
+        return 0 if raw is None else int(raw) - BIAS
+
+    async def clear(self, namespace: str, counter: str) -> None:
+        try:
+            await self._client.delete(counter_key(namespace, counter))
+        except MemcachedError as exc:
+            raise CounterUnavailable(str(exc)) from exc
+
+    async def healthy(self) -> bool:
+        try:
+            return bool(await self._client.version())
+        except MemcachedError:
+            return False
+
+    async def close(self) -> None:
+        await self._client.close()

@@ -1,0 +1,173 @@
+"""The rollup cache in memcached: one value `count:rollup_ts` per counter, over pipelined asyncio connections."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import xxhash
+from pymemcache.client.rendezvous import RendezvousHash
+
+from sinks.cache import Key
+from sinks.memcached.client import AsyncMemcached, is_legal_key
+
+__all__ = ["MemcachedRollupCache", "cache_key", "parse_servers"]
+
+log = logging.getLogger(__name__)
+
+_MAX_RELATIVE_TTL_S = 30 * 24 * 3600  # memcached reads larger expiries as absolute unix times
+
+
+def cache_key(namespace: str, counter: str) -> str:
+    """``rollup:<ns>:<counter>`` when that is a legal memcached key (printable ASCII, <= 250 bytes);
+    otherwise ``rollup#<xxh3-128 hex>`` of the UTF-8 key. Readable keys always start ``rollup:``
+    and hashed ones ``rollup#``, so the two forms never collide."""
+    key = f"rollup:{namespace}:{counter}"
+    if is_legal_key(key):
+        return key
+    return "rollup#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
+
+
+def _encode(count: int, rollup_ts: int) -> bytes:
+    return f"{int(count)}:{int(rollup_ts)}".encode("ascii")
+
+
+def _decode(raw: bytes | str | None) -> tuple[int, int] | None:
+    if raw is None:
+        return None
+    try:
+        text = raw.decode("ascii") if isinstance(raw, bytes) else raw
+        count, rollup_ts = text.split(":")
+        return int(count), int(rollup_ts)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def parse_servers(spec: str) -> list[tuple[str, int]]:
+    body = spec.strip()
+    if body.startswith("memcached://"):
+        body = body[len("memcached://"):]
+    body = body.rstrip("/")
+    servers = []
+    for part in filter(None, (p.strip() for p in body.split(","))):
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected memcached://host:port[,host:port], got {spec!r}")
+        servers.append((host.strip("[]"), int(port)))
+    if not servers:
+        raise ValueError(f"no memcached server in {spec!r}")
+    return servers
+
+
+class _Node:
+    """One memcached server with its connection pool and circuit breaker."""
+
+    def __init__(self, host: str, port: int, timeout_s: float, pool_size: int) -> None:
+        self.name = f"{host}:{port}"
+        self.client = AsyncMemcached(host, port, timeout_s=timeout_s, pool_size=pool_size)
+        self.down_until = 0.0  # monotonic time before which memcached is skipped
+        self.failing = False  # inside an outage (already logged)
+
+
+class MemcachedRollupCache:
+    """memcached over pipelined asyncio connections; several servers by rendezvous hashing.
+
+    A key always maps to the same server: while one is down its keys just miss rather than
+    moving to another server and coming back stale after the outage.
+    """
+
+    def __init__(self, servers: str | Sequence[str], *, default_ttl_s: float | None = None,
+                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 1) -> None:
+        specs = [servers] if isinstance(servers, str) else list(servers)
+        addresses = [addr for spec in specs for addr in parse_servers(spec)]
+        self._nodes = {f"{h}:{p}": _Node(h, p, timeout_s, pool_size) for h, p in addresses}
+        self._ring = RendezvousHash(list(self._nodes))
+        self._single = next(iter(self._nodes.values())) if len(self._nodes) == 1 else None
+        self.default_ttl_s = default_ttl_s
+        self.breaker_s = breaker_s
+        self._lock = threading.Lock()
+
+    @property
+    def servers(self) -> list[str]:
+        return list(self._nodes)
+
+    async def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
+        key = cache_key(namespace, counter)
+        return _decode(await self._guard(self._node(key), lambda c: c.get(key), None))
+
+    async def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
+        by_node: dict[str, dict[str, Key]] = {}
+        for namespace, counter in keys:
+            key = cache_key(namespace, counter)
+            by_node.setdefault(self._node(key).name, {})[key] = (namespace, counter)
+        out: dict[Key, tuple[int, int]] = {}
+        for name, wanted in by_node.items():
+            found = await self._guard(self._nodes[name], lambda c, ks=list(wanted): c.get_many(ks), {})
+            for key, raw in found.items():
+                value = _decode(raw)
+                if value is not None and key in wanted:
+                    out[wanted[key]] = value
+        return out
+
+    async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
+                  ttl_s: float | None = None) -> None:
+        key = cache_key(namespace, counter)
+        expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
+        value = _encode(count, rollup_ts)
+        await self._guard(self._node(key), lambda c: c.set(key, value, expire), None)
+
+    async def delete(self, namespace: str, counter: str) -> None:
+        key = cache_key(namespace, counter)
+        await self._guard(self._node(key), lambda c: c.delete(key), None)
+
+    async def healthy(self) -> bool:
+        """True when every server answers now (a server in its breaker window counts as down)."""
+        for node in self._nodes.values():
+            if not await self._guard(node, lambda c: c.version(), False):
+                return False
+        return True
+
+    async def close(self) -> None:
+        for node in self._nodes.values():
+            with contextlib.suppress(Exception):  # best effort, like everything here
+                await node.client.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _node(self, key: str) -> _Node:
+        return self._single or self._nodes[self._ring.get_node(key)]
+
+    @staticmethod
+    def _expire(ttl_s: float | None) -> int:
+        if not ttl_s or ttl_s <= 0:
+            return 0  # no expiry
+        if ttl_s > _MAX_RELATIVE_TTL_S:
+            return int(time.time() + ttl_s)
+        return max(1, math.ceil(ttl_s))
+
+    async def _guard(self, node: _Node, op: Callable[[AsyncMemcached], Awaitable[Any]], default: Any) -> Any:
+        """Run op unless the node's breaker is open; any failure opens it and returns default."""
+        if time.monotonic() < node.down_until:
+            return default
+        try:
+            result = await op(node.client)
+        except Exception as exc:  # a cache must never fail its caller
+            with self._lock:
+                node.down_until = time.monotonic() + self.breaker_s
+                first = not node.failing
+                node.failing = True
+            if first:
+                log.warning("memcached %s unavailable (%s: %s); reads fall back to the rollup store, "
+                            "retrying every %.1fs", node.name, type(exc).__name__, exc, self.breaker_s)
+            return default
+        if node.failing:
+            with self._lock:
+                recovered, node.failing = node.failing, False
+            if recovered:
+                log.warning("memcached %s is back", node.name)
+        return result

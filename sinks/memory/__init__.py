@@ -1,0 +1,1 @@
+"""In-process backends, for one process or when memcached is absent: rollup cache and counters."""
