@@ -1,39 +1,49 @@
 """Prometheus metrics of the API: requests and latency per endpoint, cache hit ratio.
 
-Requests are tallied in plain dicts by `record` and `count_cache` and moved into the Prometheus metrics by
-`collect`, which the /metrics route calls before each scrape. Why: prometheus_client takes a lock for every
-increment, and a request made three of them (count, latency sum, latency bucket): 7% of a fast AddCount.
-Everything here runs on the API's event loop, so the tallies need no lock.
+Requests are tallied in plain dicts by `record` and `count_cache`; a custom collector registered on REGISTRY
+turns the tallies into metric families when the registry is scraped. Why: prometheus_client takes a lock for
+every increment, and a request made three of them (count, latency sum, latency bucket): 7% of a fast AddCount.
+Everything that writes the tallies runs on the API's event loop, so they need no lock; a scrape only reads them.
 """
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_left
+from collections.abc import Iterator
+from itertools import accumulate
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 REGISTRY = CollectorRegistry()
-REQUESTS = Counter("counter_api_requests_total", "HTTP requests", ["endpoint", "status"], registry=REGISTRY)
 BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, float("inf"))
-LATENCY = Histogram("counter_api_request_seconds", "HTTP request latency", ["endpoint"], registry=REGISTRY,
-                    buckets=BUCKETS)
-CACHE = Counter("counter_api_cache_total", "Rollup cache lookups", ["result"], registry=REGISTRY)
-CACHE_HITS, CACHE_MISSES = CACHE.labels("hit"), CACHE.labels("miss")
-CACHE_HIT_RATIO = Gauge("counter_api_cache_hit_ratio", "Rollup cache hits / lookups since start",
-                        registry=REGISTRY)
+_LE = tuple(floatToGoString(b) for b in BUCKETS)  # the `le` label values prometheus_client's Histogram writes
 
+# Cumulative since start; never cleared by a scrape.
 _requests: dict[tuple[str, int], int] = {}
-_latency: dict[str, list[float]] = {}  # endpoint -> observations per bucket, then their sum
+_latency: dict[str, list[float]] = {}  # endpoint -> observations per bucket (not cumulative), then their sum
 _cache = [0, 0]  # misses, hits
+# When each series was first seen: exported as *_created, as Counter and Histogram do.
+_requests_created: dict[tuple[str, int], float] = {}
+_latency_created: dict[str, float] = {}
+_CACHE_CREATED = time.time()
 
 
 def record(endpoint: str, status: int, seconds: float) -> None:
     """One request answered with `status` after `seconds`."""
     key = (endpoint, status)
-    _requests[key] = _requests.get(key, 0) + 1
+    n = _requests.get(key)
+    if n is None:
+        n = 0
+        _requests_created[key] = time.time()
+    _requests[key] = n + 1
     tally = _latency.get(endpoint)
     if tally is None:
         tally = _latency[endpoint] = [0] * (len(BUCKETS) + 1)
+        _latency_created[endpoint] = time.time()
     tally[bisect_left(BUCKETS, seconds)] += 1  # the first bucket whose bound is >= seconds, as observe()
     tally[-1] += seconds
 
@@ -43,20 +53,50 @@ def count_cache(hit: bool) -> None:
 
 
 def collect() -> None:
-    """Move the tallies into the Prometheus metrics: call before reading REGISTRY."""
-    for (endpoint, status), n in _requests.items():
-        REQUESTS.labels(endpoint, str(status)).inc(n)
+    """Kept for compatibility, does nothing: the registry reads the tallies itself at each scrape."""
+
+
+def reset() -> None:
+    """Forget every tally (for tests)."""
     _requests.clear()
-    for endpoint, tally in _latency.items():
-        histogram = LATENCY.labels(endpoint)
-        for i, n in enumerate(tally[:-1]):
-            if n:
-                histogram._buckets[i].inc(n)  # prometheus_client has no public call to add n observations
-        histogram._sum.inc(tally[-1])
     _latency.clear()
-    misses, hits = _cache
+    _requests_created.clear()
+    _latency_created.clear()
     _cache[:] = [0, 0]
-    CACHE_MISSES.inc(misses)
-    CACHE_HITS.inc(hits)
-    total_hits, total_misses = CACHE_HITS._value.get(), CACHE_MISSES._value.get()
-    CACHE_HIT_RATIO.set(total_hits / (total_hits + total_misses) if total_hits + total_misses else 0.0)
+
+
+def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
+    return (CounterMetricFamily("counter_api_requests_total", "HTTP requests", labels=("endpoint", "status")),
+            HistogramMetricFamily("counter_api_request_seconds", "HTTP request latency", labels=("endpoint",)),
+            CounterMetricFamily("counter_api_cache_total", "Rollup cache lookups", labels=("result",)),
+            GaugeMetricFamily("counter_api_cache_hit_ratio", "Rollup cache hits / lookups since start"))
+
+
+class _TallyCollector:
+    """Exports the tallies as prometheus_client's Counter, Histogram and Gauge would export the same observations."""
+
+    def describe(self) -> Iterator[Metric]:
+        """The family names, without reading the tallies: lets the registry refuse a clashing metric."""
+        yield from _families()
+
+    def collect(self) -> Iterator[Metric]:
+        requests, latency, cache, ratio = _families()
+        # Copies: a scrape from another thread must not iterate a dict that changes size.
+        requests_created, latency_created = _requests_created.copy(), _latency_created.copy()
+        for (endpoint, status), n in list(_requests.items()):
+            requests.add_metric((endpoint, str(status)), n, created=requests_created.get((endpoint, status)))
+        for endpoint, tally in list(_latency.items()):
+            tally = tally[:]
+            latency.add_metric((endpoint,), list(zip(_LE, accumulate(float(n) for n in tally[:-1]), strict=True)),
+                               tally[-1])
+            if endpoint in latency_created:  # HistogramMetricFamily takes no `created`: add what Histogram writes
+                latency.samples.append(Sample("counter_api_request_seconds_created", {"endpoint": endpoint},
+                                              latency_created[endpoint]))
+        misses, hits = _cache
+        cache.add_metric(("hit",), hits, created=_CACHE_CREATED)
+        cache.add_metric(("miss",), misses, created=_CACHE_CREATED)
+        ratio.add_metric((), hits / (hits + misses) if hits + misses else 0.0)
+        yield from (requests, latency, cache, ratio)
+
+
+REGISTRY.register(_TallyCollector())

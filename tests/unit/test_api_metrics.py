@@ -1,56 +1,97 @@
-"""The API's request tallies land in Prometheus exactly as direct observations would."""
+"""The API's request tallies export exactly what prometheus_client's own metrics would for the same observations."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from query_api import metrics
 
+Exported = dict[tuple[str, str, str], dict[tuple[str, tuple[tuple[str, str], ...]], float]]
 
-def _samples(name: str, registry: CollectorRegistry) -> dict[str, float]:
-    out = {}
-    for family in registry.collect():
+
+def _exported(registry: CollectorRegistry) -> tuple[Exported, dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
+    """The text a scrape returns, parsed: {(family, type, help): {(sample, labels): value}}, and the _created
+    samples apart (they hold creation times, which differ by construction)."""
+    families: Exported = {}
+    created = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        samples = {}
         for s in family.samples:
-            if s.name.startswith(name) and not s.name.endswith("_created"):
-                out[s.name + str(sorted(s.labels.items()))] = s.value
-    return out
+            key = (s.name, tuple(sorted(s.labels.items())))
+            (created if s.name.endswith("_created") else samples)[key] = s.value
+        if samples or not family.name.endswith("_created"):
+            families[(family.name, family.type, family.documentation)] = samples
+    return families, created
 
 
-@given(st.lists(st.floats(min_value=0, max_value=10, allow_nan=False), max_size=50)
-       .map(lambda xs: xs + list(metrics.BUCKETS[:-1])))  # bounds themselves: `le` is inclusive
-def test_recorded_latencies_equal_observed_ones(latencies: list[float]) -> None:
-    reference = CollectorRegistry()
-    direct = Histogram("counter_api_request_seconds", "", ["endpoint"], registry=reference, buckets=metrics.BUCKETS)
-    endpoint = "/v1/test-latency"
-    before = _samples("counter_api_request_seconds", metrics.REGISTRY)
-    for seconds in latencies:
-        metrics.record(endpoint, 200, seconds)
-        direct.labels(endpoint).observe(seconds)
-    metrics.collect()
-    after = _samples("counter_api_request_seconds", metrics.REGISTRY)
-    expected = _samples("counter_api_request_seconds", reference)
-    for key, value in expected.items():
-        assert after[key] - before.get(key, 0.0) == pytest.approx(value, abs=1e-6), key
+def _reference(requests: list[tuple[str, int, float]], lookups: list[bool]) -> CollectorRegistry:
+    """The same observations made with plain prometheus_client metrics, named and documented as before."""
+    registry = CollectorRegistry()
+    counter = Counter("counter_api_requests_total", "HTTP requests", ["endpoint", "status"], registry=registry)
+    histogram = Histogram("counter_api_request_seconds", "HTTP request latency", ["endpoint"], registry=registry,
+                          buckets=metrics.BUCKETS)
+    cache = Counter("counter_api_cache_total", "Rollup cache lookups", ["result"], registry=registry)
+    hits, misses = cache.labels("hit"), cache.labels("miss")
+    ratio = Gauge("counter_api_cache_hit_ratio", "Rollup cache hits / lookups since start", registry=registry)
+    for endpoint, status, seconds in requests:
+        counter.labels(endpoint, str(status)).inc()
+        histogram.labels(endpoint).observe(seconds)
+    for hit in lookups:
+        (hits if hit else misses).inc()
+    ratio.set(sum(lookups) / len(lookups) if lookups else 0.0)
+    return registry
 
 
-def test_requests_and_cache_lookups_are_counted_at_collect() -> None:
-    metrics.collect()
-    metrics.record("/v1/test-count", 200, 0.001)
-    metrics.record("/v1/test-count", 200, 0.001)
-    metrics.record("/v1/test-count", 404, 0.001)
+requests_strategy = st.lists(
+    st.tuples(st.sampled_from(["/v1/GetCount", "/v1/AddCount", "/v1/BatchGetCount"]),
+              st.sampled_from([200, 404, 422, 503]),
+              st.one_of(st.floats(min_value=0, max_value=10, allow_nan=False),
+                        st.sampled_from(metrics.BUCKETS[:-1]))),  # bounds themselves: `le` is inclusive
+    max_size=60)
+
+
+@given(requests_strategy, st.lists(st.booleans(), max_size=20))
+def test_a_scrape_equals_what_direct_observations_export(requests: list[tuple[str, int, float]],
+                                                          lookups: list[bool]) -> None:
+    metrics.reset()
+    started = time.time()
+    for endpoint, status, seconds in requests:
+        metrics.record(endpoint, status, seconds)
+    for hit in lookups:
+        metrics.count_cache(hit)
+    got, got_created = _exported(metrics.REGISTRY)
+    expected, expected_created = _exported(_reference(requests, lookups))
+    assert got == expected  # names, types, help, labels, le bounds, _count and _sum (same additions, same floats)
+    assert got_created.keys() == expected_created.keys()
+    series_created = [v for (name, _), v in got_created.items() if name != "counter_api_cache_created"]
+    assert all(started <= v <= time.time() for v in series_created)
+
+
+def test_scrapes_are_cumulative_and_collect_is_a_no_op() -> None:
+    metrics.reset()
+    metrics.record("/v1/GetCount", 200, 0.001)
     metrics.count_cache(hit=True)
-    metrics.count_cache(hit=True)
+    first = _exported(metrics.REGISTRY)
+    metrics.collect()  # kept for the /metrics route: must neither move nor count anything
+    assert _exported(metrics.REGISTRY) == first  # a scrape reads the tallies, it does not drain them
+    metrics.record("/v1/GetCount", 200, 0.003)
     metrics.count_cache(hit=False)
-    hits, misses = metrics.CACHE_HITS._value.get(), metrics.CACHE_MISSES._value.get()
-    metrics.collect()
-    text = generate_latest(metrics.REGISTRY).decode()
-    assert 'counter_api_requests_total{endpoint="/v1/test-count",status="200"} 2.0' in text
-    assert 'counter_api_requests_total{endpoint="/v1/test-count",status="404"} 1.0' in text
-    assert (metrics.CACHE_HITS._value.get(), metrics.CACHE_MISSES._value.get()) == (hits + 2, misses + 1)
-    assert metrics.CACHE_HIT_RATIO._value.get() == (hits + 2) / (hits + misses + 3)
-    metrics.collect()  # nothing new: nothing counted twice
-    assert 'counter_api_requests_total{endpoint="/v1/test-count",status="200"} 2.0' in \
-        generate_latest(metrics.REGISTRY).decode()
+    families, _ = _exported(metrics.REGISTRY)
+    requests = families[("counter_api_requests", "counter", "HTTP requests")]
+    assert requests[("counter_api_requests_total", (("endpoint", "/v1/GetCount"), ("status", "200")))] == 2
+    latency = families[("counter_api_request_seconds", "histogram", "HTTP request latency")]
+    assert latency[("counter_api_request_seconds_sum", (("endpoint", "/v1/GetCount"),))] == pytest.approx(0.004)
+    assert latency[("counter_api_request_seconds_bucket", (("endpoint", "/v1/GetCount"), ("le", "0.002")))] == 1
+    ratio = families[("counter_api_cache_hit_ratio", "gauge", "Rollup cache hits / lookups since start")]
+    assert ratio[("counter_api_cache_hit_ratio", ())] == 0.5
+
+
+def test_the_registry_refuses_a_metric_with_a_taken_name() -> None:
+    with pytest.raises(ValueError, match="Duplicated timeseries"):
+        Counter("counter_api_requests_total", "clash", registry=metrics.REGISTRY)
