@@ -1,7 +1,7 @@
 """Control plane: load and validate the namespace configuration.
 
 Each namespace picks a counter type, a cardinality preset and optional overrides (TTL, rollup
-queues, time partitioning, accept limit, retention, backends, API keys). Files may use our flat
+queues, time partitioning, accept limit, retention, time windows, backends, API keys). Files may use our flat
 shape or the Netflix post's ``persistence_configuration`` shape. Anything wrong raises
 ``ConfigError`` at start-up, naming the file, namespace and field.
 """
@@ -9,6 +9,7 @@ shape or the Netflix post's ``persistence_configuration`` shape. Anything wrong 
 from .durations import parse_duration
 from .loader import default_config_path, load_namespaces, parse_namespaces
 from .model import (
+    GRANULARITIES,
     ApiKey,
     Cardinality,
     ConfigError,
@@ -18,10 +19,12 @@ from .model import (
     QueueConfig,
     Retention,
     TimePartition,
+    Windows,
 )
 from .presets import PRESETS, preset_fields
 
 __all__ = [
+    "GRANULARITIES",
     "PRESETS",
     "ApiKey",
     "Cardinality",
@@ -32,6 +35,7 @@ __all__ = [
     "QueueConfig",
     "Retention",
     "TimePartition",
+    "Windows",
     "default_config_path",
     "load_namespaces",
     "parse_duration",

@@ -14,6 +14,7 @@ from enum import StrEnum
 from types import MappingProxyType
 
 __all__ = [
+    "GRANULARITIES",
     "ApiKey",
     "Cardinality",
     "ConfigError",
@@ -23,6 +24,7 @@ __all__ = [
     "QueueConfig",
     "Retention",
     "TimePartition",
+    "Windows",
 ]
 
 
@@ -132,6 +134,39 @@ class Retention:
     delete_after_s: float
 
 
+# Time-window granularities, finest first. Each is the sum of the one before it, so a namespace keeps a
+# prefix of this chain (DESIGN invariant 7); sinks.windows.Granularity has the same values.
+GRANULARITIES: tuple[str, ...] = ("minute", "hour", "day")
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """Time-windowed counts of a namespace: which bucket granularities are kept, and for how long.
+
+    ``granularities`` is a prefix of ``GRANULARITIES`` (empty: no windows, always so for BEST_EFFORT);
+    ``retention`` pairs each kept granularity with its retention in seconds (None: kept forever).
+    """
+
+    granularities: tuple[str, ...] = ()
+    retention: tuple[tuple[str, float | None], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.granularities)
+
+    def enabled(self, granularity: str) -> bool:
+        return granularity in self.granularities
+
+    def retention_s(self, granularity: str) -> float | None:
+        """Seconds a bucket of ``granularity`` is kept (None: forever); KeyError if it is not kept at all."""
+        for name, seconds in self.retention:
+            if name == granularity:
+                return seconds
+        raise KeyError(f"{granularity!r} buckets are not kept (granularities: {', '.join(self.granularities)})")
+
+
+NO_WINDOWS = Windows()
+
+
 @dataclass(frozen=True, slots=True)
 class ApiKey:
     """A credential for one namespace. ``key`` is kept out of ``repr`` so logs never leak it."""
@@ -157,6 +192,7 @@ class Namespace:
     store: str
     cache: str
     api_keys: tuple[ApiKey, ...] = ()
+    windows: Windows = NO_WINDOWS
 
     @property
     def requires_auth(self) -> bool:

@@ -5,6 +5,9 @@ The post configures a namespace as three entries: ``CACHE`` (the counter cache),
 limit, retention). We map them onto our flat field paths, each remembering its path in the
 document so errors point at the JSON the operator actually wrote.
 
+Time windows (not in the post) go in ``COUNTER_ROLLUP.config.windows``, in the flat shape's form
+``{granularities: [...], retention: {...}}``, or next to ``persistence_configuration`` as ``windows``.
+
 ``physical_storage`` (EVCACHE/CASSANDRA clusters) is informational: which backends serve a
 namespace is decided by the service-wide COUNTER_STORE / COUNTER_CACHE, or by explicit ``store`` /
 ``cache`` keys next to ``persistence_configuration``. Its ``dataset`` names the namespace when
@@ -17,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .model import ConfigError
-from .schema import Setting, unknown_key_reason
+from .schema import Setting, flatten_windows, unknown_key_reason
 
 __all__ = ["KEY", "flatten_netflix", "netflix_dataset"]
 
@@ -111,7 +114,10 @@ class _Reader:
             self.put("cardinality", entry["counter_cardinality"], f"{where}.counter_cardinality")
         if "config" not in entry:
             raise self.fail(f"{where}.config", "is required (it declares counter_type)")
-        config = self.mapping(entry["config"], f"{where}.config", ("counter_type", *_TYPE_CONFIGS))
+        config = self.mapping(entry["config"], f"{where}.config", ("counter_type", "windows", *_TYPE_CONFIGS))
+        if "windows" in config:  # not in the post: our time-windowed counts, kept by the rollup agents
+            self.out.update(flatten_windows(config["windows"], namespace=self.namespace,
+                                            where=f"{where}.config.windows"))
         if "counter_type" not in config:
             raise self.fail(
                 f"{where}.config.counter_type", "is required; must be one of BEST_EFFORT, EVENTUAL, ACCURATE"

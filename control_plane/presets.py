@@ -17,7 +17,8 @@ cardinality ("adjust w.r.t cardinality"). LOW reproduces the post's example exac
 
 Shared by all: ``accept_limit`` 5s (the post's immutability boundary), ``max_clock_skew`` 1s,
 retention closes slices after 6 days and deletes events after 7 (the post's 518400s/604800s),
-and store/cache are "default" (the service-wide COUNTER_STORE / COUNTER_CACHE). Rolled-up counters keep
+and store/cache are "default" (the service-wide COUNTER_STORE / COUNTER_CACHE). Time windows: minute, hour and
+day buckets, kept 48 hours, 90 days and forever (BEST_EFFORT counters have none). Rolled-up counters keep
 their cached rollup without expiry (the rollup store is the truth, reads repair the cache);
 best-effort counters live only in memcached, so they expire after a day unless told otherwise.
 """
@@ -43,6 +44,10 @@ _COMMON: dict[str, Any] = {
     "store": "default",
     "cache": "default",
     "api_keys": (),
+    "windows.granularities": ("minute", "hour", "day"),
+    "windows.retention.minute": 48.0 * 3600,
+    "windows.retention.hour": 90.0 * _DAY,
+    "windows.retention.day": None,  # forever
 }
 
 # Keys are the file's own dotted field paths, so a preset merges exactly like a user's fields.
@@ -83,7 +88,11 @@ _BEST_EFFORT_TTL_S = float(_DAY)
 
 
 def preset_fields(cardinality: Cardinality, counter_type: CounterType) -> dict[str, Any]:
-    """All fields of the preset for ``cardinality`` (dotted paths), TTL chosen by counter type."""
+    """All fields of the preset for ``cardinality`` (dotted paths), TTL and windows chosen by counter type."""
     fields = dict(PRESETS[cardinality])
-    fields["ttl"] = _BEST_EFFORT_TTL_S if counter_type is CounterType.BEST_EFFORT else None
+    if counter_type is CounterType.BEST_EFFORT:
+        fields["ttl"] = _BEST_EFFORT_TTL_S
+        fields["windows.granularities"] = ()  # memcached only: nothing to roll buckets up from
+    else:
+        fields["ttl"] = None
     return fields

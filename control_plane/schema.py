@@ -13,10 +13,13 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any, TypeVar
 
 from .durations import parse_duration
 from .model import (
+    GRANULARITIES,
+    NO_WINDOWS,
     ApiKey,
     Cardinality,
     ConfigError,
@@ -25,6 +28,7 @@ from .model import (
     QueueConfig,
     Retention,
     TimePartition,
+    Windows,
 )
 from .presets import preset_fields
 
@@ -33,6 +37,7 @@ __all__ = [
     "SECTIONS",
     "Setting",
     "flatten_flat",
+    "flatten_windows",
     "resolve_namespace",
     "unknown_key_reason",
 ]
@@ -47,8 +52,17 @@ SCALARS: tuple[str, ...] = (
     "counter_type", "cardinality", "ttl", "rollup_batch_count", "accept_limit", "max_clock_skew",
     "store", "cache", "api_keys",
 )
+# ``windows`` nests one level deeper: {granularities: [minute, hour, day], retention: {minute: 48h, ...}}.
+WINDOW_KEYS: tuple[str, ...] = ("granularities", "retention")
+WINDOW_FIELDS: tuple[str, ...] = ("windows.granularities", *(f"windows.retention.{g}" for g in GRANULARITIES))
 # Every dotted field path a namespace may set.
-FIELDS: tuple[str, ...] = SCALARS + tuple(f"{s}.{k}" for s, keys in SECTIONS.items() for k in keys)
+FIELDS: tuple[str, ...] = (SCALARS + tuple(f"{s}.{k}" for s, keys in SECTIONS.items() for k in keys)
+                           + WINDOW_FIELDS)
+FOREVER = "forever"
+# A child bucket must outlive its parent's recomputation by this many parent widths: an hour is rebuilt from
+# its minutes while it is open (up to an hour after it began), plus however far rollups lag behind.
+_CHILD_RETENTION_PARENTS = 2
+_WIDTH_S = {"minute": 60, "hour": 3600, "day": 86400}
 
 STORES: tuple[str, ...] = ("default", "sqlite", "cassandra")
 CACHES: tuple[str, ...] = ("default", "memcached", "memory")
@@ -90,13 +104,15 @@ def flatten_flat(
 
     ``extra_keys`` are keys the caller handles itself (e.g. ``name``) and are skipped here.
     """
-    allowed = SCALARS + tuple(SECTIONS) + extra_keys
+    allowed = SCALARS + tuple(SECTIONS) + ("windows",) + extra_keys
     out: dict[str, Setting] = {}
     for key, value in entry.items():
         if key in extra_keys:
             continue
         if key in SCALARS:
             out[key] = Setting(value, prefix + key)
+        elif key == "windows":
+            out.update(flatten_windows(value, namespace=namespace, where=prefix + key))
         elif key in SECTIONS:
             if not isinstance(value, Mapping):
                 raise ConfigError(
@@ -110,6 +126,35 @@ def flatten_flat(
                 out[f"{key}.{sub}"] = Setting(sub_value, f"{prefix}{key}.{sub}")
         else:
             raise ConfigError(unknown_key_reason(key, allowed), namespace=namespace, field=f"{prefix}{key}")
+    return out
+
+
+def flatten_windows(value: object, *, namespace: str | None, where: str) -> dict[str, Setting]:
+    """The ``windows`` section's fields as dotted paths (``windows.retention.minute``, ...), each remembering
+    where it was written. The section itself is kept under ``windows`` too, so that writing one at all
+    (even an empty one) can be told apart from the preset (BEST_EFFORT namespaces must not)."""
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"must be a mapping with keys {', '.join(WINDOW_KEYS)} (got {_show(value)})",
+            namespace=namespace, field=where,
+        )
+    out = {"windows": Setting(value, where)}
+    for key, sub in value.items():
+        if key not in WINDOW_KEYS:
+            raise ConfigError(unknown_key_reason(key, WINDOW_KEYS), namespace=namespace, field=f"{where}.{key}")
+        if key == "granularities":
+            out["windows.granularities"] = Setting(sub, f"{where}.granularities")
+            continue
+        if not isinstance(sub, Mapping):
+            raise ConfigError(
+                f"must be a mapping of granularity -> retention, e.g. {{minute: 48h, hour: 90d, day: {FOREVER}}} "
+                f"(got {_show(sub)})", namespace=namespace, field=f"{where}.retention",
+            )
+        for granularity, retention in sub.items():
+            if granularity not in GRANULARITIES:
+                raise ConfigError(unknown_key_reason(granularity, GRANULARITIES, what="granularity"),
+                                  namespace=namespace, field=f"{where}.retention.{granularity}")
+            out[f"windows.retention.{granularity}"] = Setting(retention, f"{where}.retention.{granularity}")
     return out
 
 
@@ -151,6 +196,11 @@ class _Resolver:
             reason += f" (value from the {self.cardinality.value} preset)"
         where = setting.where if setting is not None and setting.where else path
         return ConfigError(reason, namespace=self.name, field=where)
+
+    def own(self, path: str) -> bool:
+        """Whether the namespace itself wrote ``path`` (not a preset, not the file's ``defaults``)."""
+        setting = self.fields.get(path)
+        return setting is not None and setting.where is not None and not setting.where.startswith("defaults.")
 
     def blame(self, *paths: str) -> str:
         """The first of ``paths`` the user wrote (cross-field errors point at what they can change)."""
@@ -208,7 +258,44 @@ class _Resolver:
             store=self.get("store", _choice(STORES)),
             cache=self.get("cache", _choice(CACHES)),
             api_keys=self._api_keys(),
+            windows=self._windows(),
         )
+
+    def _windows(self) -> Windows:
+        if self.counter_type is CounterType.BEST_EFFORT:
+            written = next((p for p in ("windows", *WINDOW_FIELDS) if self.own(p)), None)
+            if written is not None:
+                raise self.error(written, "BEST_EFFORT counters live only in memcached and keep no time windows "
+                                          "(nothing is rolled up); remove it or use EVENTUAL/ACCURATE")
+            return NO_WINDOWS
+        chain = self.get("windows.granularities", _granularities)
+        retention: dict[str, float | None] = {}
+        for granularity in GRANULARITIES:
+            path = f"windows.retention.{granularity}"
+            if granularity in chain:
+                retention[granularity] = self.get(path, _retention(granularity))
+            elif self.own(path):
+                raise self.error(path, f"{granularity} buckets are not kept: add {granularity} to "
+                                       "windows.granularities or remove this retention")
+        for child, parent in pairwise(chain):
+            kept, needed = retention[child], _CHILD_RETENTION_PARENTS * _WIDTH_S[parent]
+            if kept is not None and kept < needed:
+                raise self.error(
+                    f"windows.retention.{child}",
+                    f"{child} retention ({_span(kept)}) must be at least {_span(needed)} while {parent} buckets "
+                    f"are kept: a {parent} is recomputed from its {child}s until it closes (plus rollup lag), "
+                    "so they must outlive it",
+                )
+        for child, parent in pairwise(chain):
+            kept, longer = retention[child], retention[parent]
+            if longer is not None and (kept is None or longer < kept):
+                path = self.blame(f"windows.retention.{parent}", f"windows.retention.{child}")
+                raise self.error(
+                    path,
+                    f"{parent} retention ({_span(longer)}) must be >= {child} retention ({_span(kept)}): "
+                    f"ranges older than the {child} buckets are answered from {parent}s",
+                )
+        return Windows(tuple(chain), tuple((g, retention[g]) for g in chain))
 
     def _api_keys(self) -> tuple[ApiKey, ...]:
         setting = self.fields["api_keys"]
@@ -298,6 +385,46 @@ def _show(value: object) -> str:
 
 def _choices(enum: type[CounterType] | type[Cardinality]) -> str:
     return ", ".join(m.value for m in enum)
+
+
+def _span(seconds: float | None) -> str:
+    """Seconds as the largest whole unit ("48h", "90d"), for messages; None is forever."""
+    if seconds is None:
+        return FOREVER
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _granularities(value: object) -> tuple[str, ...]:
+    prefixes = ["[" + ", ".join(GRANULARITIES[:n]) + "]" for n in range(len(GRANULARITIES) + 1)]
+    reason = (f"must be a prefix of [{', '.join(GRANULARITIES)}] (each bucket is the sum of the finer one): "
+              f"{', '.join(prefixes[:-1])} or {prefixes[-1]} (got {_show(value)})")
+    if not isinstance(value, list | tuple) or not all(isinstance(g, str) for g in value):
+        raise ValueError(reason)
+    chain = tuple(g.strip().lower() for g in value)
+    if chain != GRANULARITIES[:len(chain)]:
+        raise ValueError(reason)
+    return chain
+
+
+def _retention(granularity: str) -> Callable[[Any], float | None]:
+    width = _WIDTH_S[granularity]
+
+    def convert(value: object) -> float | None:
+        if value is None or (isinstance(value, str) and value.strip().lower() == FOREVER):
+            return None
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise ValueError(f"invalid duration: {exc} (or {FOREVER!r} to keep them)") from None
+        if seconds < width:
+            raise ValueError(f"must keep at least one {granularity} bucket ({_span(width)}), or {FOREVER!r} "
+                             f"(got {_show(value)})")
+        return seconds
+
+    return convert
 
 
 def _positive_int(value: object) -> int:

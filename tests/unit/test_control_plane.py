@@ -23,6 +23,7 @@ from control_plane import (
     QueueConfig,
     Retention,
     TimePartition,
+    Windows,
     default_config_path,
     lenient_json,
     load_namespaces,
@@ -316,6 +317,106 @@ def test_enum_values_are_case_insensitive_and_strings() -> None:
     assert f"{ns.cardinality}" == "MEDIUM"
 
 
+# --- time windows ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cardinality", ["LOW", "MEDIUM", "HIGH"])
+@pytest.mark.parametrize("counter_type", ["EVENTUAL", "ACCURATE"])
+def test_windows_preset_keeps_minutes_hours_and_days(counter_type: str, cardinality: str) -> None:
+    ns = only(parse_namespaces(flat(counter_type=counter_type, cardinality=cardinality)))
+    assert ns.windows == Windows(("minute", "hour", "day"),
+                                 (("minute", 48 * 3600.0), ("hour", 90 * 86400.0), ("day", None)))
+    assert ns.windows and ns.windows.enabled("hour")
+    assert (ns.windows.retention_s("minute"), ns.windows.retention_s("day")) == (172800.0, None)
+
+
+def test_best_effort_has_no_windows_even_with_defaults_for_the_others() -> None:
+    registry = parse_namespaces({
+        "defaults": {"windows": {"granularities": ["minute"], "retention": {"minute": "3h"}}},
+        "namespaces": {"fast": {"counter_type": "BEST_EFFORT"}, "slow": {"counter_type": "EVENTUAL"}},
+    })
+    fast, slow = registry["fast"], registry["slow"]
+    assert fast.windows == Windows() and not fast.windows and not fast.windows.enabled("minute")
+    with pytest.raises(KeyError, match="not kept"):
+        fast.windows.retention_s("minute")
+    assert slow.windows == Windows(("minute",), (("minute", 3 * 3600.0),))
+
+
+@pytest.mark.parametrize(
+    ("windows", "expected"),
+    [
+        ({"granularities": []}, Windows()),
+        ({"granularities": ["Minute", " HOUR "]}, Windows(("minute", "hour"), (("minute", 172800.0),
+                                                                             ("hour", 7776000.0)))),
+        ({"granularities": ["minute"], "retention": {"minute": "2h"}},
+         Windows(("minute",), (("minute", 7200.0),))),
+        ({"granularities": ["minute"], "retention": {"minute": "1m"}}, Windows(("minute",), (("minute", 60.0),))),
+        ({"retention": {"minute": "2h", "hour": "2d", "day": "P400D"}},
+         Windows(("minute", "hour", "day"), (("minute", 7200.0), ("hour", 172800.0), ("day", 400 * 86400.0)))),
+        ({"retention": {"minute": None, "hour": "FOREVER", "day": "forever"}},
+         Windows(("minute", "hour", "day"), (("minute", None), ("hour", None), ("day", None)))),
+    ],
+)
+def test_windows_explicit(windows: dict[str, Any], expected: Windows) -> None:
+    assert only(parse_namespaces(flat(windows=windows))).windows == expected
+
+
+def test_windows_in_yaml_and_from_defaults_merge_field_by_field() -> None:
+    registry = parse_namespaces("""\
+defaults:
+  windows: {retention: {hour: 30d}}
+namespaces:
+  a:
+    counter_type: EVENTUAL
+    windows:
+      granularities: [minute, hour, day]
+      retention: {minute: 6h, day: forever}
+  b: {counter_type: ACCURATE, windows: {granularities: [minute, hour]}}
+""")
+    assert registry["a"].windows.retention == (("minute", 6 * 3600.0), ("hour", 30 * 86400.0), ("day", None))
+    assert registry["b"].windows == Windows(("minute", "hour"), (("minute", 172800.0), ("hour", 30 * 86400.0)))
+
+
+def test_windows_error_from_defaults_names_the_defaults_field() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_namespaces({"defaults": {"windows": {"retention": {"hour": "1h"}}},
+                          "namespaces": {"a": {"counter_type": "EVENTUAL"}}})
+    assert (info.value.namespace, info.value.field) == ("a", "defaults.windows.retention.hour")
+    assert "at least 2d while day buckets are kept" in info.value.reason
+
+
+def test_windows_in_the_netflix_shape() -> None:
+    doc = netflix_doc()
+    doc[PC][1]["config"]["windows"] = {"granularities": ["minute", "hour"], "retention": {"minute": "12h"}}
+    assert only(parse_namespaces(doc)).windows == Windows(("minute", "hour"),
+                                                          (("minute", 43200.0), ("hour", 7776000.0)))
+    beside = {**netflix_doc(), "windows": {"granularities": ["minute"]}}
+    assert only(parse_namespaces({"namespaces": [beside]})).windows.granularities == ("minute",)
+
+    doc[PC][1]["config"]["windows"]["granularities"] = ["day"]
+    with pytest.raises(ConfigError) as info:
+        parse_namespaces(doc)
+    assert info.value.field == f"{PC}[COUNTER_ROLLUP].config.windows.granularities"
+
+    both = {**netflix_doc(), "windows": {"granularities": []}}
+    both[PC][1]["config"]["windows"] = {"granularities": []}
+    with pytest.raises(ConfigError, match="set it in one place only") as info:
+        parse_namespaces({"namespaces": [both]})
+    assert info.value.field == "windows"
+
+    best_effort = netflix_doc()
+    best_effort[PC][1]["config"] = {"counter_type": "BEST_EFFORT", "windows": {"granularities": ["minute"]}}
+    with pytest.raises(ConfigError, match="keep no time windows") as info:
+        parse_namespaces(best_effort)
+    assert info.value.field == f"{PC}[COUNTER_ROLLUP].config.windows"
+
+
+def test_shipped_example_and_post_keep_windows() -> None:
+    assert load_namespaces(default_config_path())["my_dataset"].windows.granularities == ("minute", "hour", "day")
+    assert load_namespaces(default_config_path())["my_dataset_best_effort"].windows == Windows()
+    assert load_namespaces(NETFLIX_EXAMPLE)["my_dataset_1"].windows.retention_s("hour") == 90 * 86400.0
+
+
 # --- the Netflix post's shape ---------------------------------------------------------------------
 
 
@@ -556,6 +657,42 @@ BAD_FLAT_FIELDS = [
         id="key-env-unset",
     ),
     pytest.param({"name": "other"}, "name", "does not match", id="name-mismatch"),
+    pytest.param({"windows": 5}, "windows", "must be a mapping with keys granularities, retention",
+                 id="windows-not-mapping"),
+    pytest.param({"windows": {"granularity": ["minute"]}}, "windows.granularity", "did you mean 'granularities'",
+                 id="windows-typo"),
+    pytest.param({"windows": {"granularities": ["hour"]}}, "windows.granularities", "must be a prefix",
+                 id="windows-no-minutes"),
+    pytest.param({"windows": {"granularities": ["minute", "day"]}}, "windows.granularities",
+                 "[], [minute], [minute, hour] or [minute, hour, day]", id="windows-gap"),
+    pytest.param({"windows": {"granularities": ["minute", "minute"]}}, "windows.granularities", "prefix",
+                 id="windows-duplicate"),
+    pytest.param({"windows": {"granularities": "minute"}}, "windows.granularities", "prefix",
+                 id="windows-not-a-list"),
+    pytest.param({"windows": {"retention": 5}}, "windows.retention", "mapping of granularity -> retention",
+                 id="retention-not-mapping"),
+    pytest.param({"windows": {"retention": {"week": "1d"}}}, "windows.retention.week", "unknown granularity",
+                 id="retention-unknown-granularity"),
+    pytest.param({"windows": {"retention": {"minute": "soon"}}}, "windows.retention.minute", "invalid duration",
+                 id="retention-bad-duration"),
+    pytest.param({"windows": {"retention": {"minute": "30s"}}}, "windows.retention.minute",
+                 "at least one minute bucket (1m)", id="retention-below-width"),
+    pytest.param({"windows": {"retention": {"minute": "1h"}}}, "windows.retention.minute",
+                 "must be at least 2h while hour buckets are kept", id="minutes-too-short-for-hours"),
+    pytest.param({"windows": {"retention": {"hour": "1d"}}}, "windows.retention.hour",
+                 "must be at least 2d while day buckets are kept", id="hours-too-short-for-days"),
+    pytest.param({"windows": {"retention": {"minute": "100d"}}}, "windows.retention.minute",
+                 "hour retention (90d) must be >= minute retention (100d)", id="minutes-outlive-hours"),
+    pytest.param({"windows": {"retention": {"day": "30d"}}}, "windows.retention.day",
+                 "day retention (30d) must be >= hour retention (90d)", id="days-shorter-than-hours"),
+    pytest.param({"windows": {"retention": {"minute": "forever"}}}, "windows.retention.minute",
+                 "must be >= minute retention (forever)", id="minutes-forever"),
+    pytest.param({"windows": {"granularities": ["minute"], "retention": {"day": "1d"}}},
+                 "windows.retention.day", "day buckets are not kept", id="retention-of-a-disabled-granularity"),
+    pytest.param({"counter_type": "BEST_EFFORT", "windows": {"granularities": ["minute"]}}, "windows",
+                 "BEST_EFFORT counters live only in memcached", id="best-effort-windows"),
+    pytest.param({"counter_type": "BEST_EFFORT", "windows": {}}, "windows", "keep no time windows",
+                 id="best-effort-empty-windows"),
 ]
 
 
