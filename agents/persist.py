@@ -7,27 +7,49 @@ A crash anywhere before the ack replays the batch, which the event identity make
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from control_plane import CounterType, NamespaceRegistry
+from agents.watermark import is_heartbeat
+from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error
-from schemas import DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
+from schemas import MICROS, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from schemas.dead_letter import DeadLetter
 from sinks import EventRow
 
 
+class KafkaRecord(Protocol):
+    """What the persist path reads of a Kafka record: the shape of aiokafka's ConsumerRecord, so the worker
+    hands its records over without copying them (`timestamp` in epoch milliseconds, as on the wire)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def key(self) -> bytes | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def headers(self) -> object: ...
+
+
 @dataclass(frozen=True, slots=True)
 class RawRecord:
-    """What the persist path needs of a Kafka record, independent of the client library."""
+    """A `KafkaRecord` built by hand: by `counter replay` (confluent-kafka) and by tests."""
 
     topic: str
     partition: int
     offset: int
-    timestamp_us: int
+    timestamp: int  # epoch ms
     key: bytes | None
-    value: bytes
-    heartbeat: bool = False
+    value: bytes | None
+    headers: object = ()
 
 
 @dataclass(slots=True)
@@ -36,10 +58,39 @@ class PreparedBatch:
     last_write: dict[tuple[str, str], int] = field(default_factory=dict)
     dead: list[DeadLetter] = field(default_factory=list)
     records: int = 0
+    heartbeats: list[tuple[int, int]] = field(default_factory=list)  # (partition, timestamp µs), in order
+
+    def extend(self, other: PreparedBatch) -> None:
+        """Append a later chunk of the same batch."""
+        self.rows.extend(other.rows)
+        self.dead.extend(other.dead)
+        self.records += other.records
+        self.heartbeats.extend(other.heartbeats)
+        last_write = self.last_write
+        for key, ts in other.last_write.items():
+            if ts > last_write.get(key, -1):
+                last_write[key] = ts
 
 
-def prepare(records: Sequence[RawRecord], registry: NamespaceRegistry,
-            arrival_floor: dict[int, int] | None = None) -> PreparedBatch:
+class _Admission:
+    """Per namespace, what admission needs on the hot path: the accept window in µs (computed once)."""
+
+    __slots__ = ("accept_us", "ns", "refusal", "skew_us")
+
+    def __init__(self, ns: Namespace | None, name: str) -> None:
+        self.ns = ns
+        self.refusal: str | None = None
+        if ns is None:
+            self.refusal = f"unknown namespace {name!r}"
+        elif ns.counter_type is CounterType.BEST_EFFORT:
+            self.refusal = (f"namespace {name!r} is BEST_EFFORT: its counts live in the cache only; write them "
+                            "through the API, not Kafka")
+        self.accept_us = int(ns.accept_limit_s * MICROS) if ns else 0
+        self.skew_us = int(ns.max_clock_skew_s * MICROS) if ns else 0
+
+
+def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
+            arrival_floor: dict[int, int] | None = None, *, identity_topic: str | None = None) -> PreparedBatch:
     """Decode, identify and admit every mutation of a batch of records (no I/O).
 
     Admission judges an event against when its record reached Kafka. A LogAppendTime topic stamps exactly
@@ -48,54 +99,63 @@ def prepare(records: Sequence[RawRecord], registry: NamespaceRegistry,
     holds the timestamp of the last heartbeat seen: a record after it reached Kafka after it, so its arrival
     is at least that. Without this, a record appended late could carry events behind a rollup boundary the
     heartbeat watermark already allowed, and be silently skipped; with it, it is dead-lettered with a reason.
+
+    `identity_topic` names the topic in the identity of token-less JSON mutations (their Kafka position):
+    a replay from a restored copy of the topic passes the original name.
     """
-    out = PreparedBatch(records=len(records))
+    out = PreparedBatch()
     rows_append = out.rows.append
     last_write = out.last_write
     floor = {} if arrival_floor is None else arrival_floor
+    admissions: dict[str, _Admission] = {}
+    n = 0
     for rec in records:
-        if rec.heartbeat:
-            if rec.timestamp_us > floor.get(rec.partition, 0):
-                floor[rec.partition] = rec.timestamp_us
+        n += 1
+        value = rec.value
+        partition = rec.partition
+        timestamp_us = rec.timestamp * 1000
+        if not value and is_heartbeat(rec.headers):
+            if timestamp_us > floor.get(partition, 0):
+                floor[partition] = timestamp_us
+            out.heartbeats.append((partition, timestamp_us))
             continue
-        arrived = max(rec.timestamp_us, floor.get(rec.partition, 0))
+        arrived = floor.get(partition, 0)
+        if timestamp_us > arrived:
+            arrived = timestamp_us
         try:
-            mutations = decode_mutations(rec.value)
+            mutations = decode_mutations(value or b"")
         except DecodeError as exc:
-            out.dead.append(_dead(rec, rec.value, f"undecodable record: {exc}"))
+            out.dead.append(_dead(rec, value or b"", f"undecodable record: {exc}", timestamp_us))
             continue
         single = len(mutations) == 1
         for index, m in enumerate(mutations):
-            ns = registry.get(m.namespace)
-            event_time = rec.timestamp_us if m.event_time is None else m.event_time
-            event_id = m.event_id
+            namespace, counter, delta, event_time, event_id, item_key, op = m
+            admission = admissions.get(namespace)
+            if admission is None:
+                admission = admissions[namespace] = _Admission(registry.get(namespace), namespace)
+            if event_time is None:
+                event_time = timestamp_us
             if event_id is None:  # a JSON record without a token: its Kafka position is its identity
-                event_id = f"kafka:{rec.topic}:{rec.partition}:{rec.offset}:{index}"
-            if ns is None:
-                reason = f"unknown namespace {m.namespace!r}"
-            elif ns.counter_type is CounterType.BEST_EFFORT:
-                reason = (f"namespace {m.namespace!r} is BEST_EFFORT: its counts live in the cache only; "
-                          "write them through the API, not Kafka")
-            else:
-                reason = admission_error(event_time, arrived, ns)
-            if reason is not None:
-                value = rec.value if single else _reencode(m, event_time, event_id)
-                out.dead.append(_dead(rec, value, reason))
+                event_id = f"kafka:{identity_topic or rec.topic}:{partition}:{rec.offset}:{index}"
+            if (admission.refusal is None and arrived - admission.accept_us <= event_time
+                    <= arrived + admission.skew_us):
+                is_clear = op is MutationOp.CLEAR
+                rows_append((namespace, counter, event_time, event_id, item_key, 0 if is_clear else delta, is_clear))
+                key = (namespace, counter)
+                if event_time > last_write.get(key, -1):
+                    last_write[key] = event_time
                 continue
-            is_clear = m.op is MutationOp.CLEAR
-            rows_append((m.namespace, m.counter_name, event_time, event_id, m.event_item_key,
-                         0 if is_clear else m.delta, is_clear))
-            key = (m.namespace, m.counter_name)
-            if event_time > last_write.get(key, -1):
-                last_write[key] = event_time
+            reason = admission.refusal or admission_error(event_time, arrived, admission.ns)  # type: ignore[arg-type]
+            value_out = (value or b"") if single else _reencode(m, event_time, event_id)
+            out.dead.append(_dead(rec, value_out, reason or "not admitted", timestamp_us))
+    out.records = n
     return out
 
 
 def _reencode(m: Mutation, event_time: int, event_id: str) -> bytes:
     """A rejected mutation of a batch record, alone, with the identity it was given (so a re-submit keeps it)."""
-    return encode_mutation(Mutation(m.namespace, m.counter_name, m.delta, event_time, event_id,
-                                    m.event_item_key, m.op))
+    return encode_mutation(m._replace(event_time=event_time, event_id=event_id))
 
 
-def _dead(rec: RawRecord, value: bytes, reason: str) -> DeadLetter:
-    return DeadLetter(rec.key, value, reason, rec.topic, rec.partition, rec.offset, rec.timestamp_us)
+def _dead(rec: KafkaRecord, value: bytes, reason: str, timestamp_us: int) -> DeadLetter:
+    return DeadLetter(rec.key, value, reason, rec.topic, rec.partition, rec.offset, timestamp_us)

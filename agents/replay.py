@@ -314,11 +314,11 @@ class Replay:
             if from_us is not None and timestamp_us < from_us:
                 self.totals["before_from"] += 1
                 continue
-            heartbeat = is_heartbeat(m.headers())
-            if heartbeat:
+            headers = m.headers()
+            if not m.value() and is_heartbeat(headers):
                 self.totals["heartbeats"] += 1
-            records.append(RawRecord(self.identity_topic, partition, offset, timestamp_us, m.key(),
-                                     m.value() or b"", heartbeat))
+            records.append(RawRecord(self.topic, partition, offset, timestamp_us // 1000, m.key(), m.value(),
+                                     headers or ()))
         if records:
             await self._persist(records)
         if offsets:
@@ -347,7 +347,8 @@ class Replay:
         return PreparedBatch(rows=rows, last_write=last, dead=batch.dead, records=batch.records)
 
     async def _persist(self, records: list[RawRecord]) -> None:
-        batch = self._filter(prepare(records, self.runtime.registry, self._arrival_floor))
+        batch = self._filter(prepare(records, self.runtime.registry, self._arrival_floor,
+                                          identity_topic=self.identity_topic))
         for d in batch.dead:
             self.rejected[dlq_kind(d.reason)] += 1
         self.totals["rejected"] += len(batch.dead)

@@ -16,10 +16,11 @@ import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents import metrics
-from agents.persist import PreparedBatch, RawRecord, prepare
+from agents.persist import KafkaRecord, PreparedBatch, prepare
+from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
 from agents.rollup import BackPressure, Key, global_watermark, rollup_many
-from agents.watermark import HEARTBEAT_HEADER, WatermarkTracker, is_heartbeat
+from agents.watermark import HEARTBEAT_HEADER, WatermarkTracker
 from control_plane import CounterType, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
 from schemas import DecodeError, decode_signals, encode_signals
@@ -51,6 +52,15 @@ class Pipeline:
     rollup_partitions: int
     pressure: BackPressure
     arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat seen (µs)
+    persist_consumer: PersistConsumer | None = None
+
+    def owned_mutation_partitions(self) -> list[int]:
+        return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
+
+    def forget_partitions(self, partitions: set[int]) -> None:
+        """A handover: the next owner tracks these partitions' arrival floor from its own heartbeats."""
+        for partition in partitions:
+            self.arrival_floor.pop(partition, None)
 
     async def send_signals(self, keys: set[Key] | list[Key]) -> None:
         """One record per rollup partition (up to SIGNALS_PER_RECORD counters each), not one per counter."""
@@ -123,15 +133,20 @@ def _cache_spec(settings: Settings) -> str | None:
 def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
     app, settings = p.app, p.settings
 
-    @app.agent(p.topics.mutations, name="persist")
-    async def persist(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(settings.persist_batch_max,
-                                               within=settings.persist_batch_within_ms / 1000):
-            records = [RawRecord(e.message.topic, e.message.partition, e.message.offset,
-                                 round(e.message.timestamp * 1e6), e.message.key, e.message.value,
-                                 is_heartbeat(e.message.headers))
-                       for e in events]
-            await _retrying("persist", lambda records=records: _persist(p, records))
+    p.persist_consumer = PersistConsumer(
+        bootstrap=settings.kafka_bootstrap or "", topic=settings.mutations_topic,
+        group_id=f"{settings.worker_id}.persist",
+        persist=lambda records: _retrying("persist", lambda: _persist(p, records)),
+        max_records=settings.persist_batch_max, batch_bytes=settings.persist_batch_bytes,
+        wait_ms=settings.persist_batch_within_ms,
+        session_timeout_ms=int(settings.group_session_timeout_s * 1000),
+        rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_revoked=p.forget_partitions)
+
+    @app.task
+    async def persist() -> None:
+        """The persist path: bulk consumption of counter-mutations (see agents.persist_consumer)."""
+        assert p.persist_consumer is not None
+        await run_consumer(p.persist_consumer)
 
     @app.agent(p.topics.rollups, name="rollup")
     async def rollup(stream: faust.StreamT) -> None:
@@ -149,7 +164,7 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
     @app.timer(settings.watermark_interval_ms / 1000)
     async def heartbeat() -> None:
         """Publish the watermarks earned so far, and send the next heartbeat down each owned partition."""
-        owned = [tp.partition for tp in app.consumer.assignment() if tp.topic == settings.mutations_topic]
+        owned = p.owned_mutation_partitions()
         if not owned:
             return
         marks = p.tracker.marks(owned)
@@ -180,9 +195,11 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
 
     @app.page("/ready")
     async def ready(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-        """200 once this worker owns partitions (it joined the group), 503 before."""
-        owned = sorted(f"{tp.topic}:{tp.partition}" for tp in app.consumer.assignment())
-        return web.json({"ready": bool(owned), "partitions": owned}, status=200 if owned else 503)
+        """200 once this worker owns partitions of both topics (it joined both groups), 503 before."""
+        mutations = [f"{settings.mutations_topic}:{n}" for n in p.owned_mutation_partitions()]
+        rollups = sorted(f"{tp.topic}:{tp.partition}" for tp in app.consumer.assignment())
+        ready = bool(mutations) and bool(rollups)
+        return web.json({"ready": ready, "partitions": mutations + rollups}, status=200 if ready else 503)
 
     @app.page("/metrics")
     async def prometheus(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
@@ -190,49 +207,28 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         return web.bytes(generate_latest(metrics.REGISTRY), content_type=CONTENT_TYPE_LATEST.split(";")[0])
 
 
-PERSIST_CHUNK_BYTES = 1 << 20  # about 25K Avro mutations: keeps each loop-blocking decode short
+PERSIST_CHUNK_RECORDS = 2000  # decoded between yields to the event loop: a few ms each
 
 
-def _chunks(records: list[RawRecord]) -> list[list[RawRecord]]:
-    """Consecutive slices of at most PERSIST_CHUNK_BYTES of values (one record at least), in order."""
-    chunks: list[list[RawRecord]] = [[]]
-    size = 0
-    for rec in records:
-        if chunks[-1] and size + len(rec.value) > PERSIST_CHUNK_BYTES:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(rec)
-        size += len(rec.value)
-    return chunks
-
-
-async def _prepare(p: Pipeline, records: list[RawRecord]) -> PreparedBatch:
-    """Decode a taken batch chunk by chunk, yielding to the event loop in between: client-side batched
-    records can carry 100K+ mutations, and one long decode would stall broker heartbeats, metrics and the
+async def _prepare(p: Pipeline, records: list[KafkaRecord]) -> PreparedBatch:
+    """Decode a batch chunk by chunk, yielding to the event loop in between so one long decode (client-side
+    batched records carry hundreds of mutations each) never stalls the consumer's heartbeats, metrics or the
     watermark. The result is still one batch: one transaction and one signal per counter."""
-    chunks = _chunks(records)
-    batch = prepare(chunks[0], p.registry, p.arrival_floor)
-    for chunk in chunks[1:]:
+    batch = prepare(records[:PERSIST_CHUNK_RECORDS], p.registry, p.arrival_floor)
+    for i in range(PERSIST_CHUNK_RECORDS, len(records), PERSIST_CHUNK_RECORDS):
         await asyncio.sleep(0)
-        more = prepare(chunk, p.registry, p.arrival_floor)
-        batch.rows.extend(more.rows)
-        batch.dead.extend(more.dead)
-        batch.records += more.records
-        for key, ts in more.last_write.items():
-            if ts > batch.last_write.get(key, -1):
-                batch.last_write[key] = ts
+        batch.extend(prepare(records[i:i + PERSIST_CHUNK_RECORDS], p.registry, p.arrival_floor))
     return batch
 
 
-async def _persist(p: Pipeline, records: list[RawRecord]) -> None:
+async def _persist(p: Pipeline, records: list[KafkaRecord]) -> None:
     started = time.monotonic()
     batch = await _prepare(p, records)
     await persist_batch(batch, events=p.events, rollups=p.rollups, dead_letters=p.send_dead_letters,
                         signals=p.send_signals)
-    for rec in records:
-        if rec.heartbeat:
-            p.tracker.heartbeat_persisted(rec.partition, rec.timestamp_us)
-    metrics.RECORDS_CONSUMED.inc(len(records))
+    for partition, timestamp_us in batch.heartbeats:
+        p.tracker.heartbeat_persisted(partition, timestamp_us)
+    metrics.RECORDS_CONSUMED.inc(batch.records)
     per_ns: dict[str, int] = {}
     for row in batch.rows:
         per_ns[row[0]] = per_ns.get(row[0], 0) + 1

@@ -8,7 +8,6 @@ Every check has an allocation-free fast path, because the persist agent runs the
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from datetime import UTC, datetime, timedelta
@@ -40,9 +39,9 @@ _NAMESPACE_RE = re.compile(rf"[A-Za-z0-9_.-]{{1,{MAX_NAMESPACE_LEN}}}")
 _ASCII_COUNTER_RE = re.compile(rf"[!-~]{{1,{MAX_COUNTER_NAME_BYTES}}}")  # printable ASCII, no space
 _BAD_NAME_CHAR_RE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")  # \s is Unicode-aware on str patterns
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_NAMESPACE_MATCH = _NAMESPACE_RE.fullmatch
-_ASCII_COUNTER_MATCH = _ASCII_COUNTER_RE.fullmatch
-_CONTROL_SEARCH = _CONTROL_RE.search
+NAMESPACE_MATCH = _NAMESPACE_RE.fullmatch
+ASCII_COUNTER_MATCH = _ASCII_COUNTER_RE.fullmatch
+CONTROL_SEARCH = _CONTROL_RE.search
 _NUMERIC_RE = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
 _OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
 
@@ -217,7 +216,44 @@ def parse_generation_time(value: Any, *, field: str = "generation_time") -> int:
     return validate_event_time(micros, field=field, how=how)
 
 
+_EPOCH_ORDINAL = _EPOCH.toordinal()
+_SECONDS_OF: dict[str, int] = {}  # "2026-11-23T10:00:00" -> epoch seconds: a stream's times share their seconds
+_FRACTION_SCALE = (0, 100_000, 10_000, 1_000, 100, 10, 1)  # µs per unit of an n-digit fraction
+
+
+def iso_micros(text: str) -> int | None:
+    """Epoch µs of an RFC 3339 time in UTC ("2026-11-23T10:00:00Z", "...:00.123456Z"), or None for any other
+    form. The seconds part is parsed once and remembered, the fraction by hand: a fifth of the general path's
+    cost, and exactly its result."""
+    rest = text[19:]
+    if rest == "Z":
+        micros = 0
+    else:
+        fraction = rest[1:-1]
+        if not (rest[:1] == "." and rest[-1:] == "Z" and 0 < len(fraction) <= 6 and fraction.isdigit()
+                and fraction.isascii()):
+            return None
+        micros = int(fraction) * _FRACTION_SCALE[len(fraction)]
+    head = text[:19]
+    seconds = _SECONDS_OF.get(head)
+    if seconds is None:
+        if head[4:5] != "-" or not head.isascii():  # "20241005..." would parse as a date: numbers are epochs
+            return None
+        try:
+            dt = datetime.fromisoformat(head)
+        except ValueError:
+            return None
+        seconds = (dt.toordinal() - _EPOCH_ORDINAL) * 86400 + dt.hour * 3600 + dt.minute * 60 + dt.second
+        if len(_SECONDS_OF) >= 100_000:
+            _SECONDS_OF.clear()
+        _SECONDS_OF[head] = seconds
+    return seconds * MICROS + micros
+
+
 def _parse_time_text(text: str, field: str) -> tuple[int, str]:
+    micros = iso_micros(text)
+    if micros is not None:
+        return micros, ""
     if _NUMERIC_RE.fullmatch(text):
         try:
             return _epoch_to_micros(Decimal(text) if "." in text else int(text))
@@ -245,14 +281,14 @@ def plainly_valid(namespace: str, counter_name: str, delta: int, event_time: int
     False means "not sure", never "invalid": callers then run validate_mutation for the verdict and message.
     """
     return (
-        _NAMESPACE_MATCH(namespace) is not None
+        NAMESPACE_MATCH(namespace) is not None
         and counter_name.isascii()
-        and _ASCII_COUNTER_MATCH(counter_name) is not None
+        and ASCII_COUNTER_MATCH(counter_name) is not None
         and INT64_MIN <= delta <= INT64_MAX
         and MIN_EVENT_TIME <= event_time <= MAX_EVENT_TIME
         and 0 < len(event_id) <= MAX_TOKEN_BYTES
         and event_id.isascii()
-        and _CONTROL_SEARCH(event_id) is None
+        and CONTROL_SEARCH(event_id) is None
         and event_item_key == ""
         and (op is MutationOp.ADD or (op is MutationOp.CLEAR and delta == 0))
     )
@@ -274,5 +310,5 @@ def validate_mutation(m: Mutation) -> Mutation:
         validate_token(m.event_id, field="event_id")
     validate_item_key(m.event_item_key)
     if op is not m.op:
-        return dataclasses.replace(m, op=op)
+        return m._replace(op=op)
     return m

@@ -47,9 +47,11 @@ class Settings(BaseSettings):
     group_rebalance_timeout_s: float = Field(
         5.0, ge=1, description="how long a rebalance waits for members to rejoin (Tansu waits all of it "
                                "before completing a join, so keep it short)")
-    persist_batch_max: int = Field(1000, ge=1, description="records per persist batch (stream.take); a "
-                                   "client-side batched record carries up to hundreds of mutations")
-    persist_batch_within_ms: int = Field(50, ge=1, description="longest wait to fill a persist batch")
+    persist_batch_max: int = Field(20_000, ge=1, description="records per persist batch at most (one "
+                                   "transaction); a client-side batched record carries up to hundreds of mutations")
+    persist_batch_bytes: int = Field(8 << 20, ge=1024, description="record bytes per persist batch at most")
+    persist_batch_within_ms: int = Field(50, ge=1, description="longest wait for records before a persist batch "
+                                         "goes with what it has")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
     read_signal_lag_s: float = Field(

@@ -130,32 +130,45 @@ def test_paused_persist_agent_holds_rollups_back(pipeline):
              message=lambda: f"convergence after pause; mismatches {pipeline.mismatches(NS, expected)}")
 
 
+def stream_single_records(env: PipelineEnv, events: list[Event], done: threading.Event, *, waves: int,
+                          wave_size: int, seed: int) -> None:
+    """What users' own clients send: one mutation per record, each acknowledged, with some retries (the same
+    token again) mixed in; Avro from CounterProducer and JSON from a plain confluent-kafka producer."""
+    rng = random.Random(seed)
+    plain = Producer({"bootstrap.servers": env.bootstrap, "acks": "all", "linger.ms": 5})
+    with CounterProducer(env.bootstrap, topic=env.mutations_topic) as producer:
+        for i in range(waves):
+            wave = random_events(rng, 30, wave_size)
+            events.extend(wave)
+            for n, e in enumerate(wave):
+                if n % 2:
+                    producer.send(as_mutation(e))
+                else:
+                    plain.produce(env.mutations_topic, as_json(e), key=f"{NS}:{e.counter}".encode())
+            for e in wave[: wave_size // 5]:  # retries
+                producer.send(as_mutation(e))
+            producer.flush()
+            assert plain.flush(30) == 0
+            if i % 10 == 0:
+                time.sleep(0.01)
+    done.set()
+
+
 def test_kill_9_mid_stream_then_restart_is_exact(pipeline):
+    """Single-mutation records: the worker dies with a batch half stored and uncommitted; its replacement
+    re-reads it and nothing is lost or counted twice."""
     worker = pipeline.start_worker()
-    rng = random.Random(23)
     events: list[Event] = []
     done = threading.Event()
-
-    def run() -> None:
-        with CounterProducer(pipeline.bootstrap, topic=pipeline.mutations_topic, batch_size=25) as producer:
-            for _ in range(60):
-                wave = random_events(rng, 30, 25)
-                events.extend(wave)
-                for e in wave:
-                    producer.send(as_mutation(e))
-                producer.flush()
-                for e in wave[:5]:  # duplicates
-                    producer.send(as_mutation(e))
-                time.sleep(0.02)
-        done.set()
-
-    thread = threading.Thread(target=run, daemon=True)
+    thread = threading.Thread(target=stream_single_records, args=(pipeline, events, done),
+                              kwargs={"waves": 80, "wave_size": 100, "seed": 23}, daemon=True)
     thread.start()
-    wait_for(lambda: len(events) >= 500, 30, message="stream under way")
+    wait_for(lambda: _metric(worker.port, "counter_events_persisted_total") >= 1500, 60,
+             message="stream under way and persisted")
     os.kill(worker.proc.pid, signal.SIGKILL)
     worker.proc.wait(10)
     pipeline.start_worker()
-    thread.join(60)
+    thread.join(120)
     assert done.is_set()
     expected = oracle(events)
     wait_for(lambda: pipeline.converged(NS, expected), 60,
@@ -168,21 +181,23 @@ def _metric(port: int, name: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
-def test_two_workers_share_partitions_and_stay_exact(pipeline):
+def test_a_second_worker_joining_mid_stream_shares_partitions_and_stays_exact(pipeline):
+    """Single-mutation records stream while a second worker joins: the rebalance hands partitions over with
+    their batches stored and committed (or re-read), and the counts stay exact."""
     a = pipeline.start_worker()
-    b = pipeline.start_worker()
-    rng = random.Random(31)
-    events = []
-
-    def both_persisted() -> bool:
-        wave = random_events(rng, 40, 100)
-        produce_three_times(pipeline, wave)
-        events.extend(wave)
-        return all(_metric(w.port, "counter_events_persisted_total") > 0 for w in (a, b))
-
-    wait_for(both_persisted, 90, interval=0.5, message="both workers persisting (group rebalanced)")
+    events: list[Event] = []
+    done = threading.Event()
+    thread = threading.Thread(target=stream_single_records, args=(pipeline, events, done),
+                              kwargs={"waves": 120, "wave_size": 100, "seed": 31}, daemon=True)
+    thread.start()
+    wait_for(lambda: _metric(a.port, "counter_events_persisted_total") >= 1000, 60, message="first worker persisting")
+    b = pipeline.start_worker()  # joins the groups mid-stream
+    wait_for(lambda: _metric(b.port, "counter_events_persisted_total") > 0, 90, interval=0.5,
+             message="second worker persisting (group rebalanced)")
+    thread.join(120)
+    assert done.is_set()
     expected = oracle(events)
-    wait_for(lambda: pipeline.converged(NS, expected), 45,
+    wait_for(lambda: pipeline.converged(NS, expected), 60,
              message=lambda: f"convergence with two workers; mismatches {pipeline.mismatches(NS, expected)}")
 
 

@@ -24,7 +24,10 @@ T = 1_800_000_000 * MICROS  # a record timestamp
 
 
 def rec(value: bytes, offset: int = 0, ts: int = T, heartbeat: bool = False) -> RawRecord:
-    return RawRecord("counter-mutations", 3, offset, ts, b"k", value, heartbeat)
+    """A record appended at `ts` (µs; Kafka keeps milliseconds)."""
+    assert ts % 1000 == 0
+    return RawRecord("counter-mutations", 3, offset, ts // 1000, b"k", value,
+                     [("counter.heartbeat", b"1")] if heartbeat else ())
 
 
 def m(counter: str, delta: int, t: int, token: str, op: MutationOp = MutationOp.ADD, ns: str = "ev") -> Mutation:
