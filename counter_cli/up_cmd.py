@@ -1,4 +1,9 @@
-"""`counter up`: run the embedded default on one machine until Ctrl-C."""
+"""`counter up`: run the embedded default on one machine, keep it running, stop it on Ctrl-C.
+
+The children are supervised (infra.supervisor): a worker, the API or memcached that dies is restarted with
+backoff; the local broker's death stops everything, because the in-memory broker takes acknowledged writes not
+yet persisted with it. Children die with `counter up`, even when it is killed with SIGKILL.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,30 @@ import json
 import os
 import signal
 import threading
+import time
 from pathlib import Path
+from types import FrameType
 
-from counter_cli.common import console, fail, namespaces_or_exit, settings_or_exit
+from counter_cli.common import console, namespaces_or_exit, settings_or_exit
 from infra.memcached import find_memcached
-from infra.process import ServiceError
+from infra.process import ManagedProcess, ServiceError
 from infra.stack import LocalStack
+from infra.supervisor import Supervisor
 from streams.settings import Settings
 from streams.topics import TopicError, ensure_topics, topic_specs
+
+BROKER_LOSS = (
+    "The local broker keeps its topics in memory: the mutations it acknowledged that the worker had not yet "
+    "persisted are lost with it. It is not restarted, because a silent restart would hide that loss; "
+    "stopping everything. Persisted counts are safe in the data directory; after `counter up` again, clients "
+    "that retry their writes with the same idempotency tokens are counted exactly once."
+)
+POLL_S = 0.25
+STOP_TIMEOUT_S = 10.0  # per child: SIGTERM, then SIGKILL
+# Without a broker a worker's graceful stop only waits for a broker that will not come back (and there is
+# nothing left to commit to it): give it less time.
+STOP_TIMEOUT_WITHOUT_BROKER_S = 3.0
+STYLES = {"info": "green", "warning": "yellow", "error": "bold red"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,53 +44,129 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Start everything one machine needs: the local Tansu broker (unless "
                     "COUNTER_KAFKA_BOOTSTRAP points at Kafka), memcached when installed (otherwise an "
                     "in-process cache), the service topics, one pipeline worker and the HTTP API. Prints the "
-                    "endpoints and writes them to <data dir>/endpoints.json. Ctrl-C stops everything cleanly.",
+                    "endpoints and writes them, with the processes' pids, to <data dir>/endpoints.json. "
+                    "A worker, API or memcached that dies is restarted (with backoff); the local broker's "
+                    "death stops everything (its topics are in memory). Ctrl-C stops everything cleanly, and "
+                    "no child outlives `counter up`, even if it is killed.",
         epilog="example: COUNTER_DATA_DIR=/tmp/counter COUNTER_API_PORT=8081 counter up",
     )
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR (default .counter/)")
     p.set_defaults(run=run)
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while starting or stopping: abandon what was under way."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGINT/SIGTERM. While running they ask the supervision loop to stop; while starting or stopping they
+    interrupt (a Ctrl-C during a slow start stops at once; a second Ctrl-C while stopping kills everything)."""
+
+    def __init__(self) -> None:
+        self.requested = threading.Event()
+        self.received: int | None = None
+        self.interrupting = True
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+        self.requested.set()
+        if self.interrupting:
+            raise Interrupted(signum)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
     ns_path, registry = namespaces_or_exit(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-
-    with LocalStack(settings.data_dir) as stack:
+    signals = StopSignals()
+    signals.install()
+    stack = LocalStack(settings.data_dir)
+    stop_timeout = STOP_TIMEOUT_S
+    try:
         try:
-            bootstrap = settings.kafka_bootstrap or stack.start_broker()
-            stack.env["COUNTER_KAFKA_BOOTSTRAP"] = bootstrap
-            memcached = _cache(stack, settings)
-            ensure_topics(bootstrap, topic_specs(settings))
-            worker = stack.start_worker(port=settings.worker_port)
-            api = stack.start_api(port=settings.api_port, host=settings.api_host)
+            endpoints = _start(stack, settings)
         except (ServiceError, TopicError) as exc:
-            fail(str(exc), code=1)
-        endpoints = {"kafka_bootstrap": bootstrap, "api_url": f"http://{api.address}", "memcached": memcached,
-                     "worker_metrics": f"http://{worker.address}/metrics"}
-        _write_endpoints(settings, endpoints)
-        try:
-            console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} "
-                          f"from {ns_path})")
-            for name, value in endpoints.items():
-                console.print(f"  {name:16} {value if value is not None else '-'}")
-            console.print(f"  endpoints file   {settings.endpoints_path}\nPress Ctrl-C to stop.")
-            code = 0
-            while not stop.wait(0.5):
-                dead = next((p for p in stack.processes if not p.running()), None)
-                if dead is not None:
-                    console.print(f"[bold red]the {dead.name} exited[/] (code {dead.proc.returncode}); "
-                                  f"last lines of {dead.log_path}:\n{dead.log_tail()}")
-                    code = 1
-                    break
-            console.print("stopping...")
-        finally:
-            settings.endpoints_path.unlink(missing_ok=True)
-    console.print("stopped.")
-    return code
+            console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            return 1
+        _write_endpoints(settings, {**endpoints, "processes": stack.pids()})
+        console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} from {ns_path})",
+                      soft_wrap=True)
+        for name, value in endpoints.items():
+            console.print(f"  {name:16} {value if value is not None else '-'}", soft_wrap=True)
+        console.print(f"  processes        {', '.join(f'{k} {v}' for k, v in stack.pids().items())}", soft_wrap=True)
+        console.print(f"  endpoints file   {settings.endpoints_path}\nPress Ctrl-C to stop.", soft_wrap=True)
+        signals.interrupting = False
+        code = _supervise(stack, settings, endpoints, signals)
+        if code != 0:
+            stop_timeout = STOP_TIMEOUT_WITHOUT_BROKER_S
+        return code
+    except Interrupted as exc:
+        console.print(f"{exc} received while starting")
+        return 128 + exc.signum
+    finally:
+        _stop(stack, signals, stop_timeout)
+        settings.endpoints_path.unlink(missing_ok=True)
+        console.print("stopped.")
+
+
+def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:
+    """Start the children in dependency order; returns the endpoints to publish."""
+    bootstrap = settings.kafka_bootstrap or stack.start_broker()
+    stack.env["COUNTER_KAFKA_BOOTSTRAP"] = bootstrap
+    memcached = _cache(stack, settings)
+    ensure_topics(bootstrap, topic_specs(settings))
+    worker = stack.start_worker(port=settings.worker_port)
+    api = stack.start_api(port=settings.api_port, host=settings.api_host)
+    return {"kafka_bootstrap": bootstrap, "api_url": f"http://{api.address}", "memcached": memcached,
+            "worker_metrics": f"http://{worker.address}/metrics", "supervisor_pid": os.getpid()}
+
+
+def _supervise(stack: LocalStack, settings: Settings, endpoints: dict[str, object], signals: StopSignals) -> int:
+    """Restart what dies until a signal asks to stop (0) or the broker dies (1)."""
+    supervisor = Supervisor(_report, on_change=lambda: _write_endpoints(
+        settings, {**endpoints, "processes": stack.pids()}))
+    for process in stack.processes:
+        if process is stack.broker:
+            supervisor.watch(process, restart=False, consequence=BROKER_LOSS)
+        else:
+            supervisor.watch(process, restart=True)
+    while not signals.requested.wait(POLL_S):
+        if supervisor.tick() is not None:
+            return 1
+    console.print(f"{signal.Signals(signals.received or signal.SIGINT).name} received")
+    return 0
+
+
+def _stop(stack: LocalStack, signals: StopSignals, timeout: float) -> None:
+    """Stop the children, last started first; a signal meanwhile kills them all instead."""
+    signals.interrupting = True
+    console.print("stopping...")
+    try:
+        stack.stop(timeout, report=_stopping)
+    except Interrupted:
+        console.print("signal received while stopping: killing everything")
+        stack.kill()
+    except ServiceError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        stack.kill()
+
+
+def _stopping(process: ManagedProcess) -> None:
+    console.print(f"  stopping {process.name} (pid {process.pid})", highlight=False, soft_wrap=True)
+
+
+def _report(level: str, message: str) -> None:
+    """A supervision event on the console; child log lines are printed verbatim, never as markup."""
+    console.print(f"{time.strftime('%H:%M:%S')} {message}", style=STYLES.get(level), markup=False,
+                  highlight=False, soft_wrap=True)
 
 
 def _cache(stack: LocalStack, settings: Settings) -> str | None:
@@ -87,6 +184,7 @@ def _cache(stack: LocalStack, settings: Settings) -> str | None:
 
 
 def _write_endpoints(settings: Settings, endpoints: dict[str, object]) -> None:
+    """Replace the file atomically: a reader sees the old or the new content, never half of one."""
     tmp = settings.endpoints_path.with_suffix(".tmp")
     tmp.write_text(json.dumps(endpoints, indent=2) + "\n")
     os.replace(tmp, settings.endpoints_path)

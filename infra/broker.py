@@ -43,7 +43,7 @@ def find_broker_binary() -> str:
 class LocalBroker(ManagedProcess):
     """A Tansu broker on a free loopback port, ready once it answers a Kafka metadata request."""
 
-    name = "kafka broker (tansu)"
+    name = "broker"
 
     def __init__(self, log_path: Path, *, port: int | None = None, binary: str | None = None) -> None:
         host = "127.0.0.1"

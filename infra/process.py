@@ -1,6 +1,7 @@
-"""A child service process (broker, memcached) with a free port, a readiness wait and a clean stop.
+"""A child service process (broker, memcached, worker, API) with a readiness wait and a clean stop.
 
-One way to run local services, shared by `counter up` and the test harness.
+One way to run local services, shared by `counter up` (which supervises them, see infra.supervisor), the test
+harness and the benchmarks. Children never outlive the process that started them (infra.parent_death).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from infra.parent_death import die_with_this_process
 
 
 class ServiceError(RuntimeError):
@@ -59,43 +62,69 @@ def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 
 
 
 class ManagedProcess:
-    """A service started as a child process, logging to a file, stopped with SIGTERM then SIGKILL."""
+    """A service started as a child process, logging to a file, stopped with SIGTERM then SIGKILL.
+
+    The child runs in its own session (a Ctrl-C in the terminal reaches only the parent, which stops
+    children in order) and gets `death_signal` if the parent dies, so a killed parent leaves nothing behind.
+    Start it from the main thread or a long-lived one (see infra.parent_death). Whatever the child leaves in
+    its process group (uvicorn's worker processes, say) is killed with it once it has exited.
+    """
 
     name = "service"
 
     def __init__(self, argv: Sequence[str], *, host: str, port: int, log_path: Path,
-                 env: dict[str, str] | None = None, ready_path: str | None = None) -> None:
+                 env: dict[str, str] | None = None, ready_path: str | None = None, name: str | None = None,
+                 death_signal: int | None = signal.SIGKILL) -> None:
         self.argv = list(argv)
         self.host = host
         self.port = port
         self.log_path = log_path
         self.env = env
         self.ready_path = ready_path
+        if name is not None:
+            self.name = name
+        self.death_signal = death_signal
         self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.start_timeout = 20.0  # how long it may take to become ready; a supervisor's restarts get as long
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The child's pid while it has not been seen to exit, else None."""
+        return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
+
     def start(self, timeout: float = 20.0) -> ManagedProcess:
+        """Spawn the child and wait until it is ready; a child that exits or stays unready raises ServiceError."""
+        self.start_timeout = timeout
+        self.spawn()
+        if not wait_until(lambda: self._exited() or self.ready(), timeout):
+            self.stop()
+            raise ServiceError(f"{self.name} did not answer on {self.address} within {timeout:.0f}s; "
+                               f"see {self.log_path}")
+        if self.reap() is not None:
+            raise ServiceError(f"{self.name} exited with code {self.proc.returncode}; see {self.log_path}:\n"
+                               + self.log_tail())
+        return self
+
+    def spawn(self) -> ManagedProcess:
+        """Start the child without waiting for it to be ready (a supervisor polls `ready()` instead)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        preexec = die_with_this_process(self.death_signal) if self.death_signal is not None else None
         try:
             self.proc = subprocess.Popen(
                 self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(self.env or {})}, start_new_session=True,
+                env={**os.environ, **(self.env or {})}, start_new_session=True, preexec_fn=preexec,
             )
         except OSError as exc:
             raise ServiceError(f"{self.name}: cannot run {self.argv[0]}: {exc}") from exc
         finally:
             log.close()
-        if not wait_until(lambda: self.proc.poll() is not None or self.ready(), timeout):
-            self.stop()
-            raise ServiceError(f"{self.name} did not answer on {self.address} within {timeout:.0f}s; "
-                               f"see {self.log_path}")
-        if self.proc.poll() is not None:
-            raise ServiceError(f"{self.name} exited with code {self.proc.returncode}; see {self.log_path}:\n"
-                               + self.log_tail())
+        self.started_at = time.monotonic()
         return self
 
     def ready(self) -> bool:
@@ -105,7 +134,36 @@ class ManagedProcess:
         return port_open(self.host, self.port)
 
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and not self._exited()
+
+    def reap(self) -> int | None:
+        """The exit status once the child has exited (negative: killed by that signal), else None.
+
+        Kills what the child left in its process group before reaping it: until it is reaped its pid (the
+        group's id) cannot be reused, so the group signal cannot hit an unrelated process.
+        """
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            state = self._state()
+            if state == "running":
+                return None
+            if state == "zombie":
+                self._kill_group()
+            self.proc.wait()
+        return self.proc.returncode
+
+    def exit_description(self) -> str:
+        """'exit code 1' or 'killed by SIGKILL' for a child that has exited."""
+        code = self.proc.returncode if self.proc is not None else None
+        if code is None:
+            return "still running"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
 
     def pause(self) -> None:
         """Freeze the process (SIGSTOP): it keeps its port but answers nothing, like a hung host."""
@@ -117,16 +175,44 @@ class ManagedProcess:
             os.kill(self.proc.pid, signal.SIGCONT)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        """SIGTERM, then SIGKILL after `timeout`; then end whatever it left in its process group."""
+        if self.proc is None or self.proc.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.terminate()
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        if not wait_until(self._exited, timeout):
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+            wait_until(self._exited, timeout)
+        if self.reap() is None:
+            raise ServiceError(f"{self.name} (pid {self.proc.pid}) did not exit after SIGKILL")
+
+    def kill(self) -> None:
+        """SIGKILL the child and its process group now, and reap it."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
-            self.proc.wait(timeout)
+        wait_until(self._exited, 10.0)
+        if self.reap() is None:
+            raise ServiceError(f"{self.name} (pid {self.proc.pid}) did not exit after SIGKILL")
+
+    def _exited(self) -> bool:
+        """Whether the child has exited (reaped or not); never reaps it."""
+        return self.proc is None or self.proc.returncode is not None or self._state() != "running"
+
+    def _state(self) -> str:
+        """'running', 'zombie' (exited, not reaped: its pid is still ours) or 'reaped' (by someone else)."""
+        try:
+            exited = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return "reaped"
+        return "running" if exited is None else "zombie"
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def log_tail(self, lines: int = 20) -> str:
         try:

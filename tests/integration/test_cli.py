@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from infra.process import port_open
+from infra.process import free_port, port_open
 from schemas import decode_mutations
 from sinks import SqliteRollupStore
 from tests.helpers import make_topic, read_all, topic_size, wait_for
@@ -31,14 +31,18 @@ def _env(**extra: str) -> dict[str, str]:
 
 def test_up_writes_endpoints_answers_and_stops_on_sigint(tmp_path):
     data_dir = tmp_path / "data"
-    proc = subprocess.Popen([*COUNTER, "up"], env=_env(COUNTER_DATA_DIR=str(data_dir)),
+    proc = subprocess.Popen([*COUNTER, "up"], env=_env(COUNTER_DATA_DIR=str(data_dir),
+                                                       COUNTER_API_PORT=str(free_port()),
+                                                       COUNTER_WORKER_PORT=str(free_port())),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     endpoints_file = data_dir / "endpoints.json"
     try:
         wait_for(lambda: endpoints_file.exists() or proc.poll() is not None, 60, message="endpoints.json")
         assert proc.poll() is None, proc.stdout.read()
         endpoints = json.loads(endpoints_file.read_text())
-        assert set(endpoints) >= {"kafka_bootstrap", "api_url", "memcached"}
+        assert set(endpoints) >= {"kafka_bootstrap", "api_url", "memcached", "processes"}
+        pids = endpoints["processes"]
+        assert set(pids) == {"broker", "memcached", "worker-0", "api-0"} and all(pids.values())
         topics = AdminClient({"bootstrap.servers": endpoints["kafka_bootstrap"]}).list_topics(timeout=10).topics
         assert {"counter-mutations", "counter-rollups", "counter-mutations-dlq"} <= set(topics)
         assert len(topics["counter-mutations"].partitions) == 8
@@ -70,6 +74,10 @@ def test_up_writes_endpoints_answers_and_stops_on_sigint(tmp_path):
     bhost, bport = endpoints["kafka_bootstrap"].rsplit(":", 1)
     assert not port_open(bhost, int(bport)), "broker still running after SIGINT"
     assert not port_open(host, int(port)), "memcached still running after SIGINT"
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids.values()), "a child outlived counter up"
+    order = [out.index(f"stopping {name} (pid {pids[name]})") for name in ("api-0", "worker-0", "memcached",
+                                                                           "broker")]
+    assert order == sorted(order), out
     assert not endpoints_file.exists()
 
 

@@ -1,0 +1,341 @@
+"""`counter up` as an operator runs it, with its children killed under it: what may restart is restarted on
+the same port and nothing acknowledged is lost; the broker's death stops everything; killing `counter up`
+itself (even with SIGKILL) leaves no child behind; a signal stops the children in reverse order."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.process import free_port, http_ok, port_open
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+COUNTER = [sys.executable, "-m", "counter_cli.main"]
+# accept_limit 3 s, coalesce 200 ms: an EVENTUAL count converges seconds after the last write.
+NAMESPACES = ROOT / "tests" / "data" / "pipeline_namespaces.yaml"
+CHILDREN = {"broker", "memcached", "worker-0", "api-0"}
+START_TIMEOUT_S = 90
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie: a killed parent's children are reparented and may not be reaped at once."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+@dataclass
+class Up:
+    """A `counter up` subprocess on free ports, its console output in a file."""
+
+    data_dir: Path
+    proc: subprocess.Popen[bytes]
+    output_path: Path
+    seen_pids: set[int] = field(default_factory=set)
+
+    @property
+    def endpoints_file(self) -> Path:
+        return self.data_dir / "endpoints.json"
+
+    def endpoints(self) -> dict[str, Any]:
+        return json.loads(self.endpoints_file.read_text())
+
+    def pids(self) -> dict[str, int | None]:
+        pids = self.endpoints()["processes"]
+        self.seen_pids.update(p for p in pids.values() if p)
+        return pids
+
+    def output(self) -> str:
+        return self.output_path.read_text(errors="replace")
+
+    def wait_for_endpoints(self) -> Up:
+        wait_for(lambda: self.endpoints_file.exists() or self.proc.poll() is not None, START_TIMEOUT_S,
+                 interval=0.1, message="endpoints.json")
+        assert self.proc.poll() is None, self.output()
+        return self
+
+    def wait_up(self) -> Up:
+        """Up with its own broker: every child has a pid."""
+        self.wait_for_endpoints()
+        assert set(self.pids()) == CHILDREN and all(self.pids().values()), self.endpoints()
+        return self
+
+    def signal_and_wait(self, sig: int, timeout: float) -> tuple[int, float]:
+        """Send `sig`; returns the exit code and how long `counter up` took to exit."""
+        started = time.monotonic()
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout)
+        return code, time.monotonic() - started
+
+    def cleanup(self) -> None:
+        """After a failed test: end `counter up` and anything it left (pids it published)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self.seen_pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def counter_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COUNTER_")}
+    env.update(COUNTER_DATA_DIR=str(data_dir), COUNTER_NAMESPACES=str(NAMESPACES),
+               COUNTER_API_PORT=str(free_port()), COUNTER_WORKER_PORT=str(free_port()), **extra)
+    return env
+
+
+def start_up(tmp_path: Path, **extra_env: str) -> Up:
+    data_dir = tmp_path / "data"
+    output_path = tmp_path / "counter-up.out"
+    with open(output_path, "wb") as out:
+        proc = subprocess.Popen([*COUNTER, "up"], env=counter_env(data_dir, **extra_env), cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT)
+    return Up(data_dir, proc, output_path)
+
+
+@pytest.fixture
+def up(tmp_path: Path) -> Iterator[Up]:
+    running = start_up(tmp_path)
+    try:
+        yield running.wait_up()
+    finally:
+        running.cleanup()
+
+
+def post(conn: http.client.HTTPConnection, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    conn.request("POST", path, json.dumps(body), {"content-type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    return response.status, json.loads(data) if data else {}
+
+
+class WriteLoad:
+    """EVENTUAL AddCount requests with unique idempotency tokens from a thread; remembers which were
+    acknowledged (HTTP 200) and every request that was not."""
+
+    def __init__(self, api_url: str, counters: list[str]) -> None:
+        self.host, port = api_url.removeprefix("http://").rsplit(":", 1)
+        self.port = int(port)
+        self.counters = counters
+        self.acked: list[tuple[str, int]] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> WriteLoad:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+        assert not self._thread.is_alive()
+
+    def expected(self) -> dict[str, int]:
+        sums: dict[str, int] = defaultdict(int)
+        for counter, delta in self.acked:
+            sums[counter] += delta
+        return {c: sums[c] for c in self.counters}
+
+    def _run(self) -> None:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+        i = 0
+        while not self._stop.is_set():
+            counter, delta = self.counters[i % len(self.counters)], 1 + i % 7
+            body = {"namespace": "my_dataset", "counter_name": counter, "delta": delta,
+                    "idempotency_token": {"token": uuid.uuid4().hex, "generation_time": int(time.time() * 1000)}}
+            try:
+                status, answer = post(conn, "/v1/AddCount", body)
+            except (OSError, http.client.HTTPException) as exc:
+                self.failures.append(f"request {i}: {type(exc).__name__}: {exc}")
+                conn.close()
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
+            else:
+                if status == 200:
+                    self.acked.append((counter, delta))
+                else:
+                    self.failures.append(f"request {i}: HTTP {status} {answer}")
+            i += 1
+            time.sleep(0.003)  # pacing, so the load leaves CPU to the worker and its restart
+        conn.close()
+
+
+def get_counts(api_url: str, counters: list[str]) -> dict[str, int]:
+    host, port = api_url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        counts = {}
+        for counter in counters:
+            status, answer = post(conn, "/v1/GetCount", {"namespace": "my_dataset", "counter_name": counter})
+            assert status == 200, answer
+            counts[counter] = answer["count"]
+        return counts
+    finally:
+        conn.close()
+
+
+def test_worker_killed_under_load_is_restarted_and_every_acknowledged_write_counts(up):
+    endpoints = up.endpoints()
+    api_url, worker_ready = endpoints["api_url"], endpoints["worker_metrics"].replace("/metrics", "/ready")
+    counters = [f"killed-worker-{i}" for i in range(3)]
+    load = WriteLoad(api_url, counters).start()
+    try:
+        wait_for(lambda: len(load.acked) >= 300 or load.failures, 30, message="writes acknowledged")
+        old = up.pids()["worker-0"]
+        os.kill(old, signal.SIGKILL)
+        acked_at_kill = len(load.acked)
+        new = wait_for(lambda: up.pids()["worker-0"] not in (None, old) and up.pids()["worker-0"], 15,
+                       message=lambda: f"a new worker pid in endpoints.json; output:\n{up.output()}")
+        wait_for(lambda: http_ok(worker_ready), 90, interval=0.25,
+                 message=lambda: f"the restarted worker ready; output:\n{up.output()}")
+        acked_at_ready = len(load.acked)
+        wait_for(lambda: len(load.acked) >= acked_at_ready + 200 or load.failures, 30,
+                 message="writes acknowledged after the restart")
+    finally:
+        load.stop()
+    assert load.failures == [], load.failures[:5]
+    assert acked_at_ready > acked_at_kill, "the API stopped acknowledging writes while the worker was down"
+    assert gone(old) and not gone(new)
+    output = up.output()
+    assert f"worker-0 (pid {old}) died: killed by SIGKILL" in output
+    assert f"restarted worker-0 (pid {new}, restart #1)" in output
+    expected = load.expected()
+    wait_for(lambda: get_counts(api_url, counters) == expected, 60, interval=0.5,
+             message=lambda: f"GetCount {get_counts(api_url, counters)} == acknowledged sums {expected} "
+                             f"({len(load.acked)} writes)")
+
+
+def test_api_and_memcached_restart_on_their_ports_and_sigterm_stops_all_in_reverse_order(up):
+    endpoints = up.endpoints()
+    api_url = endpoints["api_url"]
+    before = up.pids()
+    os.kill(before["api-0"], signal.SIGKILL)
+    os.kill(before["memcached"], signal.SIGKILL)
+    wait_for(lambda: all(up.pids()[n] not in (None, before[n]) for n in ("api-0", "memcached")), 15,
+             message=lambda: f"new api and memcached pids; output:\n{up.output()}")
+    wait_for(lambda: http_ok(f"{api_url}/healthz"), 60, interval=0.25,
+             message=lambda: f"the restarted API answering on {api_url}; output:\n{up.output()}")
+    host, port = endpoints["memcached"].rsplit(":", 1)
+    wait_for(lambda: _memcached_version(host, int(port)), 20, message="the restarted memcached on its port")
+    after = up.pids()
+    assert up.endpoints()["api_url"] == api_url and up.endpoints()["memcached"] == endpoints["memcached"]
+    assert after["broker"] == before["broker"] and after["worker-0"] == before["worker-0"]
+    output = up.output()
+    assert f"api-0 (pid {before['api-0']}) died: killed by SIGKILL" in output
+    assert f"memcached (pid {before['memcached']}) died: killed by SIGKILL" in output
+
+    code, took = up.signal_and_wait(signal.SIGTERM, 60)
+    output = up.output()
+    assert code == 0, output
+    assert took < 30, f"stopping took {took:.1f}s"
+    order = [output.index(f"stopping {name} (pid {after[name]})") for name in
+             ("api-0", "worker-0", "memcached", "broker")]
+    assert order == sorted(order), output
+    assert all(gone(pid) for pid in after.values())
+    assert not up.endpoints_file.exists()
+
+
+def _memcached_version(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            sock.sendall(b"version\r\n")
+            return sock.recv(64).startswith(b"VERSION")
+    except OSError:
+        return False
+
+
+def test_kill_9_of_counter_up_takes_every_child_with_it(up):
+    pids = up.pids()
+    assert not any(gone(pid) for pid in pids.values())
+    up.proc.kill()
+    up.proc.wait(10)
+    wait_for(lambda: all(gone(pid) for pid in pids.values()), 10,
+             message=lambda: f"children of the killed counter up still alive: "
+                             f"{ {n: p for n, p in pids.items() if not gone(p)} }")
+
+
+def test_broker_death_is_reported_and_stops_everything(up):
+    pids = up.pids()
+    killed_at = time.monotonic()
+    os.kill(pids["broker"], signal.SIGKILL)
+    code = up.proc.wait(60)
+    took = time.monotonic() - killed_at
+    output = up.output()
+    assert code == 1, output
+    assert took < 20, f"stopping without the broker took {took:.1f}s"
+    assert f"broker (pid {pids['broker']}) died: killed by SIGKILL" in output
+    assert "keeps its topics in memory" in output and "lost" in output
+    assert "restarting broker" not in output
+    assert all(gone(pid) for pid in pids.values()), output
+    assert not up.endpoints_file.exists()
+
+
+def test_ctrl_c_while_starting_stops_what_was_started(tmp_path):
+    running = start_up(tmp_path)
+    try:
+        worker_log = running.data_dir / "logs" / "worker-0.log"
+        wait_for(lambda: worker_log.exists() or running.proc.poll() is not None, START_TIMEOUT_S,
+                 message="the worker being started")
+        started = children_of(running.proc.pid)
+        running.seen_pids.update(started)
+        assert len(started) >= 3, started  # broker, memcached, the starting worker
+        code, took = running.signal_and_wait(signal.SIGINT, 60)
+        output = running.output()
+        assert code == 128 + signal.SIGINT, output
+        assert "SIGINT received while starting" in output and "stopped." in output
+        assert took < 30, f"stopping took {took:.1f}s"
+        assert all(gone(pid) for pid in started), output
+        assert not running.endpoints_file.exists()
+    finally:
+        running.cleanup()
+
+
+def test_with_an_external_broker_there_is_no_broker_child(kafka_bootstrap, tmp_path):
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+    running = start_up(tmp_path, COUNTER_KAFKA_BOOTSTRAP=kafka_bootstrap, COUNTER_WORKER_ID=f"{prefix}-worker",
+                       COUNTER_MUTATIONS_TOPIC=f"{prefix}-mutations", COUNTER_ROLLUPS_TOPIC=f"{prefix}-rollups",
+                       COUNTER_DLQ_TOPIC=f"{prefix}-dlq")
+    try:
+        running.wait_for_endpoints()
+        pids = running.pids()
+        assert set(pids) == CHILDREN - {"broker"} and all(pids.values()), pids
+        assert running.endpoints()["kafka_bootstrap"] == kafka_bootstrap
+        code, _ = running.signal_and_wait(signal.SIGINT, 60)
+        assert code == 0, running.output()
+        assert all(gone(pid) for pid in pids.values())
+        host, port = kafka_bootstrap.split(",")[0].rsplit(":", 1)
+        assert port_open(host, int(port)), "counter up stopped a broker it did not start"
+    finally:
+        running.cleanup()
