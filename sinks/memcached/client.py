@@ -260,7 +260,8 @@ class AsyncMemcached:
         return reply[8:].strip().decode()
 
     async def close(self) -> None:
-        slots, self._slots = self._slots, []
+        """Close the connections (requests waiting on them fail); a later request opens a new one."""
+        slots, self._slots = self._slots, [None] * self.pool_size
         for conn in slots:
             if isinstance(conn, _Connection):
                 conn.close()
@@ -296,22 +297,25 @@ class AsyncMemcached:
         return await conn.request(data, shape)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, i: int) -> _Connection:
-        """Slot i's connection, opened once however many callers wait for it."""
-        slot = self._slots[i]
-        if isinstance(slot, asyncio.Future):  # another caller is connecting this slot
-            return await asyncio.shield(slot)
-        slots, opening = self._slots, loop.create_future()
-        slots[i] = opening
+        """Slot i's connection, opened once however many callers wait for it. The opening runs in a task of its
+        own: a caller cancelled meanwhile (its own timeout) must not leave the slot waiting forever."""
+        opening = self._slots[i]
+        if not isinstance(opening, asyncio.Future):
+            opening = self._slots[i] = loop.create_task(self._open(loop, self._slots, i))
+        return await asyncio.shield(opening)
+
+    async def _open(self, loop: asyncio.AbstractEventLoop, slots: list[Any], i: int) -> _Connection:
         try:
             async with asyncio.timeout(self.timeout_s):
                 _, conn = await loop.create_connection(lambda: _Connection(self.address, self.timeout_s),
                                                        self.host, self.port)
-        except (OSError, TimeoutError) as exc:
-            error = MemcachedError(f"memcached {self.address}: {type(exc).__name__}: {exc}")
+        except BaseException as exc:  # failed, or cancelled with its loop: the next request tries again
             slots[i] = None
-            opening.set_exception(error)
-            opening.exception()  # retrieved: concurrent callers get it, nobody else needs to
-            raise error from exc
+            if isinstance(exc, OSError | TimeoutError):
+                raise MemcachedError(f"memcached {self.address}: {type(exc).__name__}: {exc}") from exc
+            raise
         slots[i] = conn
-        opening.set_result(conn)
+        if slots is not self._slots:  # close() ran meanwhile: nobody would ever close this one
+            conn.close()
+            raise MemcachedError(f"memcached {self.address}: client closed while connecting")
         return conn
