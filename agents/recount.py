@@ -252,7 +252,7 @@ def open_runtime(settings: Settings) -> Runtime:
     registry = load_namespaces(settings.namespaces or default_namespaces())
     partitions = partition_count(settings.kafka_bootstrap, settings.mutations_topic)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups = open_namespace_stores(settings.store, settings.data_dir, registry)
+    events, rollups, _buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     cache, note = shared_cache(settings)
     return Runtime(settings, registry, events, rollups, cache, note, partitions)
 

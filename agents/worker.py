@@ -101,7 +101,7 @@ def build(settings: Settings) -> Pipeline:
     registry = load_namespaces(settings.namespaces or default_namespaces())
     counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups = open_namespace_stores(settings.store, settings.data_dir, registry)
+    events, rollups, _buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     app = create_app(settings, app_id=settings.worker_id)
     topics = declare_topics(app, settings)
     rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]

@@ -25,7 +25,7 @@ BATCH = 50_000
 
 
 async def run_async(n: int, repeat: int, data_dir: Path) -> dict:
-    events, rollups = open_namespace_stores("sqlite", data_dir, REGISTRY)
+    events, rollups, buckets = open_namespace_stores("sqlite", data_dir, REGISTRY)
     part = Partitioning.of(REGISTRY["hist"].time_partition)
     now = time.time_ns() // 1000
     start = now - 3 * 24 * 3600 * 1_000_000  # three days of history
@@ -58,6 +58,7 @@ async def run_async(n: int, repeat: int, data_dir: Path) -> dict:
             update(2 * i + 2)
     await events.close()
     await rollups.close()
+    await buckets.close()
     med_old, med_fresh = statistics.median(timings["old"]), statistics.median(timings["fresh"])
     console.print(f"  rollup of 10 new events, counter with {n:,} old events: {med_old * 1e6:9.1f} µs (median)")
     console.print(f"  rollup of 10 new events, counter with no history:     {med_fresh * 1e6:9.1f} µs (baseline)")

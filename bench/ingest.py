@@ -110,7 +110,7 @@ def ceilings(values: list[bytes], data_dir: Path) -> tuple[float, float]:
                              m.delta, m.op is MutationOp.CLEAR) for m in decoded]
 
     async def store() -> float:
-        events, rollups = open_namespace_stores("sqlite", data_dir, load_namespaces(NAMESPACES))
+        events, rollups, buckets = open_namespace_stores("sqlite", data_dir, load_namespaces(NAMESPACES))
         try:
             started = time.perf_counter()
             for i in range(0, len(rows), ROWS_PER_PERSIST_BATCH):
@@ -119,6 +119,7 @@ def ceilings(values: list[bytes], data_dir: Path) -> tuple[float, float]:
         finally:
             await events.close()
             await rollups.close()
+            await buckets.close()
     return decode_rate, asyncio.run(store())
 
 

@@ -249,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _audit(settings, registry, namespace, counter, after_us, upto_us, start_total, sink, stop, bar):
-    events, rollups = open_namespace_stores(settings.store, settings.data_dir, registry)
+    events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     try:
         tally, at_rollup, stopped = await audit(events, rollups, namespace, counter, after_us=after_us,
                                                 upto_us=upto_us, start_total=start_total, sink=sink, stop=stop,
@@ -259,3 +259,4 @@ async def _audit(settings, registry, namespace, counter, after_us, upto_us, star
     finally:
         await events.close()
         await rollups.close()
+        await buckets.close()

@@ -98,7 +98,7 @@ def _apply_sqlite(url: str, data_dir: Path) -> int:
         raise KeyError(namespace)
 
     try:
-        events, rollups = open_stores(url, data_dir, no_partitioning)
+        events, rollups, buckets = open_stores(url, data_dir, no_partitioning)
     except (OSError, ValueError) as exc:
         fail(f"cannot open the SQLite store {url!r}: {exc}", code=1)
 
@@ -106,9 +106,11 @@ def _apply_sqlite(url: str, data_dir: Path) -> int:
         try:  # the first operation of each store creates its file and tables
             await events.scan("_schema", "_schema", 0, 1, limit=1)
             await rollups.watermarks("_schema")
+            await buckets.clears("_schema", ["_schema"])
         finally:
             await events.close()
             await rollups.close()
+            await buckets.close()
     asyncio.run(touch_and_close())
     console.print(f"SQLite schema ready ({url}): the stores create their tables when they open")
     return 0

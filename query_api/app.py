@@ -82,7 +82,7 @@ def build_service(settings: Settings) -> CounterService:
     registry = load_namespaces(settings.namespaces or default_namespaces())
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups = open_namespace_stores(settings.store, settings.data_dir, registry)
+    events, rollups, _buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
     producer = CounterProducer(settings.kafka_bootstrap, topic=settings.mutations_topic, batch_size=64,
                                linger_ms=1.0, delivery_timeout_ms=5000, track_failures=False,

@@ -1,25 +1,31 @@
-"""Storage: the TimeSeries event store, the rollup store, the rollup cache and BEST_EFFORT counters.
+"""Storage: the TimeSeries event store, the rollup store, the time-bucket store, the rollup cache and BEST_EFFORT
+counters.
 
-The interfaces live here at the top (`base`, `cache`, `best_effort`, `model`); each backend is a subpackage:
-`sqlite/` (embedded default), `cassandra/` (production), `memcached/` and `memory/` (caches and counters).
+The interfaces live here at the top (`base`, `cache`, `best_effort`, `model`, `windows`); each backend is a
+subpackage: `sqlite/` (embedded default), `cassandra/` (production), `memcached/` and `memory/` (caches and
+counters).
 Everything time-like is epoch microseconds.
 """
 
-from sinks.base import EventStore, RollupStore, ScanCursor
+from sinks.base import BucketStore, EventStore, RollupStore, ScanCursor, Stores
 from sinks.cache import RollupCache, open_cache
-from sinks.factory import EVENTS_FILE, ROLLUPS_FILE, open_namespace_stores, open_stores
+from sinks.factory import BUCKETS_FILE, EVENTS_FILE, ROLLUPS_FILE, open_namespace_stores, open_stores
 from sinks.memcached.rollup_cache import MemcachedRollupCache, cache_key
 from sinks.memory.rollup_cache import InProcessRollupCache
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, RollupState, apply_aggregate
-from sinks.sqlite import SqliteEventStore, SqliteRollupStore
+from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore
+from sinks.windows import Granularity
 
 __all__ = [
+    "BUCKETS_FILE",
     "EMPTY_AGGREGATE",
     "EVENTS_FILE",
     "ROLLUPS_FILE",
     "Aggregate",
+    "BucketStore",
     "EventRow",
     "EventStore",
+    "Granularity",
     "InProcessRollupCache",
     "MemcachedRollupCache",
     "Partitioning",
@@ -27,8 +33,10 @@ __all__ = [
     "RollupState",
     "RollupStore",
     "ScanCursor",
+    "SqliteBucketStore",
     "SqliteEventStore",
     "SqliteRollupStore",
+    "Stores",
     "apply_aggregate",
     "cache_key",
     "open_cache",

@@ -8,11 +8,12 @@ All times are epoch microseconds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import NamedTuple, Protocol, runtime_checkable
 
 from sinks.model import Aggregate, EventRow, RollupState
+from sinks.windows import BucketRange, BucketRow, BucketSum, Granularity, StoredBucket
 
-__all__ = ["EventStore", "RollupStore", "ScanCursor"]
+__all__ = ["BucketStore", "EventStore", "RollupStore", "ScanCursor", "Stores"]
 
 # Position of the last event returned by ``scan``: (event_time, event_id, event_item_key).
 ScanCursor = tuple[int, str, str]
@@ -36,6 +37,14 @@ class EventStore(Protocol):
 
     async def aggregate_many(self, namespace: str, windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
         """``aggregate`` of each ``(counter, after_us, upto_us)``, in order: a rollup batch in one call."""
+        ...
+
+    async def bucket_sums_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
+                               width_us: int) -> list[list[BucketSum]]:
+        """Per ``(counter, after_us, upto_us)``, in order: the buckets of ``width_us`` (aligned to the epoch)
+        holding events with ``after_us < event_time <= upto_us``, ascending, as ``(bucket_start_us, sum of the
+        adds strictly after the latest clear inside the bucket, that clear's time or None, events)``, where
+        events counts every event of the bucket within the range. A rollup batch's minutes in one call."""
         ...
 
     async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
@@ -112,3 +121,49 @@ class RollupStore(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class BucketStore(Protocol):
+    """Time buckets of windowed counts (DESIGN invariant 7) and each counter's latest clear.
+
+    A bucket ``(namespace, counter, granularity, start_us) -> (value, computed_upto_us)`` is always written as
+    a value recomputed at a rollup boundary, never incremented, so re-running a rollup, replay or recount
+    cannot double-count. Clears are applied when reading (``sinks.windows.masked``).
+    """
+
+    async def write_buckets(self, namespace: str, rows: Sequence[BucketRow]) -> list[bool]:
+        """Forward-only per bucket: a row replaces the stored bucket only if its ``computed_upto_us`` is
+        strictly later (or nothing is stored). Returns, per row in order, whether it was applied."""
+        ...
+
+    async def read_buckets_many(self, namespace: str, ranges: Sequence[BucketRange]) -> list[list[StoredBucket]]:
+        """Per ``(counter, granularity, from_start_us, to_start_us)``, in order: the stored buckets whose start
+        lies in ``[from, to)``, ascending by start, unmasked. A batch of ranges in one call."""
+        ...
+
+    async def bump_clears(self, namespace: str, items: Sequence[tuple[str, int]]) -> None:
+        """Per ``(counter, clear_us)``: the counter's latest clear becomes ``max(stored, clear_us)``."""
+        ...
+
+    async def clears(self, namespace: str, counters: Sequence[str]) -> dict[str, int]:
+        """The latest clear of each of ``counters`` that has one."""
+        ...
+
+    async def drop_expired(self, namespace: str, granularity: Granularity, before_us: int) -> int:
+        """Retention: remove the namespace's ``granularity`` buckets whose end is ``<= before_us``, never a newer
+        bucket, another granularity or namespace, a clear or a rollup. Returns how many storage slices
+        (``Granularity.slice_us``) it emptied entirely; pass a slice-aligned ``before_us`` to drop whole
+        partitions only (cheapest on Cassandra)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Stores(NamedTuple):
+    """The stores of one backend, as ``sinks.factory.open_stores`` opens them (on Cassandra they share one
+    session, shut down when the last of them is closed): ``events, rollups, buckets = open_stores(...)``."""
+
+    events: EventStore
+    rollups: RollupStore
+    buckets: BucketStore

@@ -6,23 +6,27 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sinks.base import EventStore, RollupStore
+from sinks.base import Stores
 from sinks.model import Partitioning
-from sinks.sqlite import SqliteEventStore, SqliteRollupStore
+from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore
+from sinks.windows import Granularity
 
-__all__ = ["EVENTS_FILE", "ROLLUPS_FILE", "open_namespace_stores", "open_stores"]
+__all__ = ["BUCKETS_FILE", "EVENTS_FILE", "ROLLUPS_FILE", "Stores", "open_namespace_stores", "open_stores"]
 
 EVENTS_FILE = "events.sqlite3"
 ROLLUPS_FILE = "rollups.sqlite3"
+BUCKETS_FILE = "buckets.sqlite3"
 
 
 def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str], Partitioning], *,
-                delete_after_for: Callable[[str], float | None] | None = None) -> tuple[EventStore, RollupStore]:
+                delete_after_for: Callable[[str], float | None] | None = None,
+                retention_for: Callable[[str, Granularity], float | None] | None = None) -> Stores:
     """``"sqlite"``: files under data_dir; ``"sqlite:///abs/dir"``: files under that directory;
     ``"cassandra://h1,h2:9042/keyspace?dc=..."``: a Cassandra cluster (see ``sinks.cassandra.config``).
 
-    ``delete_after_for(namespace)`` (seconds) sets the Cassandra slice tables' TTL backstop; SQLite
-    ignores it (its retention is ``drop_expired_slices`` alone).
+    ``delete_after_for(namespace)`` (seconds) sets the Cassandra slice tables' TTL backstop and
+    ``retention_for(namespace, granularity)`` (seconds, None: forever) the bucket TTL backstop; SQLite ignores
+    both (its retention is ``drop_expired_slices`` and ``drop_expired`` alone).
     """
     url = store_url.strip()
     if url == "sqlite":
@@ -35,16 +39,17 @@ def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str]
     elif url.startswith("cassandra://"):
         from sinks.cassandra.store import open_cassandra_stores  # the driver loads only when used
 
-        return open_cassandra_stores(url, partitioning_for, delete_after_for=delete_after_for)
+        return open_cassandra_stores(url, partitioning_for, delete_after_for=delete_after_for,
+                                     retention_for=retention_for)
     else:
         raise ValueError(f"unknown store {store_url!r}: expected 'sqlite', 'sqlite:///dir' or 'cassandra://...'")
     directory.mkdir(parents=True, exist_ok=True)
-    return (SqliteEventStore(directory / EVENTS_FILE, partitioning_for),
-            SqliteRollupStore(directory / ROLLUPS_FILE))
+    return Stores(SqliteEventStore(directory / EVENTS_FILE, partitioning_for),
+                  SqliteRollupStore(directory / ROLLUPS_FILE),
+                  SqliteBucketStore(directory / BUCKETS_FILE))
 
 
-def open_namespace_stores(store_url: str, data_dir: Path,
-                          registry: Mapping[str, Any]) -> tuple[EventStore, RollupStore]:
+def open_namespace_stores(store_url: str, data_dir: Path, registry: Mapping[str, Any]) -> Stores:
     """`open_stores` with each namespace's partitioning and retention taken from the control plane."""
     def partitioning_for(namespace: str) -> Partitioning:
         ns = registry.get(namespace)
@@ -56,4 +61,11 @@ def open_namespace_stores(store_url: str, data_dir: Path,
         ns = registry.get(namespace)
         return None if ns is None else ns.retention.delete_after_s
 
-    return open_stores(store_url, data_dir, partitioning_for, delete_after_for=delete_after_for)
+    def retention_for(namespace: str, granularity: Granularity) -> float | None:
+        ns = registry.get(namespace)
+        if ns is None or not ns.windows.enabled(granularity):
+            return None
+        return ns.windows.retention_s(granularity)
+
+    return open_stores(store_url, data_dir, partitioning_for, delete_after_for=delete_after_for,
+                       retention_for=retention_for)

@@ -102,22 +102,28 @@ def _session():
 
 
 @contextlib.contextmanager
-def contract_stores(partitioning_for: Callable[[str], Partitioning]) -> Iterator[tuple[object, object, str]]:
-    """(event store, rollup store, fresh namespace) on the shared contract keyspace."""
+def contract_stores(partitioning_for: Callable[[str], Partitioning]
+                    ) -> Iterator[tuple[object, object, object, str]]:
+    """(event store, rollup store, bucket store, fresh namespace) on the shared contract keyspace."""
+    from sinks.cassandra.buckets import CassandraBucketStore
     from sinks.cassandra.events import CassandraEventStore
     from sinks.cassandra.rollups import CassandraRollupStore
+    from sinks.windows import CHAIN
 
     session = _session()
-    session.acquire()
-    session.acquire()  # the stores' close() release these two; the session lives until exit
+    for _ in range(3):  # the stores' close() release these; the session lives until exit
+        session.acquire()
     events = CassandraEventStore(session, partitioning_for, table_ids=session.config.table_ids)
     rollups = CassandraRollupStore(session, pending_shards=session.config.pending_shards)
+    buckets = CassandraBucketStore(session)
     namespace = f"ns_{uuid.uuid4().hex[:8]}"
     try:
-        yield events, rollups, namespace
+        yield events, rollups, buckets, namespace
     finally:
         async def cleanup() -> None:
             await rollups.delete(namespace)
             await events.drop_namespace(namespace)
+            for g in CHAIN:
+                await buckets.drop_expired(namespace, g, 2**62)
         with contextlib.suppress(Exception):
             asyncio.run(cleanup())

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_TTL_SECONDS",
     "CassandraConfig",
     "CassandraUrlError",
+    "bucket_ttl_seconds",
     "event_ttl_seconds",
     "index_ttl_seconds",
     "parse_cassandra_url",
@@ -321,3 +322,18 @@ def index_ttl_seconds(event_ttl_s: int) -> int:
     if event_ttl_s <= 0:
         return 0
     return min(event_ttl_s + INDEX_TTL_MARGIN_S, MAX_TTL_SECONDS)
+
+
+def bucket_ttl_seconds(retention_s: float | None, width_s: int, slice_s: int, grace_s: int) -> int:
+    """TTL of a time bucket (and of the catalog rows naming its slice): a backstop behind ``drop_expired``.
+
+    A bucket may be written up to its own width before it ends (an open hour is rewritten by every rollup),
+    and retention with a slice-aligned cutoff drops it up to one slice after it expired; so with
+    ``ttl = retention + width + slice + grace`` the TTL never fires before retention would have dropped the
+    bucket, and only bounds disk use when retention does not run. 0 (no TTL) when the granularity is kept
+    forever; capped at Cassandra's 20 years.
+    """
+    if retention_s is None or retention_s <= 0:
+        return 0
+    ttl = math.ceil(retention_s) + int(width_s) + int(slice_s) + max(0, int(grace_s))
+    return min(ttl, MAX_TTL_SECONDS)

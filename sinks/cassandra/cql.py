@@ -20,6 +20,12 @@ Data model (keyspace ``ks``)::
     rollup_pending    ((shard), namespace, counter_name)     marker: last_write_ts > rollup_ts
     rollup_bounds     ((namespace), shard)                   newest converged rollup_ts
     watermarks        ((topic), kafka_partition)             persist watermark per partition
+    window_buckets    ((namespace, counter_name, granularity, slice), start_us)   bucket_count, computed_upto
+                      minute/hour/day buckets of windowed counts; a slice is a day of minutes, 32 days of hours,
+                      a year of days (sinks.windows.Granularity.slice_us): no partition grows without bound
+    window_slices     ((namespace, granularity), slice)      which bucket slices exist (retention)
+    window_counters   ((namespace, granularity, slice, shard), counter_name)  the counters of a bucket slice
+    window_clears     ((namespace, counter_name))            clear_us: a counter's latest clear (masking)
 
 The column is ``counter_name`` (the API's field name), not ``counter``: COUNTER is a CQL type keyword.
 """
@@ -43,6 +49,7 @@ __all__ = [
     "Part",
     "RollupCql",
     "Stmt",
+    "WindowCql",
     "bucket_slices",
     "counter_shard",
     "index_bounds",
@@ -61,7 +68,8 @@ MIN_BIGINT = -(2**63)
 _US = 1_000_000
 
 BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "event_counters", "rollups", "rollup_pending",
-               "rollup_bounds", "watermarks")
+               "rollup_bounds", "watermarks", "window_buckets", "window_slices", "window_counters",
+               "window_clears")
 COUNTER_SHARDS = 16  # partitions per namespace of the event_counters registry (fixed: part of the key)
 
 
@@ -179,6 +187,36 @@ def _base_tables(ks: str) -> list[str]:
     kafka_partition int,
     mark_us bigint,
     PRIMARY KEY (topic, kafka_partition)
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.window_buckets (
+    namespace text,
+    counter_name text,
+    granularity text,
+    slice bigint,
+    start_us bigint,
+    bucket_count bigint,
+    computed_upto bigint,
+    PRIMARY KEY ((namespace, counter_name, granularity, slice), start_us)
+) WITH CLUSTERING ORDER BY (start_us ASC) AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.window_slices (
+    namespace text,
+    granularity text,
+    slice bigint,
+    PRIMARY KEY ((namespace, granularity), slice)
+) WITH CLUSTERING ORDER BY (slice ASC)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.window_counters (
+    namespace text,
+    granularity text,
+    slice bigint,
+    shard int,
+    counter_name text,
+    PRIMARY KEY ((namespace, granularity, slice, shard), counter_name)
+) WITH CLUSTERING ORDER BY (counter_name ASC)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.window_clears (
+    namespace text,
+    counter_name text,
+    clear_us bigint,
+    PRIMARY KEY ((namespace, counter_name))
 )""",
     ]
 
@@ -484,3 +522,78 @@ class RollupCql:
     def get_marks(self, topic: str) -> Stmt:
         return Stmt("marks.get", f"SELECT kafka_partition, mark_us FROM {self.ks}.watermarks WHERE topic = ?",
                     (topic,))
+
+
+# -- window (bucket) store statements ---------------------------------------------------------------
+
+_BUCKET_PK = "namespace = ? AND counter_name = ? AND granularity = ? AND slice = ?"
+_BUCKET_SLICE = "namespace = ? AND granularity = ? AND slice = ?"
+
+
+class WindowCql:
+    """Statements of the bucket store. A bucket is written ``USING TIMESTAMP`` = the boundary it was computed
+    at, so Cassandra's last-write-wins keeps the one computed at the latest boundary (forward-only), and
+    ``USING TTL`` = its retention backstop (0: none). A counter's clear is written ``USING TIMESTAMP`` = its
+    time: the cell holds the latest."""
+
+    def __init__(self, keyspace: str) -> None:
+        self.ks = keyspace
+
+    def write(self, namespace: str, counter: str, granularity: str, slice_no: int, start_us: int, value: int,
+              computed_upto_us: int, ttl_s: int) -> Stmt:
+        return Stmt("wbucket.write", f"UPDATE {self.ks}.window_buckets USING TIMESTAMP ? AND TTL ? "
+                    f"SET bucket_count = ?, computed_upto = ? WHERE {_BUCKET_PK} AND start_us = ?",
+                    (computed_upto_us, ttl_s, value, computed_upto_us, namespace, counter, granularity, slice_no,
+                     start_us))
+
+    def range(self, namespace: str, counter: str, granularity: str, slice_no: int, from_us: int,
+              to_us: int) -> Stmt:
+        """Buckets of one partition whose start lies in ``[from_us, to_us)``, ascending."""
+        return Stmt("wbucket.range", f"SELECT start_us, bucket_count, computed_upto FROM {self.ks}.window_buckets "
+                    f"WHERE {_BUCKET_PK} AND start_us >= ? AND start_us < ?",
+                    (namespace, counter, granularity, slice_no, from_us, to_us))
+
+    def drop_partition(self, namespace: str, counter: str, granularity: str, slice_no: int,
+                       timestamp: int) -> Stmt:
+        return Stmt("wbucket.drop", f"DELETE FROM {self.ks}.window_buckets USING TIMESTAMP ? WHERE {_BUCKET_PK}",
+                    (timestamp, namespace, counter, granularity, slice_no))
+
+    def drop_through(self, namespace: str, counter: str, granularity: str, slice_no: int, last_start_us: int,
+                     timestamp: int) -> Stmt:
+        """Range delete of a partition's buckets starting at or before ``last_start_us``."""
+        return Stmt("wbucket.drop_through", f"DELETE FROM {self.ks}.window_buckets USING TIMESTAMP ? "
+                    f"WHERE {_BUCKET_PK} AND start_us <= ?",
+                    (timestamp, namespace, counter, granularity, slice_no, last_start_us))
+
+    def add_slice(self, namespace: str, granularity: str, slice_no: int, ttl_s: int) -> Stmt:
+        return Stmt("wslices.add", f"INSERT INTO {self.ks}.window_slices (namespace, granularity, slice) "
+                    "VALUES (?, ?, ?) USING TTL ?", (namespace, granularity, slice_no, ttl_s))
+
+    def list_slices(self, namespace: str, granularity: str) -> Stmt:
+        return Stmt("wslices.list", f"SELECT slice FROM {self.ks}.window_slices WHERE namespace = ? "
+                    "AND granularity = ?", (namespace, granularity))
+
+    def remove_slice(self, namespace: str, granularity: str, slice_no: int) -> Stmt:
+        return Stmt("wslices.remove", f"DELETE FROM {self.ks}.window_slices WHERE {_BUCKET_SLICE}",
+                    (namespace, granularity, slice_no))
+
+    def register(self, namespace: str, granularity: str, slice_no: int, counter: str, ttl_s: int) -> Stmt:
+        return Stmt("wcounters.add", f"INSERT INTO {self.ks}.window_counters (namespace, granularity, slice, shard, "
+                    "counter_name) VALUES (?, ?, ?, ?, ?) USING TTL ?",
+                    (namespace, granularity, slice_no, counter_shard(counter), counter, ttl_s))
+
+    def registered(self, namespace: str, granularity: str, slice_no: int, shard: int) -> Stmt:
+        return Stmt("wcounters.list", f"SELECT counter_name FROM {self.ks}.window_counters "
+                    f"WHERE {_BUCKET_SLICE} AND shard = ?", (namespace, granularity, slice_no, shard))
+
+    def forget(self, namespace: str, granularity: str, slice_no: int, shard: int) -> Stmt:
+        return Stmt("wcounters.forget", f"DELETE FROM {self.ks}.window_counters WHERE {_BUCKET_SLICE} AND shard = ?",
+                    (namespace, granularity, slice_no, shard))
+
+    def bump_clear(self, namespace: str, counter: str, clear_us: int) -> Stmt:
+        return Stmt("wclears.bump", f"UPDATE {self.ks}.window_clears USING TIMESTAMP ? SET clear_us = ? "
+                    f"WHERE {_COUNTER}", (clear_us, clear_us, namespace, counter))
+
+    def get_clear(self, namespace: str, counter: str) -> Stmt:
+        return Stmt("wclears.get", f"SELECT clear_us FROM {self.ks}.window_clears WHERE {_COUNTER}",
+                    (namespace, counter))

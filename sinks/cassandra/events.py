@@ -53,6 +53,7 @@ from sinks.cassandra.cql import (
 )
 from sinks.cassandra.session import Executor, MissingTable
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
+from sinks.windows import BucketSum, bucket_sums_of
 
 __all__ = ["CassandraEventStore"]
 
@@ -119,6 +120,35 @@ class CassandraEventStore:
         """One aggregate after another: each already fans its partition reads out up to the session's
         concurrency, so running several at once would only queue behind the same bound."""
         return [await self.aggregate(namespace, c, after, upto) for c, after, upto in windows]
+
+    async def bucket_sums_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
+                               width_us: int) -> list[list[BucketSum]]:
+        """The windows' bucket-index rows in one fan-out, then every event partition of every window in another;
+        the rows are summed per bucket here (CQL cannot group by a time expression). Cost: the events of the
+        ranges, which for a rollup are those of the minutes it touches."""
+        if width_us <= 0:
+            raise ValueError(f"bucket width must be positive (got {width_us})")
+        live = [(i, c, after, upto) for i, (c, after, upto) in enumerate(windows) if upto > after]
+        part = await self._pin(namespace, create=False) if live else None
+        if part is None:
+            return [[] for _ in windows]
+        index = await self._x.run_all([self._cql.index_range(namespace, c, *index_bounds(after, upto, part))
+                                       for _i, c, after, upto in live])
+        parts = [parts_for(namespace, rows or (), after, upto, part)
+                 for (_i, _c, after, upto), rows in zip(live, index, strict=True)]
+        known = self._known.get(namespace, set())
+        if any(p.table not in known for ps in parts for p in ps):  # as in _parts: one catalog refresh
+            known = await self._refresh_catalog(namespace)
+            parts = [[p for p in ps if p.table in known] for ps in parts]
+        stmts: list[Stmt] = []
+        owners: list[int] = []
+        for (i, c, after, upto), ps in zip(live, parts, strict=True):
+            stmts += [self._rows(p, namespace, c, after, upto) for p in ps]
+            owners += [i] * len(ps)
+        events: dict[int, list[tuple[int, int, bool]]] = {}
+        for i, rows in zip(owners, await self._x.run_all(stmts, missing_ok=True), strict=True):
+            events.setdefault(i, []).extend((int(t), int(d or 0), bool(clear)) for t, _id, _key, d, clear in rows or ())
+        return [bucket_sums_of(events.get(i, ()), width_us) for i in range(len(windows))]
 
     async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
                    after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:

@@ -37,6 +37,7 @@ import xxhash
 from sinks.base import ScanCursor
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
 from sinks.sqlite.thread import SqliteThread
+from sinks.windows import BucketSum, combine_sums
 
 __all__ = ["SqliteEventStore"]
 
@@ -80,6 +81,20 @@ LEFT JOIN "{t}" AS e
        ON e.namespace = ?1 AND e.counter = ?2
       AND (e.time_bucket, e.event_time) >= (COALESCE(clear.tb, ?5), COALESCE(clear.lc, ?3 + 1))
       AND (e.time_bucket, e.event_time) <= (?6, ?4)
+"""
+
+# Bucket sums of one slice: the events of the range by one primary-key range scan (as _SCAN_FROM), grouped by
+# bucket start (floor-aligned to ?7), each bucket's latest clear joined back to sum the adds strictly after it.
+# Parameters: namespace, counter, after_us, upto_us, time_bucket(after_us), time_bucket(upto_us), width_us.
+_BUCKET_SUMS = """
+WITH e AS (
+    SELECT event_time - ((event_time % ?7) + ?7) % ?7 AS b, event_time, delta, is_clear FROM "{t}"
+    WHERE namespace = ?1 AND counter = ?2 AND (time_bucket, event_time) > (?5, ?3)
+      AND (time_bucket, event_time) <= (?6, ?4)),
+c AS (SELECT b, MAX(event_time) AS lc FROM e WHERE is_clear = 1 GROUP BY b)
+SELECT e.b, COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (c.lc IS NULL OR e.event_time > c.lc) THEN e.delta END), 0),
+       c.lc, COUNT(*)
+FROM e LEFT JOIN c ON c.b = e.b GROUP BY e.b ORDER BY e.b
 """
 
 _COLUMNS = "namespace, counter, event_time, event_id, event_item_key, delta, is_clear"
@@ -159,6 +174,17 @@ class SqliteEventStore:
         def read_all(conn: sqlite3.Connection) -> list[Aggregate]:
             return [self._aggregate(conn, namespace, counter, after, upto) if upto > after else EMPTY_AGGREGATE
                     for counter, after, upto in windows]
+        if not windows:
+            return []
+        return await self._db.run(self._read, read_all)
+
+    async def bucket_sums_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
+                               width_us: int) -> list[list[BucketSum]]:
+        def read_all(conn: sqlite3.Connection) -> list[list[BucketSum]]:
+            return [self._bucket_sums(conn, namespace, counter, after, upto, width_us) if upto > after else []
+                    for counter, after, upto in windows]
+        if width_us <= 0:
+            raise ValueError(f"bucket width must be positive (got {width_us})")
         if not windows:
             return []
         return await self._db.run(self._read, read_all)
@@ -341,6 +367,18 @@ class SqliteEventStore:
             if last_clear is not None:
                 return Aggregate(delta, True, last_clear, events)
         return Aggregate(delta, False, None, events)
+
+    def _bucket_sums(self, conn: sqlite3.Connection, namespace: str, counter: str, after_us: int, upto_us: int,
+                     width_us: int) -> list[BucketSum]:
+        """Oldest slice first; a bucket straddling two slices (a slice width that is no multiple of the bucket
+        width) is combined from its parts, the later part's clear erasing the earlier part."""
+        out: list[BucketSum] = []
+        for s in self._overlapping(conn, namespace, after_us, upto_us):
+            args = (namespace, counter, after_us, upto_us, s.bucket(after_us), s.bucket(upto_us), width_us)
+            for row in conn.execute(_BUCKET_SUMS.format(t=s.table), args):
+                part: BucketSum = (row[0], row[1], row[2], row[3])
+                out.append(combine_sums(out.pop(), part) if out and out[-1][0] == part[0] else part)
+        return out
 
     def _scan(self, conn: sqlite3.Connection, namespace: str, counter: str, after_us: int, upto_us: int,
               after: ScanCursor | None, limit: int) -> list[EventRow]:

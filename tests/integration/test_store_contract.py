@@ -1,4 +1,4 @@
-"""The store contract every backend passes (SQLite now; add a backend to BACKENDS to run it too).
+"""The store contract every backend passes (SQLite, and Cassandra when one is reachable; see BACKENDS).
 
 Tests use a fresh namespace each, so a shared external backend (a Cassandra keyspace) stays isolated.
 The end of the file holds SQLite-specific checks: query plans and several processes on one file.
@@ -20,6 +20,7 @@ import pytest
 
 from sinks import (
     Aggregate,
+    BucketStore,
     EventRow,
     EventStore,
     Partitioning,
@@ -29,7 +30,9 @@ from sinks import (
     apply_aggregate,
     open_stores,
 )
-from sinks.sqlite.events import _AGGREGATE
+from sinks import Stores as OpenedStores
+from sinks.sqlite.events import _AGGREGATE, _BUCKET_SUMS
+from sinks.windows import Granularity
 
 T = TypeVar("T")
 
@@ -43,6 +46,7 @@ BACKENDS = ["sqlite", "cassandra"]  # cassandra: COUNTER_TEST_CASSANDRA=host:por
 class Stores:
     events: EventStore
     rollups: RollupStore
+    buckets: BucketStore
     namespace: str
 
     def run(self, awaitable: Awaitable[T]) -> T:
@@ -53,7 +57,7 @@ async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-def _open(backend: str, directory: Path) -> tuple[EventStore, RollupStore]:
+def _open(backend: str, directory: Path) -> OpenedStores:
     if backend == "sqlite":
         return open_stores(f"sqlite://{directory}", directory, lambda ns: PART)
     raise AssertionError(f"unknown backend {backend}")
@@ -67,15 +71,16 @@ def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
         if request.param == "cassandra":  # skips, naming why, when no cluster is reachable
             from tests.cassandra_support import contract_stores
 
-            events, rollups, namespace = stack.enter_context(contract_stores(lambda ns: PART))
+            events, rollups, buckets, namespace = stack.enter_context(contract_stores(lambda ns: PART))
         else:
-            events, rollups = _open(request.param, tmp_path)
+            events, rollups, buckets = _open(request.param, tmp_path)
             namespace = f"ns_{uuid.uuid4().hex[:8]}"
-        yield Stores(events, rollups, namespace)
+        yield Stores(events, rollups, buckets, namespace)
 
         async def close() -> None:
             await events.close()
             await rollups.close()
+            await buckets.close()
         asyncio.run(close())
 
 
@@ -277,6 +282,165 @@ def test_retention_deletes_only_old_rolled_up_events(stores: Stores) -> None:
     assert stores.run(es.aggregate(ns, "c", BASE + 298 * S, BASE + 300 * S)).delta == 1
 
 
+def sums_oracle(rows: list[EventRow], counter: str, after: int, upto: int,
+                width: int) -> list[tuple[int, int, int | None, int]]:
+    """bucket_sums of distinct events: per bucket, adds strictly after its latest clear, that clear, events."""
+    distinct: dict[tuple, EventRow] = {}
+    for row in rows:
+        distinct.setdefault(row[:5], row)
+    per: dict[int, list[EventRow]] = {}
+    for r in distinct.values():
+        if r[1] == counter and after < r[2] <= upto:
+            per.setdefault(r[2] // width * width, []).append(r)
+    out = []
+    for start, chosen in sorted(per.items()):
+        last = max((r[2] for r in chosen if r[6]), default=None)
+        out.append((start, sum(r[5] for r in chosen if not r[6] and (last is None or r[2] > last)), last,
+                    len(chosen)))
+    return out
+
+
+def test_bucket_sums_match_the_oracle(stores: Stores) -> None:
+    """Minute (and odd-width) sums of ranges across event buckets and slices: clears, ties, redeliveries."""
+    ns, es = stores.namespace, stores.events
+    rng = random.Random(5)
+    rows: list[EventRow] = []
+    for i in range(400):  # ~5 minutes of two counters: 10 s event buckets, 60 s slices
+        t = BASE + rng.choice([rng.randrange(0, 300 * S), rng.randrange(0, 30) * 10 * S,
+                               rng.randrange(1, 6) * 60 * S - 1, rng.randrange(0, 5) * 60 * S])
+        rows.append(ev(ns, t, f"e{i}", rng.randint(-5, 9), counter=rng.choice("cd"), clear=rng.random() < 0.04))
+    clear_at = BASE + 150 * S + 7
+    rows += [ev(ns, clear_at, "k", clear=True), ev(ns, clear_at, "erased", 1000), ev(ns, clear_at + 1, "kept", 3)]
+    rows += rows[:50]  # redeliveries
+    for start in range(0, len(rows), 61):
+        stores.run(es.write_events(rows[start:start + 61]))
+    edges = [BASE + k * 30 * S + d for k in range(11) for d in (-1, 0, 1)]
+    for width in (60 * S, 90 * S, 7 * S):  # 90 s buckets straddle the 60 s event slices
+        windows = [(rng.choice("cdx"), *sorted(rng.sample([*edges, *(r[2] for r in rows)], 2))) for _ in range(30)]
+        windows += [("c", 0, BASE + 10**4 * S), ("c", BASE + 5 * S, BASE + 5 * S), ("d", BASE + 9 * S, BASE)]
+        got = stores.run(es.bucket_sums_many(ns, windows, width))
+        assert len(got) == len(windows)
+        for (counter, after, upto), sums in zip(windows, got, strict=True):
+            assert sums == sums_oracle(rows, counter, after, upto, width), (counter, after, upto, width)
+    minute = stores.run(es.bucket_sums_many(ns, [("c", clear_at - 1, clear_at + 1)], 60 * S))[0]
+    assert minute == [(clear_at // (60 * S) * 60 * S, 3, clear_at, 3)]  # the add at the clear's instant: erased
+    assert stores.run(es.bucket_sums_many(ns, [], 60 * S)) == []
+    assert stores.run(es.bucket_sums_many(f"{ns}_none", [("c", 0, BASE + S)], 60 * S)) == [[]]
+
+
+def test_bucket_sums_total_after_the_last_clear_equals_the_aggregate(stores: Stores) -> None:
+    """What the windows rest on: the buckets after a range's latest clear sum to the range's aggregate."""
+    ns, es = stores.namespace, stores.events
+    rng = random.Random(9)
+    rows = [ev(ns, BASE + rng.randrange(0, 600 * S), f"e{i}", rng.randint(-3, 9), clear=rng.random() < 0.02)
+            for i in range(300)]
+    stores.run(es.write_events(rows))
+    for _ in range(20):
+        after, upto = sorted(rng.sample(range(BASE - S, BASE + 610 * S), 2))
+        agg = stores.run(es.aggregate(ns, "c", after, upto))
+        sums = stores.run(es.bucket_sums_many(ns, [("c", after, upto)], 60 * S))[0]
+        last = max((c for _s, _v, c, _n in sums if c is not None), default=None)
+        assert last == agg.last_clear_us
+        assert sum(v for start, v, _c, _n in sums if last is None or start + 60 * S > last) == agg.delta
+
+
+# -- bucket store ---------------------------------------------------------------------------------
+
+MINUTE, HOUR, DAY = Granularity.MINUTE, Granularity.HOUR, Granularity.DAY
+M = 60 * S
+DAY0 = (BASE // (86400 * S) + 1) * 86400 * S  # a day (and minute-slice) boundary after BASE
+
+
+def test_buckets_only_move_forward(stores: Stores) -> None:
+    ns, bs = stores.namespace, stores.buckets
+    t = DAY0 + 5 * M
+    assert stores.run(bs.write_buckets(ns, [("c", MINUTE, t, 7, t + 10), ("c", HOUR, DAY0, 7, t + 10)])) == [True, True]
+    applied = stores.run(bs.write_buckets(ns, [("c", MINUTE, t, 99, t + 9),  # computed earlier: refused
+                                               ("c", MINUTE, t, 99, t + 10),  # same boundary: refused
+                                               ("c", HOUR, DAY0, 12, t + 30),  # later: replaces
+                                               ("d", MINUTE, t, 1, t + 1)]))
+    assert applied == [False, False, True, True]
+    got = stores.run(bs.read_buckets_many(ns, [("c", MINUTE, DAY0, DAY0 + M * 60), ("c", HOUR, DAY0, DAY0 + 3600 * S),
+                                               ("d", MINUTE, t, t + M)]))
+    assert got == [[(t, 7, t + 10)], [(DAY0, 12, t + 30)], [(t, 1, t + 1)]]
+    assert stores.run(bs.write_buckets(ns, [])) == []
+    # a re-run of the same step changes nothing
+    assert stores.run(bs.write_buckets(ns, [("c", MINUTE, t, 7, t + 10)])) == [False]
+
+
+def test_read_buckets_many_returns_each_range_in_order(stores: Stores) -> None:
+    ns, bs = stores.namespace, stores.buckets
+    minutes = [DAY0 + k * M for k in range(-30, 30, 3)]  # across a minute-slice (day) boundary
+    hours = [DAY0 + k * 3600 * S for k in range(-40, 40, 7)]
+    days = [DAY0 + k * 86400 * S for k in (-400, -1, 0, 365, 400)]  # across day slices (a year each)
+    rows = [("c", MINUTE, t, i, t + M) for i, t in enumerate(minutes)]
+    rows += [("c", HOUR, t, 100 + i, t + M) for i, t in enumerate(hours)]
+    rows += [("c", DAY, t, 200 + i, t + M) for i, t in enumerate(days)]
+    rows += [("other", MINUTE, DAY0, 5, DAY0 + 1)]
+    random.Random(3).shuffle(rows)
+    stores.run(bs.write_buckets(ns, rows))
+    stores.run(bs.write_buckets(f"{ns}_x", [("c", MINUTE, DAY0, 555, DAY0 + 1)]))
+    ranges = [("c", MINUTE, DAY0 - 10 * M, DAY0 + 10 * M), ("c", MINUTE, DAY0 - 30 * M, DAY0 + 30 * M),
+              ("c", HOUR, DAY0 - 40 * 3600 * S, DAY0), ("c", DAY, DAY0 - 400 * 86400 * S, DAY0 + 401 * 86400 * S),
+              ("c", MINUTE, DAY0 - 9 * M, DAY0 - 9 * M), ("c", MINUTE, DAY0 + M, DAY0 - M), ("none", HOUR, 0, 2**60),
+              ("c", MINUTE, DAY0 - 9 * M, DAY0 - 8 * M)]
+    got = stores.run(bs.read_buckets_many(ns, ranges))
+    ordered = sorted(rows, key=lambda r: r[2])
+    expected = [[(t, v, u) for c, g, t, v, u in ordered if c == rc and g == rg and lo <= t < hi]
+                for rc, rg, lo, hi in ranges]
+    assert got == expected
+    assert [len(x) for x in got] == [7, 20, 6, 5, 0, 0, 0, 1]
+    assert stores.run(bs.read_buckets_many(ns, [])) == []
+
+
+def test_clears_only_move_forward(stores: Stores) -> None:
+    ns, bs = stores.namespace, stores.buckets
+    assert stores.run(bs.clears(ns, ["a"])) == {}
+    stores.run(bs.bump_clears(ns, [("a", 500), ("a", 900), ("a", 700), ("b", 100)]))
+    stores.run(bs.bump_clears(ns, [("a", 800), ("b", 150)]))
+    stores.run(bs.bump_clears(f"{ns}_x", [("a", 10**6)]))
+    stores.run(bs.bump_clears(ns, []))
+    assert stores.run(bs.clears(ns, ["a", "b", "c", "a"])) == {"a": 900, "b": 150}
+    assert stores.run(bs.clears(ns, [])) == {}
+
+
+def test_retention_drops_only_expired_buckets(stores: Stores) -> None:
+    ns, bs, rs = stores.namespace, stores.buckets, stores.rollups
+    day = 86400 * S
+    minutes = [DAY0 + k * 30 * M for k in range(-96, 48)]  # 2 days before DAY0 and 1 after: 3 minute slices
+    hours = [DAY0 + k * 3600 * S for k in range(-48, 24)]
+    rows = [("c", MINUTE, t, 1, t + M) for t in minutes] + [("d", MINUTE, t, 2, t + M) for t in minutes[::5]]
+    rows += [("c", HOUR, t, 60, t + M) for t in hours] + [("c", DAY, DAY0 - day, 1440, DAY0)]
+    stores.run(bs.write_buckets(ns, rows))
+    stores.run(bs.write_buckets(f"{ns}_x", [("c", MINUTE, DAY0 - 2 * day, 9, DAY0)]))
+    stores.run(bs.bump_clears(ns, [("c", DAY0 - 2 * day + 1)]))
+    stores.run(rs.write_rollup(ns, "c", 42, DAY0))
+
+    cutoff = DAY0 - 10 * M - 1  # inside the slice [DAY0 - 1 day, DAY0): minutes ending <= cutoff go
+    assert stores.run(bs.drop_expired(ns, MINUTE, cutoff)) == 1  # the slice before it, emptied entirely
+
+    def left(counter: str, g: Granularity) -> list[int]:
+        [got] = stores.run(bs.read_buckets_many(ns, [(counter, g, 0, 2**60)]))
+        return [start for start, _v, _u in got]
+
+    assert left("c", MINUTE) == [t for t in minutes if t + M > cutoff]
+    assert left("d", MINUTE) == [t for t in minutes[::5] if t + M > cutoff]
+    assert left("c", HOUR) == hours and left("c", DAY) == [DAY0 - day]  # other granularities untouched
+    assert stores.run(bs.clears(ns, ["c"])) == {"c": DAY0 - 2 * day + 1}
+    assert stores.run(rs.get(ns, "c")) == RollupState(42, DAY0, 0)
+    [[other]] = stores.run(bs.read_buckets_many(f"{ns}_x", [("c", MINUTE, 0, 2**60)]))
+    assert other == (DAY0 - 2 * day, 9, DAY0)  # other namespaces untouched
+    # newer buckets stay writable forward-only; the next slice-aligned cutoff empties the partial slice
+    newest = minutes[-1]
+    assert stores.run(bs.write_buckets(ns, [("c", MINUTE, newest, 5, newest + 2 * M)])) == [True]
+    assert stores.run(bs.drop_expired(ns, MINUTE, cutoff)) == 0
+    assert stores.run(bs.drop_expired(ns, MINUTE, DAY0)) == 1
+    assert left("c", MINUTE) == [t for t in minutes if t >= DAY0]
+    assert stores.run(bs.read_buckets_many(ns, [("c", MINUTE, newest, newest + 1)])) == [[(newest, 5, newest + 2 * M)]]
+    assert stores.run(bs.drop_expired(ns, HOUR, DAY0 - day)) == 0  # hour slices are 32 days: none ended yet
+    assert left("c", HOUR) == [t for t in hours if t + 3600 * S > DAY0 - day]
+
+
 # -- rollup store ---------------------------------------------------------------------------------
 
 
@@ -413,6 +577,37 @@ def test_sqlite_aggregate_cost_depends_only_on_new_events(tmp_path: Path) -> Non
     asyncio.run(body())
 
 
+def test_sqlite_bucket_sums_read_the_range_by_primary_key(tmp_path: Path) -> None:
+    es = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: PART)
+    asyncio.run(es.write_events([ev("ns", BASE + i * S, f"e{i}", 1) for i in range(50)]))
+    ((table, _, _),) = asyncio.run(es.slices("ns"))[:1]
+    asyncio.run(es.close())
+    conn = sqlite3.connect(tmp_path / "events.sqlite3")
+    try:
+        args = ("ns", "c", BASE, BASE + 30 * S, PART.time_bucket(BASE), PART.time_bucket(BASE + 30 * S), 60 * S)
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + _BUCKET_SUMS.format(t=table), args)]
+        rows = conn.execute(_BUCKET_SUMS.format(t=table), args).fetchall()
+    finally:
+        conn.close()
+    events_reads = [line for line in plan if table in line]
+    assert events_reads and all("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line
+                                for line in events_reads), plan
+    assert rows == [(BASE, 30, None, 30)]
+
+
+def test_sqlite_buckets_refuse_a_file_of_another_layout(tmp_path: Path) -> None:
+    from sinks import SqliteBucketStore
+
+    path = tmp_path / "buckets.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version = 7")
+    conn.close()
+    bs = SqliteBucketStore(path)
+    with pytest.raises(RuntimeError, match="layout 7"):
+        asyncio.run(bs.clears("ns", ["c"]))
+    asyncio.run(bs.close())
+
+
 def test_sqlite_partitioning_is_pinned_on_first_write(tmp_path: Path) -> None:
     path = tmp_path / "events.sqlite3"
     first = SqliteEventStore(path, lambda ns: PART)
@@ -428,7 +623,7 @@ def _writer_process(directory: str, worker: int, ids: list[int], seed: int, barr
     """One OS process hammering the shared files: overlapping events (each delivered twice),
     last-write bumps, rollups and watermarks, one transaction each."""
     async def body() -> None:
-        events, rollups = open_stores(f"sqlite://{directory}", Path(directory), lambda ns: PART)
+        events, rollups, _buckets = open_stores(f"sqlite://{directory}", Path(directory), lambda ns: PART)
         rng = random.Random(seed)
         await rollups.watermarks("t")  # open both files before the start line
         await events.aggregate("shared", "c0", 0, 1)
@@ -466,7 +661,7 @@ def test_sqlite_two_processes_write_overlapping_batches(tmp_path: Path) -> None:
         p.join(120)
         assert p.exitcode == 0, "a writer process failed (see its traceback above)"
 
-    events, rollups = open_stores(f"sqlite://{tmp_path}", tmp_path, lambda ns: PART)
+    events, rollups, _buckets = open_stores(f"sqlite://{tmp_path}", tmp_path, lambda ns: PART)
 
     async def verify() -> None:
         everything: list[EventRow] = []

@@ -7,11 +7,13 @@ import uuid
 
 import pytest
 
+from sinks.cassandra.config import bucket_ttl_seconds
 from sinks.cassandra.cql import (
     BASE_TABLES,
     EventCql,
     Part,
     RollupCql,
+    WindowCql,
     bucket_slices,
     index_bounds,
     keyspace_cql,
@@ -29,6 +31,7 @@ S = 1_000_000
 PART = Partitioning(buckets_per_id=4, seconds_per_bucket=10, seconds_per_slice=60)
 E = EventCql("ks")
 R = RollupCql("ks")
+W = WindowCql("ks")
 
 
 def markers(cql: str) -> int:
@@ -183,6 +186,47 @@ def test_rollup_statements_use_write_timestamps_to_move_forward():
     for s in (bump, write, mark, clear, after, R.get("ns", "c"), R.scan(), R.get_marks("t"), R.get_bounds("ns"),
               R.delete_bounds("ns", 1), R.pending_of_namespace(1, "ns")):
         assert markers(s.cql) == len(s.params) and " ks." in s.cql
+
+
+def test_window_tables_partition_by_counter_granularity_and_slice():
+    stmts = schema_statements("ks", {"class": "SimpleStrategy", "replication_factor": 1})
+    buckets = stmts[1 + BASE_TABLES.index("window_buckets")]
+    assert "PRIMARY KEY ((namespace, counter_name, granularity, slice), start_us)" in buckets
+    assert "bucket_count bigint" in buckets and "computed_upto bigint" in buckets
+    assert "PRIMARY KEY ((namespace, granularity, slice, shard), counter_name)" in stmts[
+        1 + BASE_TABLES.index("window_counters")]
+    assert "PRIMARY KEY ((namespace, counter_name))" in stmts[1 + BASE_TABLES.index("window_clears")]
+
+
+def test_window_statements_move_forward_by_the_boundary_as_write_timestamp():
+    write = W.write("ns", "c", "minute", 3, 180, 7, 1000, 600)
+    assert write.cql == ("UPDATE ks.window_buckets USING TIMESTAMP ? AND TTL ? SET bucket_count = ?, computed_upto = ? "
+                         "WHERE namespace = ? AND counter_name = ? AND granularity = ? AND slice = ? AND start_us = ?")
+    assert write.params == (1000, 600, 7, 1000, "ns", "c", "minute", 3, 180)  # timestamp = boundary
+    read = W.range("ns", "c", "hour", 2, 10, 20)
+    assert read.cql.endswith("AND slice = ? AND start_us >= ? AND start_us < ?")
+    assert read.params == ("ns", "c", "hour", 2, 10, 20)
+    through = W.drop_through("ns", "c", "minute", 3, 99, 5)
+    assert through.cql.startswith("DELETE FROM ks.window_buckets USING TIMESTAMP ? WHERE ")
+    assert through.cql.endswith("AND start_us <= ?") and through.params == (5, "ns", "c", "minute", 3, 99)
+    drop = W.drop_partition("ns", "c", "minute", 3, 5)
+    assert drop.cql.endswith("AND granularity = ? AND slice = ?") and drop.params == (5, "ns", "c", "minute", 3)
+    clear = W.bump_clear("ns", "c", 77)
+    assert clear.cql == ("UPDATE ks.window_clears USING TIMESTAMP ? SET clear_us = ? WHERE namespace = ? "
+                         "AND counter_name = ?") and clear.params == (77, 77, "ns", "c")
+    register = W.register("ns", "minute", 3, "c", 60)
+    assert register.params[3] in range(16) and register.cql.endswith("VALUES (?, ?, ?, ?, ?) USING TTL ?")
+    for s in (write, read, through, drop, clear, register, W.get_clear("ns", "c"), W.add_slice("ns", "hour", 1, 0),
+              W.list_slices("ns", "hour"), W.remove_slice("ns", "hour", 1), W.registered("ns", "hour", 1, 0),
+              W.forget("ns", "hour", 1, 0)):
+        assert markers(s.cql) == len(s.params) and " ks.window_" in s.cql and s.table is None
+        assert "ALLOW FILTERING" not in s.cql
+
+
+@pytest.mark.parametrize(("retention", "expected"), [(None, 0), (0.0, 0), (3600.0, 3600 + 60 + 86_400 + 10),
+                                                       (1e12, 630_720_000)])
+def test_bucket_ttl_outlives_retention_by_a_bucket_and_a_slice(retention, expected):
+    assert bucket_ttl_seconds(retention, 60, 86_400, 10) == expected
 
 
 # -- bucket and slice enumeration --------------------------------------------------------------------------

@@ -18,11 +18,13 @@ from collections.abc import Sequence
 
 import pytest
 
+from sinks.cassandra.buckets import CassandraBucketStore
 from sinks.cassandra.cql import Stmt
 from sinks.cassandra.events import CassandraEventStore
 from sinks.cassandra.rollups import CassandraRollupStore
 from sinks.cassandra.session import MissingTable, run_bounded
 from sinks.model import Partitioning
+from sinks.windows import Granularity
 from tests.integration import test_store_contract as contract
 
 
@@ -68,6 +70,12 @@ class FakeCassandra:
         self.bounds: dict[str, dict[int, tuple[int, object]]] = defaultdict(dict)
         self.bound_tombs: dict[str, int] = {}
         self.marks: dict[str, dict[int, tuple[int, object]]] = defaultdict(dict)
+        # bucket store: partition -> start_us -> (timestamp, (value, computed_upto), ttl)
+        self.buckets: dict[tuple, dict[int, tuple[int, tuple[int, int], int]]] = defaultdict(dict)
+        self.bucket_tombs: dict[tuple, list[tuple[int | None, int]]] = defaultdict(list)  # (last start or None, ts)
+        self.window_slices: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)  # slice -> ttl
+        self.window_counters: dict[tuple, dict[str, int]] = defaultdict(dict)  # counter -> ttl
+        self.clear_cells: dict[tuple[str, str], tuple[int, object]] = {}
 
     # -- Executor protocol ----------------------------------------------------------------------
 
@@ -283,11 +291,70 @@ class FakeCassandra:
         return [(p, v) for p, (_ts, v) in sorted(self.marks[topic].items())]
 
 
+    # -- bucket store ops -----------------------------------------------------------------------
+
+    def _bucket_live(self, pk: tuple, start: int, ts: int) -> bool:
+        return not any(ts <= tomb_ts and (last is None or start <= last) for last, tomb_ts in self.bucket_tombs[pk])
+
+    def _wbucket_write(self, stmt, ts, ttl, value, upto, ns, c, g, slice_no, start):
+        assert ts == upto and isinstance(ttl, int) and ttl >= 0
+        assert start // _SLICE_US[g] == slice_no, "a bucket must be written in its own slice's partition"
+        rows = self.buckets[(ns, c, g, slice_no)]
+        if _wins((ts, (value, upto)), rows.get(start, (None, None))[:2] if start in rows else None):
+            rows[start] = (ts, (value, upto), ttl)
+
+    def _wbucket_range(self, stmt, ns, c, g, slice_no, lo, hi):
+        pk = (ns, c, g, slice_no)
+        return [(start, *value) for start, (ts, value, _ttl) in sorted(self.buckets[pk].items())
+                if lo <= start < hi and self._bucket_live(pk, start, ts)]
+
+    def _wbucket_drop(self, stmt, ts, ns, c, g, slice_no):
+        self.bucket_tombs[(ns, c, g, slice_no)].append((None, ts))
+
+    def _wbucket_drop_through(self, stmt, ts, ns, c, g, slice_no, last_start):
+        self.bucket_tombs[(ns, c, g, slice_no)].append((last_start, ts))
+
+    def _wslices_add(self, stmt, ns, g, slice_no, ttl):
+        self.window_slices[(ns, g)][slice_no] = ttl
+
+    def _wslices_list(self, stmt, ns, g):
+        return [(s,) for s in sorted(self.window_slices[(ns, g)])]
+
+    def _wslices_remove(self, stmt, ns, g, slice_no):
+        self.window_slices[(ns, g)].pop(slice_no, None)
+
+    def _wcounters_add(self, stmt, ns, g, slice_no, shard, c, ttl):
+        self.window_counters[(ns, g, slice_no, shard)][c] = ttl
+
+    def _wcounters_list(self, stmt, ns, g, slice_no, shard):
+        return [(c,) for c in sorted(self.window_counters[(ns, g, slice_no, shard)])]
+
+    def _wcounters_forget(self, stmt, ns, g, slice_no, shard):
+        self.window_counters.pop((ns, g, slice_no, shard), None)
+
+    def _wclears_bump(self, stmt, ts, clear_us, ns, c):
+        assert ts == clear_us
+        if _wins((ts, clear_us), self.clear_cells.get((ns, c))):
+            self.clear_cells[(ns, c)] = (ts, clear_us)
+
+    def _wclears_get(self, stmt, ns, c):
+        cell = self.clear_cells.get((ns, c))
+        return [(cell[1],)] if cell else []
+
+
+_SLICE_US = {g.value: g.slice_us for g in Granularity}
+
+
 def fake_stores(fake: FakeCassandra | None = None, part: Partitioning = contract.PART,
                 **kw) -> tuple[FakeCassandra, CassandraEventStore, CassandraRollupStore]:
     fake = fake or FakeCassandra()
     fake.acquire()
     return fake, CassandraEventStore(fake, lambda ns: part, **kw), CassandraRollupStore(fake, pending_shards=4)
+
+
+def fake_bucket_store(fake: FakeCassandra, **kw) -> CassandraBucketStore:
+    fake.acquire()
+    return CassandraBucketStore(fake, **kw)
 
 
 # -- the shared contract suite, on the fake --------------------------------------------------------
@@ -303,9 +370,10 @@ def test_the_contract_suite_is_discovered():
 @pytest.mark.parametrize("name", CONTRACT_TESTS)
 def test_contract_on_the_fake(name: str) -> None:
     fake, events, rollups = fake_stores()
-    getattr(contract, name)(contract.Stores(events, rollups, f"ns_{uuid.uuid4().hex[:8]}"))
-    asyncio.run(events.close())
-    asyncio.run(rollups.close())
+    buckets = fake_bucket_store(fake)
+    getattr(contract, name)(contract.Stores(events, rollups, buckets, f"ns_{uuid.uuid4().hex[:8]}"))
+    for store in (events, rollups, buckets):
+        asyncio.run(store.close())
     assert fake.closed and fake.max_in_flight <= fake.concurrency
 
 
@@ -516,13 +584,103 @@ def test_counters_page_in_name_order_like_sqlite(tmp_path):
 def test_the_stores_implement_every_protocol_method():
     import inspect
 
-    from sinks.base import EventStore, RollupStore
+    from sinks.base import BucketStore, EventStore, RollupStore
 
-    _, events, rollups = fake_stores()
-    assert isinstance(events, EventStore) and isinstance(rollups, RollupStore)
-    for proto, store in ((EventStore, events), (RollupStore, rollups)):
+    fake, events, rollups = fake_stores()
+    buckets = fake_bucket_store(fake)
+    assert isinstance(events, EventStore) and isinstance(rollups, RollupStore) and isinstance(buckets, BucketStore)
+    for proto, store in ((EventStore, events), (RollupStore, rollups), (BucketStore, buckets)):
         for name, member in inspect.getmembers(proto, inspect.iscoroutinefunction):
             if not name.startswith("_"):
                 mine = getattr(type(store), name)
                 assert inspect.iscoroutinefunction(mine), name
                 assert list(inspect.signature(mine).parameters) == list(inspect.signature(member).parameters), name
+
+
+# -- the bucket store and bucket sums: behaviour the contract does not spell out ----------------------
+
+MINUTE, HOUR, DAY = Granularity.MINUTE, Granularity.HOUR, Granularity.DAY
+DAY0 = contract.DAY0
+M = contract.M
+
+
+def test_bucket_sums_many_is_two_fan_outs_for_a_whole_batch():
+    fake, events, _ = fake_stores()
+    rows = [ev("ns", BASE + i * S, f"e{i}", 1, counter=f"c{i % 20}") for i in range(400)]
+    asyncio.run(events.write_events(rows))
+    fake.log.clear()
+    windows = [(f"c{i}", BASE - 1, BASE + 400 * S) for i in range(20)]
+    sums = asyncio.run(events.bucket_sums_many("ns", windows, 60 * S))
+    assert [sum(v for _s, v, _c, _n in per) for per in sums] == [20] * 20
+    ops = [s.op for s in fake.log]
+    assert ops.count("index.range") == 20 and set(ops) == {"index.range", "event.rows"}  # no per-counter catalog
+    assert asyncio.run(events.bucket_sums_many("nope", windows, 60 * S)) == [[]] * 20
+
+
+def test_bucket_writes_register_their_partition_first_and_once():
+    fake = FakeCassandra()
+    buckets = fake_bucket_store(fake)
+    t = DAY0 + 5 * M
+    asyncio.run(buckets.write_buckets("ns", [("c", MINUTE, t, 1, t + 1), ("c", HOUR, DAY0, 1, t + 1)]))
+    ops = [s.op for s in fake.log]
+    assert ops.index("wbucket.write") > max(ops.index("wslices.add"), ops.index("wcounters.add"))
+    assert ops.count("wslices.add") == 2 and ops.count("wcounters.add") == 2
+    fake.log.clear()
+    asyncio.run(buckets.write_buckets("ns", [("c", MINUTE, t + M, 2, t + M + 1), ("d", MINUTE, t, 1, t + 1)]))
+    assert [s.op for s in fake.log].count("wcounters.add") == 1  # only d is new in that slice
+    assert [s.op for s in fake.log].count("wslices.add") == 0
+
+
+def test_bucket_ttl_follows_retention_per_granularity():
+    fake = FakeCassandra()
+    retention = {MINUTE: 48 * 3600.0, HOUR: 90 * 86400.0, DAY: None}
+    buckets = fake_bucket_store(fake, retention_for=lambda ns, g: retention[g], ttl_grace_s=100)
+    t = DAY0 + 5 * M
+    asyncio.run(buckets.write_buckets("ns", [("c", MINUTE, t, 1, t + 1), ("c", HOUR, DAY0, 1, t + 1),
+                                             ("c", DAY, DAY0, 1, t + 1)]))
+    ttls = {s.params[6]: s.params[1] for s in fake.log if s.op == "wbucket.write"}
+    assert ttls == {"minute": 48 * 3600 + 60 + 86400 + 100, "hour": 90 * 86400 + 3600 + 32 * 86400 + 100, "day": 0}
+    slice_ttls = {s.params[1]: s.params[-1] for s in fake.log if s.op == "wslices.add"}
+    assert slice_ttls == ttls  # catalog rows live as long as the buckets they point at
+
+
+def test_racing_bucket_writers_converge_on_the_latest_boundary():
+    fake = FakeCassandra()
+    one, two = fake_bucket_store(fake), fake_bucket_store(fake)
+    t = DAY0 + 5 * M
+
+    async def race() -> list[list[bool]]:
+        return await asyncio.gather(*(store.write_buckets("ns", [("c", MINUTE, t, b * 10, t + b)])
+                                      for store, b in ((one, 5), (two, 9), (one, 7), (two, 3))))
+    applied = asyncio.run(race())
+    assert asyncio.run(two.read_buckets_many("ns", [("c", MINUTE, t, t + 1)])) == [[(t, 90, t + 9)]]
+    assert applied[1] == [True] and applied[3] == [False]
+
+
+def test_retention_deletes_whole_partitions_and_range_deletes_only_a_cut_slice():
+    fake = FakeCassandra()
+    buckets = fake_bucket_store(fake)
+    rows = [(f"c{i}", MINUTE, DAY0 + k * 60 * M, 1, DAY0 + k * 60 * M + 1) for i in range(3) for k in range(-48, 24)]
+    asyncio.run(buckets.write_buckets("ns", rows))
+    fake.log.clear()
+    assert asyncio.run(buckets.drop_expired("ns", MINUTE, DAY0)) == 2  # slice-aligned: whole partitions
+    ops = [s.op for s in fake.log]
+    assert ops.count("wbucket.drop") == 6 and "wbucket.drop_through" not in ops
+    assert ops.count("wcounters.forget") == 2 * 16 and ops.count("wslices.remove") == 2
+    fake.log.clear()
+    assert asyncio.run(buckets.drop_expired("ns", MINUTE, DAY0 + 3 * 3600 * S)) == 0
+    assert [s.op for s in fake.log].count("wbucket.drop_through") == 3
+    left = asyncio.run(buckets.read_buckets_many("ns", [("c0", MINUTE, 0, 2**60)]))[0]
+    assert [start for start, _v, _u in left] == [DAY0 + k * 60 * M for k in range(3, 24)]
+
+
+def test_wide_reads_use_the_slice_catalog_narrow_reads_do_not():
+    fake = FakeCassandra()
+    buckets = fake_bucket_store(fake)
+    asyncio.run(buckets.write_buckets("ns", [("c", DAY, DAY0, 5, DAY0 + 1)]))
+    fake.log.clear()
+    assert asyncio.run(buckets.read_buckets_many("ns", [("c", DAY, 0, 2**60)])) == [[(DAY0, 5, DAY0 + 1)]]
+    assert [s.op for s in fake.log] == ["wslices.list", "wbucket.range"]
+    fake.log.clear()
+    asyncio.run(buckets.read_buckets_many("ns", [("c", MINUTE, DAY0 - M, DAY0 + M)]))  # two minute slices
+    assert [s.op for s in fake.log] == ["wbucket.range", "wbucket.range"]

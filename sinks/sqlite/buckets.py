@@ -1,0 +1,146 @@
+"""SQLite bucket store: the minute/hour/day buckets of windowed counts and each counter's latest clear.
+
+Its own file (``buckets.sqlite3``): bucket writes follow every rollup batch, and must not wait on the event
+batches' or the rollups' write lock. WAL, one dedicated thread, one transaction per call.
+
+Layout (why):
+* ``buckets`` PRIMARY KEY (namespace, counter, granularity, start_us) WITHOUT ROWID: a counter's buckets of one
+  granularity are one contiguous key range, so a series or a window's segment is one range seek.
+* Forward-only by a conditional upsert (``WHERE excluded.computed_upto > buckets.computed_upto``): a bucket is
+  replaced only by one recomputed at a later boundary, across processes, without application locks.
+* Index ``buckets_expiry`` (namespace, granularity, start_us): retention deletes by time without visiting every
+  counter. Rewriting a bucket changes no indexed column, so the index costs only when a bucket first appears.
+* ``bucket_slices`` lists the (namespace, granularity, slice) storage slices holding buckets, mirroring the
+  Cassandra partitions, so retention reports the same number of emptied slices on both backends.
+* ``bucket_clears`` keeps each counter's latest clear (max, by upsert), for masking at read time.
+* ``PRAGMA user_version`` records the layout; a file of another layout is refused, never misread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+from sinks.sqlite.thread import SqliteThread
+from sinks.windows import BucketRange, BucketRow, Granularity, StoredBucket, slice_bounds
+
+__all__ = ["SqliteBucketStore"]
+
+LAYOUT = 1  # PRAGMA user_version of files in this layout
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS buckets (
+    namespace TEXT NOT NULL, counter TEXT NOT NULL, granularity TEXT NOT NULL, start_us INTEGER NOT NULL,
+    value INTEGER NOT NULL, computed_upto INTEGER NOT NULL,
+    PRIMARY KEY (namespace, counter, granularity, start_us)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS buckets_expiry ON buckets (namespace, granularity, start_us);
+CREATE TABLE IF NOT EXISTS bucket_slices (
+    namespace TEXT NOT NULL, granularity TEXT NOT NULL, slice INTEGER NOT NULL,
+    PRIMARY KEY (namespace, granularity, slice)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS bucket_clears (
+    namespace TEXT NOT NULL, counter TEXT NOT NULL, clear_us INTEGER NOT NULL,
+    PRIMARY KEY (namespace, counter)) WITHOUT ROWID;
+"""
+
+_WRITE = """
+INSERT INTO buckets (namespace, counter, granularity, start_us, value, computed_upto) VALUES (?, ?, ?, ?, ?, ?)
+ON CONFLICT (namespace, counter, granularity, start_us) DO UPDATE
+SET value = excluded.value, computed_upto = excluded.computed_upto
+WHERE excluded.computed_upto > buckets.computed_upto
+"""
+_SLICE = "INSERT OR IGNORE INTO bucket_slices (namespace, granularity, slice) VALUES (?, ?, ?)"
+_RANGE = """
+SELECT start_us, value, computed_upto FROM buckets
+WHERE namespace = ? AND counter = ? AND granularity = ? AND start_us >= ? AND start_us < ? ORDER BY start_us
+"""
+_BUMP_CLEAR = """
+INSERT INTO bucket_clears (namespace, counter, clear_us) VALUES (?, ?, ?)
+ON CONFLICT (namespace, counter) DO UPDATE SET clear_us = excluded.clear_us
+WHERE excluded.clear_us > bucket_clears.clear_us
+"""
+_CLEAR = "SELECT clear_us FROM bucket_clears WHERE namespace = ? AND counter = ?"
+_EXPIRE = ("DELETE FROM buckets INDEXED BY buckets_expiry "
+           "WHERE namespace = ? AND granularity = ? AND start_us <= ?")
+_SLICES = "SELECT slice FROM bucket_slices WHERE namespace = ? AND granularity = ? AND slice <= ?"
+_FORGET_SLICE = "DELETE FROM bucket_slices WHERE namespace = ? AND granularity = ? AND slice = ?"
+
+
+class SqliteBucketStore:
+    """The embedded bucket store (one file, WAL); safe for several processes at once."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._db = SqliteThread(path, "sqlite-buckets", self._setup)
+
+    @property
+    def path(self) -> Path:
+        return self._db.path
+
+    # -- BucketStore ----------------------------------------------------------------------------
+
+    async def write_buckets(self, namespace: str, rows: Sequence[BucketRow]) -> list[bool]:
+        def apply(conn: sqlite3.Connection) -> list[bool]:
+            slices = {(g.value, start // g.slice_us) for _c, g, start, _v, _u in rows}
+            conn.executemany(_SLICE, [(namespace, g, s) for g, s in sorted(slices)])
+            return [conn.execute(_WRITE, (namespace, counter, g.value, start, value, upto)).rowcount > 0
+                    for counter, g, start, value, upto in rows]
+        if not rows:
+            return []
+        return await self._db.run(lambda conn: self._db.write(conn, apply))
+
+    async def read_buckets_many(self, namespace: str, ranges: Sequence[BucketRange]) -> list[list[StoredBucket]]:
+        def read(conn: sqlite3.Connection) -> list[list[StoredBucket]]:
+            return [[(s, v, u) for s, v, u in conn.execute(_RANGE, (namespace, counter, Granularity(g).value, lo, hi))]
+                    if hi > lo else [] for counter, g, lo, hi in ranges]
+        if not ranges:
+            return []
+        return await self._db.run(lambda conn: self._db.read(conn, read))
+
+    async def bump_clears(self, namespace: str, items: Sequence[tuple[str, int]]) -> None:
+        latest: dict[str, int] = {}
+        for counter, clear_us in items:  # one row per counter per call
+            if clear_us > latest.get(counter, clear_us - 1):
+                latest[counter] = clear_us
+        if latest:
+            params = [(namespace, c, t) for c, t in latest.items()]
+            await self._db.run(lambda conn: self._db.write(conn, lambda c: c.executemany(_BUMP_CLEAR, params)))
+
+    async def clears(self, namespace: str, counters: Sequence[str]) -> dict[str, int]:
+        def read(conn: sqlite3.Connection) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for counter in dict.fromkeys(counters):
+                row = conn.execute(_CLEAR, (namespace, counter)).fetchone()
+                if row is not None:
+                    out[counter] = row[0]
+            return out
+        if not counters:
+            return {}
+        return await self._db.run(lambda conn: self._db.read(conn, read))
+
+    async def drop_expired(self, namespace: str, granularity: Granularity, before_us: int) -> int:
+        g = Granularity(granularity)
+        last_start = before_us - g.width_us  # buckets starting at or before it ended at or before before_us
+
+        def apply(conn: sqlite3.Connection) -> int:
+            conn.execute(_EXPIRE, (namespace, g.value, last_start))
+            emptied = [s for (s,) in conn.execute(_SLICES, (namespace, g.value, last_start // g.slice_us))
+                       if slice_bounds(g, s)[1] <= before_us]
+            conn.executemany(_FORGET_SLICE, [(namespace, g.value, s) for s in emptied])
+            return len(emptied)
+        return await self._db.run(lambda conn: self._db.write(conn, apply))
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    # -- thread side --------------------------------------------------------------------------
+
+    def _setup(self, conn: sqlite3.Connection) -> None:
+        layout = conn.execute("PRAGMA user_version").fetchone()[0]
+        if layout not in (0, LAYOUT):
+            raise RuntimeError(f"{self.path} holds buckets in storage layout {layout}, this version reads layout "
+                               f"{LAYOUT}: move the file away (buckets are recomputed by a recount) or use the "
+                               "matching version")
+        for stmt in _SCHEMA.split(";"):
+            if stmt.strip():
+                conn.execute(stmt)
+        conn.execute(f"PRAGMA user_version = {LAYOUT}")

@@ -1,0 +1,237 @@
+"""Time buckets of windowed counts (DESIGN invariant 7): granularities, alignment, clear masking, range tiling.
+
+Pure values and functions, no I/O: the rollup side (``agents.windows``), the read side (``query_api.windows``)
+and both storage backends share them, so every process cuts time the same way.
+
+* A bucket of granularity ``g`` covers ``[start, start + g.width_us)``, ``start`` a multiple of the width
+  (aligned to the UTC epoch). Times are epoch microseconds.
+* A minute holds the sum of the deltas of its events; an hour the sum of its minutes; a day of its hours.
+* Clears are applied by **masking at read time**: with a counter's latest clear at ``c``, a bucket whose end is
+  ``<= c`` reads 0, and the bucket holding ``c`` was computed from the adds strictly after ``c`` only. Windows
+  ending at or before a clear then read 0 without rewriting old buckets, and the buckets since the clear sum to
+  the counter's total.
+* Storage partitions buckets by ``slice``: ``start // g.slice_us``, so a partition never holds more than
+  1440 minutes, 768 hours or 366 days of one counter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
+from itertools import pairwise
+from typing import NamedTuple
+
+__all__ = [
+    "CHAIN",
+    "BucketRange",
+    "BucketRow",
+    "BucketSum",
+    "Granularity",
+    "Segment",
+    "StoredBucket",
+    "Tiling",
+    "WindowError",
+    "align_down",
+    "align_up",
+    "bucket_sums_of",
+    "combine_sums",
+    "is_masked",
+    "masked",
+    "retained_from",
+    "slice_bounds",
+    "tile",
+]
+
+_MINUTE_US = 60 * 1_000_000
+
+
+class Granularity(StrEnum):
+    """A bucket width. The values are the control plane's names (``ns.windows.granularities``)."""
+
+    MINUTE = "minute"
+    HOUR = "hour"
+    DAY = "day"
+
+    @property
+    def width_us(self) -> int:
+        return _WIDTH_US[self]
+
+    @property
+    def slice_us(self) -> int:
+        """Width of a storage partition of this granularity (a multiple of the bucket width)."""
+        return _SLICE_US[self]
+
+    @property
+    def child(self) -> Granularity | None:
+        """The finer granularity this one is summed from (None for minutes: they come from events)."""
+        i = CHAIN.index(self)
+        return CHAIN[i - 1] if i else None
+
+    @property
+    def parent(self) -> Granularity | None:
+        i = CHAIN.index(self)
+        return CHAIN[i + 1] if i + 1 < len(CHAIN) else None
+
+
+_WIDTH_US = {Granularity.MINUTE: _MINUTE_US, Granularity.HOUR: 60 * _MINUTE_US, Granularity.DAY: 1440 * _MINUTE_US}
+_SLICE_US = {Granularity.MINUTE: 1440 * _MINUTE_US,  # a day of minutes
+             Granularity.HOUR: 32 * 1440 * _MINUTE_US,  # 32 days of hours
+             Granularity.DAY: 366 * 1440 * _MINUTE_US}  # a year of days
+CHAIN: tuple[Granularity, ...] = (Granularity.MINUTE, Granularity.HOUR, Granularity.DAY)
+
+# (counter, granularity, start_us, value, computed_upto_us): one bucket to write, recomputed at boundary
+# computed_upto_us (forward-only: it replaces a stored bucket only if computed at a strictly later boundary).
+BucketRow = tuple[str, Granularity, int, int, int]
+# (start_us, value, computed_upto_us): a stored bucket as read back.
+StoredBucket = tuple[int, int, int]
+# (counter, granularity, from_start_us, to_start_us): the buckets whose start lies in [from, to).
+BucketRange = tuple[str, Granularity, int, int]
+# (bucket_start_us, sum of adds strictly after the latest clear in the bucket, that clear or None, events):
+# what ``EventStore.bucket_sums_many`` reports per bucket holding events.
+BucketSum = tuple[int, int, int | None, int]
+
+
+class WindowError(ValueError):
+    """A window or series that cannot be answered (bad range, too many buckets, nothing retained)."""
+
+
+def align_down(t_us: int, g: Granularity) -> int:
+    """Start of the bucket holding ``t_us``."""
+    return t_us - t_us % g.width_us
+
+
+def align_up(t_us: int, g: Granularity) -> int:
+    """The first bucket start at or after ``t_us``."""
+    return -(-t_us // g.width_us) * g.width_us
+
+
+def slice_bounds(g: Granularity, slice_no: int) -> tuple[int, int]:
+    """``[start, end)`` of a storage slice."""
+    return slice_no * g.slice_us, (slice_no + 1) * g.slice_us
+
+
+def is_masked(g: Granularity, start_us: int, last_clear_us: int | None) -> bool:
+    """Whether a clear at ``last_clear_us`` erased the whole bucket (it ended at or before the clear)."""
+    return last_clear_us is not None and start_us + g.width_us <= last_clear_us
+
+
+def masked(g: Granularity, start_us: int, value: int, last_clear_us: int | None) -> int:
+    """A stored bucket's value as read after the counter's latest clear."""
+    return 0 if is_masked(g, start_us, last_clear_us) else value
+
+
+def retained_from(g: Granularity, now_us: int, retention_s: float | None) -> int | None:
+    """Start of the oldest bucket still within retention at ``now_us`` (its end is after ``now - retention``);
+    None when the granularity is kept forever."""
+    if retention_s is None:
+        return None
+    return align_down(now_us - int(retention_s * 1_000_000), g)
+
+
+# -- bucket sums from events ---------------------------------------------------------------------------
+
+def bucket_sums_of(events: Iterable[tuple[int, int, bool]], width_us: int) -> list[BucketSum]:
+    """Bucket sums of ``(event_time, delta, is_clear)`` events (any order), ascending by bucket start.
+
+    Per bucket: the adds strictly after the bucket's latest clear count (an add at the clear's own instant is
+    erased by it, as in the total's aggregation), the clear is reported, every event is counted.
+    """
+    per: dict[int, list[tuple[int, int, bool]]] = {}
+    for t, delta, is_clear in events:
+        per.setdefault(t - t % width_us, []).append((t, delta, is_clear))
+    out: list[BucketSum] = []
+    for start in sorted(per):
+        rows = per[start]
+        clears = [t for t, _d, c in rows if c]
+        last = max(clears) if clears else None
+        total = sum(d for t, d, c in rows if not c and (last is None or t > last))
+        out.append((start, total, last, len(rows)))
+    return out
+
+
+def combine_sums(earlier: BucketSum, later: BucketSum) -> BucketSum:
+    """One bucket's sums from two consecutive, disjoint time ranges of it (``earlier`` entirely before
+    ``later``): a clear in the later part erases the earlier part."""
+    start, sum_a, clear_a, n_a = earlier
+    _, sum_b, clear_b, n_b = later
+    if clear_b is not None:
+        return start, sum_b, clear_b, n_a + n_b
+    return start, sum_a + sum_b, clear_a, n_a + n_b
+
+
+# -- tiling a range with the coarsest buckets ---------------------------------------------------------
+
+class Segment(NamedTuple):
+    """A run of consecutive buckets of one granularity: starts in ``[start_us, end_us)``."""
+
+    granularity: Granularity
+    start_us: int
+    end_us: int
+
+    @property
+    def buckets(self) -> int:
+        return (self.end_us - self.start_us) // self.granularity.width_us
+
+
+class Tiling(NamedTuple):
+    """How a window is answered: the aligned range ``[start_us, end_us)`` it actually covers, cut into runs of
+    the coarsest buckets that fit (finer ones only at the edges), in time order."""
+
+    start_us: int
+    end_us: int
+    segments: tuple[Segment, ...]
+
+    @property
+    def buckets(self) -> int:
+        return sum(s.buckets for s in self.segments)
+
+
+def tile(start_us: int, end_us: int, granularities: Sequence[Granularity],
+         floors: Mapping[Granularity, int | None]) -> Tiling:
+    """Cover ``[start_us, end_us)`` with the coarsest buckets of ``granularities`` (days, then hours, then
+    minutes at the edges).
+
+    ``floors[g]`` is the start of the oldest retained ``g`` bucket (None: kept forever; see
+    :func:`retained_from`). Each edge is aligned outwards to the finest granularity still retained there, so
+    an edge older than the minutes' retention rounds to the hour, and so on; the result says which range it
+    covers. A start older than every retention is clamped to the oldest retained bucket. Coarser
+    granularities must be retained at least as long as finer ones (the control plane checks it).
+    """
+    chain = tuple(g for g in CHAIN if g in granularities)
+    if not chain:
+        raise WindowError("this namespace keeps no time windows")
+    if end_us <= start_us:
+        raise WindowError(f"the window is empty: end ({end_us}) must be after start ({start_us})")
+    if not all(_floor_le(floors.get(coarse), floors.get(fine)) for fine, coarse in pairwise(chain)):
+        raise ValueError(f"coarser buckets must be retained at least as long as finer ones: {dict(floors)}")
+    low = next((g for g in chain if _kept(align_down(start_us, g), g, floors)), None)
+    if low is None:  # older than every retention: from the oldest bucket still kept
+        low = chain[-1]
+        start_us = floors[low]  # type: ignore[assignment]  # not None: nothing is kept forever here
+    high = next((g for g in chain if _kept(align_down(end_us - 1, g), g, floors)), None)
+    lo, hi = align_down(start_us, low), (align_up(end_us, high) if high is not None else start_us)
+    if hi <= lo:
+        oldest = ", ".join(f"{g}s since {floors[g]}" for g in chain)
+        raise WindowError(f"the window ends before the oldest retained bucket ({oldest})")
+    return Tiling(lo, hi, tuple(_cover(lo, hi, chain)))
+
+
+def _floor_le(coarse: int | None, fine: int | None) -> bool:
+    return coarse is None or (fine is not None and coarse <= fine)
+
+
+def _kept(start_us: int, g: Granularity, floors: Mapping[Granularity, int | None]) -> bool:
+    floor = floors.get(g)
+    return floor is None or start_us >= floor
+
+
+def _cover(lo: int, hi: int, chain: tuple[Granularity, ...]) -> list[Segment]:
+    """Segments covering ``[lo, hi)`` (both aligned to some granularity of ``chain``), coarsest first."""
+    for i in range(len(chain) - 1, -1, -1):
+        g = chain[i]
+        a, b = align_up(lo, g), align_down(hi, g)
+        if a < b:
+            return [*_cover(lo, a, chain[:i]), Segment(g, a, b), *_cover(b, hi, chain[:i])]
+    if lo != hi:
+        raise AssertionError(f"[{lo}, {hi}) is not aligned to any of {chain}")
+    return []
