@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         except (ServiceError, TopicError) as exc:
             console.print(f"[bold red]error:[/] {exc}", highlight=False)
             return 1
+        signals.interrupting = False  # from here a signal is a request to stop, also while printing below
         _write_endpoints(settings, {**endpoints, "processes": stack.pids()})
         console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} from {ns_path})",
                       soft_wrap=True)
@@ -103,7 +104,6 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"  {name:16} {value if value is not None else '-'}", soft_wrap=True)
         console.print(f"  processes        {', '.join(f'{k} {v}' for k, v in stack.pids().items())}", soft_wrap=True)
         console.print(f"  endpoints file   {settings.endpoints_path}\nPress Ctrl-C to stop.", soft_wrap=True)
-        signals.interrupting = False
         code = _supervise(stack, settings, endpoints, signals)
         if code != 0:
             stop_timeout = STOP_TIMEOUT_WITHOUT_BROKER_S
