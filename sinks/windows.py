@@ -35,6 +35,7 @@ __all__ = [
     "align_up",
     "bucket_sums_of",
     "combine_sums",
+    "cover",
     "is_masked",
     "masked",
     "retained_from",
@@ -189,13 +190,14 @@ class Tiling(NamedTuple):
 def tile(start_us: int, end_us: int, granularities: Sequence[Granularity],
          floors: Mapping[Granularity, int | None]) -> Tiling:
     """Cover ``[start_us, end_us)`` with the coarsest buckets of ``granularities`` (days, then hours, then
-    minutes at the edges).
+    minutes at the edges), reading only retained buckets.
 
     ``floors[g]`` is the start of the oldest retained ``g`` bucket (None: kept forever; see
-    :func:`retained_from`). Each edge is aligned outwards to the finest granularity still retained there, so
-    an edge older than the minutes' retention rounds to the hour, and so on; the result says which range it
-    covers. A start older than every retention is clamped to the oldest retained bucket. Coarser
-    granularities must be retained at least as long as finer ones (the control plane checks it).
+    :func:`retained_from`); coarser granularities must be retained at least as long as finer ones (the control
+    plane checks it). Each edge is aligned outwards to the finest granularity that keeps the tiling within
+    retention there: a start older than the minutes' retention rounds to its hour, and so on; an end whose
+    last hours fell out of retention rounds up to its day. A start older than every retention is clamped to
+    the oldest retained bucket. The result says which range it covers.
     """
     chain = tuple(g for g in CHAIN if g in granularities)
     if not chain:
@@ -204,16 +206,36 @@ def tile(start_us: int, end_us: int, granularities: Sequence[Granularity],
         raise WindowError(f"the window is empty: end ({end_us}) must be after start ({start_us})")
     if not all(_floor_le(floors.get(coarse), floors.get(fine)) for fine, coarse in pairwise(chain)):
         raise ValueError(f"coarser buckets must be retained at least as long as finer ones: {dict(floors)}")
+    # The start: buckets after a retained one are retained too (coarser ones are kept longer), so the finest
+    # granularity retained at the start is safe whatever follows.
     low = next((g for g in chain if _kept(align_down(start_us, g), g, floors)), None)
-    if low is None:  # older than every retention: from the oldest bucket still kept
-        low = chain[-1]
-        start_us = floors[low]  # type: ignore[assignment]  # not None: nothing is kept forever here
-    high = next((g for g in chain if _kept(align_down(end_us - 1, g), g, floors)), None)
-    lo, hi = align_down(start_us, low), (align_up(end_us, high) if high is not None else start_us)
-    if hi <= lo:
-        oldest = ", ".join(f"{g}s since {floors[g]}" for g in chain)
-        raise WindowError(f"the window ends before the oldest retained bucket ({oldest})")
-    return Tiling(lo, hi, tuple(_cover(lo, hi, chain)))
+    lo = align_down(start_us, low) if low is not None else floors[chain[-1]]
+    assert lo is not None  # low is None only when every granularity, the coarsest too, has a floor
+    # The end: the finest rounding whose tail of finer buckets is still retained (the coarsest always is).
+    for g in chain:
+        hi = align_up(end_us, g)
+        if hi <= lo or not _kept(hi - g.width_us, g, floors):
+            continue
+        segments = cover(lo, hi, chain)
+        if all(_kept(seg.start_us, seg.granularity, floors) for seg in segments):
+            return Tiling(lo, hi, segments)
+    oldest = ", ".join(f"{g}s since {floors[g]}" for g in chain)
+    raise WindowError(f"the window ends before the oldest retained bucket ({oldest})")
+
+
+def cover(lo: int, hi: int, chain: Sequence[Granularity]) -> tuple[Segment, ...]:
+    """Segments covering ``[lo, hi)`` exactly, greedily with the coarsest granularity of ``chain`` (ordered
+    finest first) that fits a whole bucket, recursing into the finer edges. ``lo`` and ``hi`` must be aligned
+    to some granularity of ``chain``."""
+    chain = tuple(chain)
+    for i in range(len(chain) - 1, -1, -1):
+        g = chain[i]
+        a, b = align_up(lo, g), align_down(hi, g)
+        if a < b:
+            return (*cover(lo, a, chain[:i]), Segment(g, a, b), *cover(b, hi, chain[:i]))
+    if lo != hi:
+        raise ValueError(f"[{lo}, {hi}) is not aligned to any of {chain}")
+    return ()
 
 
 def _floor_le(coarse: int | None, fine: int | None) -> bool:
@@ -223,15 +245,3 @@ def _floor_le(coarse: int | None, fine: int | None) -> bool:
 def _kept(start_us: int, g: Granularity, floors: Mapping[Granularity, int | None]) -> bool:
     floor = floors.get(g)
     return floor is None or start_us >= floor
-
-
-def _cover(lo: int, hi: int, chain: tuple[Granularity, ...]) -> list[Segment]:
-    """Segments covering ``[lo, hi)`` (both aligned to some granularity of ``chain``), coarsest first."""
-    for i in range(len(chain) - 1, -1, -1):
-        g = chain[i]
-        a, b = align_up(lo, g), align_down(hi, g)
-        if a < b:
-            return [*_cover(lo, a, chain[:i]), Segment(g, a, b), *_cover(b, hi, chain[:i])]
-    if lo != hi:
-        raise AssertionError(f"[{lo}, {hi}) is not aligned to any of {chain}")
-    return []
