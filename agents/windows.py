@@ -1,0 +1,153 @@
+"""Time buckets follow the rollup: recompute a batch of counters' minute, hour and day buckets (invariant 7).
+
+When a counter's rollup moves from ``rollup_ts`` to a boundary ``B`` (behind the persist watermark and the
+accept limit), every bucket that can have changed is **recomputed**, never incremented, and written
+forward-only with ``computed_upto = B``:
+
+1. minutes: every minute meeting ``(rollup_ts, B]`` is summed from its events, whole (from the minute's start
+   to ``B``): the adds strictly after the latest clear inside the minute (``EventStore.bucket_sums_many``);
+2. hours: every hour holding such a minute is the masked sum of its minutes (those before the recomputed
+   range read back from the store); days likewise from hours. Only the namespace's granularities are kept.
+3. the counter's latest clear is bumped before the buckets are written, so masking at read time (a bucket that
+   ended at or before the clear reads 0) never shows the rewritten bucket under an older clear.
+
+Re-running a step, a replay or a recount recomputes the same values from the same immutable events: the writes
+are refused (same boundary) or rewrite equal values (later boundary), so nothing is counted twice. Call it
+*before* writing the rollup that moves ``rollup_ts`` to ``B``: a crash in between leaves the rollup behind and
+the next rollup recomputes the same buckets, and a rollup_ts then always certifies its buckets.
+
+A bucket is recomputed only while its sources are complete: minutes from events newer than the namespace's
+``delete_after`` (older ones may be deleted), hours from minutes still within their retention or recomputed in
+this call, days likewise from hours. A recount from zero thus rebuilds what the events still support and
+leaves older buckets as they were, instead of overwriting them with partial sums. Buckets already past their
+own retention are used for their parents but not written back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import NamedTuple
+
+from control_plane import Namespace
+from sinks import BucketStore, EventStore
+from sinks.windows import CHAIN, BucketRange, BucketRow, Granularity, align_down, align_up, masked
+
+__all__ = ["BucketWork", "Maintenance", "maintain_buckets"]
+
+log = logging.getLogger(__name__)
+
+_US = 1_000_000
+_NEVER = -(2**63)  # a floor that excludes nothing
+
+
+class BucketWork(NamedTuple):
+    """One counter's rollup step: from ``rollup_ts`` (0: never rolled up) to ``boundary``, with the latest clear
+    at or before the boundary if the caller knows one (the rollup's aggregate); clears found in the recomputed
+    minutes count too."""
+
+    counter: str
+    rollup_ts: int
+    boundary: int
+    last_clear_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Maintenance:
+    """What one call did: buckets recomputed and written (applied forward-only) per granularity, and touched
+    hours/days left as stored because their sources may be gone (see the module doc)."""
+
+    computed: Mapping[Granularity, int] = field(default_factory=dict)
+    written: Mapping[Granularity, int] = field(default_factory=dict)
+    skipped: Mapping[Granularity, int] = field(default_factory=dict)
+    clears: int = 0
+
+
+async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str, int, int, int | None]], *,
+                           events: EventStore, buckets: BucketStore, now_us: int | None = None) -> Maintenance:
+    """Recompute the buckets of a batch of counters of ``ns`` for their rollup steps (see the module doc).
+
+    A handful of store calls for the whole batch, never one per counter or bucket: the minutes' sums, the
+    stored clears, the stored children of the touched hours and days, the clears' bump and the writes.
+    """
+    chain = tuple(g for g in CHAIN if ns.windows.enabled(g))
+    work = _merge(BucketWork(*item) for item in items)
+    if not chain or not work:
+        return Maintenance()
+    now = time.time_ns() // 1000 if now_us is None else now_us
+    store_floor = {g: _floor(now, ns.windows.retention_s(g)) for g in chain}  # buckets ending after it are kept
+    events_floor = now - int(ns.retention.delete_after_s * _US)
+    minute = Granularity.MINUTE
+
+    # 1. minutes, from the events of every minute meeting (rollup_ts, B], each summed whole
+    known_from = {w.counter: align_up(max(align_down(w.rollup_ts + 1, minute), events_floor), minute) for w in work}
+    todo = [w for w in work if known_from[w.counter] <= w.boundary]
+    windows = [(w.counter, known_from[w.counter] - 1, w.boundary) for w in todo]
+    sums = await events.bucket_sums_many(ns.name, windows, minute.width_us) if windows else []
+    computed: dict[Granularity, dict[tuple[str, int], int]] = {g: {} for g in chain}
+    new_clears: dict[str, int] = {w.counter: w.last_clear_us for w in work if w.last_clear_us is not None}
+    for w, per_minute in zip(todo, sums, strict=True):
+        for start, value, clear, _events in per_minute:
+            computed[minute][(w.counter, start)] = value
+            if clear is not None and clear > new_clears.get(w.counter, clear - 1):
+                new_clears[w.counter] = clear
+    if not computed[minute] and not new_clears:
+        return Maintenance()
+    stored_clears = await buckets.clears(ns.name, list(dict.fromkeys(w.counter for w in work)))
+    clear_of = {**stored_clears, **{c: max(t, stored_clears.get(c, t)) for c, t in new_clears.items()}}
+    boundary = {w.counter: w.boundary for w in work}
+
+    # 2. hours from minutes, days from hours: the touched parents whose children are all at hand
+    skipped: dict[Granularity, int] = {}
+    for child, parent in pairwise(chain):
+        children: dict[tuple[str, int], dict[int, int]] = {}  # (counter, parent start) -> recomputed children
+        for (c, start), value in computed[child].items():
+            children.setdefault((c, align_down(start, parent)), {})[start] = value
+        # children before known_from come from the store: they must still be there
+        ready = sorted(k for k in children if k[1] >= min(known_from[k[0]], store_floor[child]))
+        if len(ready) < len(children):
+            skipped[parent] = len(children) - len(ready)
+        ranges: list[BucketRange] = [(c, child, p, min(p + parent.width_us, known_from[c])) for c, p in ready]
+        stored = await buckets.read_buckets_many(ns.name, ranges) if ranges else []
+        for (c, p), rows in zip(ready, stored, strict=True):
+            values = {start: value for start, value, _upto in rows}
+            values.update(children[(c, p)])
+            computed[parent][(c, p)] = sum(masked(child, s, v, clear_of.get(c)) for s, v in values.items())
+        known_from = {c: align_up(k, parent) for c, k in known_from.items()}
+    if skipped:
+        log.warning("namespace %r: %s left as stored: their finer buckets or events are past retention",
+                    ns.name, ", ".join(f"{n} {g}(s)" for g, n in skipped.items()))
+
+    # 3. the clears first, then every recomputed bucket still within its own retention
+    if new_clears:
+        await buckets.bump_clears(ns.name, sorted(new_clears.items()))
+    rows: list[BucketRow] = [(c, g, start, value, boundary[c]) for g in chain
+                             for (c, start), value in sorted(computed[g].items())
+                             if start + g.width_us > store_floor[g]]
+    applied = await buckets.write_buckets(ns.name, rows) if rows else []
+    written: dict[Granularity, int] = {}
+    for (_c, g, *_rest), ok in zip(rows, applied, strict=True):
+        written[g] = written.get(g, 0) + ok
+    return Maintenance({g: len(computed[g]) for g in chain}, written, skipped, len(new_clears))
+
+
+def _merge(work: Iterable[BucketWork]) -> list[BucketWork]:
+    """One step per counter: the same counter twice covers the union of its steps."""
+    merged: dict[str, BucketWork] = {}
+    for w in work:
+        if w.boundary <= w.rollup_ts:
+            continue
+        seen = merged.get(w.counter)
+        if seen is not None:
+            clears = [c for c in (seen.last_clear_us, w.last_clear_us) if c is not None]
+            w = BucketWork(w.counter, min(seen.rollup_ts, w.rollup_ts), max(seen.boundary, w.boundary),
+                           max(clears) if clears else None)
+        merged[w.counter] = w
+    return list(merged.values())
+
+
+def _floor(now_us: int, retention_s: float | None) -> int:
+    return _NEVER if retention_s is None else now_us - int(retention_s * _US)
