@@ -93,7 +93,13 @@ BucketSum = tuple[int, int, int | None, int]
 
 
 class WindowError(ValueError):
-    """A window or series that cannot be answered (bad range, too many buckets, nothing retained)."""
+    """A window or series that cannot be answered (bad range, too many buckets, nothing retained); ``field``
+    names the request field at fault when one is (an API answers 422 with it)."""
+
+    def __init__(self, reason: str, *, field: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
 
 
 def align_down(t_us: int, g: Granularity) -> int:

@@ -1,0 +1,177 @@
+"""The read side of time-windowed counts: a window's count and a granularity's series, from the bucket store.
+
+Plain functions over a ``BucketStore`` and the namespace's configuration, returning plain values; the routes add
+``as_of`` (the counter's rollup_ts: buckets are maintained before the rollup that certifies them) and, for
+ACCURATE, the live events in the window. Every failure is a ``WindowError`` naming the request field, which
+an API answers with 422.
+
+* ``window_count`` answers ``[start, end)`` from the coarsest buckets that tile it (``sinks.windows.tile``):
+  a 30-day window reads tens of rows, not 43,200 minutes. Its edges are aligned outwards to the finest
+  granularity retained there, and the range actually covered is returned with the count.
+* ``series`` lists one granularity's buckets over ``[start, end)``, in order, zero-filled, at most
+  ``max_buckets`` of them.
+
+Both read the counter's latest clear and mask with it: a bucket that ended at or before the clear reads 0.
+Two store calls per request (the clear, then the buckets in one batched read).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from control_plane import Namespace, parse_duration
+from schemas import parse_generation_time
+from schemas.validation import ValidationError
+from sinks import BucketStore
+from sinks.windows import (
+    CHAIN,
+    Granularity,
+    Segment,
+    WindowError,
+    align_down,
+    align_up,
+    masked,
+    retained_from,
+    tile,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BUCKETS",
+    "Series",
+    "TooManyBuckets",
+    "WindowCount",
+    "WindowError",
+    "granularity_of",
+    "parse_window",
+    "series",
+    "window_count",
+]
+
+DEFAULT_MAX_BUCKETS = 1440  # a day of minutes, two months of hours, four years of days
+_US = 1_000_000
+
+
+class TooManyBuckets(WindowError):
+    """A series longer than the per-call limit (the caller should page, or ask for a coarser granularity)."""
+
+    def __init__(self, requested: int, limit: int, granularity: Granularity) -> None:
+        coarser = f" or a coarser granularity than {granularity}" if granularity.parent is not None else ""
+        super().__init__(f"the range holds {requested} {granularity} buckets, more than the limit of {limit} per "
+                         f"call: ask for a shorter range{coarser}", field="end")
+        self.requested = requested
+        self.limit = limit
+
+
+@dataclass(frozen=True, slots=True)
+class WindowCount:
+    """A window's count over ``[start_us, end_us)``, the aligned range the buckets actually cover, and the
+    segments of buckets it was read from."""
+
+    count: int
+    start_us: int
+    end_us: int
+    segments: tuple[Segment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """``buckets``: ``(start_us, count)`` of every ``granularity`` bucket in ``[start_us, end_us)``, ascending,
+    zero-filled and masked by the counter's latest clear."""
+
+    granularity: Granularity
+    start_us: int
+    end_us: int
+    buckets: tuple[tuple[int, int], ...]
+
+
+def granularity_of(ns: Namespace, value: object, *, field: str = "granularity") -> Granularity:
+    """A granularity the namespace keeps, from its name ("minute", "HOUR", ...)."""
+    kept = ", ".join(ns.windows.granularities) or "none"
+    name = value.strip().lower() if isinstance(value, str) else value
+    if name not in {g.value for g in CHAIN}:
+        raise WindowError(f"must be one of {', '.join(g.value for g in CHAIN)} (got {value!r})", field=field)
+    if not ns.windows.enabled(str(name)):
+        raise WindowError(f"namespace {ns.name!r} keeps no {name} buckets (it keeps: {kept})", field=field)
+    return Granularity(str(name))
+
+
+def parse_window(spec: Mapping[str, object], now_us: int, *, field: str = "window") -> tuple[int, int]:
+    """``[start_us, end_us)`` of ``{"last": "1h"}`` (ending now) or ``{"start": ..., "end": ...}`` (RFC 3339 or
+    epoch, as a generation_time; ``end`` defaults to now)."""
+    if not isinstance(spec, Mapping):
+        raise WindowError('must be {"last": "1h"} or {"start": ..., "end": ...}', field=field)
+    unknown = sorted(set(spec) - {"last", "start", "end"})
+    if unknown:
+        raise WindowError(f"unknown key {unknown[0]!r}; expected last, or start and end", field=f"{field}.{unknown[0]}")
+    if "last" in spec:
+        if "start" in spec or "end" in spec:
+            raise WindowError("give either last or start/end, not both", field=f"{field}.last")
+        try:
+            seconds = parse_duration(spec["last"])
+        except ValueError as exc:
+            raise WindowError(str(exc), field=f"{field}.last") from None
+        if seconds <= 0:
+            raise WindowError(f"must be a positive duration (got {spec['last']!r})", field=f"{field}.last")
+        return now_us - int(seconds * _US), now_us
+    if "start" not in spec:
+        raise WindowError("needs last, or start (and optionally end)", field=field)
+    try:
+        start = parse_generation_time(spec["start"], field=f"{field}.start")
+        end = parse_generation_time(spec["end"], field=f"{field}.end") if "end" in spec else now_us
+    except ValidationError as exc:
+        raise WindowError(exc.reason, field=exc.field) from None
+    if end <= start:
+        raise WindowError("must be after start", field=f"{field}.end" if "end" in spec else f"{field}.start")
+    return start, end
+
+
+async def window_count(buckets: BucketStore, ns: Namespace, counter: str, start_us: int, end_us: int, *,
+                       now_us: int | None = None) -> WindowCount:
+    """The count of ``[start_us, end_us)`` from the coarsest retained buckets that tile it (see the module doc)."""
+    now = time.time_ns() // 1000 if now_us is None else now_us
+    chain = tuple(Granularity(g) for g in ns.windows.granularities)
+    if not chain:
+        raise WindowError(f"namespace {ns.name!r} keeps no time windows", field="window")
+    try:
+        tiling = tile(start_us, end_us, chain, _floors(ns, chain, now))
+    except WindowError as exc:
+        raise WindowError(exc.reason, field=exc.field or "window") from None
+    clear = (await buckets.clears(ns.name, [counter])).get(counter)
+    found = await buckets.read_buckets_many(ns.name, [(counter, s.granularity, s.start_us, s.end_us)
+                                                      for s in tiling.segments])
+    count = sum(masked(seg.granularity, start, value, clear)
+                for seg, rows in zip(tiling.segments, found, strict=True) for start, value, _upto in rows)
+    return WindowCount(count, tiling.start_us, tiling.end_us, tiling.segments)
+
+
+async def series(buckets: BucketStore, ns: Namespace, counter: str, granularity: Granularity | str, start_us: int,
+                 end_us: int, *, now_us: int | None = None, max_buckets: int = DEFAULT_MAX_BUCKETS) -> Series:
+    """Every ``granularity`` bucket of ``[start_us, end_us)`` (edges aligned outwards), zero-filled and masked.
+
+    A start older than the granularity's retention is clamped to its oldest retained bucket (the result says
+    so); more than ``max_buckets`` buckets to return is ``TooManyBuckets``.
+    """
+    g = granularity_of(ns, granularity)
+    if end_us <= start_us:
+        raise WindowError(f"must be after start ({start_us})", field="end")
+    lo, hi = align_down(start_us, g), align_up(end_us, g)
+    now = time.time_ns() // 1000 if now_us is None else now_us
+    oldest = retained_from(g, now, ns.windows.retention_s(g))
+    if oldest is not None and lo < oldest:
+        if hi <= oldest:
+            raise WindowError(f"the range ends before the oldest retained {g} bucket ({oldest}): {g} buckets are "
+                              f"kept {ns.windows.retention_s(g):g}s", field="end")
+        lo = oldest
+    if (hi - lo) // g.width_us > max_buckets:
+        raise TooManyBuckets((hi - lo) // g.width_us, max_buckets, g)
+    clear = (await buckets.clears(ns.name, [counter])).get(counter)
+    [rows] = await buckets.read_buckets_many(ns.name, [(counter, g, lo, hi)])
+    stored = {start: value for start, value, _upto in rows}
+    filled = tuple((start, masked(g, start, stored.get(start, 0), clear)) for start in range(lo, hi, g.width_us))
+    return Series(g, lo, hi, filled)
+
+
+def _floors(ns: Namespace, chain: tuple[Granularity, ...], now_us: int) -> dict[Granularity, int | None]:
+    return {g: retained_from(g, now_us, ns.windows.retention_s(g)) for g in chain}
