@@ -684,3 +684,40 @@ def test_wide_reads_use_the_slice_catalog_narrow_reads_do_not():
     fake.log.clear()
     asyncio.run(buckets.read_buckets_many("ns", [("c", MINUTE, DAY0 - M, DAY0 + M)]))  # two minute slices
     assert [s.op for s in fake.log] == ["wbucket.range", "wbucket.range"]
+
+
+def test_bucket_maintenance_on_cassandra_matches_sqlite(tmp_path):
+    """agents.windows over the Cassandra stores builds the same buckets as over SQLite, step by step."""
+    import random
+
+    from agents.windows import BucketWork, maintain_buckets
+    from sinks.sqlite import SqliteBucketStore, SqliteEventStore
+    from tests.unit.test_windows_maintenance import NS, T0
+
+    part = Partitioning.of(NS.time_partition)
+    fake = FakeCassandra()
+    _, c_events, _ = fake_stores(fake, part)
+    c_buckets = fake_bucket_store(fake)
+    s_events = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: part)
+    s_buckets = SqliteBucketStore(tmp_path / "buckets.sqlite3")
+    rng = random.Random(8)
+    rows = [("ns", rng.choice("ab"), T0 + rng.randrange(30 * 3600 * S), f"e{i}", "", rng.randint(-3, 9),
+             rng.random() < 0.02) for i in range(500)]
+
+    async def body() -> None:
+        for events in (c_events, s_events):
+            await events.write_events(rows)
+        previous = 0
+        for boundary in sorted(T0 + rng.randrange(31 * 3600 * S) for _ in range(6)):
+            for events, buckets in ((c_events, c_buckets), (s_events, s_buckets)):
+                work = [BucketWork(c, previous, boundary, (await events.aggregate("ns", c, previous, boundary))
+                                   .last_clear_us) for c in "ab"]
+                await maintain_buckets(NS, work, events=events, buckets=buckets, now_us=boundary + 6 * S)
+            ranges = [(c, g, 0, 2**62) for c in "ab" for g in Granularity]
+            found = await s_buckets.read_buckets_many("ns", ranges)
+            assert await c_buckets.read_buckets_many("ns", ranges) == found and all(found)
+            assert await c_buckets.clears("ns", ["a", "b"]) == await s_buckets.clears("ns", ["a", "b"])
+            previous = boundary
+        for store in (c_events, c_buckets, s_events, s_buckets):
+            await store.close()
+    asyncio.run(body())
