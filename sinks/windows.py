@@ -36,6 +36,7 @@ __all__ = [
     "bucket_sums_of",
     "combine_sums",
     "cover",
+    "expiry_cutoff",
     "is_masked",
     "masked",
     "retained_from",
@@ -133,6 +134,17 @@ def retained_from(g: Granularity, now_us: int, retention_s: float | None) -> int
     if retention_s is None:
         return None
     return align_down(now_us - int(retention_s * 1_000_000), g)
+
+
+def expiry_cutoff(g: Granularity, now_us: int, retention_s: float | None) -> int | None:
+    """The ``before_us`` for ``BucketStore.drop_expired`` at ``now_us``: ``now - retention`` rounded down to a
+    storage slice, so retention drops whole partitions (never a per-counter range delete on Cassandra) and a
+    bucket lives at most one slice past its retention (reads never use it: see :func:`retained_from`).
+    None when the granularity is kept forever."""
+    if retention_s is None:
+        return None
+    cutoff = now_us - int(retention_s * 1_000_000)
+    return cutoff - cutoff % g.slice_us
 
 
 # -- bucket sums from events ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from sinks.windows import (
     bucket_sums_of,
     combine_sums,
     cover,
+    expiry_cutoff,
     is_masked,
     masked,
     retained_from,
@@ -71,6 +72,16 @@ def test_retained_from_is_the_oldest_bucket_ending_after_now_minus_retention():
     assert oldest is not None and oldest % MIN == 0
     assert oldest + MIN > NOW - HOUR >= oldest
     assert retained_from(DAY_G, NOW, None) is None
+
+
+def test_expiry_cutoff_drops_whole_slices_never_a_retained_bucket():
+    for g, retention in ((MINUTE_G, 48 * 3600.0), (HOUR_G, 90 * 86400.0), (DAY_G, 400 * 86400.0)):
+        cutoff = expiry_cutoff(g, NOW, retention)
+        assert cutoff is not None and cutoff % g.slice_us == 0
+        oldest_kept = retained_from(g, NOW, retention)
+        assert oldest_kept is not None and cutoff < oldest_kept + g.width_us  # what reads use is never dropped
+        assert NOW - int(retention * S) - cutoff < g.slice_us  # at most a slice late
+    assert expiry_cutoff(DAY_G, NOW, None) is None
 
 
 # -- bucket sums ---------------------------------------------------------------------------------------
