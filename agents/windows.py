@@ -96,7 +96,8 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
                 new_clears[w.counter] = clear
     if not computed[minute] and not new_clears:
         return Maintenance()
-    stored_clears = await buckets.clears(ns.name, list(dict.fromkeys(w.counter for w in work)))
+    # parents are summed as read after the latest clear, stored or new (minutes alone need no masking)
+    stored_clears = await buckets.clears(ns.name, [w.counter for w in work]) if len(chain) > 1 else {}
     clear_of = {**stored_clears, **{c: max(t, stored_clears.get(c, t)) for c, t in new_clears.items()}}
     boundary = {w.counter: w.boundary for w in work}
 
