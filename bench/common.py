@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import platform
@@ -17,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from infra.process import ManagedProcess, free_port
 from infra.stack import LocalStack
+from sinks import ROLLUPS_FILE, SqliteRollupStore
 from streams.settings import load_settings
 from streams.topics import ensure_topics, topic_specs
 
@@ -44,6 +46,36 @@ def local_stack(data_dir: Path, *, workers: int = 1, api: bool = True, **env: st
             console.print("starting API...")
             stack.start_api()
         yield stack
+
+
+def exact_counters(data_dir: Path, expected: dict[tuple[str, str], int], *, allow_more: bool = False) -> int:
+    """How many counters are exact (or, with allow_more, at least the expected) and caught up in the rollup
+    store of a local stack's data directory."""
+    async def check() -> int:
+        store = SqliteRollupStore(data_dir / ROLLUPS_FILE)
+        try:
+            states = await store.get_many(list(expected))
+        finally:
+            await store.close()
+        return sum(1 for key, v in expected.items()
+                   if (s := states.get(key)) is not None and (s.count == v or (allow_more and s.count > v))
+                   and s.rollup_ts >= s.last_write_ts)
+    return asyncio.run(check())
+
+
+def wait_exact(data_dir: Path, expected: dict[tuple[str, str], int], *, allow_more: bool = False,
+               timeout_s: float = 300) -> bool:
+    """Wait, with a progress bar, until every expected counter is exact in the rollup store; False on timeout."""
+    deadline = time.monotonic() + timeout_s
+    with progress_bar("waiting: all counted", len(expected), "counter") as update:
+        while True:
+            exact = exact_counters(data_dir, expected, allow_more=allow_more)
+            update(exact)
+            if exact == len(expected):
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.25)
 
 
 @contextmanager

@@ -25,11 +25,11 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from bench.common import NAMESPACES, console, local_stack, progress_bar, write_result
+from bench.common import NAMESPACES, console, exact_counters, local_stack, progress_bar, write_result
 from control_plane import load_namespaces
 from producers import CounterProducer
 from schemas import Mutation, MutationOp, decode_mutations
-from sinks import EventRow, SqliteRollupStore, open_namespace_stores
+from sinks import EventRow, open_namespace_stores
 
 NS = "my_dataset"
 
@@ -60,19 +60,6 @@ def produce(bootstrap: str, n: int, counters: int, batch_size: int, expected: di
         producer.flush(120)
     on_progress(n)
     return time.perf_counter() - started, producer.records_sent
-
-
-def exact_counters(data_dir: Path, expected: dict[str, int]) -> int:
-    """How many counters are exact and caught up in the rollup store."""
-    async def check() -> int:
-        store = SqliteRollupStore(data_dir / "rollups.sqlite3")
-        try:
-            states = await store.get_many([(NS, c) for c in expected])
-        finally:
-            await store.close()
-        return sum(1 for c, v in expected.items()
-                   if (s := states.get((NS, c))) is not None and s.count == v and s.rollup_ts >= s.last_write_ts)
-    return asyncio.run(check())
 
 
 async def raw_read(bootstrap: str, topic: str, records: int, keep: list[bytes] | None = None) -> tuple[int, float]:
@@ -161,7 +148,7 @@ def run(n: int, counters: int, batch_size: int) -> dict:
         convergence: list[tuple[float, int]] = []
         console.print("waiting for every counter to converge...")
         while True:
-            exact = exact_counters(Path(tmp), expected)
+            exact = exact_counters(Path(tmp), {(NS, c): v for c, v in expected.items()})
             convergence.append((time.perf_counter() - last_write, exact))
             if exact == len(expected):
                 break

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -69,27 +69,34 @@ async def _memcached_exchange(reader: asyncio.StreamReader, writer: asyncio.Stre
     return line[:1].isdigit()
 
 
-async def _run(host: str, port: int, requests: Sequence[bytes], concurrency: int, duration_s: float,
-               exchange: Callable, on_progress: Callable[[int], None] | None) -> LoadResult:
+Call = Callable[[int], Awaitable[bool]]  # one request by index: whether it succeeded
+Connect = Callable[[], Awaitable[tuple[Call, Callable[[], object]]]]  # a worker's (call, close)
+
+
+async def closed_loop(connect: Connect, *, concurrency: int, duration_s: float,
+                      on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None) -> LoadResult:
+    """`concurrency` workers, each issuing its next request as soon as the previous one answered. Worker w
+    sends requests w, w + concurrency, ...; `acked[i % len(acked)]` counts the successes of request i."""
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + duration_s
 
-    async def connection(worker: int) -> None:
+    async def worker(w: int) -> None:
         nonlocal errors
-        reader, writer = await asyncio.open_connection(host, port)
-        i = worker
+        call, close = await connect()
+        i = w
         try:
             while time.perf_counter() < deadline:
-                request = requests[i % len(requests)]
-                i += concurrency
                 started = time.perf_counter()
-                ok = await exchange(reader, writer, request)
+                ok = await call(i)
                 latencies.append(time.perf_counter() - started)
                 if not ok:
                     errors += 1
+                elif acked is not None:
+                    acked[i % len(acked)] += 1
+                i += concurrency
         finally:
-            writer.close()
+            close()
 
     async def progress() -> None:
         while time.perf_counter() < deadline:
@@ -98,15 +105,25 @@ async def _run(host: str, port: int, requests: Sequence[bytes], concurrency: int
                 on_progress(len(latencies))
 
     started = time.perf_counter()
-    await asyncio.gather(progress(), *(connection(w) for w in range(concurrency)))
+    await asyncio.gather(progress(), *(worker(w) for w in range(concurrency)))
     return LoadResult(latencies, time.perf_counter() - started, errors)
 
 
+def _socket_connect(host: str, port: int, requests: Sequence[bytes], exchange: Callable) -> Connect:
+    async def connect() -> tuple[Call, Callable[[], object]]:
+        reader, writer = await asyncio.open_connection(host, port)
+        return (lambda i: exchange(reader, writer, requests[i % len(requests)])), writer.close
+    return connect
+
+
 def http_load(host: str, port: int, requests: Sequence[bytes], *, concurrency: int = 32, duration_s: float = 10,
-              on_progress: Callable[[int], None] | None = None) -> LoadResult:
-    return asyncio.run(_run(host, port, requests, concurrency, duration_s, _http_exchange, on_progress))
+              on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None) -> LoadResult:
+    """Closed-loop HTTP/1.1 keep-alive load; `acked` (one slot per request) counts its 200 answers."""
+    return asyncio.run(closed_loop(_socket_connect(host, port, requests, _http_exchange), concurrency=concurrency,
+                                   duration_s=duration_s, on_progress=on_progress, acked=acked))
 
 
 def memcached_load(host: str, port: int, requests: Sequence[bytes], *, concurrency: int = 32,
                    duration_s: float = 10, on_progress: Callable[[int], None] | None = None) -> LoadResult:
-    return asyncio.run(_run(host, port, requests, concurrency, duration_s, _memcached_exchange, on_progress))
+    return asyncio.run(closed_loop(_socket_connect(host, port, requests, _memcached_exchange),
+                                   concurrency=concurrency, duration_s=duration_s, on_progress=on_progress))

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane import CounterType, Namespace, load_namespaces
 from control_plane import default_config_path as default_namespaces
-from producers import CounterProducer
+from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.models import (
     AddCountRequest,
@@ -84,10 +84,7 @@ def build_service(settings: Settings) -> CounterService:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, _buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
-    producer = CounterProducer(settings.kafka_bootstrap, topic=settings.mutations_topic, batch_size=64,
-                               linger_ms=1.0, delivery_timeout_ms=5000, track_failures=False,
-                               config={"linger.ms": 1})
-    producer.metadata_timeout_s = 3.0
+    producer = GroupCommitProducer(settings.kafka_bootstrap or "", topic=settings.mutations_topic, timeout_s=5.0)
     return CounterService(
         registry, producer=producer, signals=SignalEmitter(settings.kafka_bootstrap, settings.rollups_topic),
         events=events, rollups=rollups, counters=open_counters(cache_spec),
@@ -106,13 +103,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError("COUNTER_KAFKA_BOOTSTRAP must be set for the API (counter up sets it)")
         app.state.settings = s
         service = app.state.service = build_service(s)
+        await service.producer.start()
         # Everything built so far lives as long as the process: keep it out of the collector's scans, or a
         # full collection of the imported frameworks' objects stalls every request in flight (tail latency).
         gc.collect()
         gc.freeze()
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with
         service.signals.close()
-        await asyncio.to_thread(service.producer.close, 5.0)
+        await service.producer.stop()
         await service.events.close()
         await service.rollups.close()
         await service.cache.close()
@@ -271,7 +269,7 @@ def _install_routes(app: FastAPI) -> None:
     @app.get("/readyz", responses={503: {"description": "a dependency is unreachable"}})
     async def readyz(service: Service) -> JSONResponse:
         """Broker, store and cache reachable."""
-        checks = {"broker": await _check(lambda: service.producer.ping(1.0)),
+        checks = {"broker": await _check_async(service.producer.ping(1.0)),
                   "store": await _check_async(service.rollups.get("_readyz", "_readyz")),
                   "cache": "ok" if await service.cache.healthy() else "unreachable",
                   "best_effort_counters": "ok" if await service.counters.healthy() else "unreachable"}
@@ -282,16 +280,7 @@ def _install_routes(app: FastAPI) -> None:
              responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
     async def prometheus() -> Response:
         """Prometheus metrics: requests and latency per endpoint, cache hit ratio."""
-        metrics.collect()
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
-
-
-async def _check(fn) -> str:  # type: ignore[no-untyped-def]
-    try:
-        await asyncio.to_thread(fn)
-        return "ok"
-    except Exception as exc:
-        return f"unreachable: {exc}"
 
 
 async def _check_async(coro) -> str:  # type: ignore[no-untyped-def]

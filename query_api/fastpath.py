@@ -1,4 +1,4 @@
-"""The hottest calls, decided without the framework: a plain, valid GetCount or BEST_EFFORT AddCount.
+"""The hottest calls, decided without the framework: a plain, valid GetCount, AddCount or AddAndGetCount.
 
 FastAPI's routing, dependency injection and model validation cost most of a cached GetCount. `fast_call`
 recognises the common case (known namespace without API keys, exactly the expected fields, valid values)
@@ -19,12 +19,15 @@ import orjson
 from control_plane import CounterType, Namespace
 from query_api.responses import add_json, count_json
 from query_api.service import CounterService, Written
-from schemas import INT64_MAX, INT64_MIN, ValidationError, validate_counter_name
+from schemas import INT64_MAX, INT64_MIN, MutationOp, ValidationError, validate_counter_name
 
-GET_COUNT, ADD_COUNT = b"/v1/GetCount", b"/v1/AddCount"
-FAST_PATHS = {GET_COUNT: "/v1/GetCount", ADD_COUNT: "/v1/AddCount"}  # the path, and its metrics endpoint
+GET_COUNT, ADD_COUNT, ADD_AND_GET = b"/v1/GetCount", b"/v1/AddCount", b"/v1/AddAndGetCount"
+FAST_PATHS = {GET_COUNT: "/v1/GetCount", ADD_COUNT: "/v1/AddCount",  # the path, and its metrics endpoint
+              ADD_AND_GET: "/v1/AddAndGetCount"}
 _GET_KEYS = frozenset({"namespace", "counter_name"})
 _ADD_KEYS = frozenset({"namespace", "counter_name", "delta"})
+_ADD_TOKEN_KEYS = frozenset({"namespace", "counter_name", "delta", "idempotency_token"})
+_TOKEN_KEYS = frozenset({"token", "generation_time"})
 
 
 FastCall = tuple[Awaitable[Any], Callable[[Any], bytes]]
@@ -49,10 +52,37 @@ def fast_call(service: CounterService, path: bytes, body: bytes) -> FastCall | N
     if path == GET_COUNT:
         return (service.get(ns, counter), count_json) if req.keys() == _GET_KEYS else None
     delta = req.get("delta")
-    if (path != ADD_COUNT or req.keys() != _ADD_KEYS or ns.counter_type is not CounterType.BEST_EFFORT
-            or type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX):
+    if type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX:
         return None
-    return service.add_best_effort(ns, counter, delta), partial(_added, ns, counter)
+    if ns.counter_type is CounterType.BEST_EFFORT:
+        if path != ADD_COUNT or req.keys() != _ADD_KEYS:
+            return None
+        return service.add_best_effort(ns, counter, delta), partial(_added, ns, counter)
+    return _durable(service, ns, path, req, counter, delta)
+
+
+def _durable(service: CounterService, ns: Namespace, path: bytes, req: dict[str, Any], counter: str,
+             delta: int) -> FastCall | None:
+    """EVENTUAL/ACCURATE AddCount (answered from the group commit's acknowledgement, in a callback) and
+    AddAndGetCount (a task: it waits for the event to be persisted)."""
+    if not req.keys() <= _ADD_TOKEN_KEYS:
+        return None
+    token = req.get("idempotency_token")
+    if token is not None and not (type(token) is dict and token.keys() <= _TOKEN_KEYS
+                                  and type(token.get("token")) is str):
+        return None
+    try:
+        written, acknowledged = service.write_durable(
+            ns, counter, delta, MutationOp.ADD, token and token["token"], token and token.get("generation_time"))
+    except ValidationError:  # nothing was sent: the route answers with the field named
+        return None
+    if path == ADD_COUNT:
+        return acknowledged, partial(_written, written)
+    return service.count_after(written, acknowledged), count_json
+
+
+def _written(written: Written, _acknowledged: None) -> bytes:
+    return add_json(written)
 
 
 _ADDED: dict[tuple[str, str], bytes] = {}  # BEST_EFFORT AddCount bodies: they do not depend on the count

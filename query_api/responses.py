@@ -7,13 +7,14 @@ from datetime import UTC, datetime
 import orjson
 
 from control_plane import CounterType
+from producers import DeliveryError
 from query_api.models import AddCountResponse, CountResponse
 from query_api.service import BrokerUnavailable, Count, NamespaceNotFound, NotCountedYet, Rejected, Written
 from schemas import MICROS
 from sinks.best_effort import CounterOverflow, CounterUnavailable
 
 SERVICE_ERRORS: tuple[type[Exception], ...] = (NamespaceNotFound, BrokerUnavailable, CounterUnavailable,
-                                                NotCountedYet, Rejected, CounterOverflow)
+                                                NotCountedYet, Rejected, CounterOverflow, DeliveryError)
 
 
 def _as_of(rollup_ts: int | None) -> datetime | None:
@@ -57,6 +58,6 @@ def error_response(exc: Exception) -> tuple[int, dict]:
         return 404, {"detail": str(exc)}
     if isinstance(exc, NotCountedYet):
         return 504, {"detail": str(exc)}
-    if isinstance(exc, BrokerUnavailable | CounterUnavailable):
+    if isinstance(exc, BrokerUnavailable | CounterUnavailable | DeliveryError):
         return 503, {"detail": str(exc)}
     raise TypeError(f"not a service error: {exc!r}")

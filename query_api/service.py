@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error, rollup_boundary
 from producers import CounterProducer, DeliveryError
+from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.signals import SignalEmitter
 from schemas import MICROS, Mutation, MutationOp
@@ -61,9 +62,9 @@ class Written:
 
 
 class CounterService:
-    def __init__(self, registry: NamespaceRegistry, *, producer: CounterProducer, signals: SignalEmitter,
+    def __init__(self, registry: NamespaceRegistry, *, producer: GroupCommitProducer, signals: SignalEmitter,
                  events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
-                 write_timeout_s: float = 5.0, read_your_write_timeout_s: float = 5.0,
+                 read_your_write_timeout_s: float = 5.0,
                  read_signal_lag_s: float = 5.0) -> None:
         self.registry = registry
         self.producer = producer
@@ -72,7 +73,6 @@ class CounterService:
         self.rollups = rollups
         self.cache = cache
         self.counters = counters
-        self.write_timeout_s = write_timeout_s
         self.read_your_write_timeout_s = read_your_write_timeout_s
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
 
@@ -100,9 +100,17 @@ class CounterService:
                 await self.counters.clear(ns.name, counter)
                 return Written(ns, counter, None, None, 0)
             return Written(ns, counter, None, None, await self.add_best_effort(ns, counter, delta))
+        written, acknowledged = self.write_durable(ns, counter, delta, op, token, generation_time, item_key)
+        await self.acknowledged(acknowledged)
+        return written
+
+    def write_durable(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
+                      generation_time: str | int | float | None, item_key: str = "",
+                      ) -> tuple[Written, asyncio.Future[None]]:
+        """A durable (EVENTUAL/ACCURATE) write, group-committed: what to answer, and the future of the broker's
+        acknowledgement (failing with DeliveryError). Plain, so the fast path can answer from a callback."""
         m = self.mutation(ns, counter, delta, op, token, generation_time, item_key)
-        await self.send_durably([m])
-        return Written(ns, counter, m.event_id, m.event_time)
+        return Written(ns, counter, m.event_id, m.event_time), self.producer.send([m])
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
         """A BEST_EFFORT add (memcached only): the new count. An awaitable rather than a coroutine, so the fast
@@ -110,16 +118,16 @@ class CounterService:
         return self.counters.add(ns.name, counter, delta, ns.ttl_s)
 
     async def send_durably(self, mutations: Sequence[Mutation]) -> None:
-        """Return once the broker acknowledged every mutation; BrokerUnavailable otherwise."""
+        """Return once the broker acknowledged every mutation (one record: all or none); BrokerUnavailable
+        otherwise."""
+        await self.acknowledged(self.producer.send(mutations))
+
+    @staticmethod
+    async def acknowledged(future: asyncio.Future[None]) -> None:
         try:
-            futures = await asyncio.to_thread(lambda: [self.producer.send(m) for m in mutations])
-            await asyncio.wait_for(asyncio.gather(*(asyncio.wrap_future(f) for f in futures)),
-                                   self.write_timeout_s)
+            await future
         except DeliveryError as exc:
-            raise BrokerUnavailable(f"the broker did not acknowledge the write: {exc}") from exc
-        except TimeoutError as exc:
-            raise BrokerUnavailable(f"the broker did not acknowledge the write within {self.write_timeout_s}s; "
-                                    "retry with the same idempotency token") from exc
+            raise BrokerUnavailable(str(exc)) from exc
 
     # -- reads ------------------------------------------------------------------------------------------
 
@@ -175,10 +183,18 @@ class CounterService:
     async def add_and_get(self, ns: Namespace, counter: str, delta: int, token: str | None,
                           generation_time: str | int | float | None, item_key: str = "") -> Count:
         """Read-your-write: the count includes this delta, or NotCountedYet after a bounded wait."""
-        written = await self.write(ns, counter, delta, MutationOp.ADD, token, generation_time, item_key)
         if ns.counter_type is CounterType.BEST_EFFORT:
+            written = await self.write(ns, counter, delta, MutationOp.ADD, token, generation_time, item_key)
             return Count(ns, counter, written.value, None)
-        await self.wait_persisted(ns, counter, written.event_time, written.token, item_key)
+        written, acknowledged = self.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
+                                                   item_key)
+        return await self.count_after(written, acknowledged, item_key)
+
+    async def count_after(self, written: Written, acknowledged: asyncio.Future[None], item_key: str = "") -> Count:
+        """The count once a durable write is acknowledged and persisted: AddAndGetCount's read-your-write."""
+        await self.acknowledged(acknowledged)
+        ns, counter = written.ns, written.counter
+        await self.wait_persisted(ns, counter, written.event_time, written.token, item_key)  # type: ignore[arg-type]
         count, rollup_ts = await self.rollup_of(ns, counter)
         self.signal_if_stale(ns, counter, rollup_ts)
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)

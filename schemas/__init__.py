@@ -20,6 +20,8 @@ from schemas.codec import (
     encode_mutation,
     encode_signal,
     encode_signals,
+    mutation_body,
+    record_of_bodies,
 )
 from schemas.json_records import mutation_from_json
 from schemas.model import MICROS, Mutation, MutationOp
@@ -71,8 +73,10 @@ __all__ = [
     "encode_mutation",
     "encode_signal",
     "encode_signals",
+    "mutation_body",
     "mutation_from_json",
     "parse_generation_time",
+    "record_of_bodies",
     "validate_counter_name",
     "validate_delta",
     "validate_event_time",

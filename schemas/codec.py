@@ -132,6 +132,38 @@ def encode_batch(ms: Sequence[Mutation]) -> bytes:
     return _write(_BATCH_HEADER, _BATCH_PARSED, {"mutations": [_record(m) for m in ms]})
 
 
+def mutation_body(m: Mutation) -> bytes:
+    """The Avro body of a CountMutation, without the single-object header, for callers that assemble records
+    from bodies (`record_of_bodies`). `m` must come validated (validate_mutation, with a token and time): it
+    is not checked again, because the API's group commit validates every write once, on arrival."""
+    buf = BytesIO()
+    schemaless_writer(buf, _CM_PARSED, {"op": m.op.value, "namespace": m.namespace, "counter_name": m.counter_name,
+                                        "delta": m.delta, "event_time": m.event_time, "event_id": m.event_id,
+                                        "event_item_key": m.event_item_key})
+    return buf.getvalue()
+
+
+def record_of_bodies(bodies: Sequence[bytes]) -> bytes:
+    """One single-object record carrying CountMutation bodies: a CountMutation for one, a MutationBatch for
+    more. Avro encodes an array as a block count (zigzag long), the items, and a 0 ending the blocks, so a
+    batch is assembled from bodies encoded earlier without decoding or re-encoding them."""
+    if not bodies:
+        raise ValueError("a MutationBatch needs at least one mutation")
+    if len(bodies) == 1:
+        return _CM_HEADER + bodies[0]
+    return b"".join((_BATCH_HEADER, _zigzag(len(bodies)), *bodies, b"\x00"))
+
+
+def _zigzag(n: int) -> bytes:
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
 def encode_signal(namespace: str, counter: str) -> bytes:
     """A single-object RollupSignal for one counter; ValidationError for invalid names."""
     record = {

@@ -1,0 +1,143 @@
+"""Durable writes over HTTP (EVENTUAL and ACCURATE AddCount, AddAndGetCount) next to a raw produce.
+
+    python -m bench.write [--duration 5] [--concurrencies 1,32,256] [--counters 1000] [--rounds 3]
+
+What a user sees: one AddCount per HTTP request, answered once the broker acknowledged it. The baseline, in the
+same run on the same broker, is what a Kafka client alone does: aiokafka `send_and_wait` of one record per call
+(acks=all; the same CountMutation record the API produces) at the same concurrency, to a topic of the same
+shape that no worker reads. AddAndGetCount (read-your-write: acknowledged, persisted by the worker, read back)
+is measured at the middle concurrency. Every phase runs once per round; figures are medians over the rounds.
+At the end the benchmark waits until every acknowledged write is counted in the rollup store, exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from bench.common import console, local_stack, progress_bar, wait_exact, write_result
+from bench.loadgen import Call, LoadResult, closed_loop, http_load, http_post
+from bench.rounds import median_ratio, medians, run_rounds
+from producers import CounterProducer
+from schemas import MutationOp, encode_mutation
+from streams.topics import TopicSpec, ensure_topics
+
+RAW_TOPIC = "bench-raw-produce"
+NAMESPACES = {"eventual": "my_dataset", "accurate": "my_dataset_accurate"}
+
+
+def raw_produce_load(bootstrap: str, values: list[tuple[bytes, bytes]], *, concurrency: int, duration_s: float,
+                     on_progress: Callable[[int], None] | None = None) -> LoadResult:
+    """aiokafka send_and_wait of one record per call, `concurrency` calls in flight (acks=all)."""
+    async def run() -> LoadResult:
+        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+        await producer.start()
+
+        async def send(i: int) -> bool:
+            key, value = values[i % len(values)]
+            try:
+                await producer.send_and_wait(RAW_TOPIC, value, key=key)
+                return True
+            except KafkaError:
+                return False
+
+        async def connect() -> tuple[Call, Callable[[], object]]:
+            return send, lambda: None
+
+        try:
+            return await closed_loop(connect, concurrency=concurrency, duration_s=duration_s, on_progress=on_progress)
+        finally:
+            await producer.stop()
+    return asyncio.run(run())
+
+
+def run(duration: float, concurrencies: list[int], counters: int, rounds: int) -> dict:
+    middle = concurrencies[len(concurrencies) // 2]
+    with tempfile.TemporaryDirectory(prefix="bench-write-") as tmp, local_stack(Path(tmp)) as stack:
+        api = stack.apis[0]
+        bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
+        ensure_topics(bootstrap, [TopicSpec(RAW_TOPIC, 8, 1, {"message.timestamp.type": "LogAppendTime"})])
+        names = [f"w-{i}" for i in range(counters)]
+        bodies = {kind: [http_post("/v1/AddCount", json.dumps({"namespace": ns, "counter_name": n,
+                                                                "delta": 1}).encode()) for n in names]
+                  for kind, ns in NAMESPACES.items()}
+        add_and_get = [http_post("/v1/AddAndGetCount", json.dumps({"namespace": "my_dataset", "counter_name": n,
+                                                                   "delta": 1}).encode()) for n in names]
+        raw = [(f"my_dataset:{n}".encode(),
+                encode_mutation(CounterProducer.mutation(MutationOp.ADD, "my_dataset", n, 1))) for n in names]
+        acked = {kind: [0] * counters for kind in NAMESPACES}
+        acked_get = [0] * counters
+        with progress_bar("warm-up", None) as update:
+            http_load(api.host, api.port, bodies["eventual"], concurrency=middle, duration_s=2, on_progress=update,
+                      acked=acked["eventual"])
+            raw_produce_load(bootstrap, raw, concurrency=middle, duration_s=1)
+        phases: dict = {}
+        for c in concurrencies:
+            phases[f"raw_produce_c{c}"] = (f"raw aiokafka produce, c={c}", lambda c=c, **kw: raw_produce_load(
+                bootstrap, raw, concurrency=c, **kw))
+            for kind in NAMESPACES:
+                phases[f"addcount_{kind}_c{c}"] = (f"AddCount {kind.upper()}, c={c}", lambda c=c, kind=kind, **kw:
+                                                   http_load(api.host, api.port, bodies[kind], concurrency=c,
+                                                             acked=acked[kind], **kw))
+        phases[f"addandget_c{middle}"] = (f"AddAndGetCount EVENTUAL, c={middle}", lambda **kw: http_load(
+            api.host, api.port, add_and_get, concurrency=middle, acked=acked_get, **kw))
+        console.print(f"durable writes, {duration:g} s per phase, {rounds} interleaved rounds:")
+        per_round = run_rounds(phases, rounds=rounds, duration_s=duration)
+        expected = {("my_dataset_accurate", n): a for n, a in zip(names, acked["accurate"], strict=True) if a}
+        for n, a, g in zip(names, acked["eventual"], acked_get, strict=True):
+            if a + g:
+                expected[("my_dataset", n)] = a + g
+        errors = sum(r["errors"] for rs in per_round.values() for r in rs)
+        started = time.monotonic()
+        exact = wait_exact(Path(tmp), expected, allow_more=errors > 0)
+        counted_s = time.monotonic() - started
+    results = {key: medians(values) for key, values in per_round.items()}
+    console.print(f"medians of {rounds} rounds (ratio: throughput / raw produce at the same concurrency, "
+                  "median of per-round ratios):")
+    for c in concurrencies:
+        base = results[f"raw_produce_c{c}"]
+        console.print(f"  c={c:<4} raw produce {base['throughput_per_s']:>8,.0f}/s p50 {base['p50_ms']:6.2f} ms "
+                      f"p99 {base['p99_ms']:6.2f} ms")
+        for kind in NAMESPACES:
+            key = f"addcount_{kind}_c{c}"
+            r = results[key]
+            r["ratio_to_raw_produce"] = median_ratio(per_round, key, f"raw_produce_c{c}")
+            r["p50_to_raw"] = r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
+            r["p99_to_raw"] = r["p99_ms"] / base["p99_ms"] if base["p99_ms"] else float("nan")
+            console.print(f"         AddCount {kind:<9}{r['throughput_per_s']:>8,.0f}/s p50 {r['p50_ms']:6.2f} ms "
+                          f"p99 {r['p99_ms']:6.2f} ms  = {r['ratio_to_raw_produce']:.0%} of raw, p50 "
+                          f"{r['p50_to_raw']:.2f}x, p99 {r['p99_to_raw']:.2f}x")
+    g = results[f"addandget_c{middle}"]
+    console.print(f"  AddAndGetCount c={middle}: {g['throughput_per_s']:,.0f}/s p50 {g['p50_ms']:.2f} ms "
+                  f"p99 {g['p99_ms']:.2f} ms")
+    console.print(f"  every acknowledged write counted: {exact} ({sum(expected.values()):,} writes over "
+                  f"{len(expected):,} counters, {counted_s:.1f} s after the last round; {errors} errors)")
+    return {"duration_s": duration, "concurrencies": concurrencies, "counters": counters, "rounds": rounds,
+            "results": results, "acknowledged_writes": sum(expected.values()), "all_counted": exact,
+            "errors": errors}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="counter bench write", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per phase (default 5)")
+    parser.add_argument("--concurrencies", default="1,32,256", help="comma-separated (default 1,32,256)")
+    parser.add_argument("--counters", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
+    args = parser.parse_args(argv)
+    concurrencies = [int(c) for c in args.concurrencies.split(",")]
+    result = run(args.duration, concurrencies, args.counters, args.rounds)
+    write_result("write", result)
+    return 0 if result["all_counted"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
