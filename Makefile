@@ -34,6 +34,7 @@ lint: install-test
 
 test: install-test memcached
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:

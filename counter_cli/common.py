@@ -54,20 +54,19 @@ def resolve_bootstrap(settings: Settings, explicit: str | None) -> str:
     return bootstrap
 
 
+def job_settings(bootstrap: str, data_dir: Path | None) -> Settings:
+    """Settings for a job that needs the broker: COUNTER_* with the resolved bootstrap (SettingsError if bad)."""
+    overrides: dict[str, Any] = {"kafka_bootstrap": bootstrap}
+    if data_dir is not None:
+        overrides["data_dir"] = data_dir
+    return load_settings(**overrides)
+
+
 def add_verb(sub: argparse._SubParsersAction, name: str, *, help: str, description: str, epilog: str,
              add_arguments: Callable[[argparse.ArgumentParser], None],
              run: Callable[[argparse.Namespace], int]) -> None:
-    """Register a verb whose arguments also serve a standalone parser (see `standalone_parser`)."""
+    """Register a verb whose arguments are added by `add_arguments` (a function tests can reuse)."""
     p = sub.add_parser(name, help=help, description=description, epilog=epilog,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(p)
     p.set_defaults(run=run)
-
-
-def standalone_parser(prog: str, *, description: str, epilog: str,
-                      add_arguments: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
-    """The same arguments for the process a verb execs (`python -m agents.replay` re-parses its argv)."""
-    p = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    return p

@@ -1,24 +1,17 @@
-"""`counter dlq list|replay`: inspect dead-lettered records and re-submit them after their cause is fixed."""
+"""`counter dlq list|replay`: inspect dead-lettered records and re-submit them after their cause is fixed
+(the job: `jobs.dlq`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from counter_cli.common import console, fail, resolve_bootstrap, settings_or_exit
-from counter_cli.progress import Interrupt, ProgressBar
-from counter_cli.replay_cmd import PartitionEnds
-from producers.partitioner import partition_for
-from schemas import MICROS, DecodeError, decode_mutations
-from schemas.dead_letter import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC, parse_headers
-from streams.settings import Settings
-from streams.topics import TopicError, partition_count
+from counter_cli.progress import Interrupt, RichProgress
+from jobs.dlq import DeadRecord, iso, load_sent, read_dead_letters, resubmit, select, state_path
+from schemas.dead_letter import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
+from streams.topics import TopicError
 
 DESCRIPTION = """\
 The persist agent dead-letters what it cannot accept: undecodable records, unknown or BEST_EFFORT
@@ -88,56 +81,6 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR")
 
 
-@dataclass(frozen=True, slots=True)
-class DeadRecord:
-    partition: int
-    offset: int
-    timestamp_us: int
-    key: bytes | None
-    value: bytes
-    headers: dict[str, str]
-
-    @property
-    def position(self) -> str:
-        return f"{self.partition}:{self.offset}"
-
-    @property
-    def reason(self) -> str:
-        return self.headers.get(REASON, "?")
-
-    @property
-    def source(self) -> str:
-        h = self.headers
-        return f"{h.get(SOURCE_TOPIC, '?')}[{h.get(SOURCE_PARTITION, '?')}]@{h.get(SOURCE_OFFSET, '?')}"
-
-    def preview(self, width: int = 80) -> str:
-        try:
-            ms = decode_mutations(self.value)
-        except DecodeError:
-            text = self.value[:40].hex(" ") if not _printable(self.value) else self.value[:60].decode()
-            return f"<undecodable {len(self.value)} bytes: {text}>"[:width]
-        m = ms[0]
-        what = "clear" if m.op == "CLEAR" else f"{m.delta:+d}"
-        token = m.event_id if m.event_id is not None else "(no token)"
-        more = f" (+{len(ms) - 1} more)" if len(ms) > 1 else ""
-        return f"{m.namespace}:{m.counter_name} {what} token={token}{more}"[:width]
-
-    def produce_key(self) -> bytes | None:
-        """The mutation's own `namespace:counter` key when it decodes (so it lands on its counter's partition)."""
-        try:
-            ms = decode_mutations(self.value)
-        except DecodeError:
-            return self.key
-        return ms[0].key.encode() if len(ms) == 1 else self.key
-
-
-def _printable(data: bytes) -> bool:
-    try:
-        return data[:60].decode().isprintable()
-    except UnicodeDecodeError:
-        return False
-
-
 def _positions(values: list[str]) -> set[tuple[int, int]]:
     out = set()
     for v in values:
@@ -149,88 +92,23 @@ def _positions(values: list[str]) -> set[tuple[int, int]]:
     return out
 
 
-def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, bar: ProgressBar | None = None,
-                      stop=lambda: False) -> list[DeadRecord]:
-    """Every record of the DLQ topic up to its end when reading started (see PartitionEnds for why the
-    reported high watermark alone is not trusted)."""
-    try:
-        partitions = partition_count(bootstrap, topic)
-    except TopicError as exc:
-        fail(str(exc), code=1)
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "counter-dlq-reader",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "enable.partition.eof": False})
-    try:
-        ends = PartitionEnds(snapshot_us=time.time_ns() // 1000, margin_us=MICROS, quiet_s=quiet_s)
-        assign = []
-        for p in range(partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            ends.add(p, start=low, high=high)
-            assign.append(TopicPartition(topic, p, low))
-        consumer.assign(assign)
-        if bar is not None:
-            bar.update(total=ends.remaining())
-        records: list[DeadRecord] = []
-        while not ends.all_done and not stop():
-            for m in consumer.consume(1000, 0.5):
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise KafkaException(m.error())
-                ts_us = m.timestamp()[1] * 1000
-                if not ends.accept(m.partition(), m.offset(), ts_us):
-                    continue
-                records.append(DeadRecord(m.partition(), m.offset(), ts_us, m.key(), m.value() or b"",
-                                          parse_headers(m.headers())))
-                if bar is not None:
-                    bar.update(total=max(bar.total or 0, len(records)))
-                    bar.advance(1)
-            live = [TopicPartition(topic, p) for p in ends.parts if not ends.done(p)]
-            positions = {tp.partition: tp.offset for tp in consumer.position(live) if tp.offset >= 0} if live else {}
-            ends.idle(positions)
-        return records
-    finally:
-        consumer.close()
-
-
-def _select(records: list[DeadRecord], args: argparse.Namespace) -> list[DeadRecord]:
-    wanted = _positions(args.offset)
-    reason = (args.reason or "").lower()
-    return [r for r in records
-            if (not wanted or (r.partition, r.offset) in wanted) and (not reason or reason in r.reason.lower())]
-
-
-def _state_path(settings: Settings, topic: str) -> Path:
-    return settings.data_dir / "dlq" / f"{topic}.json"
-
-
-def _load_sent(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    sent = data.get("resubmitted", {}) if isinstance(data, dict) else {}
-    return sent if isinstance(sent, dict) else {}
-
-
-def _save_sent(path: Path, sent: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"resubmitted": sent}, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
-
-
-def _iso(us: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(us / MICROS))
+def _read(args: argparse.Namespace, bootstrap: str, topic: str) -> list[DeadRecord]:
+    """The dead letters the arguments select, read with a progress bar."""
+    positions = _positions(args.offset)
+    with RichProgress(console) as progress:
+        try:
+            records = read_dead_letters(bootstrap, topic, progress=progress)
+        except TopicError as exc:
+            fail(str(exc), code=1)
+    return select(records, reason=args.reason, positions=positions)
 
 
 def run_list(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.dlq_topic
-    with ProgressBar("reading DLQ", unit="records") as bar:
-        records = _select(read_dead_letters(bootstrap, topic, bar=bar), args)
-    sent = _load_sent(_state_path(settings, topic))
+    records = _read(args, bootstrap, topic)
+    sent = load_sent(state_path(settings, topic))
     shown = records[-args.limit:] if args.limit else records
     for r in shown:
         if args.format == "jsonl":
@@ -238,7 +116,7 @@ def run_list(args: argparse.Namespace) -> int:
                 value = {"value_text": r.value.decode("utf-8")}
             except UnicodeDecodeError:
                 value = {"value_hex": r.value.hex()}
-            print(json.dumps({"position": r.position, "dead_lettered_at": _iso(r.timestamp_us),
+            print(json.dumps({"position": r.position, "dead_lettered_at": iso(r.timestamp_us),
                               "reason": r.reason, "source_topic": r.headers.get(SOURCE_TOPIC),
                               "source_partition": _int(r.headers.get(SOURCE_PARTITION)),
                               "source_offset": _int(r.headers.get(SOURCE_OFFSET)),
@@ -247,7 +125,7 @@ def run_list(args: argparse.Namespace) -> int:
                               "preview": r.preview(200), "resubmitted": sent.get(r.position), **value}))
         else:
             mark = "  [resubmitted]" if r.position in sent else ""
-            print(f"{r.position:>8}  {_iso(r.timestamp_us)}  {r.source:32}  {r.preview(60):60}  {r.reason}{mark}")
+            print(f"{r.position:>8}  {iso(r.timestamp_us)}  {r.source:32}  {r.preview(60):60}  {r.reason}{mark}")
     kinds: dict[str, int] = {}
     for r in records:
         kinds[r.reason.split(":")[0][:40]] = kinds.get(r.reason.split(":")[0][:40], 0) + 1
@@ -270,10 +148,9 @@ def run_replay(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.dlq_topic
     target = args.to_topic or settings.mutations_topic
-    state_path = _state_path(settings, topic)
-    sent = _load_sent(state_path)
-    with ProgressBar("reading DLQ", unit="records") as bar:
-        records = _select(read_dead_letters(bootstrap, topic, bar=bar), args)
+    state = state_path(settings, topic)
+    sent = load_sent(state)
+    records = _read(args, bootstrap, topic)
     todo = [r for r in records if args.force or r.position not in sent]
     skipped = len(records) - len(todo)
     if args.dry_run:
@@ -282,54 +159,22 @@ def run_replay(args: argparse.Namespace) -> int:
         console.print(f"dry run: would re-submit {len(todo):,} record(s) to {target}; {skipped:,} already "
                       "resubmitted (--force re-sends them)", highlight=False)
         return 0
+    progress = RichProgress(console)
     try:
-        partitions = partition_count(bootstrap, target)
+        with Interrupt() as stop, progress:  # SIGINT: finish the chunk in hand, then stop (twice: now)
+            result = resubmit(bootstrap, target, todo, state=state, sent=sent, progress=progress, stop=stop)
     except TopicError as exc:
         fail(str(exc), code=1)
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 5, "client.id": "counter-dlq-replay"})
-    errors: list[str] = []
-    interrupted = Interrupt().install()  # SIGINT: finish the unit in hand, then stop (twice: now)
-    done = 0
-    try:
-        with ProgressBar("re-submitting", total=len(todo), unit="records") as bar:
-            for start in range(0, len(todo), 100):
-                chunk = todo[start:start + 100]
-                acked: list[DeadRecord] = []
-                for r in chunk:
-                    key = r.produce_key()
-
-                    def on_delivery(err: KafkaError | None, _msg: object, r: DeadRecord = r,
-                                    acked: list[DeadRecord] = acked) -> None:
-                        if err is None:
-                            acked.append(r)
-                        else:
-                            errors.append(f"{r.position}: {err.str()}")
-
-                    kwargs: dict[str, Any] = {"partition": partition_for(key, partitions)} if key else {}
-                    producer.produce(target, key=key, value=r.value, on_delivery=on_delivery, **kwargs)
-                producer.flush(30)
-                now = _iso(time.time_ns() // 1000)
-                for r in acked:  # only acknowledged records count as re-submitted
-                    sent[r.position] = {"at": now, "to": target, "reason": r.reason}
-                _save_sent(state_path, sent)
-                done += len(acked)
-                bar.advance(len(chunk))
-                if errors or interrupted():
-                    break
-    finally:
-        interrupted.restore()
-    console.print(f"re-submitted {done:,} dead letter(s) from {topic} to {target} ({bar.summary()}); "
+    console.print(f"re-submitted {result.done:,} dead letter(s) from {topic} to {target} ({progress.summary()}); "
                   f"{skipped:,} skipped as already re-submitted (--force re-sends them)", highlight=False)
-    if errors:
-        console.print(f"[bold red]{len(errors)} not delivered[/]: {errors[0]}; run again to retry them",
-                      highlight=False)
+    if result.errors:
+        console.print(f"[bold red]{len(result.errors)} not delivered[/]: {result.errors[0]}; run again to retry "
+                      "them", highlight=False)
         return 1
-    if interrupted():
+    if result.interrupted:
         console.print("interrupted; run the same command again to continue", highlight=False)
         return 130
-    if done:
+    if result.done:
         console.print("watch them with `counter dlq list`: a record rejected again is dead-lettered again "
                       "(with its new reason)", highlight=False)
     return 0
-

@@ -1,5 +1,8 @@
 """The one progress bar every long-running verb shows: what, how far, how fast, and how long still.
 
+`RichProgress` is the CLI's implementation of the jobs' `jobs.progress.Progress`: each phase a job starts
+is one `ProgressBar`, and the job's log lines go to the same console. `Interrupt` is the jobs' stop signal.
+
     with ProgressBar("replaying", total=120_000, unit="records") as bar:
         for batch in batches:
             ...
@@ -22,6 +25,7 @@ from rich.progress import BarColumn, Progress, ProgressColumn, Task, TaskID, Tex
 from rich.text import Text
 
 from counter_cli.common import console as default_console
+from jobs.progress import Level
 
 
 def _clock(seconds: float | None) -> str:
@@ -128,6 +132,51 @@ class ProgressBar:
         """`1,234 records in 0:00:05 (246 records/s)`."""
         done = self.completed - self._initial
         return f"{done:,} {self.unit} in {_clock(self.elapsed)} ({self.rate:,.0f} {self.unit}/s)"
+
+
+class RichProgress:
+    """`jobs.progress.Progress` on the console: a `ProgressBar` per phase, log lines (plain text) above it.
+
+    After a phase, `bar` is still its bar, for the summary (`bar.summary()`); a context manager that closes
+    a phase left open."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or default_console
+        self.bar: ProgressBar | None = None
+        self._open = False
+
+    def start(self, description: str, *, total: int | None = None, unit: str = "records",
+              completed: int = 0) -> None:
+        self.finish()
+        self.bar = ProgressBar(description, total=total, unit=unit, console=self.console, completed=completed)
+        self.bar.__enter__()
+        self._open = True
+
+    def advance(self, n: int = 1, *, note: str | None = None) -> None:
+        if self.bar is not None:
+            self.bar.advance(n, note=note)
+
+    def update(self, *, total: int | None = None, note: str | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(total=total, note=note)
+
+    def log(self, message: str, *, level: Level = "info") -> None:
+        self.console.print(Text(message, style="yellow" if level == "warning" else ""), highlight=False)
+
+    def finish(self) -> None:
+        if self.bar is not None and self._open:
+            self._open = False
+            self.bar.__exit__(None, None, None)
+
+    def summary(self) -> str:
+        """The last phase's `ProgressBar.summary()` (empty before any phase)."""
+        return self.bar.summary() if self.bar is not None else ""
+
+    def __enter__(self) -> RichProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.finish()
 
 
 class Interrupt:

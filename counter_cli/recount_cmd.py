@@ -1,15 +1,22 @@
-"""`counter recount`: recompute rollups from the event store (run by `python -m agents.recount`)."""
+"""`counter recount`: recompute rollups from the event store (the job: `jobs.recount`)."""
 
 from __future__ import annotations
 
 import argparse
-import os
+import asyncio
+import json
+import logging
 import sys
 from pathlib import Path
 
-from counter_cli.common import add_verb, fail, resolve_bootstrap, settings_or_exit, standalone_parser
-from counter_cli.replay_cmd import argv_of
+from control_plane import ConfigError
+from counter_cli.common import add_verb, console, fail, job_settings, resolve_bootstrap, settings_or_exit
+from counter_cli.progress import Interrupt, RichProgress
+from jobs.recount import RETRY, CounterRecount, RecountError, RecountJob, RecountOptions, RecountSummary
+from jobs.runtime import open_runtime
 from schemas import ValidationError, parse_generation_time
+from streams.settings import Settings, SettingsError
+from streams.topics import TopicError
 
 DESCRIPTION = """\
 Recompute counters from their stored events and compare with the stored rollups. Per counter it reports
@@ -61,10 +68,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR")
 
 
-def build_parser(prog: str = "counter recount") -> argparse.ArgumentParser:
-    return standalone_parser(prog, description=DESCRIPTION, epilog=EPILOG, add_arguments=add_arguments)
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     add_verb(sub, "recount", help="recompute rollups from the event store; report and fix drift",
              description=DESCRIPTION, epilog=EPILOG,
@@ -85,12 +88,77 @@ def check(args: argparse.Namespace) -> None:
             fail(str(exc))
 
 
+def options(args: argparse.Namespace) -> RecountOptions:
+    return RecountOptions(args.namespace, counters=tuple(args.counters), all=args.all, since=args.since,
+                          dry_run=args.dry_run, wait_s=args.wait, restart=args.restart)
+
+
 def run(args: argparse.Namespace) -> int:
     check(args)
-    settings = settings_or_exit(data_dir=args.data_dir)
-    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=resolve_bootstrap(settings, args.bootstrap))
-    if args.data_dir is not None:
-        env["COUNTER_DATA_DIR"] = str(args.data_dir)
-    # The rollup path lives in `agents`, which the CLI never imports: the recount is its own process image.
-    os.execve(sys.executable, [sys.executable, "-m", "agents.recount", *argv_of(build_parser(), args)], env)
-    return 0  # pragma: no cover
+    bootstrap = resolve_bootstrap(settings_or_exit(data_dir=args.data_dir), args.bootstrap)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    progress = RichProgress(console)
+    try:
+        settings = job_settings(bootstrap, args.data_dir)
+        with Interrupt() as stop, progress:  # SIGINT: save after the counter in hand and stop (twice: now)
+            summary = asyncio.run(_recount(options(args), settings, Rows(args.format, args.verbose), progress, stop))
+    except RecountError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 2
+    except (SettingsError, ConfigError, TopicError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    if summary.interrupted:
+        console.print(f"interrupted after counter {summary.after!r} ({progress.summary()}); run the same command "
+                      "again to resume", highlight=False)
+        return 130
+    _summary(summary, args.dry_run, progress.summary())
+    return 1 if summary.not_written else 0
+
+
+async def _recount(opts: RecountOptions, settings: Settings, rows: Rows, progress: RichProgress,
+                   stop: Interrupt) -> RecountSummary:
+    runtime = open_runtime(settings)
+    try:
+        return await RecountJob(opts, runtime, report=rows, progress=progress, stop=stop).run()
+    finally:
+        await runtime.close()
+
+
+class Rows:
+    """Per-counter output: table rows on stderr (drifted or not written yet; all with --verbose) or JSONL on
+    stdout (every counter)."""
+
+    def __init__(self, fmt: str, verbose: bool) -> None:
+        self.fmt = fmt
+        self.verbose = verbose
+
+    def __call__(self, r: CounterRecount) -> None:
+        if self.fmt == "jsonl":
+            sys.stdout.write(json.dumps(r.as_json()) + "\n")
+            sys.stdout.flush()
+        elif self.verbose or r.status != "ok" or r.action in RETRY:
+            stored = "-" if r.stored is None else f"{r.stored:,}"
+            recomputed = "-" if r.recomputed is None else f"{r.recomputed:,}"
+            console.print(f"  {r.counter:30} stored {stored:>12}  recomputed {recomputed:>12}  "
+                          f"drift {r.drift:>+10,}  {r.status:8} {r.action}", highlight=False, markup=False)
+
+
+def _summary(s: RecountSummary, dry_run: bool, speed: str) -> None:
+    console.print(f"recounted {speed}: {s.count('ok'):,} ok, "
+                  f"{s.count('drift'):,} drifted, {s.count('missing'):,} missing a rollup row, "
+                  f"{s.count('no-base'):,} without a stored rollup at --since; total |drift| "
+                  f"{s.count('abs_drift'):,}", highlight=False)
+    if dry_run:
+        console.print("dry run: nothing written" + (f"; run without --dry-run to fix {s.drifted:,} counter(s)"
+                                                    if s.drifted else ""), highlight=False)
+        return
+    console.print(f"written {s.count('action:written'):,}, unchanged {s.count('action:unchanged'):,}; "
+                  f"{s.cache_note}", highlight=False)
+    if s.not_written:
+        console.print(f"[yellow]{s.not_written:,} counter(s) could not be written yet[/]: the persist watermark has "
+                      "not passed their stored rollup (is a worker running?) or a rollup raced; run again",
+                      highlight=False)

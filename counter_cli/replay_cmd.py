@@ -1,22 +1,27 @@
-"""`counter replay`: re-read a mutations topic through the persist path (run by `python -m agents.replay`).
+"""`counter replay`: re-read a mutations topic through the persist path (the job: `jobs.replay`).
 
-This module owns what the CLI must know without importing `agents`: the arguments (so `counter replay
---help` works in the CLI process), the `--from`/`--to` position syntax, and the rule that decides when a
-partition has been read to its end (`PartitionEnds`, also used by `counter dlq`).
+The CLI's part: the arguments, their checks, the progress bar and Ctrl-C (`RichProgress`, `Interrupt`), the
+summary and the exit status. Positions and partition ends: `streams.positions`.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import re
+import asyncio
+import json
+import logging
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from counter_cli.common import add_verb, fail, resolve_bootstrap, settings_or_exit, standalone_parser
-from schemas import MICROS, ValidationError, parse_generation_time
+from confluent_kafka import KafkaException
+
+from control_plane import ConfigError
+from counter_cli.common import add_verb, console, fail, job_settings, resolve_bootstrap, settings_or_exit
+from counter_cli.progress import Interrupt, RichProgress
+from jobs.replay import ReplayError, ReplayOptions, ReplayResult, run_replay
+from streams.positions import parse_position
+from streams.settings import SettingsError
+from streams.topics import TopicError
 
 DESCRIPTION = """\
 Re-read the mutations topic (or --topic, e.g. a copy restored from a backup) with the replay's own consumer
@@ -82,10 +87,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR")
 
 
-def build_parser(prog: str = "counter replay") -> argparse.ArgumentParser:
-    return standalone_parser(prog, description=DESCRIPTION, epilog=EPILOG, add_arguments=add_arguments)
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     add_verb(sub, "replay", help="re-read a mutations topic through the persist path (safe: idempotent)",
              description=DESCRIPTION, epilog=EPILOG,
@@ -108,167 +109,58 @@ def check(args: argparse.Namespace) -> None:
                 fail(f"{flag}: {exc}")
 
 
+def options(args: argparse.Namespace) -> ReplayOptions:
+    return ReplayOptions(start=args.start, end=args.end, topic=args.topic, namespace=args.namespace,
+                         counters=tuple(args.counter), name=args.name, restart=args.restart,
+                         as_topic=args.as_topic, dead_letter=args.dead_letter, batch_size=args.batch_size,
+                         recount=not args.no_recount)
+
+
 def run(args: argparse.Namespace) -> int:
     check(args)
-    settings = settings_or_exit(data_dir=args.data_dir)
-    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=resolve_bootstrap(settings, args.bootstrap))
-    if args.data_dir is not None:
-        env["COUNTER_DATA_DIR"] = str(args.data_dir)
-    # The persist path lives in `agents`, which the CLI never imports: the replay is its own process image.
-    os.execve(sys.executable, [sys.executable, "-m", "agents.replay", *argv_of(build_parser(), args)], env)
-    return 0  # pragma: no cover
-
-
-def argv_of(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    """The command line that makes `parser` parse back to `args` (options first, then `--` positionals)."""
-    options: list[str] = []
-    positionals: list[str] = []
-    for action in parser._actions:
-        if isinstance(action, argparse._HelpAction) or not hasattr(args, action.dest):
-            continue
-        value = getattr(args, action.dest)
-        if not action.option_strings:
-            if value is None:
-                continue
-            positionals += [str(v) for v in value] if isinstance(value, list) else [str(value)]
-            continue
-        flag = action.option_strings[-1]
-        if isinstance(action, argparse._StoreTrueAction):
-            options += [flag] if value else []
-        elif isinstance(action, argparse._AppendAction):  # flag=value: values may start with '-'
-            options += [f"{flag}={v}" for v in value or []]
-        elif value is not None and value != action.default:
-            options.append(f"{flag}={value}")
-    return options + (["--", *positionals] if positionals else [])
-
-
-# -- positions -----------------------------------------------------------------------------------------
-
-_OFFSETS = re.compile(r"^\s*\d+\s*:\s*\d+\s*(,\s*\d+\s*:\s*\d+\s*)*$")
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    """`earliest`, a time (epoch µs) or explicit offsets per partition."""
-
-    kind: str  # "earliest" | "time" | "offsets"
-    time_us: int | None = None
-    offsets: dict[int, int] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        if self.kind == "offsets":
-            return ",".join(f"{p}:{o}" for p, o in sorted(self.offsets.items()))
-        if self.kind == "time":
-            return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime((self.time_us or 0) / MICROS)) + "Z"
-        return self.kind
-
-
-def parse_position(text: str, *, allow_earliest: bool = True) -> Position:
-    """`earliest` | `P:O[,P:O...]` | an ISO-8601 time (or epoch s/ms/µs)."""
-    value = text.strip()
-    if value.lower() == "earliest":
-        if not allow_earliest:
-            raise ValueError("'earliest' is a start, not an end; give a time or P:O,...")
-        return Position("earliest")
-    if _OFFSETS.match(value):
-        offsets: dict[int, int] = {}
-        for part in value.split(","):
-            p, o = (int(x) for x in part.split(":"))
-            if p in offsets:
-                raise ValueError(f"partition {p} given twice in {text!r}")
-            offsets[p] = o
-        return Position("offsets", offsets=offsets)
+    bootstrap = resolve_bootstrap(settings_or_exit(data_dir=args.data_dir), args.bootstrap)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    progress = RichProgress(console)
     try:
-        return Position("time", time_us=parse_generation_time(value, field="position"))
-    except ValidationError as exc:
-        raise ValueError(f"expected 'earliest', an ISO-8601 time or P:O[,P:O...], got {text!r} ({exc})") from None
+        settings = job_settings(bootstrap, args.data_dir)
+        # SIGINT: finish the batch in hand, save, return (twice: abandon the batch; a rerun resumes either way)
+        with Interrupt() as stop, progress:
+            result = asyncio.run(run_replay(options(args), settings, progress=progress, stop=stop))
+    except ReplayError as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        return 2
+    except (SettingsError, ConfigError, TopicError, KafkaException) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    return report(result, progress.summary(), as_json=args.json)
 
 
-# -- reading a partition to its end ----------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Part:
-    high: int  # high watermark reported when reading started
-    stop_offset: int | None  # exclusive, from --to P:O
-    position: int  # next offset to read
-    last_seen: float  # monotonic time of the last record (or of the start)
-    done: bool = False
-
-
-class PartitionEnds:
-    """Decides when each partition has been read to the end it had when reading started.
-
-    Why not just "position >= high watermark": the local broker (Tansu) reports the base offset of the
-    partition's last record batch + 1 as the high watermark, not the true end, so records of that last batch
-    lie beyond it. A fetch returns whole batches, so they arrive right after the record at high - 1. Hence a
-    partition is finished only when its position has reached the reported high watermark AND one of:
-    * a bounded poll (`quiet_s`) brought nothing more for it (the end of a quiet topic), or
-    * a record stamped after reading started (+ `margin_us` for clock skew) shows up: it was appended later
-      (a live topic never goes quiet: workers append heartbeats to counter-mutations every 250 ms, and
-      producers keep writing). Records stamped earlier but appended later are read too, which is harmless.
-    With Apache Kafka the high watermark is exact and the same rule holds (the extra poll costs `quiet_s`).
-    `--to` ends are enforced too: the first record at or after `stop_offset`, or stamped after `stop_after_us`.
-    """
-
-    def __init__(self, *, snapshot_us: int, margin_us: int = MICROS, quiet_s: float = 1.0,
-                 stop_after_us: int | None = None) -> None:
-        self.snapshot_us = snapshot_us
-        self.margin_us = margin_us
-        self.quiet_s = quiet_s
-        self.stop_after_us = stop_after_us
-        self.parts: dict[int, _Part] = {}
-
-    def add(self, partition: int, *, start: int, high: int, stop_offset: int | None = None) -> None:
-        part = _Part(high, stop_offset, start, time.monotonic())
-        part.done = stop_offset is not None and start >= stop_offset
-        self.parts[partition] = part
-
-    def accept(self, partition: int, offset: int, timestamp_us: int) -> bool:
-        """Whether this record belongs to the read; a record that does not ends its partition."""
-        part = self.parts.get(partition)
-        if part is None or part.done:
-            return False
-        part.last_seen = time.monotonic()
-        if part.stop_offset is not None and offset >= part.stop_offset:
-            part.done = True
-            return False
-        if self.stop_after_us is not None and timestamp_us > self.stop_after_us:
-            part.done = True
-            return False
-        if offset >= part.high and timestamp_us > self.snapshot_us + self.margin_us:
-            part.done = True
-            return False
-        part.position = offset + 1
-        return True
-
-    def idle(self, positions: dict[int, int] | None = None) -> list[int]:
-        """Mark partitions finished that reached their high watermark and stayed quiet; returns them.
-
-        `positions` (the consumer's fetch positions) cover offsets consumed without a record to show for
-        them (transaction markers, compacted gaps)."""
-        now = time.monotonic()
-        finished = []
-        for p, part in self.parts.items():
-            if part.done:
-                continue
-            if positions and positions.get(p, -1) > part.position:
-                part.position = positions[p]
-            reached_stop = part.stop_offset is not None and part.position >= part.stop_offset
-            quiet_at_end = part.position >= part.high and now - part.last_seen >= self.quiet_s
-            if reached_stop or quiet_at_end:
-                part.done = True
-                finished.append(p)
-        return finished
-
-    def done(self, partition: int) -> bool:
-        part = self.parts.get(partition)
-        return part is None or part.done
-
-    @property
-    def all_done(self) -> bool:
-        return all(part.done for part in self.parts.values())
-
-    def remaining(self) -> int:
-        """Records still to read up to the reported high watermarks (an estimate: see the class doc)."""
-        return sum(max(0, part.high - part.position) for part in self.parts.values() if not part.done)
+def report(r: ReplayResult, speed: str, *, as_json: bool) -> int:
+    """The summary on stderr (and with --json one object on stdout); returns the exit status."""
+    t, c = r.totals, console
+    c.print(f"replay {r.name!r} of {r.topic}: {speed}", highlight=False)
+    c.print(f"  records {t['records']:,} (heartbeats {t['heartbeats']:,}, before --from {t['before_from']:,}); "
+            f"events {t['events']:,}: {t['new']:,} new ({t['restored']:,} in rolled-up windows), the rest "
+            f"already stored", highlight=False)
+    if t["rejected"]:
+        kinds = ", ".join(f"{n:,} {k}" for k, n in r.rejected.most_common())
+        sent = "sent to the DLQ again" if r.dead_lettered else "not re-dead-lettered (--dead-letter)"
+        c.print(f"  rejected {t['rejected']:,} mutation(s) as the first time ({kinds}); {sent}", highlight=False)
+    c.print(f"  {r.touched:,} counter(s) signalled for rollup; recounted {t['recounted']:,} "
+            f"(drift fixed on {t['drift_fixed']:,})", highlight=False)
+    if r.recount_pending and r.finished:
+        names = ", ".join(f"{ns}:{counter}" for ns, counter in r.recount_pending[:10])
+        how = "--no-recount was given" if r.recount_skipped else "the watermark did not pass their rollup"
+        c.print(f"[yellow]  {len(r.recount_pending):,} counter(s) still need a recount ({how}): {names}; run "
+                "`counter recount` for them, or this replay again[/]", highlight=False)
+    if as_json:
+        sys.stdout.write(json.dumps(r.as_json()) + "\n")
+        sys.stdout.flush()
+    if not r.finished:
+        at = ", ".join(f"{p}:{o}" for p, o in sorted(r.positions.items()))
+        c.print(f"interrupted at {at or '-'}; run the same command again to resume", highlight=False)
+        return 130
+    return 1 if r.recount_pending and not r.recount_skipped else 0

@@ -142,6 +142,6 @@ def test_produce_bad_file_sends_nothing(kafka_bootstrap, topic_name, tmp_path):
 
 
 def test_every_verb_has_help():
-    for verb in ("up", "produce", "worker"):
+    for verb in ("up", "produce", "worker", "replay", "recount", "audit", "dlq"):
         result = subprocess.run([*COUNTER, verb, "--help"], capture_output=True, text=True, timeout=60)
         assert result.returncode == 0 and "usage: counter " + verb in result.stdout

@@ -12,15 +12,15 @@ from rich.console import Console
 
 from agents.persist import PreparedBatch
 from agents.persist_path import persist_batch
-from agents.recount import Recounter, recount_counter
-from agents.replay import _Writer
 from control_plane import parse_namespaces
 from control_plane.admission import rollup_boundary
 from counter_cli import recount_cmd, replay_cmd
-from counter_cli.audit_cmd import RunningTotal, _last_row
-from counter_cli.dlq_cmd import DeadRecord
+from counter_cli.main import build_parser
 from counter_cli.progress import ProgressBar
-from counter_cli.replay_cmd import PartitionEnds, parse_position
+from jobs.audit import RunningTotal, last_row
+from jobs.dlq import DeadRecord
+from jobs.recount import Recounter, RecountOptions, recount_counter
+from jobs.replay import ReplayOptions, _Writer
 from schemas import MAX_EVENT_TIME, MICROS, Mutation, encode_batch, encode_mutation
 from schemas.dead_letter import DeadLetter, parse_headers
 from sinks import InProcessRollupCache, Partitioning, SqliteEventStore, SqliteRollupStore, apply_aggregate
@@ -81,62 +81,17 @@ def test_counters_pages_distinct_sorted_names_across_slices(stores):
     assert run(events.counters("zz")) == ["other"]
 
 
-# -- positions and partition ends -------------------------------------------------------------------
+# -- arguments to job options ----------------------------------------------------------------------
 
 
-def test_positions():
-    assert parse_position("earliest").kind == "earliest"
-    assert parse_position("0:12, 3:7").offsets == {0: 12, 3: 7}
-    p = parse_position("2024-10-05T14:48:00Z")
-    assert p.kind == "time" and p.time_us == 1728139680 * MICROS and str(p) == "2024-10-05T14:48:00Z"
-    with pytest.raises(ValueError):
-        parse_position("earliest", allow_earliest=False)
-    with pytest.raises(ValueError):
-        parse_position("yesterday")
-    with pytest.raises(ValueError):
-        parse_position("1:2,1:3")
-
-
-def test_partition_end_reads_past_a_high_watermark_that_stops_at_the_last_batch_base():
-    """Tansu reports base offset of the last batch + 1: the rest of that batch must still be read."""
-    ends = PartitionEnds(snapshot_us=T, margin_us=MICROS, quiet_s=3600)
-    ends.add(0, start=0, high=51)  # true end: 60
-    for offset in range(60):
-        assert ends.accept(0, offset, T - MICROS)
-    assert not ends.done(0) and ends.idle() == []  # at/after the reported end, but not quiet yet
-    # A record stamped after the read started (a heartbeat, a new mutation) ends the partition, unread.
-    assert not ends.accept(0, 60, T + 2 * MICROS)
-    assert ends.done(0) and ends.all_done
-    assert not ends.accept(0, 61, T - MICROS)  # and nothing after it is taken
-
-
-def test_partition_end_by_quiet_poll_and_by_to_limits():
-    ends = PartitionEnds(snapshot_us=T, quiet_s=0.0, stop_after_us=T - 10)
-    ends.add(0, start=0, high=5)
-    ends.add(1, start=0, high=3, stop_offset=2)
-    ends.add(2, start=4, high=4)  # empty range: done once quiet
-    ends.add(3, start=0, high=2)
-    assert ends.remaining() == 5 + 3 + 0 + 2
-    assert ends.accept(0, 0, T - 20)
-    assert not ends.accept(0, 1, T - 5)  # stamped after --to
-    assert ends.done(0)
-    assert ends.accept(1, 0, T - 20) and ends.accept(1, 1, T - 20)
-    assert not ends.accept(1, 2, T - 20)  # --to 1:2 is exclusive
-    assert ends.accept(3, 0, T - 20)
-    assert set(ends.idle()) == {2}  # partition 3 is below its high watermark: keep polling
-    assert set(ends.idle({3: 2})) == {3}  # the consumer's position moved past a gap (e.g. a txn marker)
-    assert ends.all_done
-
-
-def test_cli_argv_round_trips_through_the_exec():
-    parser = replay_cmd.build_parser()
-    args = parser.parse_args(["--from", "earliest", "--namespace", "ns", "--counter", "a", "--counter=-b",
-                              "--restart", "--batch-size", "10"])
-    assert vars(parser.parse_args(replay_cmd.argv_of(parser, args))) == vars(args)
-    parser = recount_cmd.build_parser()
-    args = parser.parse_args(["--dry-run", "--format", "jsonl", "--", "ns", "-odd", "x"])
-    again = parser.parse_args(replay_cmd.argv_of(parser, args))
-    assert vars(again) == vars(args) and again.counters == ["-odd", "x"]
+def test_cli_arguments_become_the_jobs_options():
+    args = build_parser().parse_args(["replay", "--from", "earliest", "--namespace", "ns", "--counter", "a",
+                                      "--counter=-b", "--restart", "--batch-size", "10", "--no-recount"])
+    assert replay_cmd.options(args) == ReplayOptions(start="earliest", namespace="ns", counters=("a", "-b"),
+                                                     restart=True, batch_size=10, recount=False)
+    args = build_parser().parse_args(["recount", "--dry-run", "--format", "jsonl", "--wait", "2", "--", "ns",
+                                      "-odd", "x"])
+    assert recount_cmd.options(args) == RecountOptions("ns", counters=("-odd", "x"), dry_run=True, wait_s=2.0)
 
 
 # -- recount ----------------------------------------------------------------------------------------
@@ -318,12 +273,12 @@ def test_running_total_agrees_with_the_store_aggregate(stores):
 def test_resume_point_of_an_interrupted_export(tmp_path):
     path = tmp_path / "a.jsonl"
     path.write_text(json.dumps({"event_time_us": 5, "running_total": 3}) + "\n" + '{"event_ti')
-    assert _last_row(path, "jsonl") == {"event_time_us": 5, "running_total": 3}
+    assert last_row(path, "jsonl") == {"event_time_us": 5, "running_total": 3}
     assert path.read_text().endswith("}\n")  # the torn line is cut off
     csv_path = tmp_path / "a.csv"
     csv_path.write_text("event_time,event_time_us,op,token,item_key,delta,counted,running_total\n"
                         "x,7,add,t,,2,true,9\n")
-    assert _last_row(csv_path, "csv") == {"event_time_us": 7, "running_total": 9}
+    assert last_row(csv_path, "csv") == {"event_time_us": 7, "running_total": 9}
 
 
 # -- dlq and progress -------------------------------------------------------------------------------

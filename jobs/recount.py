@@ -1,7 +1,7 @@
 """Recount: recompute counters from the event store, compare with their stored rollups, and fix them.
 
-`python -m agents.recount` is what `counter recount` execs (arguments: counter_cli.recount_cmd); `counter
-replay` uses the same `Recounter` for counters whose restored events lie inside already rolled-up windows.
+`counter recount` runs `RecountJob`; `jobs.replay` uses the same `Recounter` for counters whose restored
+events lie inside already rolled-up windows.
 
 Per counter, with B = rollup_boundary(now, persist watermark) (DESIGN invariant 3, never past the watermark):
 * value_at(t) = the count of every event with event_time <= t, from zero (or from the --since base);
@@ -9,39 +9,29 @@ Per counter, with B = rollup_boundary(now, persist watermark) (DESIGN invariant 
   still in flight or not rolled up yet never count as drift; a missing rollup row is drift of the whole value;
 * unless dry-run: write (value_at(B), B), forward-only (invariant 4), then verify: a rollup worker racing
   us may have moved the counter further from the drifted value; then it is recounted again at a later B.
+
+`RecountJob` walks a namespace's counters (or a given list) in name order and saves, at least once a second,
+the last counter done, the tallies and the counters to retry in <data dir>/recount/<namespace>-<digest>.json:
+stopped, it returns; run again with the same options, it resumes after that counter.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
 import hashlib
 import json
-import logging
-import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from agents.rollup import global_watermark
-from control_plane import ConfigError, CounterType, Namespace, NamespaceRegistry, load_namespaces
-from control_plane import default_config_path as default_namespaces
+from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import rollup_boundary
+from jobs.progress import NullProgress, Progress, Stop, never
+from jobs.runtime import Runtime
+from jobs.state import fmt_time, read_json, write_json_atomic
 from schemas import MAX_EVENT_TIME, parse_generation_time
-from sinks import (
-    EventStore,
-    RollupCache,
-    RollupStore,
-    apply_aggregate,
-    open_cache,
-    open_namespace_stores,
-)
-from streams.settings import Settings, SettingsError, load_settings
-from streams.topics import TopicError, partition_count
-
-log = logging.getLogger("counter.recount")
+from sinks import EventStore, RollupCache, RollupStore, apply_aggregate
 
 Key = tuple[str, str]
 RETRY = ("behind", "raced")  # actions worth another attempt once the watermark has moved
@@ -203,88 +193,55 @@ class Recounter:
         return list(results.values())
 
 
-# -- process wiring (shared with agents.replay) -------------------------------------------------------
+def recounter_of(runtime: Runtime, *, since_us: int | None = None, dry_run: bool = False) -> Recounter:
+    """A `Recounter` over the runtime's stores and cache, bounded by its persist watermark."""
+    return Recounter(runtime.registry, runtime.events, runtime.rollups, runtime.cache, runtime.watermark,
+                     since_us=since_us, dry_run=dry_run)
 
 
-@dataclass
-class Runtime:
-    settings: Settings
-    registry: NamespaceRegistry
-    events: EventStore
-    rollups: RollupStore
-    cache: RollupCache | None
+# -- the job behind `counter recount` ---------------------------------------------------------------
+
+
+class RecountError(RuntimeError):
+    """The recount cannot start (unknown or BEST_EFFORT namespace)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecountOptions:
+    namespace: str
+    counters: tuple[str, ...] = ()  # these counters, or
+    all: bool = False  # every counter of the namespace that has stored events
+    since: str | None = None  # ISO time (or epoch): events at or before it are not read (see recount_counter)
+    dry_run: bool = False
+    wait_s: float = 10.0  # how long to wait for the watermark to pass a stored rollup
+    restart: bool = False  # ignore the saved progress of an interrupted run
+
+    def state_path(self, data_dir: Path) -> Path:
+        what = json.dumps([self.namespace, sorted(set(self.counters)), self.all, self.since, self.dry_run])
+        digest = hashlib.sha1(what.encode()).hexdigest()[:12]
+        return data_dir / "recount" / f"{self.namespace}-{digest}.json"
+
+
+@dataclass(slots=True)
+class RecountSummary:
+    namespace: str
+    total: int  # counters to recount (including those done by an interrupted run)
+    tallies: dict[str, int]  # counters, per status, per "action:<action>", abs_drift (over resumed runs too)
+    interrupted: bool
+    after: str | None  # the last counter done
     cache_note: str
-    mutation_partitions: int
 
-    async def watermark(self) -> int:
-        marks = await self.rollups.watermarks(self.settings.mutations_topic)
-        return global_watermark(marks, self.mutation_partitions)
+    def count(self, key: str) -> int:
+        return self.tallies.get(key, 0)
 
-    def recounter(self, *, since_us: int | None = None, dry_run: bool = False) -> Recounter:
-        return Recounter(self.registry, self.events, self.rollups, self.cache, self.watermark,
-                         since_us=since_us, dry_run=dry_run)
+    @property
+    def drifted(self) -> int:
+        return self.count("drift") + self.count("missing")
 
-    async def close(self) -> None:
-        await self.events.close()
-        await self.rollups.close()
-        if self.cache is not None:
-            await self.cache.close()
-
-
-def shared_cache(settings: Settings) -> tuple[RollupCache | None, str]:
-    """The cache the readers share, or None with a note when there is none reachable from here."""
-    spec = settings.cache
-    if spec == "auto":
-        with contextlib.suppress(OSError, ValueError):
-            memcached = json.loads(settings.endpoints_path.read_text()).get("memcached")
-            if memcached:
-                spec = f"memcached://{memcached}"
-    if spec.startswith("memcached://"):
-        return open_cache(spec), f"cache {spec} refreshed"
-    return None, ("no shared cache (COUNTER_CACHE=memory or no memcached of `counter up` found): in-process "
-                  "caches of running API servers keep their values until the namespace TTL")
-
-
-def open_runtime(settings: Settings) -> Runtime:
-    """Namespaces, stores, the shared cache and the mutations partition count (for the watermark)."""
-    if not settings.kafka_bootstrap:
-        raise SettingsError("COUNTER_KAFKA_BOOTSTRAP: needed for the persist watermark (counter up sets it)")
-    registry = load_namespaces(settings.namespaces or default_namespaces())
-    partitions = partition_count(settings.kafka_bootstrap, settings.mutations_topic)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups, _buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
-    cache, note = shared_cache(settings)
-    return Runtime(settings, registry, events, rollups, cache, note, partitions)
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
-
-
-def read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def fmt_time(us: int | None) -> str:
-    if us is None or us <= 0:
-        return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // 1_000_000)) + f".{us % 1_000_000:06d}Z"
-
-
-# -- `counter recount` ------------------------------------------------------------------------------
-
-
-def _state_path(settings: Settings, args: argparse.Namespace) -> Path:
-    what = json.dumps([args.namespace, sorted(set(args.counters)), args.all, args.since, args.dry_run])
-    digest = hashlib.sha1(what.encode()).hexdigest()[:12]
-    return settings.data_dir / "recount" / f"{args.namespace}-{digest}.json"
+    @property
+    def not_written(self) -> int:
+        """Counters that could not be written yet (behind the watermark, or raced): run again."""
+        return sum(self.count(f"action:{a}") for a in RETRY)
 
 
 async def _count_counters(events: EventStore, namespace: str, after: str | None) -> int:
@@ -297,7 +254,7 @@ async def _count_counters(events: EventStore, namespace: str, after: str | None)
         after = page[-1]
 
 
-async def _names(events: EventStore, namespace: str, after: str | None):
+async def _names(events: EventStore, namespace: str, after: str | None) -> AsyncIterator[str]:
     while True:
         page = await events.counters(namespace, after=after, limit=1000)
         for name in page:
@@ -307,66 +264,57 @@ async def _names(events: EventStore, namespace: str, after: str | None):
         after = page[-1]
 
 
-async def _explicit(names: list[str], after: str | None):
+async def _explicit(names: list[str], after: str | None) -> AsyncIterator[str]:
     for name in names:
         if after is None or name > after:
             yield name
 
 
-class _Report:
-    """Per-counter output (table rows on stderr or JSONL on stdout) and the tallies for the summary."""
+class RecountJob:
+    """Recount a namespace's counters; `report` gets each counter's final result as soon as it is known."""
 
-    def __init__(self, fmt: str, verbose: bool, console, tallies: dict[str, int]) -> None:
-        self.fmt = fmt
-        self.verbose = verbose
-        self.console = console
-        self.tallies = tallies
+    def __init__(self, options: RecountOptions, runtime: Runtime, *,
+                 report: Callable[[CounterRecount], None] = lambda r: None,
+                 progress: Progress | None = None, stop: Stop = never) -> None:
+        self.options = options
+        self.runtime = runtime
+        self.report = report
+        self.progress = progress or NullProgress()
+        self.stop = stop
+        self.state_path = options.state_path(runtime.settings.data_dir)
+        self.tallies: dict[str, int] = {}
 
-    def add(self, r: CounterRecount, *, final: bool = True) -> None:
-        if not final:
-            return
+    def _final(self, r: CounterRecount) -> None:
         t = self.tallies
         t["counters"] = t.get("counters", 0) + 1
         t[r.status] = t.get(r.status, 0) + 1
         t[f"action:{r.action}"] = t.get(f"action:{r.action}", 0) + 1
         t["abs_drift"] = t.get("abs_drift", 0) + abs(r.drift)
-        if self.fmt == "jsonl":
-            sys.stdout.write(json.dumps(r.as_json()) + "\n")
-            sys.stdout.flush()
-        elif self.verbose or r.status != "ok" or r.action in RETRY:
-            stored = "-" if r.stored is None else f"{r.stored:,}"
-            recomputed = "-" if r.recomputed is None else f"{r.recomputed:,}"
-            self.console.print(f"  {r.counter:30} stored {stored:>12}  recomputed {recomputed:>12}  "
-                               f"drift {r.drift:>+10,}  {r.status:8} {r.action}", highlight=False)
+        self.report(r)
 
+    def _save(self, after: str | None, recounter: Recounter) -> None:
+        write_json_atomic(self.state_path, {"after": after, "tallies": self.tallies,
+                                            "retry": [list(k) for k in recounter.pending]})
 
-async def _recount_main(args: argparse.Namespace, settings: Settings) -> int:
-    from counter_cli.common import console
-    from counter_cli.progress import Interrupt, ProgressBar
-
-    runtime = open_runtime(settings)
-    try:
-        ns = runtime.registry.get(args.namespace)
+    async def run(self) -> RecountSummary:
+        opts, runtime, progress, stop = self.options, self.runtime, self.progress, self.stop
+        ns = runtime.registry.get(opts.namespace)
         if ns is None:
-            console.print(f"[bold red]error:[/] unknown namespace {args.namespace!r} "
-                          f"(known: {', '.join(runtime.registry.names())})", highlight=False)
-            return 2
+            raise RecountError(f"unknown namespace {opts.namespace!r} (known: {', '.join(runtime.registry.names())})")
         if ns.counter_type is CounterType.BEST_EFFORT:
-            console.print(f"[bold red]error:[/] namespace {args.namespace!r} is BEST_EFFORT: its counts live "
-                          "in the cache only, there are no events to recount", highlight=False)
-            return 2
-        since_us = parse_generation_time(args.since, field="--since") if args.since else None
-        state_path = _state_path(settings, args)
-        state = {} if args.restart else read_json(state_path)
+            raise RecountError(f"namespace {opts.namespace!r} is BEST_EFFORT: its counts live in the cache only, "
+                               "there are no events to recount")
+        since_us = parse_generation_time(opts.since, field="--since") if opts.since else None
+        state = {} if opts.restart else read_json(self.state_path)
         after = state.get("after")
-        tallies: dict[str, int] = dict(state.get("tallies", {}))
+        self.tallies = dict(state.get("tallies", {}))
         retry_keys = [tuple(k) for k in state.get("retry", [])]
         if after is not None:
-            console.print(f"resuming an interrupted recount after counter {after!r} "
-                          f"(--restart to start over)", highlight=False)
-        recounter = runtime.recounter(since_us=since_us, dry_run=args.dry_run)
-        names = sorted(set(args.counters))
-        if args.all:
+            progress.log(f"resuming an interrupted recount after counter {after!r} (--restart to start over)")
+        recounter = recounter_of(runtime, since_us=since_us, dry_run=opts.dry_run)
+        names = sorted(set(opts.counters))
+        source: AsyncIterator[str]
+        if opts.all:
             total = await _count_counters(runtime.events, ns.name, None)
             done = total - await _count_counters(runtime.events, ns.name, after) if after else 0
             source = _names(runtime.events, ns.name, after)
@@ -374,83 +322,41 @@ async def _recount_main(args: argparse.Namespace, settings: Settings) -> int:
             total = len(names)
             done = sum(1 for n in names if after is not None and n <= after)
             source = _explicit(names, after)
-        report = _Report(args.format, args.verbose, console, tallies)
         mark = await runtime.watermark()
         boundary = rollup_boundary(time.time_ns() // 1000, mark, ns)
-        what = "checking" if args.dry_run else "recounting"
-        console.print(f"{what} {total:,} counter(s) of {ns.name} up to {fmt_time(boundary)} "
-                      f"(persist watermark {fmt_time(mark)})", highlight=False)
+        what = "checking" if opts.dry_run else "recounting"
+        progress.log(f"{what} {total:,} counter(s) of {ns.name} up to {fmt_time(boundary)} "
+                     f"(persist watermark {fmt_time(mark)})")
         for key in retry_keys:  # behind/raced counters of the interrupted run: try them again first
             result = await recounter.once(*key)
-            report.add(result, final=result.action not in RETRY)
+            if result.action not in RETRY:
+                self._final(result)
         interrupted = False
-        with Interrupt() as stop, ProgressBar(what, total=total, unit="counters", completed=done) as bar:
+        progress.start(what, total=total, unit="counters", completed=done)
+        try:
             last_save = time.monotonic()
             async for name in source:
                 result = await recounter.once(ns.name, name)
-                report.add(result, final=result.action not in RETRY)
+                if result.action not in RETRY:
+                    self._final(result)
                 after = name
-                bar.advance(1, note=f"drift {tallies.get('drift', 0) + tallies.get('missing', 0):,}")
+                progress.advance(1, note=f"drift {self.tallies.get('drift', 0) + self.tallies.get('missing', 0):,}")
                 if stop() or time.monotonic() - last_save > 1.0:
-                    write_json_atomic(state_path, {"after": after, "tallies": tallies,
-                                                   "retry": [list(k) for k in recounter.pending]})
+                    self._save(after, recounter)
                     last_save = time.monotonic()
                 if stop():
                     interrupted = True
                     break
             if not interrupted and recounter.pending:
-                bar.update(note=f"waiting for the watermark ({len(recounter.pending)} counter(s))")
-                for r in await recounter.retry(args.wait, stop):
-                    report.add(r, final=not (stop() and r.action in RETRY))  # else: retried on resume
+                progress.update(note=f"waiting for the watermark ({len(recounter.pending)} counter(s))")
+                for r in await recounter.retry(opts.wait_s, stop):
+                    if not (stop() and r.action in RETRY):  # else: retried on resume
+                        self._final(r)
                 interrupted = stop()
+        finally:
+            progress.finish()
         if interrupted:
-            write_json_atomic(state_path, {"after": after, "tallies": tallies,
-                                           "retry": [list(k) for k in recounter.pending]})
-            console.print(f"interrupted after counter {after!r} ({bar.summary()}); run the same command "
-                          "again to resume", highlight=False)
-            return 130
-        state_path.unlink(missing_ok=True)
-        _summary(console, tallies, args.dry_run, runtime.cache_note, bar.summary())
-        return 1 if any(tallies.get(f"action:{a}", 0) for a in RETRY) else 0
-    finally:
-        await runtime.close()
-
-
-def _summary(console, t: dict[str, int], dry_run: bool, cache_note: str, speed: str) -> None:
-    drifted = t.get("drift", 0) + t.get("missing", 0)
-    console.print(f"recounted {speed}: {t.get('ok', 0):,} ok, "
-                  f"{t.get('drift', 0):,} drifted, {t.get('missing', 0):,} missing a rollup row, "
-                  f"{t.get('no-base', 0):,} without a stored rollup at --since; total |drift| "
-                  f"{t.get('abs_drift', 0):,}", highlight=False)
-    if dry_run:
-        console.print("dry run: nothing written" + (f"; run without --dry-run to fix {drifted:,} counter(s)"
-                                                    if drifted else ""), highlight=False)
-        return
-    console.print(f"written {t.get('action:written', 0):,}, unchanged {t.get('action:unchanged', 0):,}; "
-                  f"{cache_note}", highlight=False)
-    behind = t.get("action:behind", 0) + t.get("action:raced", 0)
-    if behind:
-        console.print(f"[yellow]{behind:,} counter(s) could not be written yet[/]: the persist watermark has "
-                      "not passed their stored rollup (is a worker running?) or a rollup raced; run again",
-                      highlight=False)
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from counter_cli.recount_cmd import build_parser, check
-
-    args = build_parser().parse_args(argv)
-    check(args)
-    try:
-        settings = load_settings()
-        return asyncio.run(_recount_main(args, settings))
-    except (SettingsError, ConfigError, TopicError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            self._save(after, recounter)
+        else:
+            self.state_path.unlink(missing_ok=True)
+        return RecountSummary(ns.name, total, self.tallies, interrupted, after, runtime.cache_note)

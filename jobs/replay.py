@@ -1,56 +1,55 @@
 """Replay: re-read a mutations topic with its own consumer group and feed it through the persist path.
 
-`python -m agents.replay` is what `counter replay` execs (arguments, position syntax and the end-of-partition
-rule: counter_cli.replay_cmd). Per batch of records, like the worker: prepare (decode, admission), then
-`persist_batch` (idempotent event write, last_write_ts, rollup signals); then the batch's offsets are committed
-to the replay's consumer group, so a rerun resumes after the last persisted batch.
+`counter replay` runs `run_replay` (position syntax and the end-of-partition rule: `streams.positions`). Per
+batch of records, like the worker: prepare (decode, admission), then `persist_batch` (idempotent event write,
+last_write_ts, rollup signals); then the batch's offsets are committed to the replay's consumer group, so a
+rerun resumes after the last persisted batch.
 
 Restored events inside rolled-up windows. Rollups aggregate (rollup_ts, B] and never look back (windows are
 immutable), so an event that was missing from the store and is written again by the replay with an
 event_time a rollup may already have passed is invisible to rollups. The replay writes such "late" events
 (event_time at or before the latest boundary any rollup can have used: now + margin - skew - accept_limit)
 per counter, learns from the store which counters got new ones, and recounts exactly those at the end
-(agents.recount, the logic of `counter recount`). The set is saved in the state file before the offsets
-are committed, so an interrupted replay still recounts them when it is run again.
+(`jobs.recount`, the logic of `counter recount`). The set is saved in the state file
+(<data dir>/replay/<name>.json) before the offsets are committed, so an interrupted replay still recounts
+them when it is run again.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import fcntl
-import json
-import logging
-import re
-import sys
 import time
 from collections import Counter as Tally
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from agents.metrics import dlq_kind
 from agents.persist import PreparedBatch, RawRecord, prepare
 from agents.persist_path import persist_batch
-from agents.recount import (
-    CounterRecount,
-    Runtime,
-    fmt_time,
-    open_runtime,
-    read_json,
-    write_json_atomic,
-)
 from agents.watermark import is_heartbeat
-from control_plane import ConfigError
 from control_plane.admission import rollup_boundary
+from jobs.progress import NullProgress, Progress, Stop, never
+from jobs.recount import CounterRecount, recounter_of
+from jobs.runtime import Runtime, open_runtime
+from jobs.state import Busy, exclusive, fmt_time, read_json, safe_name, write_json_atomic
 from schemas import MAX_EVENT_TIME, MICROS, encode_signal
 from schemas.dead_letter import DeadLetter
 from sinks import EventRow
-from streams.settings import Settings, SettingsError, load_settings
-from streams.topics import TopicError, partition_count, signal_partition
-
-log = logging.getLogger("counter.replay")
+from streams.positions import (
+    PartitionEnds,
+    Position,
+    PositionError,
+    fetch_positions,
+    parse_position,
+    resolve_start,
+    watermarks,
+)
+from streams.settings import Settings
+from streams.topics import partition_count, signal_partition
 
 Key = tuple[str, str]
 LATE_MARGIN_US = 30 * MICROS  # longer than any batch write: see _Writer
@@ -59,6 +58,59 @@ STATE_VERSION = 1
 
 class ReplayError(RuntimeError):
     """The replay cannot start (bad topic, positions, options that do not match saved progress)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """What to replay. Positions in `streams.positions.parse_position` syntax."""
+
+    start: str | None = None  # required unless resuming a replay of the same name
+    end: str | None = None  # default: each partition's end when the replay starts
+    topic: str | None = None  # default: the mutations topic
+    namespace: str | None = None  # only this namespace's mutations
+    counters: tuple[str, ...] = ()  # only these counters (of `namespace`)
+    name: str | None = None  # consumer group keeping the progress (default replay-<topic>)
+    restart: bool = False  # ignore saved progress
+    as_topic: str | None = None  # topic name in the identity of token-less JSON records (default: topic)
+    dead_letter: bool = False  # send rejected records to the DLQ again
+    batch_size: int = 2000
+    recount: bool = True  # recount counters whose restored events lie in rolled-up windows
+
+    def topic_of(self, settings: Settings) -> str:
+        return self.topic or settings.mutations_topic
+
+    def name_of(self, settings: Settings) -> str:
+        return self.name or f"replay-{self.topic_of(settings)}"
+
+    def spec(self, topic: str) -> dict[str, object]:
+        """Options a resumed replay must share with the run that started it."""
+        return {"topic": topic, "to": self.end, "namespace": self.namespace, "counters": sorted(self.counters),
+                "as_topic": self.as_topic or topic, "dead_letter": self.dead_letter}
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    name: str
+    topic: str
+    finished: bool
+    positions: dict[int, int]  # next offset per partition
+    totals: Tally[str]  # records, heartbeats, before_from, events, new, restored, rejected, filtered_out, ...
+    rejected: Tally[str]  # rejections by kind (agents.metrics.dlq_kind)
+    touched: int  # counters signalled for rollup
+    recount_pending: list[Key]  # counters still to recount
+    recount_skipped: bool  # options.recount was False
+    dead_lettered: bool  # rejections were sent to the DLQ again
+
+    def as_json(self) -> dict[str, object]:
+        t = self.totals
+        return {
+            "name": self.name, "topic": self.topic, "finished": self.finished, "positions": self.positions,
+            "records": t["records"], "heartbeats": t["heartbeats"], "before_from": t["before_from"],
+            "events": t["events"], "new_events": t["new"], "restored_late_events": t["restored"],
+            "rejected": t["rejected"], "rejected_by_kind": dict(self.rejected), "filtered_out": t["filtered_out"],
+            "counters_touched": self.touched, "recounted": t["recounted"], "drift_fixed": t["drift_fixed"],
+            "recount_pending": [list(k) for k in self.recount_pending],
+        }
 
 
 class _Writer:
@@ -153,39 +205,34 @@ class _Kafka:
         await asyncio.to_thread(self._flush)
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:120]
-
-
-def _spec(args: argparse.Namespace, topic: str) -> dict[str, object]:
-    """Options a resumed replay must share with the run that started it."""
-    return {"topic": topic, "to": args.end, "namespace": args.namespace, "counters": sorted(args.counter),
-            "as_topic": args.as_topic or topic, "dead_letter": args.dead_letter}
-
-
 class Replay:
-    def __init__(self, args: argparse.Namespace, settings: Settings, runtime: Runtime, console) -> None:
-        from counter_cli.replay_cmd import parse_position
-
-        self.args = args
+    def __init__(self, options: ReplayOptions, settings: Settings, runtime: Runtime, *,
+                 progress: Progress | None = None, stop: Stop = never) -> None:
+        self.options = options
         self.settings = settings
         self.runtime = runtime
-        self.console = console
+        self.progress = progress or NullProgress()
+        self.stop = stop
         self.bootstrap = settings.kafka_bootstrap or ""
-        self.topic = args.topic or settings.mutations_topic
-        self.name = args.name or f"replay-{self.topic}"
+        self.topic = options.topic_of(settings)
+        self.name = options.name_of(settings)
         self._arrival_floor: dict[int, int] = {}  # partition -> last heartbeat seen (see agents.persist.prepare)
-        self.identity_topic = args.as_topic or self.topic
-        self.state_path = settings.data_dir / "replay" / f"{_safe(self.name)}.json"
-        self.start = parse_position(args.start) if args.start else None
-        self.end = parse_position(args.end, allow_earliest=False) if args.end else None
-        self.counters = set(args.counter)
+        self.identity_topic = options.as_topic or self.topic
+        self.state_path = state_path(settings, self.name)
+        try:
+            self.start: Position | None = parse_position(options.start) if options.start else None
+            self.end = parse_position(options.end, allow_earliest=False) if options.end else None
+        except ValueError as exc:
+            raise ReplayError(str(exc)) from None
+        self.counters = set(options.counters)
         self.state: dict = {}
         self.recount: set[Key] = set()
         self.totals: Tally[str] = Tally()
         self.rejected: Tally[str] = Tally()
         self.touched: set[Key] = set()
         self.positions: dict[int, int] = {}
+        self.read = 0  # records read in this run (progress)
+        self.total = 0  # the progress total (an estimate that only grows)
         self.kafka = _Kafka(settings, self.bootstrap)
         self.writer = _Writer(runtime, self.recount)
 
@@ -203,11 +250,10 @@ class Replay:
             raise ReplayError(f"topic {self.topic!r} is not available ({meta.error if meta else 'missing'})")
         partitions = sorted(meta.partitions)
         tps = [TopicPartition(self.topic, p) for p in partitions]
-        committed = {} if self.args.restart else {
+        committed = {} if self.options.restart else {
             tp.partition: tp.offset for tp in consumer.committed(tps, timeout=10) if tp.offset >= 0}
-        watermarks = {p: consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10)
-                      for p in partitions}
-        spec = _spec(self.args, self.topic)
+        marks = watermarks(consumer, self.topic, partitions)
+        spec = self.options.spec(self.topic)
         resuming = bool(committed) and self.state.get("spec") is not None
         if resuming:
             saved = self.state["spec"]
@@ -215,35 +261,23 @@ class Replay:
                 diff = ", ".join(f"{k}={saved.get(k)!r}" for k in spec if saved.get(k) != spec[k])
                 raise ReplayError(f"replay {self.name!r} was started with {diff}: run it with the same options "
                                   "to resume, or pass --restart (or another --name) to start a new replay")
-            if self.args.start:
-                self.console.print(f"continuing replay {self.name!r} from its saved positions (--from ignored: "
-                                   "--restart replays from --from again)", highlight=False)
-            return committed, {p: watermarks[p][1] for p in committed}, True, self.state.get("from_us")
+            if self.options.start:
+                self.progress.log(f"continuing replay {self.name!r} from its saved positions (--from ignored: "
+                                  "--restart replays from --from again)")
+            return committed, {p: marks[p][1] for p in committed}, True, self.state.get("from_us")
         if self.start is None:
             raise ReplayError(f"no saved progress for replay {self.name!r}: give --from (earliest, a time or P:O,...)")
-        starts: dict[int, int] = {}
-        if self.start.kind == "earliest":
-            starts = {p: watermarks[p][0] for p in partitions}
-        elif self.start.kind == "time":
-            found = consumer.offsets_for_times(
-                [TopicPartition(self.topic, p, (self.start.time_us or 0) // 1000) for p in partitions], timeout=10)
-            starts = {tp.partition: tp.offset if tp.offset >= 0 else watermarks[tp.partition][1] for tp in found}
-        else:
-            unknown = sorted(set(self.start.offsets) - set(partitions))
-            if unknown:
-                raise ReplayError(f"--from names partition(s) {unknown} that {self.topic!r} does not have "
-                                  f"(it has {len(partitions)})")
-            starts = dict(self.start.offsets)
-        starts = {p: max(o, watermarks[p][0]) for p, o in starts.items()}
+        try:
+            starts = resolve_start(consumer, self.topic, self.start, marks)
+        except PositionError as exc:
+            raise ReplayError(str(exc)) from None
         from_us = self.start.time_us if self.start.kind == "time" else None
-        return starts, {p: watermarks[p][1] for p in starts}, False, from_us
+        return starts, {p: marks[p][1] for p in starts}, False, from_us
 
     # -- the run ------------------------------------------------------------------------------------
 
-    async def run(self) -> int:
-        from counter_cli.progress import Interrupt, ProgressBar
-        from counter_cli.replay_cmd import PartitionEnds
-
+    async def run(self) -> ReplayResult:
+        stop, progress = self.stop, self.progress
         self.state = read_json(self.state_path)
         self.recount.update(tuple(k) for k in self.state.get("recount", []))
         consumer = self._consumer()
@@ -251,7 +285,7 @@ class Replay:
             starts, highs, resuming, from_us = self._resolve(consumer)
             if not resuming or self.state.get("finished"):
                 carried = sorted(self.recount)
-                self.state = {"version": STATE_VERSION, "name": self.name, "spec": _spec(self.args, self.topic),
+                self.state = {"version": STATE_VERSION, "name": self.name, "spec": self.options.spec(self.topic),
                               "from": str(self.start) if self.start and not resuming else self.state.get("from"),
                               "from_us": from_us, "started_at": fmt_time(time.time_ns() // 1000),
                               "totals": {}, "recount": [list(k) for k in carried]}
@@ -271,31 +305,32 @@ class Replay:
             what = "resuming" if resuming else "replaying"
             begin = ", ".join(f"{p}:{o}" for p, o in sorted(starts.items())) or "no partition"
             reported = ", ".join(f"{p}:{h}" for p, h in sorted(highs.items())) or "-"
-            self.console.print(f"{what} {self.topic} as {self.name!r} from {begin} (reported ends {reported})",
-                               highlight=False)
-            tps = [TopicPartition(self.topic, p, o) for p, o in starts.items()]
-            consumer.assign(tps)
+            progress.log(f"{what} {self.topic} as {self.name!r} from {begin} (reported ends {reported})")
+            consumer.assign([TopicPartition(self.topic, p, o) for p, o in starts.items()])
             interrupted = False
-            with Interrupt() as stop, ProgressBar("replaying", total=ends.remaining(), unit="records") as bar:
-                try:
-                    while not ends.all_done and not stop():
-                        await self._step(consumer, ends, from_us, bar)
-                        finished = ends.idle(self._fetch_positions(consumer, ends))
-                        if finished:
-                            consumer.pause([TopicPartition(self.topic, p) for p in finished])
-                    interrupted = stop()
-                    if not interrupted and self.recount:
-                        bar.update(note=f"recounting {len(self.recount):,} counter(s)")
-                        interrupted = await self._recount(stop)
-                except KeyboardInterrupt:  # second Ctrl-C: the batch in hand is abandoned (re-reading it is harmless)
-                    interrupted = True
-            return self._finish(interrupted, bar)
+            self.total = ends.remaining()
+            progress.start("replaying", total=self.total, unit="records")
+            try:
+                while not ends.all_done and not stop():
+                    await self._step(consumer, ends, from_us)
+                    finished = ends.idle(fetch_positions(consumer, self.topic, ends))
+                    if finished:
+                        consumer.pause([TopicPartition(self.topic, p) for p in finished])
+                interrupted = stop()
+                if not interrupted and self.recount:
+                    progress.update(note=f"recounting {len(self.recount):,} counter(s)")
+                    interrupted = await self._recount()
+            except KeyboardInterrupt:  # a hard stop (second Ctrl-C): the batch in hand is abandoned (re-reading
+                interrupted = True     # it is harmless)
+            finally:
+                progress.finish()
+            return self._finish(interrupted)
         finally:
             with contextlib.suppress(Exception):
                 consumer.close()
 
-    async def _step(self, consumer: Consumer, ends, from_us: int | None, bar) -> None:
-        messages = await asyncio.to_thread(consumer.consume, self.args.batch_size, 0.5)
+    async def _step(self, consumer: Consumer, ends: PartitionEnds, from_us: int | None) -> None:
+        messages = await asyncio.to_thread(consumer.consume, self.options.batch_size, 0.5)
         records: list[RawRecord] = []
         offsets: dict[int, int] = {}
         read = 0
@@ -327,17 +362,13 @@ class Replay:
             self._save()  # the recount set must be durable before the offsets that would skip its cause
             consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
                             asynchronous=False)
-            bar.update(total=max(bar.total or 0, bar.completed + read + ends.remaining()))
-            bar.advance(read, note=f"{self.writer.new:,} new events, {len(self.touched):,} counters")
-
-    def _fetch_positions(self, consumer: Consumer, ends) -> dict[int, int]:
-        live = [TopicPartition(self.topic, p) for p in ends.parts if not ends.done(p)]
-        if not live:
-            return {}
-        return {tp.partition: tp.offset for tp in consumer.position(live) if tp.offset >= 0}
+            self.total = max(self.total, self.read + read + ends.remaining())
+            self.read += read
+            self.progress.update(total=self.total)
+            self.progress.advance(read, note=f"{self.writer.new:,} new events, {len(self.touched):,} counters")
 
     def _filter(self, batch: PreparedBatch) -> PreparedBatch:
-        ns, counters = self.args.namespace, self.counters
+        ns, counters = self.options.namespace, self.counters
         if ns is None:
             return batch
         keep = (lambda r: r[0] == ns and r[1] in counters) if counters else (lambda r: r[0] == ns)
@@ -348,24 +379,25 @@ class Replay:
 
     async def _persist(self, records: list[RawRecord]) -> None:
         batch = self._filter(prepare(records, self.runtime.registry, self._arrival_floor,
-                                          identity_topic=self.identity_topic))
+                                     identity_topic=self.identity_topic))
         for d in batch.dead:
             self.rejected[dlq_kind(d.reason)] += 1
         self.totals["rejected"] += len(batch.dead)
         self.totals["events"] += len(batch.rows)
         before_new, before_restored = self.writer.new, self.writer.restored
         await persist_batch(batch, events=self.runtime.events, rollups=self.runtime.rollups,
-                            dead_letters=self.kafka.dead_letters if self.args.dead_letter else None,
+                            dead_letters=self.kafka.dead_letters if self.options.dead_letter else None,
                             signals=self.kafka.signals, write=self.writer)
         self.totals["new"] += self.writer.new - before_new
         self.totals["restored"] += self.writer.restored - before_restored
         self.touched.update(batch.last_write)
 
-    async def _recount(self, stop) -> bool:
+    async def _recount(self) -> bool:
         """Recount the counters with restored late events; returns whether it was interrupted."""
-        if self.args.no_recount:
+        if not self.options.recount:
             return False
-        recounter = self.runtime.recounter()
+        stop = self.stop
+        recounter = recounter_of(self.runtime)
         results: list[CounterRecount] = []
         for key in sorted(self.recount):
             if stop():
@@ -387,10 +419,10 @@ class Replay:
         self.totals["drift_fixed"] += sum(1 for r in results if r.action == "written" and r.status != "ok")
         drifted = [r for r in results if r.status != "ok"]
         for r in drifted[:10]:
-            self.console.print(f"  recounted {r.namespace}:{r.counter}: stored {r.stored} -> {r.count} "
-                               f"(drift {r.drift:+,}, {r.action})", highlight=False)
+            self.progress.log(f"  recounted {r.namespace}:{r.counter}: stored {r.stored} -> {r.count} "
+                              f"(drift {r.drift:+,}, {r.action})")
         if len(drifted) > 10:
-            self.console.print(f"  ... and {len(drifted) - 10:,} more", highlight=False)
+            self.progress.log(f"  ... and {len(drifted) - 10:,} more")
         return stop()
 
     def _save(self) -> None:
@@ -400,89 +432,36 @@ class Replay:
         self.state["updated_at"] = fmt_time(time.time_ns() // 1000)
         write_json_atomic(self.state_path, self.state)
 
-    def _finish(self, interrupted: bool, bar) -> int:
+    def _finish(self, interrupted: bool) -> ReplayResult:
         if not interrupted:
             self.state["finished"] = fmt_time(time.time_ns() // 1000)
         self._save()
-        t = self.totals
-        at = ", ".join(f"{p}:{o}" for p, o in sorted(self.positions.items()))
-        summary = {
-            "name": self.name, "topic": self.topic, "finished": not interrupted, "positions": self.positions,
-            "records": t["records"], "heartbeats": t["heartbeats"], "before_from": t["before_from"],
-            "events": t["events"], "new_events": t["new"], "restored_late_events": t["restored"],
-            "rejected": t["rejected"], "rejected_by_kind": dict(self.rejected), "filtered_out": t["filtered_out"],
-            "counters_touched": len(self.touched), "recounted": t["recounted"], "drift_fixed": t["drift_fixed"],
-            "recount_pending": [list(k) for k in sorted(self.recount)],
-        }
-        c = self.console
-        c.print(f"replay {self.name!r} of {self.topic}: {bar.summary()}", highlight=False)
-        c.print(f"  records {t['records']:,} (heartbeats {t['heartbeats']:,}, before --from {t['before_from']:,}); "
-                f"events {t['events']:,}: {t['new']:,} new ({t['restored']:,} in rolled-up windows), the rest "
-                f"already stored", highlight=False)
-        if t["rejected"]:
-            kinds = ", ".join(f"{n:,} {k}" for k, n in self.rejected.most_common())
-            sent = "sent to the DLQ again" if self.args.dead_letter else "not re-dead-lettered (--dead-letter)"
-            c.print(f"  rejected {t['rejected']:,} mutation(s) as the first time ({kinds}); {sent}", highlight=False)
-        c.print(f"  {len(self.touched):,} counter(s) signalled for rollup; recounted {t['recounted']:,} "
-                f"(drift fixed on {t['drift_fixed']:,})", highlight=False)
-        if self.recount and not interrupted:
-            names = ", ".join(f"{ns}:{c_}" for ns, c_ in sorted(self.recount)[:10])
-            how = "--no-recount was given" if self.args.no_recount else "the watermark did not pass their rollup"
-            c.print(f"[yellow]  {len(self.recount):,} counter(s) still need a recount ({how}): {names}; run "
-                    "`counter recount` for them, or this replay again[/]", highlight=False)
-        if self.args.json:
-            sys.stdout.write(json.dumps(summary) + "\n")
-            sys.stdout.flush()
-        if interrupted:
-            c.print(f"interrupted at {at or '-'}; run the same command again to resume", highlight=False)
-            return 130
-        return 1 if self.recount and not self.args.no_recount else 0
+        return ReplayResult(self.name, self.topic, not interrupted, dict(self.positions), self.totals,
+                            self.rejected, len(self.touched), sorted(self.recount),
+                            recount_skipped=not self.options.recount, dead_lettered=self.options.dead_letter)
 
 
-async def _main(args: argparse.Namespace, settings: Settings) -> int:
-    from counter_cli.common import console
+def state_path(settings: Settings, name: str) -> Path:
+    return settings.data_dir / "replay" / f"{safe_name(name)}.json"
 
-    name = args.name or f"replay-{args.topic or settings.mutations_topic}"
+
+async def run_replay(options: ReplayOptions, settings: Settings, *, progress: Progress | None = None,
+                     stop: Stop = never) -> ReplayResult:
+    """Check the name, hold the replay's lock, open the runtime, replay, close.
+
+    ReplayError when it cannot start; SettingsError, ConfigError, TopicError or KafkaException when the broker,
+    the store or the configuration fails."""
+    name = options.name_of(settings)
     if name == settings.worker_id:
-        console.print(f"[bold red]error:[/] --name {name!r} is the workers' consumer group (COUNTER_WORKER_ID): "
-                      "a replay committing offsets there would make the workers skip records", highlight=False)
-        return 2
-    lock_path = settings.data_dir / "replay" / f"{_safe(name)}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            console.print(f"[bold red]error:[/] another replay with this --name is running (lock {lock_path})",
-                          highlight=False)
-            return 2
-        runtime = open_runtime(settings)
-        try:
-            return await Replay(args, settings, runtime, console).run()
-        except ReplayError as exc:
-            console.print(f"[bold red]error:[/] {exc}", highlight=False)
-            return 2
-        finally:
-            await runtime.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from counter_cli.replay_cmd import build_parser, check
-
-    args = build_parser().parse_args(argv)
-    check(args)
+        raise ReplayError(f"--name {name!r} is the workers' consumer group (COUNTER_WORKER_ID): a replay "
+                          "committing offsets there would make the workers skip records")
+    lock_path = settings.data_dir / "replay" / f"{safe_name(name)}.lock"
     try:
-        settings = load_settings()
-        return asyncio.run(_main(args, settings))
-    except (SettingsError, ConfigError, TopicError, KafkaException) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted; run the same command again to resume", file=sys.stderr)
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-
+        with exclusive(lock_path):
+            runtime = open_runtime(settings)
+            try:
+                return await Replay(options, settings, runtime, progress=progress, stop=stop).run()
+            finally:
+                await runtime.close()
+    except Busy:
+        raise ReplayError(f"another replay with this --name is running (lock {lock_path})") from None

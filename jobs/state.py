@@ -1,0 +1,59 @@
+"""State files of the jobs (how an interrupted job resumes) and the lock that keeps two runs apart.
+
+A state file is JSON written atomically (a temporary file renamed over the old one), so an interruption at any
+moment leaves either the previous state or the new one, never half of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+
+class Busy(RuntimeError):
+    """Another run holds the lock."""
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict:
+    """The state saved at `path`, or {} when there is none (or it cannot be read)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def fmt_time(us: int | None) -> str:
+    """Epoch µs as ISO-8601 UTC with microseconds; '-' for none."""
+    if us is None or us <= 0:
+        return "-"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // 1_000_000)) + f".{us % 1_000_000:06d}Z"
+
+
+def safe_name(name: str) -> str:
+    """A user-given name as a file name."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:120]
+
+
+@contextlib.contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an advisory lock on `path` (created if missing) for the block; Busy when another process has it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(str(path)) from None
+        yield
