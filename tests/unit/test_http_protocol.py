@@ -1,0 +1,1067 @@
+"""CounterHttpProtocol on a fake transport: the fast path, the hand-off to the ASGI app, pipelining, keep-alive.
+
+`query_api.http_protocol` subclasses uvicorn's private `HttpToolsProtocol` and leans on its internals (listed in
+UVICORN_METHODS and UVICORN_ATTRIBUTES). These tests drive the protocol as uvicorn's server does (uvicorn's own
+`Config` and `ServerState`, `connection_made`, `data_received`, `connection_lost`) on a real event loop (asyncio, and
+uvloop, which `python -m query_api` runs), with a transport that records what is written, a stand-in for
+CounterService whose futures the test settles, and a tiny ASGI app that records what it was handed. A uvicorn upgrade
+that renames or changes one of those internals fails here, not in production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Coroutine
+from http import HTTPStatus
+from typing import Any
+
+import httptools
+import orjson
+import pytest
+from uvicorn.config import Config
+from uvicorn.protocols.http import httptools_impl
+from uvicorn.protocols.http.flow_control import FlowControl
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from control_plane import parse_namespaces
+from producers import DeliveryError
+from query_api import http_protocol, metrics
+from query_api.http_protocol import MAX_FAST_BODY, CounterHttpProtocol, FastCycle
+from query_api.responses import error_response
+from query_api.service import BrokerUnavailable, Count, NamespaceNotFound, NotCountedYet, Rejected, Written
+from schemas import MutationOp, ValidationError
+
+try:
+    import uvloop  # what `python -m query_api` runs on (uvicorn[standard], not on Windows)
+except ImportError:  # pragma: no cover
+    uvloop = None
+
+REGISTRY = parse_namespaces({"namespaces": {
+    "ev": {"counter_type": "EVENTUAL"},
+    "acc": {"counter_type": "ACCURATE"},
+    "be": {"counter_type": "BEST_EFFORT", "ttl": "1h"},
+    "secured": {"counter_type": "ACCURATE", "api_keys": [{"key": "reader-key", "scopes": ["read"]},
+                                                          {"key": "writer-key", "scopes": ["write"]}]},
+}})
+EV, ACC = REGISTRY["ev"], REGISTRY["acc"]
+DEFAULT_HEADERS = [(b"date", b"Thu, 01 Jan 2026 00:00:00 GMT"), (b"server", b"uvicorn")]
+WAIT_S = 5.0  # deadline for a condition that should hold within a few loop iterations
+
+# -- uvicorn's private surface ----------------------------------------------------------------------------------
+
+# Every member of uvicorn's HttpToolsProtocol that query_api/http_protocol.py overrides, calls or reads.
+UVICORN_METHODS = {
+    # overridden, and called by uvicorn itself or by httptools
+    "on_message_begin": "parser callback; ours skips the ASGI scope, _begin_app_request calls uvicorn's",
+    "on_headers_complete": "parser callback; ours decides fast path vs uvicorn's RequestResponseCycle",
+    "on_body": "parser callback; called via super() for app requests",
+    "on_message_complete": "parser callback; called via super() for app requests",
+    "on_response_complete": "RequestResponseCycle's on_response: starts the next pipelined request, arms keep-alive",
+    "_unset_keepalive_if_required": "called by data_received/connection_lost: ours marks the connection busy",
+    "connection_lost": "extended to cancel the keep-alive timer",
+    # used, not overridden
+    "on_url": "parser callback filling self.url",
+    "on_header": "parser callback filling self.headers and self.expect_100_continue",
+    "data_received": "must call _unset_keepalive_if_required before feeding the parser",
+    "_start_asgi_task": "called with (cycle, app) popped from self.pipeline",
+    "timeout_keep_alive_handler": "closes an idle connection",
+    "shutdown": "reads self.cycle.response_complete and clears self.cycle.keep_alive (FastCycle has both)",
+}
+UVICORN_ATTRIBUTES = {  # set by HttpToolsProtocol.__init__ / connection_made
+    "loop", "parser", "app_state", "limit_concurrency", "server_state", "tasks", "transport", "flow", "pipeline",
+    "timeout_keep_alive", "timeout_keep_alive_task", "cycle", "scope", "headers", "expect_100_continue",
+}
+# and: httptools_impl.STATUS_LINE, ServerState.default_headers/total_requests/tasks, FlowControl.read_paused and
+# resume_reading, httptools' HttpRequestParser.get_method/get_http_version/should_keep_alive.
+RECHECK = ("re-check query_api/http_protocol.py against the installed uvicorn (httptools_impl.py): it subclasses "
+           "uvicorn's private HttpToolsProtocol")
+
+
+def test_uvicorn_private_members_still_exist() -> None:
+    missing = [name for name in UVICORN_METHODS if not callable(getattr(HttpToolsProtocol, name, None))]
+
+    async def connected() -> HttpToolsProtocol:
+        protocol = HttpToolsProtocol(config=Config(app=RecordingApp(), log_config=None), server_state=ServerState(),
+                                     app_state={})
+        protocol.connection_made(FakeTransport())  # type: ignore[arg-type]
+        return protocol
+    protocol = asyncio.run(connected())
+    missing += [name for name in sorted(UVICORN_ATTRIBUTES) if not hasattr(protocol, name)]
+    state, flow = ServerState(), FlowControl(FakeTransport())  # type: ignore[arg-type]
+    missing += [f"ServerState.{name}" for name in ("default_headers", "total_requests", "tasks")
+                if not hasattr(state, name)]
+    missing += [f"FlowControl.{name}" for name in ("read_paused", "resume_reading") if not hasattr(flow, name)]
+    missing += [f"HttpRequestParser.{name}" for name in ("get_method", "get_http_version", "should_keep_alive")
+                if not hasattr(httptools.HttpRequestParser, name)]
+    if not isinstance(getattr(httptools_impl, "STATUS_LINE", None), dict):
+        missing.append("httptools_impl.STATUS_LINE")
+    assert not missing, f"uvicorn no longer has {missing}: {RECHECK}"
+
+    params = list(inspect.signature(HttpToolsProtocol._start_asgi_task).parameters)
+    assert params == ["self", "cycle", "app"], f"_start_asgi_task{tuple(params)}: {RECHECK}"
+    assert "_unset_keepalive_if_required" in inspect.getsource(HttpToolsProtocol.data_received), (
+        f"data_received no longer calls _unset_keepalive_if_required (our keep-alive timer relies on it): {RECHECK}")
+
+
+def test_fast_cycle_has_every_cycle_attribute_uvicorn_reads() -> None:
+    """While a fast request is in flight `self.cycle` is a FastCycle, not uvicorn's RequestResponseCycle: every
+    `self.cycle.<attribute>` uvicorn's protocol touches must exist on it."""
+    read = set(re.findall(r"self\.cycle\.(\w+)", inspect.getsource(HttpToolsProtocol)))
+    assert read, f"uvicorn's protocol no longer reads self.cycle: {RECHECK}"
+    lacking = read - set(FastCycle.__slots__) - {"body", "more_body"}  # on_body/on_message_complete: app requests only
+    assert not lacking, f"uvicorn reads self.cycle.{sorted(lacking)}, which FastCycle lacks: {RECHECK}"
+
+
+# -- fakes --------------------------------------------------------------------------------------------------------
+
+
+class FakeTransport:
+    """Records writes, close, pause/resume; a write after close is recorded apart (the tests expect none)."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.writes_after_close: list[bytes] = []
+        self.closed = False
+        self.read_paused = False
+        self.protocol: Any = None  # set when uvicorn hands the connection to another protocol (websocket upgrade)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8080), "peername": ("127.0.0.1", 50000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        (self.writes_after_close.append(bytes(data)) if self.closed else self.data.extend(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def pause_reading(self) -> None:
+        self.read_paused = True
+
+    def resume_reading(self) -> None:
+        self.read_paused = False
+
+    def set_protocol(self, protocol: Any) -> None:
+        self.protocol = protocol
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        pass  # some uvicorn versions set them in connection_made
+
+    def take(self) -> bytes:
+        out = bytes(self.data)
+        self.data.clear()
+        return out
+
+
+class FakeService:
+    """What fastpath.fast_call uses of CounterService. Every call is recorded at once and returns (or awaits) a
+    future the test settles: `get` and `count_after` are coroutines (as in CounterService, so the protocol wraps
+    them in a task), `add_best_effort` and write_durable's acknowledgement are plain futures."""
+
+    def __init__(self) -> None:
+        self.registry = REGISTRY
+        self.calls: list[tuple[Any, ...]] = []
+        self.futures: list[asyncio.Future[Any]] = []
+        self.write_raises: BaseException | None = None
+
+    def _future(self) -> asyncio.Future[Any]:
+        future = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+    @staticmethod
+    async def _wait(future: asyncio.Future[Any]) -> Any:
+        return await future
+
+    def get(self, ns: Any, counter: str) -> Coroutine[Any, Any, Count]:
+        self.calls.append(("get", ns.name, counter))
+        return self._wait(self._future())
+
+    def add_best_effort(self, ns: Any, counter: str, delta: int) -> Awaitable[int]:
+        self.calls.append(("add_best_effort", ns.name, counter, delta))
+        return self._future()
+
+    def write_durable(self, ns: Any, counter: str, delta: int, op: MutationOp, token: str | None,
+                      generation_time: Any, item_key: str = "") -> tuple[Written, asyncio.Future[None]]:
+        self.calls.append(("write_durable", ns.name, counter, delta, op, token, generation_time))
+        if self.write_raises is not None:
+            raise self.write_raises
+        return Written(ns, counter, token or "generated-id", 1_700_000_000_000_000), self._future()
+
+    def count_after(self, written: Written, acknowledged: asyncio.Future[None]) -> Coroutine[Any, Any, Count]:
+        self.calls.append(("count_after", written.ns.name, written.counter))
+        later = self._future()
+
+        async def run() -> Count:
+            await acknowledged
+            return await later
+        return run()
+
+    def settle(self, result: Any = None, *, exception: BaseException | None = None, index: int = -1) -> None:
+        future = self.futures[index]
+        future.set_exception(exception) if exception is not None else future.set_result(result)
+
+
+class RecordingApp:
+    """An ASGI app that reads the whole body (not for /healthz: such a route never calls receive()), records the
+    request and answers `app <METHOD> <path> <body length>` (once `release` is set, when the test gives one)."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.release: asyncio.Event | None = None  # when set by the test: answer only once it is set
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        assert scope["type"] == "http"
+        body, more = b"", scope["path"] != "/healthz"
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            body += message["body"]
+            more = message.get("more_body", False)
+        self.requests.append({"method": scope["method"], "path": scope["path"], "headers": scope["headers"],
+                              "http_version": scope["http_version"], "body": body})
+        if self.release is not None:
+            await self.release.wait()
+        text = b"app %s %s %d" % (scope["method"].encode(), scope["path"].encode(), len(body))
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(text))]})
+        await send({"type": "http.response.body", "body": text})
+
+
+class JsonApp:
+    """Answers every request with a fixed status and JSON body, as a FastAPI JSONResponse would."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status, self.body = status, body
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable, send: Callable) -> None:
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": self.status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(self.body))]})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+class Connection:
+    """One CounterHttpProtocol as uvicorn's server builds it (inside the running loop), on a FakeTransport."""
+
+    def __init__(self, service: FakeService | None, app: Any = None, **config: Any) -> None:
+        self.service = service
+        self.app = app if app is not None else RecordingApp()
+        self.config = Config(app=self.app, http=CounterHttpProtocol, log_config=None, **config)
+        self.config.load()
+        self.server_state = ServerState()
+        self.server_state.default_headers = list(DEFAULT_HEADERS)
+        self.protocol = CounterHttpProtocol(config=self.config, server_state=self.server_state,
+                                            app_state={} if service is None else {"service": service})
+        self.transport = FakeTransport()
+        self.protocol.connection_made(self.transport)  # type: ignore[arg-type]
+
+    def send(self, data: bytes) -> None:
+        self.protocol.data_received(data)
+
+    def lose(self, exc: Exception | None = None) -> None:
+        """The peer went away: as a real transport does, the transport is closing when connection_lost runs."""
+        self.transport.closed = True
+        self.protocol.connection_lost(exc)
+
+
+def post(path: str, body: Any, *headers: str, version: str = "1.1") -> bytes:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    head = [f"POST {path} HTTP/{version}", "host: test", "content-type: application/json",
+            f"content-length: {len(raw)}", *headers]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + raw
+
+
+def get(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nhost: test\r\n\r\n".encode()
+
+
+def status_line(status: int) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, HTTPStatus(status).phrase.encode())
+
+
+def fast_response(status: int, body: bytes, *, keep_alive: bool = True) -> bytes:
+    """What the fast path must write: uvicorn's default headers, then content type and length."""
+    return (status_line(status) + b"date: Thu, 01 Jan 2026 00:00:00 GMT\r\nserver: uvicorn\r\n"
+            + b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+            + (b"" if keep_alive else b"connection: close\r\n") + b"\r\n" + body)
+
+
+def app_response(method: str, path: str, body_length: int, *, keep_alive: bool = True) -> bytes:
+    text = b"app %s %s %d" % (method.encode(), path.encode(), body_length)
+    return (status_line(200) + b"date: Thu, 01 Jan 2026 00:00:00 GMT\r\nserver: uvicorn\r\n"
+            + b"content-type: text/plain\r\ncontent-length: %d\r\n" % len(text)
+            + (b"" if keep_alive else b"connection: close\r\n") + b"\r\n" + text)
+
+
+def count_body(ns: str, counter: str, count: int, counter_type: str) -> bytes:
+    return (b'{"namespace":"%s","counter_name":"%s","count":%d,"counter_type":"%s","as_of":null}'
+            % (ns.encode(), counter.encode(), count, counter_type.encode()))
+
+
+def add_body(ns: str, counter: str, counter_type: str, durable: bool, token: str | None) -> bytes:
+    return orjson.dumps({"namespace": ns, "counter_name": counter, "counter_type": counter_type,
+                         "durable": durable, "idempotency_token": token})
+
+
+LOOP_ERRORS: list[dict[str, Any]] = []  # what the loop's exception handler saw (callbacks and tasks that raised)
+
+
+def _no_loop_errors(what: str) -> None:
+    if LOOP_ERRORS:
+        context = LOOP_ERRORS[0]
+        raise AssertionError(f"while waiting for {what}, the event loop reported: {context.get('message')}: "
+                             f"{context.get('exception')!r}") from context.get("exception")
+
+
+async def until(condition: Callable[[], Any], what: str) -> None:
+    """Run the loop until `condition()` holds; fail after WAIT_S, or at once if a callback or task raised."""
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    spins = 0
+    while not condition():
+        _no_loop_errors(what)
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
+        spins += 1
+        await asyncio.sleep(0 if spins < 100 else 0.001)
+    _no_loop_errors(what)
+
+
+async def spin(iterations: int = 20) -> None:
+    """Let every ready callback and task run a few times over (a response that should not come yet would)."""
+    for _ in range(iterations):
+        await asyncio.sleep(0)
+    _no_loop_errors("the loop to settle")
+
+
+# -- fixtures ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["asyncio"] + (["uvloop"] if uvloop is not None else []))
+def run(request: pytest.FixtureRequest) -> Callable[[Callable[[], Coroutine[Any, Any, None]]], None]:
+    """run(scenario): the scenario on a fresh loop of that kind; fails if the loop saw an unhandled exception."""
+    factory = asyncio.new_event_loop if request.param == "asyncio" else uvloop.new_event_loop
+
+    def runner(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        LOOP_ERRORS.clear()
+        with asyncio.Runner(loop_factory=factory) as r:
+            r.get_loop().set_exception_handler(lambda _loop, context: LOOP_ERRORS.append(context))
+            r.run(scenario())
+        assert not LOOP_ERRORS, f"unhandled exceptions on the loop: {LOOP_ERRORS}"
+    return runner
+
+
+@pytest.fixture(autouse=True)
+def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float]]:
+    """metrics.record's calls (endpoint, status, seconds), instead of the process-wide tallies."""
+    calls: list[tuple[str, int, float]] = []
+    monkeypatch.setattr(metrics, "record", lambda endpoint, status, seconds: calls.append((endpoint, status, seconds)))
+    return calls
+
+
+# -- the fast path ------------------------------------------------------------------------------------------------
+
+
+def test_get_count_is_answered_once_the_service_settles(run, recorded) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        assert service.calls == [("get", "ev", "c")]
+        assert len(c.server_state.tasks) == 1, "uvicorn's shutdown waits on server_state.tasks"
+        await spin()
+        assert c.transport.data == b"", "answered before the service settled"
+        assert recorded == []
+        service.settle(Count(EV, "c", 7, None))
+        await until(lambda: c.transport.data, "the response")
+        assert c.transport.take() == (
+            b"HTTP/1.1 200 OK\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\nserver: uvicorn\r\n"
+            b"content-type: application/json\r\ncontent-length: 86\r\n\r\n"
+            b'{"namespace":"ev","counter_name":"c","count":7,"counter_type":"EVENTUAL","as_of":null}')
+        assert c.app.requests == []
+        assert not c.transport.closed
+        assert c.server_state.tasks == set()
+        assert c.server_state.total_requests == 1
+        assert [(endpoint, status) for endpoint, status, _ in recorded] == [("/v1/GetCount", 200)]
+        assert recorded[0][2] >= 0
+    run(scenario)
+
+
+def test_best_effort_add_is_answered_from_the_future(run, recorded) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/AddCount", {"namespace": "be", "counter_name": "c", "delta": -3}))
+        assert service.calls == [("add_best_effort", "be", "c", -3)]
+        await spin()
+        assert c.transport.data == b""
+        service.settle(41)
+        await until(lambda: c.transport.data, "the response")
+        assert c.transport.take() == fast_response(200, add_body("be", "c", "BEST_EFFORT", False, None))
+        assert c.app.requests == []
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", 200)]
+    run(scenario)
+
+
+@pytest.mark.parametrize("ns", ["ev", "acc"])
+@pytest.mark.parametrize("token", [None, {"token": "t-1"}, {"token": "t-2", "generation_time": "2026-01-01T00:00:00Z"}])
+def test_durable_add_is_answered_once_acknowledged(run, recorded, ns, token) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        body = {"namespace": ns, "counter_name": "c", "delta": 2}
+        if token is not None:
+            body["idempotency_token"] = token
+        c.send(post("/v1/AddCount", body))
+        t = token or {}
+        assert service.calls == [("write_durable", ns, "c", 2, MutationOp.ADD, t.get("token"),
+                                  t.get("generation_time"))]
+        await spin()
+        assert c.transport.data == b"", "answered before the broker acknowledged"
+        service.settle(None)
+        await until(lambda: c.transport.data, "the response")
+        counter_type = REGISTRY[ns].counter_type.value
+        assert c.transport.take() == fast_response(200, add_body(ns, "c", counter_type, True,
+                                                                 t.get("token", "generated-id")))
+        assert c.app.requests == []
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", 200)]
+    run(scenario)
+
+
+def test_add_and_get_waits_for_the_acknowledgement_and_the_count(run, recorded) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/AddAndGetCount", {"namespace": "acc", "counter_name": "c", "delta": 5}))
+        assert [call[0] for call in service.calls] == ["write_durable", "count_after"]
+        service.settle(None, index=0)  # acknowledged, not yet counted
+        await spin()
+        assert c.transport.data == b""
+        service.settle(Count(ACC, "c", 12, None), index=1)
+        await until(lambda: c.transport.data, "the response")
+        assert c.transport.take() == fast_response(200, count_body("acc", "c", 12, "ACCURATE"))
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddAndGetCount", 200)]
+        assert c.server_state.tasks == set()
+    run(scenario)
+
+
+@pytest.mark.parametrize(("request_line", "headers", "keep_alive"), [
+    ("1.1", (), True),
+    ("1.1", ("connection: close",), False),
+    ("1.1", ("Connection: Close",), False),
+    ("1.0", (), False),
+    ("1.0", ("connection: keep-alive",), False),  # uvicorn does not keep HTTP/1.0 connections alive either
+])
+def test_connection_close(run, request_line, headers, keep_alive) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}, *headers, version=request_line))
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.transport.data, "the response")
+        assert c.transport.take() == fast_response(200, count_body("ev", "c", 1, "EVENTUAL"), keep_alive=keep_alive)
+        assert c.transport.closed is not keep_alive
+        assert c.transport.writes_after_close == []
+    run(scenario)
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+def test_fast_response_bytes_equal_uvicorns_own(run, keep_alive) -> None:
+    """The same status, JSON body and connection header written by uvicorn's RequestResponseCycle and by the fast
+    path are byte for byte the same response."""
+    body = count_body("ev", "c", 3, "EVENTUAL")
+    headers = () if keep_alive else ("connection: close",)
+
+    async def scenario() -> None:
+        via_app = Connection(None, app=JsonApp(200, body))
+        via_app.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}, *headers))
+        await until(lambda: via_app.transport.data, "the app's response")
+        service = FakeService()
+        fast = Connection(service)
+        fast.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}, *headers))
+        service.settle(Count(EV, "c", 3, None))
+        await until(lambda: fast.transport.data, "the fast response")
+        assert fast.transport.take() == via_app.transport.take()
+        assert fast.transport.closed == via_app.transport.closed == (not keep_alive)
+    run(scenario)
+
+
+def test_response_head_follows_uvicorns_default_headers(run) -> None:
+    """uvicorn replaces server_state.default_headers every second (the date): the fast path uses the current list."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.transport.data, "the first response")
+        assert b"date: Thu, 01 Jan 2026 00:00:00 GMT\r\n" in c.transport.take()
+        c.server_state.default_headers = [(b"date", b"Fri, 02 Jan 2026 00:00:00 GMT"), (b"server", b"uvicorn"),
+                                          (b"x-extra", b"1")]
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.transport.data, "the second response")
+        assert c.transport.take().startswith(b"HTTP/1.1 200 OK\r\ndate: Fri, 02 Jan 2026 00:00:00 GMT\r\n"
+                                             b"server: uvicorn\r\nx-extra: 1\r\ncontent-type: application/json\r\n")
+    run(scenario)
+
+
+# -- errors -------------------------------------------------------------------------------------------------------
+
+SERVICE_FAILURES = [
+    (NamespaceNotFound("unknown namespace 'ev'"), 404),
+    (BrokerUnavailable("broker down"), 503),
+    (DeliveryError("not acknowledged"), 503),
+    (NotCountedYet("not counted within 5s"), 504),
+    (Rejected("idempotency_token.generation_time", "too old"), 422),
+]
+
+
+@pytest.mark.parametrize(("exc", "status"), SERVICE_FAILURES, ids=[type(e).__name__ for e, _ in SERVICE_FAILURES])
+def test_failed_future_maps_to_the_error_response(run, recorded, exc, status) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        service.settle(exception=exc)
+        await until(lambda: c.transport.data, "the error response")
+        mapped_status, detail = error_response(exc)  # the mapping the FastAPI handlers use too
+        assert mapped_status == status
+        assert c.transport.take() == fast_response(status, orjson.dumps(detail))
+        assert not c.transport.closed
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/GetCount", status)]
+    run(scenario)
+
+
+def test_error_body_is_compact_json(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        service.settle(exception=NamespaceNotFound("unknown namespace 'ev'"))
+        await until(lambda: c.transport.data, "the error response")
+        assert c.transport.take() == fast_response(404, b'{"detail":"unknown namespace \'ev\'"}')
+    run(scenario)
+
+
+def test_exception_raised_synchronously_by_the_service_maps_the_same_way(run, recorded) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        exc = Rejected("idempotency_token.generation_time", "outside the accept window")
+        service.write_raises = exc
+        c = Connection(service)
+        c.send(post("/v1/AddCount", {"namespace": "ev", "counter_name": "c", "delta": 1,
+                                     "idempotency_token": {"token": "t", "generation_time": "2024-10-05T14:48:00Z"}}))
+        await until(lambda: c.transport.data, "the error response")
+        status, detail = error_response(exc)
+        assert status == 422
+        assert c.transport.take() == fast_response(422, orjson.dumps(detail))
+        assert c.app.requests == []
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", 422)]
+    run(scenario)
+
+
+@pytest.mark.parametrize("how", ["future", "synchronous", "cancelled"])
+def test_unexpected_exception_gives_500(run, recorded, caplog, how) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        if how == "synchronous":
+            service.write_raises = RuntimeError("boom")
+        c = Connection(service)
+        c.send(post("/v1/AddCount", {"namespace": "ev", "counter_name": "c", "delta": 1}))
+        if how == "future":
+            service.settle(exception=RuntimeError("boom"))
+        elif how == "cancelled":
+            service.futures[-1].cancel()
+        await until(lambda: c.transport.data, "the 500")
+        assert c.transport.take() == fast_response(500, b'{"detail":"Internal Server Error"}')
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", 500)]
+        assert c.server_state.tasks == set()
+    with caplog.at_level("ERROR", logger=http_protocol.log.name):
+        run(scenario)
+    assert "fast path /v1/AddCount failed" in caplog.text
+
+
+# -- hand-off to the ASGI app -------------------------------------------------------------------------------------
+
+TO_APP = {
+    "other path": post("/v1/ClearCount", {"namespace": "ev", "counter_name": "c"}),
+    "query string": post("/v1/GetCount?x=1", {"namespace": "ev", "counter_name": "c"}),
+    "API-key namespace": post("/v1/GetCount", {"namespace": "secured", "counter_name": "c"}, "x-api-key: reader-key"),
+    "API-key namespace, add": post("/v1/AddCount", {"namespace": "secured", "counter_name": "c", "delta": 1},
+                                   "authorization: Bearer writer-key"),
+    "unknown namespace": post("/v1/GetCount", {"namespace": "nope", "counter_name": "c"}),
+    "invalid JSON": post("/v1/GetCount", b'{"namespace": "ev", "counter_name": '),
+    "not an object": post("/v1/GetCount", b'["ev", "c"]'),
+    "empty body": post("/v1/GetCount", b""),
+    "unknown field": post("/v1/GetCount", {"namespace": "ev", "counter_name": "c", "extra": 1}),
+    "unknown field, add": post("/v1/AddCount", {"namespace": "ev", "counter_name": "c", "delta": 1, "x": 2}),
+    "invalid counter name": post("/v1/GetCount", {"namespace": "ev", "counter_name": ""}),
+    "delta not an int": post("/v1/AddCount", {"namespace": "ev", "counter_name": "c", "delta": 1.5}),
+    "delta beyond int64": post("/v1/AddCount", b'{"namespace":"ev","counter_name":"c","delta":9223372036854775808}'),
+    "token not a string": post("/v1/AddCount", {"namespace": "ev", "counter_name": "c", "delta": 1,
+                                                "idempotency_token": {"token": 5}}),
+    "best effort AddAndGetCount": post("/v1/AddAndGetCount", {"namespace": "be", "counter_name": "c", "delta": 1}),
+    "expect 100-continue": post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}, "expect: 100-continue"),
+    "GET": get("/v1/GetCount"),
+    "GET with a JSON body": post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}).replace(b"POST", b"GET"),
+    "PUT": post("/v1/AddCount", {"namespace": "ev", "counter_name": "c", "delta": 1}).replace(b"POST", b"PUT"),
+    "GET healthz": get("/healthz"),
+    "body over MAX_FAST_BODY": post("/v1/GetCount", b'{"namespace":"ev","counter_name":"c"}'
+                                    + b" " * MAX_FAST_BODY),
+}
+
+
+def _request_body(request: bytes) -> bytes:
+    return request.partition(b"\r\n\r\n")[2]
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 7, 4096], ids=lambda n: "whole" if n is None else f"chunks of {n}")
+@pytest.mark.parametrize("case", list(TO_APP))
+def test_goes_to_the_app_with_the_body_intact(run, recorded, case, chunk) -> None:
+    request = TO_APP[case]
+    if chunk == 1 and len(request) > 1000:
+        pytest.skip("byte by byte is for the small requests")
+
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        for i in range(0, len(request), chunk or len(request)):
+            c.send(request[i:i + (chunk or len(request))])
+            await asyncio.sleep(0)
+        await until(lambda: c.transport.data.endswith(b"app %s %s %d" % tuple(_app_key(request))),
+                    "the app's response")
+        method, path, length = _app_key(request)
+        assert service.calls == []
+        assert len(c.app.requests) == 1
+        seen = c.app.requests[0]
+        assert (seen["method"], seen["path"], seen["body"]) == (method.decode(), path.decode(), _request_body(request))
+        sent_headers = [tuple(line.split(b": ", 1)) for line in request.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]]
+        assert seen["headers"] == [(name.lower(), value) for name, value in sent_headers]
+        response = c.transport.take()
+        if b"expect: 100-continue" in request:
+            assert response.startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+            response = response.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
+        assert response == app_response(method.decode(), path.decode(), length)
+        assert recorded == [], "the app's requests are counted by the app's middleware, not by the protocol"
+    run(scenario)
+
+
+def _app_key(request: bytes) -> tuple[bytes, bytes, int]:
+    method, target = request.split(b" ", 2)[:2]
+    return method, target.partition(b"?")[0], len(_request_body(request))
+
+
+def test_service_raising_validation_error_hands_the_request_to_the_app(run) -> None:
+    """write_durable refusing the mutation with a ValidationError (nothing sent): the route names the field."""
+    async def scenario() -> None:
+        service = FakeService()
+        service.write_raises = ValidationError("idempotency_token.generation_time", "not a time")
+        c = Connection(service)
+        request = post("/v1/AddCount", {"namespace": "ev", "counter_name": "c", "delta": 1,
+                                        "idempotency_token": {"token": "t", "generation_time": "yesterday"}})
+        c.send(request)
+        await until(lambda: c.transport.data, "the app's response")
+        assert c.app.requests[0]["body"] == _request_body(request)
+        assert c.transport.take() == app_response("POST", "/v1/AddCount", len(_request_body(request)))
+    run(scenario)
+
+
+@pytest.mark.parametrize(("size", "fast"), [(MAX_FAST_BODY, True), (MAX_FAST_BODY + 1, False)])
+@pytest.mark.parametrize("chunk", [None, 1000])
+def test_max_fast_body_boundary(run, size, fast, chunk) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        body = b'{"namespace":"ev","counter_name":"c"}'
+        body += b" " * (size - len(body))
+        request = post("/v1/GetCount", body)
+        step = chunk or len(request)
+        for i in range(0, len(request), step):
+            c.send(request[i:i + step])
+        if fast:
+            assert service.calls == [("get", "ev", "c")]
+            service.settle(Count(EV, "c", 1, None))
+            await until(lambda: c.transport.data, "the fast response")
+            assert c.app.requests == []
+        else:
+            await until(lambda: c.transport.data, "the app's response")
+            assert service.calls == []
+            assert c.app.requests[0]["body"] == body
+    run(scenario)
+
+
+def test_chunked_request_body_on_the_fast_path(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        pieces = [b'{"namespace": ', b'"ev", "counter_name": ', b'"c"}']
+        c.send(b"POST /v1/GetCount HTTP/1.1\r\nhost: test\r\ntransfer-encoding: chunked\r\n\r\n")
+        for piece in pieces:
+            c.send(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await asyncio.sleep(0)
+        assert service.calls == []
+        c.send(b"0\r\n\r\n")
+        assert service.calls == [("get", "ev", "c")]
+        service.settle(Count(EV, "c", 2, None))
+        await until(lambda: c.transport.data, "the response")
+        assert c.transport.take() == fast_response(200, count_body("ev", "c", 2, "EVENTUAL"))
+    run(scenario)
+
+
+def test_without_a_service_everything_goes_to_the_app(run) -> None:
+    """No lifespan state (e.g. the app's lifespan did not run): the fast path steps aside."""
+    async def scenario() -> None:
+        c = Connection(None)
+        request = post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"})
+        c.send(request)
+        await until(lambda: c.transport.data, "the app's response")
+        assert c.transport.take() == app_response("POST", "/v1/GetCount", len(_request_body(request)))
+    run(scenario)
+
+
+def test_limit_concurrency_disables_the_fast_path(run) -> None:
+    """With --limit-concurrency uvicorn must count every request: the fast path steps aside."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service, limit_concurrency=100)
+        request = post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"})
+        c.send(request)
+        await until(lambda: c.transport.data, "the app's response")
+        assert service.calls == []
+        assert c.transport.take() == app_response("POST", "/v1/GetCount", len(_request_body(request)))
+    run(scenario)
+
+
+@pytest.mark.parametrize("upgrade", ["websocket", "h2c"])
+def test_upgrade_request_is_left_to_uvicorn(run, upgrade) -> None:
+    """A POST asking to upgrade is uvicorn's business: a websocket upgrade is handed to uvicorn's websocket protocol
+    (which needs the ASGI scope the fast path does not build), another one goes to the app as uvicorn does it."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        headers = ["connection: Upgrade", f"upgrade: {upgrade}"]
+        if upgrade == "websocket":
+            headers += ["sec-websocket-version: 13", "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ=="]
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}, *headers))
+        if upgrade == "websocket":
+            assert isinstance(c.transport.protocol, c.config.ws_protocol_class), "not handed to the websocket protocol"
+        else:
+            await until(lambda: c.app.requests, "the app to get the request")
+        await spin()
+        assert service.calls == []
+    run(scenario)
+
+
+# -- pipelining ---------------------------------------------------------------------------------------------------
+
+
+def test_pipelined_request_waits_for_a_pending_fast_request(run, recorded) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        second = post("/v1/GetCount", {"namespace": "acc", "counter_name": "d"})
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}) + second)
+        assert service.calls == [("get", "ev", "c")], "the second request must not start before the first is done"
+        assert c.transport.read_paused, "uvicorn pauses reading while a request is queued"
+        await spin()
+        assert c.app.requests == [] and c.transport.data == b""
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.app.requests and c.transport.data.endswith(b"app POST /v1/GetCount %d"
+                                                                        % len(_request_body(second))),
+                    "both responses")
+        assert c.transport.take() == (fast_response(200, count_body("ev", "c", 1, "EVENTUAL"))
+                                      + app_response("POST", "/v1/GetCount", len(_request_body(second))))
+        assert c.app.requests[0]["body"] == _request_body(second)
+        assert not c.transport.read_paused
+        assert c.server_state.total_requests == 2
+        # idle again: the next request takes the fast path
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        assert service.calls[-1] == ("get", "ev", "c") and len(service.calls) == 2
+        service.settle(Count(EV, "c", 2, None))
+        await until(lambda: c.transport.data, "the third response")
+        assert c.transport.take() == fast_response(200, count_body("ev", "c", 2, "EVENTUAL"))
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/GetCount", 200)] * 2
+    run(scenario)
+
+
+def test_pipelined_requests_behind_a_fast_request_in_order(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/AddCount", {"namespace": "be", "counter_name": "c", "delta": 1})
+               + get("/healthz") + post("/v1/ClearCount", {"namespace": "ev", "counter_name": "c"}))
+        await spin()
+        assert c.app.requests == []
+        service.settle(5)
+        await until(lambda: len(c.app.requests) == 2 and c.transport.data.endswith(b"/v1/ClearCount 37"),
+                    "all three responses")
+        assert [r["path"] for r in c.app.requests] == ["/healthz", "/v1/ClearCount"]
+        assert c.transport.take() == (fast_response(200, add_body("be", "c", "BEST_EFFORT", False, None))
+                                      + app_response("GET", "/healthz", 0)
+                                      + app_response("POST", "/v1/ClearCount", 37))
+        assert c.server_state.total_requests == 3
+    run(scenario)
+
+
+def test_reading_resumes_after_the_queue_drains(run) -> None:
+    """uvicorn pauses reading while a request is queued; our on_response_complete resumes it (an app that never
+    calls receive(), like a health check, does not)."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}) + get("/healthz"))
+        assert c.transport.read_paused
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.app.requests and c.transport.data.endswith(b"app GET /healthz 0"), "both responses")
+        assert not c.transport.read_paused, "reading left paused: the client's next request is never read"
+    run(scenario)
+
+
+def test_fast_request_behind_a_busy_app_request_goes_to_the_app_in_order(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        app = RecordingApp()
+        app.release = asyncio.Event()
+        c = Connection(service, app=app)
+        c.send(get("/healthz"))
+        await until(lambda: app.requests, "the app to receive the first request")
+        fast = post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"})
+        c.send(fast)
+        assert service.calls == [], "a request behind a busy one is not the plain case"
+        await spin()
+        assert c.transport.data == b"" and len(app.requests) == 1
+        app.release.set()
+        await until(lambda: len(app.requests) == 2 and c.transport.data.endswith(b"/v1/GetCount 37"),
+                    "both responses")
+        assert c.transport.take() == (app_response("GET", "/healthz", 0)
+                                      + app_response("POST", "/v1/GetCount", len(_request_body(fast))))
+        assert app.requests[1]["body"] == _request_body(fast)
+    run(scenario)
+
+
+def test_shutdown_while_a_fast_request_is_pending_closes_after_the_response(run) -> None:
+    """uvicorn's graceful shutdown: a busy connection gets its response with `connection: close`, then closes."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        c.protocol.shutdown()
+        assert not c.transport.closed
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.transport.closed, "the connection to close")
+        assert c.transport.take() == fast_response(200, count_body("ev", "c", 1, "EVENTUAL"), keep_alive=False)
+        assert c.transport.writes_after_close == []
+    run(scenario)
+
+
+# -- connection lost ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc", [None, ConnectionResetError("reset by peer")])
+@pytest.mark.parametrize("path", ["/v1/GetCount", "/v1/AddCount"])
+def test_connection_lost_while_a_fast_request_is_pending(run, recorded, exc, path) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        body = {"namespace": "ev", "counter_name": "c"} | ({"delta": 1} if path == "/v1/AddCount" else {})
+        c.send(post(path, body))
+        c.lose(exc)
+        service.settle(None if path == "/v1/AddCount" else Count(EV, "c", 1, None))
+        await spin()
+        assert c.transport.data == b"" and c.transport.writes_after_close == []
+        assert c.protocol.timeout_keep_alive_task is None
+        assert c.server_state.tasks == set()
+        assert [(e, s) for e, s, _ in recorded] == [(path, 200)]
+    run(scenario)
+
+
+def test_connection_lost_unnoticed_by_the_transport_still_writes_nothing(run) -> None:
+    """connection_lost marks the pending FastCycle disconnected (uvicorn sets `self.cycle.disconnected`): nothing is
+    written even if the transport does not report closing."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        c.protocol.connection_lost(ConnectionResetError())
+        service.settle(Count(EV, "c", 1, None))
+        await spin()
+        assert c.transport.data == b""
+    run(scenario)
+
+
+def test_connection_lost_with_a_request_queued_behind_a_fast_one(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}) + get("/healthz"))
+        c.lose(None)
+        service.settle(Count(EV, "c", 1, None))
+        await spin()
+        assert c.transport.data == b"" and c.transport.writes_after_close == []
+        assert c.app.requests == []
+    run(scenario)
+
+
+# -- keep-alive ---------------------------------------------------------------------------------------------------
+
+
+class Clock:
+    """The protocol's loop with a hand-driven clock: time() and call_later are fake, the rest is the real loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.now = 1000.0
+        self.timers: list[FakeTimer] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Callable[..., Any], *args: Any) -> FakeTimer:
+        timer = FakeTimer(self.now + delay, callback, args)
+        self.timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock and run every timer due by then, in order of their deadlines."""
+        target = self.now + seconds
+        while True:
+            due = [t for t in self.timers if not t.cancelled and not t.fired and t.when <= target]
+            if not due:
+                break
+            timer = min(due, key=lambda t: t.when)
+            self.now = timer.when
+            timer.fired = True
+            timer.callback(*timer.args)
+        self.now = target
+
+    @property
+    def armed(self) -> list[FakeTimer]:
+        return [t for t in self.timers if not t.cancelled and not t.fired]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loop, name)
+
+
+class FakeTimer:
+    def __init__(self, when: float, callback: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.when, self.callback, self.args = when, callback, args
+        self.cancelled = self.fired = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def clocked(service: FakeService, timeout: float = 5.0) -> tuple[Connection, Clock]:
+    c = Connection(service, timeout_keep_alive=timeout)
+    clock = Clock(asyncio.get_running_loop())
+    c.protocol.loop = clock  # type: ignore[assignment]
+    return c, clock
+
+
+async def answer(c: Connection, service: FakeService) -> None:
+    c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+    service.settle(Count(EV, "c", 1, None))
+    await until(lambda: c.transport.data, "the response")
+    c.transport.take()
+
+
+def test_keep_alive_timer_is_armed_once_per_idle_period(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c, clock = clocked(service, timeout=5.0)
+        assert clock.timers == []
+        await answer(c, service)
+        assert len(clock.timers) == 1 and clock.timers[0].when == 1005.0
+        for _ in range(16):  # busy for 4 s: still that one timer
+            clock.advance(0.25)
+            await answer(c, service)
+        assert len(clock.timers) == 1, "one keep-alive timer per idle period, not one per request"
+        last_response = clock.now  # 1004.0
+        clock.advance(1.0)  # the first timer fires at 1005: idle for 1 s only, re-armed for the remaining 4 s
+        assert not c.transport.closed
+        assert [t.when for t in clock.armed] == [last_response + 5.0]
+        clock.advance(3.5)
+        assert not c.transport.closed
+        clock.advance(0.5)
+        assert c.transport.closed, "idle for the keep-alive timeout: closed"
+        assert clock.armed == []
+    run(scenario)
+
+
+def test_idle_connection_closes_after_the_timeout_on_a_real_loop(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service, timeout_keep_alive=0.05)
+        loop = asyncio.get_running_loop()
+        await answer(c, service)
+        idle_from = loop.time()
+        await until(lambda: c.transport.closed, "the idle connection to close")
+        assert loop.time() - idle_from >= 0.045
+        assert c.protocol.timeout_keep_alive_task is None
+    run(scenario)
+
+
+def test_busy_connection_is_not_closed(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c, clock = clocked(service, timeout=5.0)
+        await answer(c, service)  # idle from 1000, timer at 1005
+        clock.advance(4.0)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))  # in flight past 1005
+        clock.advance(10.0)
+        assert not c.transport.closed, "closed while a request was in flight"
+        assert clock.armed == []
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.transport.data, "the response")
+        assert [t.when for t in clock.armed] == [clock.now + 5.0], "the response starts a new idle period"
+        clock.advance(5.0)
+        assert c.transport.closed
+    run(scenario)
+
+
+def test_partial_request_counts_as_busy(run) -> None:
+    """uvicorn's data_received calls _unset_keepalive_if_required: a request whose body has not all arrived yet is
+    not an idle connection."""
+    async def scenario() -> None:
+        service = FakeService()
+        c, clock = clocked(service, timeout=5.0)
+        await answer(c, service)
+        clock.advance(4.0)
+        request = post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"})
+        c.send(request[:-5])
+        clock.advance(2.0)
+        assert not c.transport.closed
+        c.send(request[-5:])
+        assert service.calls[-1] == ("get", "ev", "c")
+    run(scenario)
+
+
+def test_keep_alive_after_an_app_response(run) -> None:
+    """uvicorn's RequestResponseCycle calls our on_response_complete: app responses start idle periods too."""
+    async def scenario() -> None:
+        service = FakeService()
+        c, clock = clocked(service, timeout=5.0)
+        c.send(get("/healthz"))
+        await until(lambda: c.transport.data, "the app's response")
+        assert [t.when for t in clock.armed] == [1005.0]
+        clock.advance(5.0)
+        assert c.transport.closed
+    run(scenario)
+
+
+def test_connection_lost_cancels_the_keep_alive_timer(run) -> None:
+    async def scenario() -> None:
+        service = FakeService()
+        c, clock = clocked(service)
+        await answer(c, service)
+        timer = clock.armed[0]
+        c.lose(ConnectionResetError())
+        assert timer.cancelled and c.protocol.timeout_keep_alive_task is None
+    run(scenario)
