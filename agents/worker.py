@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -23,17 +24,19 @@ from agents.rollup import BackPressure, Key, global_watermark, rollup_many
 from agents.watermark import HEARTBEAT_HEADER, WatermarkTracker
 from control_plane import CounterType, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
-from schemas import DecodeError, decode_signals, encode_signals
+from producers.asyncio_producer import AsyncProducer
+from schemas import DecodeError, decode_signals
 from schemas.dead_letter import DeadLetter
 from sinks import EventStore, RollupCache, RollupStore, open_cache, open_namespace_stores
 from streams.app import AppTopics, create_app, declare_topics
 from streams.settings import Settings
-from streams.topics import ensure_topics, signal_partition, topic_specs
+from streams.signals import SignalSender
+from streams.topics import ensure_topics, topic_specs
 
 log = logging.getLogger("counter.worker")
+T = TypeVar("T")
 
 SIGNAL_BYTES = 256  # a queued rollup signal: Faust event, message and the decoded key, roughly
-SIGNALS_PER_RECORD = 500  # counters per RollupSignalBatch record: about 20 KB
 
 
 @dataclass
@@ -51,6 +54,8 @@ class Pipeline:
     mutation_partitions: int
     rollup_partitions: int
     pressure: BackPressure
+    kafka: AsyncProducer
+    signals: SignalSender
     arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat seen (µs)
     persist_consumer: PersistConsumer | None = None
 
@@ -63,30 +68,17 @@ class Pipeline:
             self.arrival_floor.pop(partition, None)
 
     async def send_signals(self, keys: set[Key] | list[Key]) -> None:
-        """One record per rollup partition (up to SIGNALS_PER_RECORD counters each), not one per counter."""
-        by_partition: dict[int, list[Key]] = defaultdict(list)
-        for ns, counter in keys:
-            by_partition[signal_partition(f"{ns}:{counter}".encode(), self.rollup_partitions)].append((ns, counter))
-        futures = []
-        for partition, group in by_partition.items():
-            for i in range(0, len(group), SIGNALS_PER_RECORD):
-                chunk = group[i:i + SIGNALS_PER_RECORD]
-                futures.append(await self.topics.rollups.send(
-                    key=f"{chunk[0][0]}:{chunk[0][1]}".encode(), value=encode_signals(chunk), partition=partition))
-        await self._settle(futures)
+        """Ask for the counters' rollups; returns once the broker has the signals."""
+        await self.signals.send(keys)
 
     async def send_dead_letters(self, dead: list[DeadLetter]) -> None:
+        """Dead-letter records with their reasons; returns once the broker has them all."""
         futures = []
         for d in dead:
-            futures.append(await self.topics.dlq.send(key=d.key, value=d.value, headers=d.headers()))
+            futures.append(self.kafka.produce(self.settings.dlq_topic, d.value, d.key, headers=d.headers()))
             metrics.DLQ_RECORDS.labels(metrics.dlq_kind(d.reason)).inc()
             log.info("dead-lettered %s[%d]@%d: %s", d.topic, d.partition, d.offset, d.reason)
-        await self._settle(futures)
-
-    async def _settle(self, futures: list) -> None:
-        if futures:
-            await self.app.producer.flush()
-            await asyncio.gather(*futures)
+        await asyncio.gather(*futures)
 
     async def watermark(self) -> int:
         marks = await self.rollups.watermarks(self.settings.mutations_topic)
@@ -103,6 +95,7 @@ def build(settings: Settings) -> Pipeline:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, _buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     app = create_app(settings, app_id=settings.worker_id)
+    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id=f"{settings.worker_id}-producer", timeout_s=10.0)
     topics = declare_topics(app, settings)
     rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
     skew = max((ns.max_clock_skew_s for ns in rolled), default=1.0)
@@ -111,7 +104,8 @@ def build(settings: Settings) -> Pipeline:
         cache=open_cache(_cache_spec(settings)), app=app, topics=topics,
         tracker=WatermarkTracker(skew),
         mutation_partitions=counts[settings.mutations_topic],
-        rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure())
+        rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure(), kafka=kafka,
+        signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]))
     # One coalescing window for the worker: the shortest a namespace asks for; its size is bounded by the
     # smallest capacity_bytes (a queued signal costs about SIGNAL_BYTES in memory). The rollup topic's
     # partitions are the queues (num_queues maps to COUNTER_ROLLUPS_PARTITIONS).
@@ -131,14 +125,17 @@ def _cache_spec(settings: Settings) -> str | None:
 
 
 def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
+    # Signalling more often than the rollup queues coalesce only repeats signals: at most half a window.
     app, settings = p.app, p.settings
 
     p.persist_consumer = PersistConsumer(
         bootstrap=settings.kafka_bootstrap or "", topic=settings.mutations_topic,
         group_id=f"{settings.worker_id}.persist",
         persist=lambda records: _retrying("persist", lambda: _persist(p, records)),
+        checkpoint=lambda keys: _retrying("signal", lambda: p.send_signals(keys)),
+        checkpoint_ms=max(1, min(settings.persist_checkpoint_ms, int(coalesce_s * 500))),
         max_records=settings.persist_batch_max, batch_bytes=settings.persist_batch_bytes,
-        wait_ms=settings.persist_batch_within_ms,
+        wait_ms=settings.persist_batch_within_ms, min_bytes=settings.persist_fetch_min_bytes,
         session_timeout_ms=int(settings.group_session_timeout_s * 1000),
         rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_revoked=p.forget_partitions)
 
@@ -170,8 +167,8 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         marks = p.tracker.marks(owned)
         if marks:
             await p.rollups.set_watermarks(settings.mutations_topic, marks)
-        for partition in owned:
-            await p.topics.mutations.send(value=b"", partition=partition, headers=[(HEARTBEAT_HEADER, b"1")])
+        await asyncio.gather(*(p.kafka.produce(settings.mutations_topic, b"", partition=partition,
+                                               headers=[(HEARTBEAT_HEADER, b"1")]) for partition in owned))
 
     @app.timer(settings.sweep_interval_s)
     async def sweep() -> None:
@@ -221,11 +218,13 @@ async def _prepare(p: Pipeline, records: list[KafkaRecord]) -> PreparedBatch:
     return batch
 
 
-async def _persist(p: Pipeline, records: list[KafkaRecord]) -> None:
+async def _persist(p: Pipeline, records: list[KafkaRecord]) -> list[Key]:
+    """Store a batch (events, last_write_ts, dead letters); the counters it touched, for the next checkpoint's
+    rollup signals."""
     started = time.monotonic()
     batch = await _prepare(p, records)
     await persist_batch(batch, events=p.events, rollups=p.rollups, dead_letters=p.send_dead_letters,
-                        signals=p.send_signals)
+                        signals=None)
     for partition, timestamp_us in batch.heartbeats:
         p.tracker.heartbeat_persisted(partition, timestamp_us)
     metrics.RECORDS_CONSUMED.inc(batch.records)
@@ -235,6 +234,7 @@ async def _persist(p: Pipeline, records: list[KafkaRecord]) -> None:
     for ns, n in per_ns.items():
         metrics.EVENTS_PERSISTED.labels(ns).inc(n)
     metrics.PERSIST_BATCH_SECONDS.observe(time.monotonic() - started)
+    return list(batch.last_write)
 
 
 async def _rollup(p: Pipeline, keys: set[Key]) -> None:
@@ -252,13 +252,12 @@ async def _rollup(p: Pipeline, keys: set[Key]) -> None:
     metrics.ROLLUP_BATCH_SECONDS.observe(time.monotonic() - started)
 
 
-async def _retrying(what: str, action) -> None:
-    """Retry a batch until it succeeds: its offsets must not be acked before it is durable."""
+async def _retrying(what: str, action: Callable[[], Awaitable[T]]) -> T:
+    """Retry a batch until it succeeds: its offsets must not be committed before it is durable."""
     delay = 0.1
     while True:
         try:
-            await action()
-            return
+            return await action()
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane import CounterType, Namespace, load_namespaces
 from control_plane import default_config_path as default_namespaces
+from producers.asyncio_producer import AsyncProducer
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.models import (
@@ -41,11 +42,12 @@ from query_api.service import (
     CounterService,
     Written,
 )
-from query_api.signals import SignalEmitter
+from query_api.signals import ReadSignals
 from schemas import MutationOp
 from sinks import open_cache, open_namespace_stores
 from sinks.best_effort import open_counters
 from streams.settings import Settings, load_settings
+from streams.signals import SignalSender
 
 ERRORS = {401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
           422: {"description": "invalid body; the detail names the field"},
@@ -84,9 +86,11 @@ def build_service(settings: Settings) -> CounterService:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, _buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
-    producer = GroupCommitProducer(settings.kafka_bootstrap or "", topic=settings.mutations_topic, timeout_s=5.0)
+    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=5.0)
+    producer = GroupCommitProducer(kafka, topic=settings.mutations_topic)
+    signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))
     return CounterService(
-        registry, producer=producer, signals=SignalEmitter(settings.kafka_bootstrap, settings.rollups_topic),
+        registry, producer=producer, signals=signals,
         events=events, rollups=rollups, counters=open_counters(cache_spec),
         read_signal_lag_s=settings.read_signal_lag_s,
         # An in-process cache cannot see the worker's rollups: keep its entries short-lived.
@@ -103,14 +107,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError("COUNTER_KAFKA_BOOTSTRAP must be set for the API (counter up sets it)")
         app.state.settings = s
         service = app.state.service = build_service(s)
-        await service.producer.start()
+        await service.producer.start()  # starts the shared AsyncProducer
+        await service.signals.start()
         # Everything built so far lives as long as the process: keep it out of the collector's scans, or a
         # full collection of the imported frameworks' objects stalls every request in flight (tail latency).
         gc.collect()
         gc.freeze()
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with
-        service.signals.close()
         await service.producer.stop()
+        await service.producer.kafka.stop()
         await service.events.close()
         await service.rollups.close()
         await service.cache.close()
@@ -269,7 +274,7 @@ def _install_routes(app: FastAPI) -> None:
     @app.get("/readyz", responses={503: {"description": "a dependency is unreachable"}})
     async def readyz(service: Service) -> JSONResponse:
         """Broker, store and cache reachable."""
-        checks = {"broker": await _check_async(service.producer.ping(1.0)),
+        checks = {"broker": await _check_async(service.producer.kafka.ping(1.0)),
                   "store": await _check_async(service.rollups.get("_readyz", "_readyz")),
                   "cache": "ok" if await service.cache.healthy() else "unreachable",
                   "best_effort_counters": "ok" if await service.counters.healthy() else "unreachable"}

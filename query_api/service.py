@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error, rollup_boundary
-from producers import CounterProducer, DeliveryError
+from producers import DeliveryError, new_token
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
-from query_api.signals import SignalEmitter
-from schemas import MICROS, Mutation, MutationOp
+from query_api.arrivals import Arrivals
+from query_api.signals import ReadSignals
+from schemas import MICROS, Mutation, MutationOp, parse_generation_time, validate_item_key, validate_token
 from sinks import EventStore, RollupCache, RollupStore
 from sinks.best_effort import BestEffortCounters
 
@@ -62,7 +63,7 @@ class Written:
 
 
 class CounterService:
-    def __init__(self, registry: NamespaceRegistry, *, producer: GroupCommitProducer, signals: SignalEmitter,
+    def __init__(self, registry: NamespaceRegistry, *, producer: GroupCommitProducer, signals: ReadSignals,
                  events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
                  read_your_write_timeout_s: float = 5.0,
                  read_signal_lag_s: float = 5.0) -> None:
@@ -74,6 +75,7 @@ class CounterService:
         self.cache = cache
         self.counters = counters
         self.read_your_write_timeout_s = read_your_write_timeout_s
+        self.arrivals = Arrivals(events, timeout_s=read_your_write_timeout_s)
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
 
     def namespace(self, name: str) -> Namespace:
@@ -86,12 +88,23 @@ class CounterService:
 
     def mutation(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                  generation_time: str | int | float | None, item_key: str = "") -> Mutation:
-        """The mutation a write becomes; refuses times the pipeline would dead-letter (admission)."""
-        m = CounterProducer.mutation(op, ns.name, counter, delta, token, generation_time, item_key)
-        reason = admission_error(m.event_time, time.time_ns() // 1000, ns)
-        if reason is not None:
-            raise Rejected("idempotency_token.generation_time", reason)
-        return m
+        """The mutation a write becomes; refuses times the pipeline would dead-letter (admission).
+
+        `counter` and `delta` arrive validated (the request models and the fast path check them); the token,
+        generation time and item key are validated here (ValidationError naming the field). A write without
+        a generation time happens now, which admission always accepts."""
+        now = time.time_ns() // 1000
+        if generation_time is None:
+            event_time = now
+        else:
+            event_time = parse_generation_time(generation_time, field="idempotency_token.generation_time")
+            reason = admission_error(event_time, now, ns)
+            if reason is not None:
+                raise Rejected("idempotency_token.generation_time", reason)
+        event_id = new_token() if token is None else validate_token(token, field="idempotency_token.token")
+        if item_key:
+            item_key = validate_item_key(item_key)
+        return Mutation(ns.name, counter, delta if op is MutationOp.ADD else 0, event_time, event_id, item_key, op)
 
     async def write(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                     generation_time: str | int | float | None, item_key: str = "") -> Written:
@@ -200,15 +213,7 @@ class CounterService:
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
 
     async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
-        deadline = time.monotonic() + self.read_your_write_timeout_s
-        pause = 0.002
-        while True:
-            rows = await self.events.scan(ns.name, counter, event_time - 1, event_time, limit=LIVE_SCAN_PAGE)
-            if any(r[3] == token and r[4] == item_key for r in rows):
-                return
-            if time.monotonic() >= deadline:
-                raise NotCountedYet(
-                    f"the write is durable (token {token!r}) but was not counted within "
-                    f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token")
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, 0.05)
+        if not await self.arrivals.wait(ns.name, (counter, event_time, token, item_key)):
+            raise NotCountedYet(
+                f"the write is durable (token {token!r}) but was not counted within "
+                f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token")

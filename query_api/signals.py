@@ -1,57 +1,54 @@
-"""Fire-and-forget rollup signals from reads, throttled per counter so a hot counter costs one per second."""
+"""Rollup signals from reads: fire and forget, throttled per counter so a hot counter costs one per second."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
 
-from confluent_kafka import Producer
-
-from producers.client import release
-from schemas import encode_signal
-from streams.topics import partition_count, signal_partition
+from streams.signals import SignalSender
 
 log = logging.getLogger(__name__)
 
 
-class SignalEmitter:
-    """Sends `{namespace, counter}` to the rollups topic, on the counter's xxhash partition."""
+class ReadSignals:
+    """A read of a stale counter asks for its rollup through the shared SignalSender; never raises."""
 
-    def __init__(self, bootstrap: str, topic: str, *, min_interval_s: float = 1.0) -> None:
-        self.bootstrap = bootstrap
-        self.topic = topic
+    def __init__(self, sender: SignalSender, *, min_interval_s: float = 1.0) -> None:
+        self.sender = sender
         self.min_interval_s = min_interval_s
-        self._producer = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5,
-                                   "message.timeout.ms": 10_000, "client.id": "counter-api-signals"})
-        self._partitions: int | None = None
         self._last: dict[tuple[str, str], float] = {}
-        self._lock = threading.Lock()
-        self._failed_at = 0.0
+        self._started_at = -1e9
+        self._starting: asyncio.Future[None] | None = None
+
+    async def start(self) -> None:
+        """Learn the rollups topic's partitions; if the broker is not there yet, the next reads try again."""
+        self._started_at = time.monotonic()
+        try:
+            await self.sender.start()
+        except Exception as exc:
+            log.warning("rollup signals from reads are off until the broker answers: %s", exc)
 
     def emit(self, namespace: str, counter: str) -> None:
-        """Signal a rollup of the counter unless one was signalled recently; never raises."""
+        """Signal a rollup of the counter unless one was signalled recently (a lost signal only delays a
+        rollup: the worker's sweep repairs it)."""
         now = time.monotonic()
         key = (namespace, counter)
-        with self._lock:
-            if now - self._last.get(key, -1e9) < self.min_interval_s:
-                return
-            self._last[key] = now
-            if len(self._last) > 200_000:
-                self._last.clear()
+        if now - self._last.get(key, -1e9) < self.min_interval_s:
+            return
+        self._last[key] = now
+        if len(self._last) > 200_000:
+            self._last.clear()
+        if not self.sender.partitions:
+            if now - self._started_at > 5.0 and (self._starting is None or self._starting.done()):
+                self._starting = asyncio.ensure_future(self.start())
+            return
         try:
-            if self._partitions is None:
-                if now - self._failed_at < 5.0:
-                    return
-                self._partitions = partition_count(self.bootstrap, self.topic, timeout=2.0)
-            record_key = f"{namespace}:{counter}".encode()
-            self._producer.produce(self.topic, encode_signal(namespace, counter), record_key,
-                                   partition=signal_partition(record_key, self._partitions))
-            self._producer.poll(0)
-        except Exception as exc:  # a lost signal only delays a rollup; the sweep repairs it
-            self._failed_at = now
+            self.sender.send([key]).add_done_callback(_log_failure)
+        except Exception as exc:  # e.g. the broker was unreachable when the API started
             log.warning("rollup signal for %s:%s not sent: %s", namespace, counter, exc)
 
-    def close(self) -> None:
-        self._producer.flush(2.0)
-        release(self._producer)
+
+def _log_failure(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.warning("rollup signal not delivered: %s", future.exception())

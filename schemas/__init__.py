@@ -22,9 +22,10 @@ from schemas.codec import (
     encode_signals,
     mutation_body,
     record_of_bodies,
+    signal_body,
 )
 from schemas.json_records import mutation_from_json
-from schemas.model import MICROS, Mutation, MutationOp
+from schemas.model import MICROS, Mutation, MutationOp, counter_key
 from schemas.validation import (
     INT64_MAX,
     INT64_MIN,
@@ -66,6 +67,7 @@ __all__ = [
     "Mutation",
     "MutationOp",
     "ValidationError",
+    "counter_key",
     "decode_mutations",
     "decode_signal",
     "decode_signals",
@@ -77,6 +79,7 @@ __all__ = [
     "mutation_from_json",
     "parse_generation_time",
     "record_of_bodies",
+    "signal_body",
     "validate_counter_name",
     "validate_delta",
     "validate_event_time",

@@ -8,6 +8,7 @@ Schemas are parsed once at import; the per-record path is one fastavro call plus
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from schemas.avro_fast import read_mutation, read_mutation_batch, read_signal, read_signal_batch
 from schemas.json_records import mutation_from_json
 from schemas.model import Mutation, MutationOp
 from schemas.validation import (
@@ -91,6 +93,8 @@ _SIGNAL_PARSED = ROLLUP_SIGNAL.parsed
 _SIGNAL_BATCH_HEADER = ROLLUP_SIGNAL_BATCH.header
 _SIGNAL_BATCH_PARSED = ROLLUP_SIGNAL_BATCH.parsed
 _OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
+_CM_FINGERPRINT, _BATCH_FINGERPRINT = COUNT_MUTATION.fingerprint, MUTATION_BATCH.fingerprint
+_SIGNAL_FINGERPRINT, _SIGNAL_BATCH_FINGERPRINT = ROLLUP_SIGNAL.fingerprint, ROLLUP_SIGNAL_BATCH.fingerprint
 
 
 # --------------------------------------------------------------------------- encoding
@@ -135,12 +139,38 @@ def encode_batch(ms: Sequence[Mutation]) -> bytes:
 def mutation_body(m: Mutation) -> bytes:
     """The Avro body of a CountMutation, without the single-object header, for callers that assemble records
     from bodies (`record_of_bodies`). `m` must come validated (validate_mutation, with a token and time): it
-    is not checked again, because the API's group commit validates every write once, on arrival."""
-    buf = BytesIO()
-    schemaless_writer(buf, _CM_PARSED, {"op": m.op.value, "namespace": m.namespace, "counter_name": m.counter_name,
-                                        "delta": m.delta, "event_time": m.event_time, "event_id": m.event_id,
-                                        "event_item_key": m.event_item_key})
-    return buf.getvalue()
+    is not checked again, because the API's group commit validates every write once, on arrival.
+
+    Encoded by hand, the spec's binary encoding of this one record type (an enum index, strings as a length
+    and UTF-8 bytes, longs as zigzag varints), with the op, namespace and counter part remembered per counter:
+    a third of fastavro's per-record cost on the API's hot path. Tests hold it byte-equal to fastavro's."""
+    return b"".join((_mutation_head(m.op is MutationOp.CLEAR, m.namespace, m.counter_name), _long(m.delta),
+                     _long(m.event_time), _string(m.event_id), _string(m.event_item_key)))
+
+
+@functools.lru_cache(maxsize=100_000)
+def _mutation_head(clear: bool, namespace: str, counter: str) -> bytes:
+    return (b"\x02" if clear else b"\x00") + _string(namespace) + _string(counter)  # enum index 1 or 0, zigzag
+
+
+def _string(text: str) -> bytes:
+    data = text.encode()
+    size = len(data)
+    return (_SMALL_LONGS[size + 64] if size < 64 else _long(size)) + data
+
+
+def _long(n: int) -> bytes:
+    """An Avro long: zigzag, then 7 bits per byte, low group first."""
+    if -64 <= n < 64:
+        return _SMALL_LONGS[n + 64]
+    if _EIGHT_BYTES_FROM <= n < _EIGHT_BYTES_UPTO:  # every event time (epoch µs, 2000..2200): 8 bytes, unrolled
+        z = n << 1
+        return bytes(((z & 0x7F) | 0x80, (z >> 7 & 0x7F) | 0x80, (z >> 14 & 0x7F) | 0x80, (z >> 21 & 0x7F) | 0x80,
+                      (z >> 28 & 0x7F) | 0x80, (z >> 35 & 0x7F) | 0x80, (z >> 42 & 0x7F) | 0x80, z >> 49))
+    return _zigzag(n)
+
+
+_EIGHT_BYTES_FROM, _EIGHT_BYTES_UPTO = 1 << 48, 1 << 55  # zigzag 2n in [2^49, 2^56): exactly 8 varint bytes
 
 
 def record_of_bodies(bodies: Sequence[bytes]) -> bytes:
@@ -164,28 +194,34 @@ def _zigzag(n: int) -> bytes:
     return bytes(out)
 
 
+_SMALL_LONGS = tuple(_zigzag(n) for n in range(-64, 64))  # one byte each
+
+
+@functools.lru_cache(maxsize=200_000)
+def signal_body(namespace: str, counter: str) -> bytes:
+    """The Avro body of one RollupSignal (validated; ValidationError for invalid names), remembered: the
+    persist path signals the same counters batch after batch."""
+    buf = BytesIO()
+    schemaless_writer(buf, _SIGNAL_PARSED, {"namespace": validate_namespace(namespace),
+                                            "counter": validate_counter_name(counter, field="counter")})
+    return buf.getvalue()
+
+
 def encode_signal(namespace: str, counter: str) -> bytes:
     """A single-object RollupSignal for one counter; ValidationError for invalid names."""
-    record = {
-        "namespace": validate_namespace(namespace),
-        "counter": validate_counter_name(counter, field="counter"),
-    }
-    return _write(_SIGNAL_HEADER, _SIGNAL_PARSED, record)
+    return _SIGNAL_HEADER + signal_body(namespace, counter)
 
 
 def encode_signals(keys: Sequence[tuple[str, str]]) -> bytes:
     """Signals for several counters in one record: a RollupSignal for one, a RollupSignalBatch for more.
 
-    Why: the persist agent touches hundreds of counters per batch, and a record per signal cost a Faust
-    send on one side and Faust's per-record overhead on the other. Callers batch only counters bound for
-    the same partition."""
+    Why: the persist path touches hundreds of counters per batch, and a record per signal cost a send on one
+    side and a record's handling on the other. Callers batch only counters bound for the same partition."""
     if not keys:
         raise ValueError("a RollupSignalBatch needs at least one signal")
     if len(keys) == 1:
         return encode_signal(*keys[0])
-    signals = [{"namespace": validate_namespace(ns), "counter": validate_counter_name(c, field="counter")}
-               for ns, c in keys]
-    return _write(_SIGNAL_BATCH_HEADER, _SIGNAL_BATCH_PARSED, {"signals": signals})
+    return b"".join((_SIGNAL_BATCH_HEADER, _zigzag(len(keys)), *(signal_body(ns, c) for ns, c in keys), b"\x00"))
 
 
 # --------------------------------------------------------------------------- decoding
@@ -314,7 +350,16 @@ def decode_mutations(data: bytes) -> list[Mutation]:
     """
     data = _as_bytes(data)
     if data[:2] == MAGIC:
-        schema, value = _read_avro(data)
+        fingerprint = data[2:HEADER_LEN]
+        if fingerprint == _CM_FINGERPRINT:
+            plain = read_mutation(data, HEADER_LEN)
+        elif fingerprint == _BATCH_FINGERPRINT:
+            plain = read_mutation_batch(data, HEADER_LEN)
+        else:
+            plain = None
+        if plain is not None:
+            return plain
+        schema, value = _read_avro(data)  # anything unusual: fastavro and the full validators decide
         if schema is COUNT_MUTATION:
             try:
                 return [_from_record(value)]
@@ -355,6 +400,15 @@ def decode_signals(data: bytes) -> list[tuple[str, str]]:
         raise DecodeError("empty record")
     if data[:2] != MAGIC:
         raise DecodeError("not Avro single-object (no C3 01 magic)")
+    fingerprint = data[2:HEADER_LEN]
+    if fingerprint == _SIGNAL_BATCH_FINGERPRINT:
+        plain = read_signal_batch(data, HEADER_LEN)
+    elif fingerprint == _SIGNAL_FINGERPRINT:
+        plain = read_signal(data, HEADER_LEN)
+    else:
+        plain = None
+    if plain is not None:
+        return plain
     schema, value = _read_avro(data)
     if schema is ROLLUP_SIGNAL:
         items = [value]

@@ -38,4 +38,10 @@ class Mutation(NamedTuple):
     @property
     def key(self) -> str:
         """The Kafka record key, `namespace:counter_name` (namespaces never contain ':')."""
-        return f"{self.namespace}:{self.counter_name}"
+        return counter_key(self.namespace, self.counter_name)
+
+
+def counter_key(namespace: str, counter: str) -> str:
+    """`namespace:counter`: how the service names a counter on Kafka (record keys, rollup-signal partitioning).
+    Namespaces never contain ':', so the form is unambiguous."""
+    return f"{namespace}:{counter}"

@@ -294,6 +294,13 @@ def plainly_valid(namespace: str, counter_name: str, delta: int, event_time: int
     )
 
 
+def plainly_valid_names(namespace: str, counter: str) -> bool:
+    """True when a decoded (namespace, counter) pair is valid and pure ASCII (a rollup signal's fast path);
+    False means "not sure": callers then run the validators for the verdict and the message."""
+    return (NAMESPACE_MATCH(namespace) is not None and counter.isascii()
+            and ASCII_COUNTER_MATCH(counter) is not None)
+
+
 def validate_mutation(m: Mutation) -> Mutation:
     """Check every field of `m` (CLEAR must have delta 0); return it with `op` as a MutationOp."""
     validate_namespace(m.namespace)

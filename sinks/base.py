@@ -58,6 +58,11 @@ class EventStore(Protocol):
         """
         ...
 
+    async def contains(self, namespace: str, keys: Sequence[tuple[str, int, str, str]]) -> list[bool]:
+        """Whether each event identity ``(counter, event_time, event_id, event_item_key)`` is stored, in order:
+        one call for every read-your-write waiting in the API (point lookups, never scans)."""
+        ...
+
     async def counters(self, namespace: str, *, after: str | None = None, limit: int = 1000) -> list[str]:
         """Up to ``limit`` distinct names of the namespace's counters that have stored events, in
         ascending order, strictly after ``after`` (paging: pass the last name of the previous page).

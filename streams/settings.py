@@ -50,8 +50,14 @@ class Settings(BaseSettings):
     persist_batch_max: int = Field(20_000, ge=1, description="records per persist batch at most (one "
                                    "transaction); a client-side batched record carries up to hundreds of mutations")
     persist_batch_bytes: int = Field(8 << 20, ge=1024, description="record bytes per persist batch at most")
-    persist_batch_within_ms: int = Field(50, ge=1, description="longest wait for records before a persist batch "
-                                         "goes with what it has")
+    persist_checkpoint_ms: int = Field(250, ge=1, description="how often the counters persisted batches touched "
+                                       "are signalled for rollup and the batches' offsets committed (at most half "
+                                       "the shortest coalesce_ms)")
+    persist_batch_within_ms: int = Field(10, ge=1, description="longest wait for records before a persist batch "
+                                         "goes with what it has (the broker's fetch wait: the local broker answers a "
+                                         "waiting fetch only when it times out, so this bounds the persist latency)")
+    persist_fetch_min_bytes: int = Field(64 << 10, ge=1, description="the broker answers a persist fetch once it "
+                                         "holds this many bytes, or after persist_batch_within_ms")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
     read_signal_lag_s: float = Field(

@@ -35,6 +35,7 @@ Aggregation over ``(after, upto]``: the latest clear is found in the partitions 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
@@ -176,6 +177,13 @@ class CassandraEventStore:
                 if len(out) >= limit:
                     return out
         return out
+
+    async def contains(self, namespace: str, keys: Sequence[tuple[str, int, str, str]]) -> list[bool]:
+        """Each identity looked up by scanning its one microsecond, the lookups running concurrently."""
+        async def one(counter: str, event_time: int, event_id: str, item_key: str) -> bool:
+            rows = await self.scan(namespace, counter, event_time - 1, event_time)
+            return any(r[3] == event_id and r[4] == item_key for r in rows)
+        return list(await asyncio.gather(*(one(*k) for k in keys)))
 
     async def counters(self, namespace: str, *, after: str | None = None, limit: int = 1000) -> list[str]:
         """Names from the ``event_counters`` registry (one partition per shard, each in name order:

@@ -17,7 +17,7 @@ from sinks.best_effort import CounterOverflow, CounterUnavailable
 from sinks.memcached.client import AsyncMemcached, MemcachedError, arith_value, is_legal_key
 from sinks.memcached.rollup_cache import parse_servers
 
-__all__ = ["MemcachedCounters", "counter_key"]
+__all__ = ["MemcachedCounters", "best_effort_key"]
 
 BIAS = 1 << 63
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -26,7 +26,7 @@ _MAX_REMEMBERED = 100_000  # touch times kept per process
 
 
 @functools.lru_cache(maxsize=100_000)  # the key check was 2% of a fast AddCount
-def counter_key(namespace: str, counter: str) -> str:
+def best_effort_key(namespace: str, counter: str) -> str:
     """`<namespace>:<counter_name>` as in the post, hashed when it is not a legal memcached key."""
     key = f"{namespace}:{counter}"
     if is_legal_key(key):
@@ -78,7 +78,7 @@ class MemcachedCounters:
         """The new count. This is BEST_EFFORT AddCount's hot path, so the common case (the key exists, no wrap,
         no TTL touch due) is settled in a callback on memcached's reply, without a task or coroutine;
         anything else continues in `_finish`."""
-        key = counter_key(namespace, counter)
+        key = best_effort_key(namespace, counter)
         result = self._client.event_loop().create_future()
         self._client.arith(_command(delta), key, abs(delta),
                            functools.partial(self._settle, result, namespace, counter, key, delta, ttl_s))
@@ -140,14 +140,14 @@ class MemcachedCounters:
 
     async def get(self, namespace: str, counter: str) -> int:
         try:
-            raw = await self._client.get(counter_key(namespace, counter))
+            raw = await self._client.get(best_effort_key(namespace, counter))
         except MemcachedError as exc:
             raise CounterUnavailable(str(exc)) from exc
         return 0 if raw is None else int(raw) - BIAS
 
     async def clear(self, namespace: str, counter: str) -> None:
         try:
-            await self._client.delete(counter_key(namespace, counter))
+            await self._client.delete(best_effort_key(namespace, counter))
         except MemcachedError as exc:
             raise CounterUnavailable(str(exc)) from exc
 

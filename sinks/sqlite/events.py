@@ -112,6 +112,8 @@ WHERE namespace = ? AND counter = ? AND (time_bucket, event_time, event_id, even
 ORDER BY time_bucket, event_time, event_id, event_item_key LIMIT ?
 """
 
+_CONTAINS = ('SELECT 1 FROM "{t}" WHERE namespace = ? AND counter = ? AND time_bucket = ? AND event_time = ? '
+             'AND event_id = ? AND event_item_key = ?')
 _FIRST_COUNTER = 'SELECT counter FROM "{t}" WHERE namespace = ? ORDER BY counter LIMIT 1'
 _NEXT_COUNTER = 'SELECT counter FROM "{t}" WHERE namespace = ? AND counter > ? ORDER BY counter LIMIT 1'
 
@@ -194,6 +196,11 @@ class SqliteEventStore:
         if upto_us <= after_us or limit <= 0 or (after is not None and after[0] > upto_us):
             return []
         return await self._db.run(self._read, self._scan, namespace, counter, after_us, upto_us, after, limit)
+
+    async def contains(self, namespace: str, keys: Sequence[tuple[str, int, str, str]]) -> list[bool]:
+        if not keys:
+            return []
+        return await self._db.run(self._read, self._contains, namespace, keys)
 
     async def counters(self, namespace: str, *, after: str | None = None, limit: int = 1000) -> list[str]:
         if limit <= 0:
@@ -396,6 +403,19 @@ class SqliteEventStore:
             out.extend((ns, c, t, eid, key, d, bool(clear)) for ns, c, t, eid, key, d, clear in cur)
             if len(out) >= limit:
                 break
+        return out
+
+    def _contains(self, conn: sqlite3.Connection, namespace: str,
+                  keys: Sequence[tuple[str, int, str, str]]) -> list[bool]:
+        out = []
+        for counter, event_time, event_id, item_key in keys:
+            found = False
+            for s in self._overlapping(conn, namespace, event_time - 1, event_time):
+                args = (namespace, counter, s.bucket(event_time), event_time, event_id, item_key)
+                found = conn.execute(_CONTAINS.format(t=s.table), args).fetchone() is not None
+                if found:
+                    break
+            out.append(found)
         return out
 
     def _counters(self, conn: sqlite3.Connection, namespace: str, after: str | None, limit: int) -> list[str]:

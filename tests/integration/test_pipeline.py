@@ -131,13 +131,19 @@ def test_paused_persist_agent_holds_rollups_back(pipeline):
 
 
 def stream_single_records(env: PipelineEnv, events: list[Event], done: threading.Event, *, waves: int,
-                          wave_size: int, seed: int) -> None:
+                          wave_size: int, seed: int, until: threading.Event | None = None) -> None:
     """What users' own clients send: one mutation per record, each acknowledged, with some retries (the same
-    token again) mixed in; Avro from CounterProducer and JSON from a plain confluent-kafka producer."""
+    token again) mixed in; Avro from CounterProducer and JSON from a plain confluent-kafka producer. At least
+    `waves` waves, then on (paced, about 20 waves a second) until `until` is set, for 120 s at most."""
     rng = random.Random(seed)
     plain = Producer({"bootstrap.servers": env.bootstrap, "acks": "all", "linger.ms": 5})
+    deadline = time.monotonic() + 120
     with CounterProducer(env.bootstrap, topic=env.mutations_topic) as producer:
-        for i in range(waves):
+        for i in range(1_000_000):
+            if i >= waves and (until is None or until.is_set() or time.monotonic() > deadline):
+                break
+            if until is not None and i >= waves:
+                time.sleep(0.05)
             wave = random_events(rng, 30, wave_size)
             events.extend(wave)
             for n, e in enumerate(wave):
@@ -186,14 +192,15 @@ def test_a_second_worker_joining_mid_stream_shares_partitions_and_stays_exact(pi
     their batches stored and committed (or re-read), and the counts stay exact."""
     a = pipeline.start_worker()
     events: list[Event] = []
-    done = threading.Event()
+    done, enough = threading.Event(), threading.Event()
     thread = threading.Thread(target=stream_single_records, args=(pipeline, events, done),
-                              kwargs={"waves": 120, "wave_size": 100, "seed": 31}, daemon=True)
+                              kwargs={"waves": 40, "wave_size": 100, "seed": 31, "until": enough}, daemon=True)
     thread.start()
     wait_for(lambda: _metric(a.port, "counter_events_persisted_total") >= 1000, 60, message="first worker persisting")
     b = pipeline.start_worker()  # joins the groups mid-stream
     wait_for(lambda: _metric(b.port, "counter_events_persisted_total") > 0, 90, interval=0.5,
-             message="second worker persisting (group rebalanced)")
+             message=lambda: f"second worker persisting (group rebalanced); {len(events)} events streamed")
+    enough.set()
     thread.join(120)
     assert done.is_set()
     expected = oracle(events)

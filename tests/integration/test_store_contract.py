@@ -254,6 +254,22 @@ def test_scan_pages_with_a_cursor_return_each_event_once(stores: Stores) -> None
     assert stores.run(es.scan(ns, "c", hi, lo)) == []
 
 
+def test_contains_finds_exactly_the_stored_identities(stores: Stores) -> None:
+    ns, es = stores.namespace, stores.events
+    rows = [ev(ns, BASE + 60 * S - 1, "edge", 1), ev(ns, BASE + 60 * S, "next", 1, key="k"),
+            ev(ns, BASE + 5 * S, "clear", 0, clear=True), ev(ns, BASE + 5 * S, "other", 1, counter="c2")]
+    stores.run(es.write_events(rows))
+    keys = [("c", BASE + 60 * S - 1, "edge", ""), ("c", BASE + 60 * S, "next", "k"), ("c", BASE + 5 * S, "clear", ""),
+            ("c2", BASE + 5 * S, "other", ""),
+            ("c", BASE + 60 * S, "next", ""),  # another item key
+            ("c", BASE + 60 * S - 2, "edge", ""),  # another time
+            ("c", BASE + 5 * S, "other", ""),  # another counter's token
+            ("c", BASE + 600 * S, "edge", "")]  # a slice that does not exist
+    assert stores.run(es.contains(ns, keys)) == [True] * 4 + [False] * 4
+    assert stores.run(es.contains(ns, [])) == []
+    assert stores.run(es.contains(f"{ns}_none", keys[:1])) == [False]
+
+
 def test_retention_deletes_only_old_rolled_up_events(stores: Stores) -> None:
     ns, es = stores.namespace, stores.events
     rows = [ev(ns, BASE + s * S, f"e{s}", 1, counter=c) for s in range(0, 300, 5) for c in ("c", "d")]

@@ -1,0 +1,111 @@
+"""`AsyncProducer`: confluent-kafka's producer for asyncio code, acknowledgements as asyncio futures.
+
+Why confluent-kafka and not aiokafka: aiokafka's idempotent producer sends InitProducerId v0, which the local
+broker (Tansu) refuses, and librdkafka does the per-record work in C. `produce` is a non-blocking call made on
+the event loop; one thread waits in librdkafka's `poll` for delivery reports and settles each record's future
+on the loop: one thread hop per record, none per caller (callers that share a record share its future).
+Used by the API's group commit, the rollup-signal sender and the worker's dead letters and heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from producers.client import DeliveryError, release
+
+log = logging.getLogger(__name__)
+
+
+class AsyncProducer:
+    """acks=all, idempotent; `produce` returns a future of the broker's acknowledgement (DeliveryError on
+    failure or after `timeout_s`). Create and use it on one event loop; `start()` before, `stop()` after."""
+
+    def __init__(self, bootstrap_servers: str, *, timeout_s: float = 5.0, client_id: str = "counter",
+                 config: Mapping[str, Any] | None = None) -> None:
+        self.bootstrap = bootstrap_servers
+        self.timeout_s = timeout_s
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap_servers, "client.id": client_id, "acks": "all",
+            "enable.idempotence": True, "linger.ms": 0, "socket.nagle.disable": True,
+            "message.timeout.ms": int(timeout_s * 1000), "message.max.bytes": 1 << 20, **(config or {}),
+        })
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = threading.Event()
+        self._poller = threading.Thread(target=self._poll_loop, name=f"{client_id}-poll", daemon=True)
+
+    def start(self) -> None:
+        """Bind to the running loop and start serving delivery reports."""
+        self._loop = asyncio.get_running_loop()
+        if not self._poller.is_alive():
+            self._poller.start()
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Wait for what is in flight, then disconnect."""
+        await asyncio.to_thread(self._producer.flush, timeout_s)
+        self._closed.set()
+        if self._poller.is_alive():
+            await asyncio.to_thread(self._poller.join, 2.0)
+        release(self._producer)
+
+    def produce(self, topic: str, value: bytes, key: bytes | None = None, *, partition: int = -1,
+                headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[None]:
+        """Queue one record; the future settles on the loop when the broker has acknowledged it."""
+        loop = self._loop
+        if loop is None:
+            self.start()
+            loop = self._loop
+        future: asyncio.Future[None] = loop.create_future()
+        try:
+            self._producer.produce(topic, value, key, partition=partition, headers=headers,
+                                   on_delivery=functools.partial(self._delivered, future))
+        except (BufferError, KafkaException) as exc:  # local queue full, or the client is failing
+            future.set_exception(DeliveryError(f"cannot produce to {topic!r}: {type(exc).__name__}: {exc}"))
+        return future
+
+    async def partitions(self, topic: str, timeout_s: float = 3.0) -> int:
+        """The topic's partition count; DeliveryError when the broker or the topic is not there."""
+        def ask() -> int:
+            try:
+                meta = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+            except KafkaException as exc:
+                raise DeliveryError(f"broker {self.bootstrap} unreachable: {exc.args[0].str()}") from exc
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise DeliveryError(f"topic {topic!r} is not available; create it with `counter up`")
+            return len(meta.partitions)
+        return await asyncio.to_thread(ask)
+
+    async def ping(self, timeout_s: float = 1.0) -> None:
+        """Raise DeliveryError unless the broker answers a metadata request within `timeout_s`."""
+        def ask() -> None:
+            try:
+                self._producer.list_topics(timeout=timeout_s)
+            except KafkaException as exc:
+                raise DeliveryError(f"broker {self.bootstrap} unreachable: {exc.args[0].str()}") from exc
+        await asyncio.to_thread(ask)
+
+    def _delivered(self, future: asyncio.Future[None], err: KafkaError | None, _msg: object) -> None:
+        """librdkafka's delivery report, on the poll thread."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(_settle, future, None if err is None else err.str(), self.timeout_s)
+
+    def _poll_loop(self) -> None:
+        """Wait in librdkafka for delivery reports (the GIL is released while it waits)."""
+        while not self._closed.is_set():
+            self._producer.poll(0.2)
+
+
+def _settle(future: asyncio.Future[None], error: str | None, timeout_s: float) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(DeliveryError(
+            f"the broker did not acknowledge the record within {timeout_s:g}s or refused it ({error})"))
