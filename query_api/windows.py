@@ -9,7 +9,8 @@ an API answers with 422.
   a 30-day window reads tens of rows, not 43,200 minutes. Its edges are aligned outwards to the finest
   granularity retained there, and the range actually covered is returned with the count.
 * ``series`` lists one granularity's buckets over ``[start, end)``, in order, zero-filled, at most
-  ``max_buckets`` of them.
+  ``max_buckets`` of them (its pure part, ``series_range`` and ``fill_series``, lives in ``sinks.windows``:
+  `counter audit --by` prints the same series).
 
 Both read the counter's latest clear and mask with it: a bucket that ended at or before the clear reads 0.
 Two store calls per request (the clear, then the buckets in one batched read).
@@ -29,11 +30,12 @@ from sinks.windows import (
     CHAIN,
     Granularity,
     Segment,
+    TooManyBuckets,
     WindowError,
-    align_down,
-    align_up,
+    fill_series,
     masked,
     retained_from,
+    series_range,
     tile,
 )
 
@@ -51,17 +53,6 @@ __all__ = [
 
 DEFAULT_MAX_BUCKETS = 1440  # a day of minutes, two months of hours, four years of days
 _US = 1_000_000
-
-
-class TooManyBuckets(WindowError):
-    """A series longer than the per-call limit (the caller should page, or ask for a coarser granularity)."""
-
-    def __init__(self, requested: int, limit: int, granularity: Granularity) -> None:
-        coarser = f" or a coarser granularity than {granularity}" if granularity.parent is not None else ""
-        super().__init__(f"the range holds {requested} {granularity} buckets, more than the limit of {limit} per "
-                         f"call: ask for a shorter range{coarser}", field="end")
-        self.requested = requested
-        self.limit = limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,22 +145,12 @@ async def series(buckets: BucketStore, ns: Namespace, counter: str, granularity:
     so); more than ``max_buckets`` buckets to return is ``TooManyBuckets``.
     """
     g = granularity_of(ns, granularity)
-    if end_us <= start_us:
-        raise WindowError(f"must be after start ({start_us})", field="end")
-    lo, hi = align_down(start_us, g), align_up(end_us, g)
     now = time.time_ns() // 1000 if now_us is None else now_us
-    oldest = retained_from(g, now, ns.windows.retention_s(g))
-    if oldest is not None and lo < oldest:
-        if hi <= oldest:
-            raise WindowError(f"the range ends before the oldest retained {g} bucket ({oldest}): {g} buckets are "
-                              f"kept {ns.windows.retention_s(g):g}s", field="end")
-        lo = oldest
-    if (hi - lo) // g.width_us > max_buckets:
-        raise TooManyBuckets((hi - lo) // g.width_us, max_buckets, g)
+    lo, hi = series_range(g, start_us, end_us, now_us=now, retention_s=ns.windows.retention_s(g),
+                          max_buckets=max_buckets)
     clear = (await buckets.clears(ns.name, [counter])).get(counter)
     [rows] = await buckets.read_buckets_many(ns.name, [(counter, g, lo, hi)])
-    stored = {start: value for start, value, _upto in rows}
-    filled = tuple((start, masked(g, start, stored.get(start, 0), clear)) for start in range(lo, hi, g.width_us))
+    filled = fill_series(g, lo, hi, rows, clear)
     return Series(g, lo, hi, filled)
 
 

@@ -30,6 +30,7 @@ __all__ = [
     "Segment",
     "StoredBucket",
     "Tiling",
+    "TooManyBuckets",
     "WindowError",
     "align_down",
     "align_up",
@@ -37,9 +38,11 @@ __all__ = [
     "combine_sums",
     "cover",
     "expiry_cutoff",
+    "fill_series",
     "is_masked",
     "masked",
     "retained_from",
+    "series_range",
     "slice_bounds",
     "tile",
 ]
@@ -101,6 +104,17 @@ class WindowError(ValueError):
         super().__init__(reason)
         self.reason = reason
         self.field = field
+
+
+class TooManyBuckets(WindowError):
+    """A series longer than the per-call limit (the caller should page, or ask for a coarser granularity)."""
+
+    def __init__(self, requested: int, limit: int, granularity: Granularity) -> None:
+        coarser = f" or a coarser granularity than {granularity}" if granularity.parent is not None else ""
+        super().__init__(f"the range holds {requested} {granularity} buckets, more than the limit of {limit} per "
+                         f"call: ask for a shorter range{coarser}", field="end")
+        self.requested = requested
+        self.limit = limit
 
 
 def align_down(t_us: int, g: Granularity) -> int:
@@ -263,3 +277,34 @@ def _floor_le(coarse: int | None, fine: int | None) -> bool:
 def _kept(start_us: int, g: Granularity, floors: Mapping[Granularity, int | None]) -> bool:
     floor = floors.get(g)
     return floor is None or start_us >= floor
+
+
+# -- series: one granularity's buckets over a range ---------------------------------------------------
+
+def series_range(g: Granularity, start_us: int, end_us: int, *, now_us: int, retention_s: float | None,
+                 max_buckets: int | None = None) -> tuple[int, int]:
+    """The ``[lo, hi)`` bucket starts of ``g``'s series over ``[start_us, end_us)``: edges aligned outwards, a
+    start older than the granularity's retention clamped to its oldest retained bucket (see
+    :func:`retained_from`). ``WindowError`` for an empty range or one ending before that bucket;
+    ``TooManyBuckets`` beyond ``max_buckets`` (None: no limit)."""
+    if end_us <= start_us:
+        raise WindowError(f"must be after start ({start_us})", field="end")
+    lo, hi = align_down(start_us, g), align_up(end_us, g)
+    oldest = retained_from(g, now_us, retention_s)
+    if oldest is not None and lo < oldest:
+        if hi <= oldest:
+            raise WindowError(f"the range ends before the oldest retained {g} bucket ({oldest}): {g} buckets are "
+                              f"kept {retention_s:g}s", field="end")
+        lo = oldest
+    if max_buckets is not None and (hi - lo) // g.width_us > max_buckets:
+        raise TooManyBuckets((hi - lo) // g.width_us, max_buckets, g)
+    return lo, hi
+
+
+def fill_series(g: Granularity, lo: int, hi: int, rows: Iterable[StoredBucket],
+                last_clear_us: int | None) -> tuple[tuple[int, int], ...]:
+    """``(start_us, count)`` of every ``g`` bucket starting in ``[lo, hi)`` (aligned), ascending: the stored
+    ``rows`` (as ``BucketStore.read_buckets_many`` returns them) masked by the counter's latest clear, and 0
+    where nothing is stored."""
+    stored = {start: value for start, value, _upto in rows}
+    return tuple((start, masked(g, start, stored.get(start, 0), last_clear_us)) for start in range(lo, hi, g.width_us))
