@@ -115,12 +115,3 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"stored rollup: {state.count:,} at {iso(state.rollup_ts)}; audit total at that time "
                   f"{at_rollup:,}: {verdict}", highlight=False)
     return 0 if match else 1
-
-
-def _time(value: str | None, flag: str) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_generation_time(value, field=flag)
-    except ValidationError as exc:
-        fail(str(exc))
