@@ -27,7 +27,8 @@ from control_plane import default_config_path as default_namespaces
 from producers.asyncio_producer import AsyncProducer
 from schemas import DecodeError, decode_signals
 from schemas.dead_letter import DeadLetter
-from sinks import EventStore, RollupCache, RollupStore, open_cache, open_namespace_stores
+from sinks import BucketStore, EventStore, RollupCache, RollupStore, open_cache, open_namespace_stores
+from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
 from streams.settings import Settings
 from streams.signals import SignalSender
@@ -47,6 +48,7 @@ class Pipeline:
     registry: NamespaceRegistry
     events: EventStore
     rollups: RollupStore
+    buckets: BucketStore
     cache: RollupCache
     app: faust.App
     topics: AppTopics
@@ -93,14 +95,14 @@ def build(settings: Settings) -> Pipeline:
     registry = load_namespaces(settings.namespaces or default_namespaces())
     counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups, _buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
+    events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     app = create_app(settings, app_id=settings.worker_id)
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id=f"{settings.worker_id}-producer", timeout_s=10.0)
     topics = declare_topics(app, settings)
     rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
     skew = max((ns.max_clock_skew_s for ns in rolled), default=1.0)
     pipeline = Pipeline(
-        settings=settings, registry=registry, events=events, rollups=rollups,
+        settings=settings, registry=registry, events=events, rollups=rollups, buckets=buckets,
         cache=open_cache(_cache_spec(settings)), app=app, topics=topics,
         tracker=WatermarkTracker(skew),
         mutation_partitions=counts[settings.mutations_topic],
@@ -179,7 +181,8 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
 
     @app.timer(settings.retention_interval_s)
     async def retention() -> None:
-        """Drop whole event slices older than delete_after that every counter has rolled past."""
+        """Drop whole event slices older than delete_after that every counter has rolled past, and time buckets
+        past their granularity's retention (never newer buckets, other granularities or the totals)."""
         now_us = time.time_ns() // 1000
         for ns in p.registry.values():
             if ns.counter_type is CounterType.BEST_EFFORT:
@@ -189,6 +192,11 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                 ns.name, now_us - int(ns.retention.delete_after_s * 1e6), rolled)
             if dropped:
                 log.info("retention: dropped %d slice(s) of namespace %s", dropped, ns.name)
+            for name in ns.windows.granularities:
+                g = Granularity(name)
+                cutoff = expiry_cutoff(g, now_us, ns.windows.retention_s(name))
+                if cutoff is not None and await p.buckets.drop_expired(ns.name, g, cutoff):
+                    log.info("retention: dropped %s buckets of namespace %s before %d", name, ns.name, cutoff)
 
     @app.page("/ready")
     async def ready(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
@@ -240,7 +248,7 @@ async def _persist(p: Pipeline, records: list[KafkaRecord]) -> list[Key]:
 async def _rollup(p: Pipeline, keys: set[Key]) -> None:
     started = time.monotonic()
     results = await rollup_many(keys, p.registry, events=p.events, rollups=p.rollups, cache=p.cache,
-                                watermark=p.watermark, pressure=p.pressure)
+                                watermark=p.watermark, pressure=p.pressure, buckets=p.buckets)
     pending = [r.key for r in results if r.pending]
     for r in results:
         metrics.ROLLUPS.labels(r.key[0], "applied" if r.applied else "unchanged").inc()

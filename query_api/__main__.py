@@ -21,6 +21,7 @@ def main() -> int:
         return 2
     from query_api.http_protocol import CounterHttpProtocol
 
+    # uvicorn annotates timeout_keep_alive as int but only hands it to call_later: fractions of a second work
     uvicorn.run("query_api.app:create_app", factory=True, host=settings.api_host, port=settings.api_port,
                 workers=settings.api_workers, http=CounterHttpProtocol, loop="uvloop", log_level="warning",
                 access_log=False, timeout_keep_alive=settings.api_keep_alive_s)  # type: ignore[arg-type]

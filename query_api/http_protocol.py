@@ -125,11 +125,14 @@ class CounterHttpProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        # uvicorn types `cycle` as its RequestResponseCycle; FastCycle has what uvicorn reads of it
         self.cycle = cycle = FastCycle(keep_alive)  # type: ignore[assignment]
         awaitable, render = call
-        future = awaitable if isinstance(awaitable, asyncio.Future) else self.loop.create_task(awaitable)  # type: ignore[arg-type]
+        future = (awaitable if isinstance(awaitable, asyncio.Future)
+                  else self.loop.create_task(awaitable))  # type: ignore[arg-type]  # not a Future: a coroutine
         future.add_done_callback(functools.partial(self._done, cycle, self.url, render, time.perf_counter()))
-        self.tasks.add(future)  # type: ignore[arg-type]  # uvicorn's shutdown waits while this set is not empty
+        # uvicorn's shutdown waits while this set is not empty; it is typed set[Task], a Future serves as well
+        self.tasks.add(future)  # type: ignore[arg-type]
 
     # -- internals --------------------------------------------------------------------------------------
 
@@ -138,7 +141,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
         url, headers, expect_100_continue = self.url, self.headers, self.expect_100_continue
         super().on_message_begin()
         self.url, self.expect_100_continue = url, expect_100_continue
-        self.headers = self.scope["headers"] = headers  # type: ignore[typeddict-item]
+        self.headers = self.scope["headers"] = headers
 
     def _to_app(self, body: bytes) -> None:
         """Hand the request so far (headers, and the body read until now) to uvicorn's own cycle: the FastAPI
@@ -151,7 +154,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
 
     def _done(self, cycle: FastCycle, path: bytes, render: Callable[[Any], bytes], started: float,
               future: asyncio.Future) -> None:
-        self.tasks.discard(future)  # type: ignore[arg-type]
+        self.tasks.discard(future)
         try:
             status, body = 200, render(future.result())
         except SERVICE_ERRORS as exc:

@@ -80,8 +80,27 @@ class AddCountRequest(CounterRef):
         return _check(validate_item_key, v)
 
 
+class WindowSpec(BaseModel):
+    """A time window: `last` (a duration ending now: "1h", "15m", "7d") or `start` and `end` (RFC 3339 or epoch;
+    `end` defaults to now). Edges are aligned outwards to the buckets that cover them; the answer says which."""
+
+    model_config = ConfigDict(extra="forbid")
+    last: str | None = Field(None, examples=["1h"])
+    start: str | int | float | None = Field(None, examples=["2026-11-23T10:00:00Z"])
+    end: str | int | float | None = Field(None, examples=["2026-11-23T11:00:00Z"])
+
+    def as_spec(self) -> dict[str, object]:
+        return self.model_dump(exclude_none=True)
+
+
 class GetCountRequest(CounterRef):
-    pass
+    window: WindowSpec | None = Field(None, description="count only this time window (EVENTUAL/ACCURATE)")
+
+
+class GetCountSeriesRequest(CounterRef):
+    granularity: str = Field(..., examples=["hour"], description="minute, hour or day (as the namespace keeps)")
+    start: str | int | float = Field(..., examples=["2026-11-22T00:00:00Z"])
+    end: str | int | float | None = Field(None, examples=["2026-11-23T00:00:00Z"], description="default: now")
 
 
 class ClearCountRequest(CounterRef):
@@ -112,6 +131,31 @@ class CountResponse(BaseModel):
     count: int
     counter_type: str
     as_of: datetime | None = Field(None, description="rollup timestamp the count is exact up to (rolled-up types)")
+
+
+class Window(BaseModel):
+    start: datetime = Field(..., description="start of the window actually counted (aligned to its buckets)")
+    end: datetime = Field(..., description="end (exclusive) of the window actually counted")
+
+
+class WindowCountResponse(CountResponse):
+    window: Window
+
+
+class Bucket(BaseModel):
+    start: datetime
+    count: int
+
+
+class SeriesResponse(BaseModel):
+    namespace: str
+    counter_name: str
+    counter_type: str
+    granularity: str
+    start: datetime
+    end: datetime
+    buckets: list[Bucket] = Field(..., description="every bucket of [start, end), in order, zero-filled")
+    as_of: datetime | None = Field(None, description="the buckets are exact up to this time")
 
 
 class BatchAddCountResponse(BaseModel):

@@ -6,15 +6,33 @@ from datetime import UTC, datetime
 
 import orjson
 
-from control_plane import CounterType
+from control_plane import CounterType, Namespace
 from producers import DeliveryError
-from query_api.models import AddCountResponse, CountResponse
-from query_api.service import BrokerUnavailable, Count, NamespaceNotFound, NotCountedYet, Rejected, Written
+from query_api.models import (
+    AddCountResponse,
+    Bucket,
+    CountResponse,
+    SeriesResponse,
+    Window,
+    WindowCountResponse,
+)
+from query_api.service import (
+    BrokerUnavailable,
+    Count,
+    NamespaceNotFound,
+    NotCountedYet,
+    Rejected,
+    WindowedCount,
+    Written,
+)
+from query_api.windows import Series
 from schemas import MICROS
 from sinks.best_effort import CounterOverflow, CounterUnavailable
+from sinks.windows import WindowError
 
 SERVICE_ERRORS: tuple[type[Exception], ...] = (NamespaceNotFound, BrokerUnavailable, CounterUnavailable,
-                                                NotCountedYet, Rejected, CounterOverflow, DeliveryError)
+                                                NotCountedYet, Rejected, CounterOverflow, DeliveryError,
+                                                WindowError)
 
 
 def _as_of(rollup_ts: int | None) -> datetime | None:
@@ -37,6 +55,23 @@ def count_json(c: Count) -> bytes:
         return count_response(c).model_dump_json().encode()
 
 
+def _at(us: int) -> datetime:
+    return datetime.fromtimestamp(us / MICROS, UTC)
+
+
+def window_response(w: WindowedCount) -> WindowCountResponse:
+    return WindowCountResponse(namespace=w.ns.name, counter_name=w.counter, count=w.count,
+                               counter_type=w.ns.counter_type.value, as_of=_as_of(w.as_of),
+                               window=Window(start=_at(w.start_us), end=_at(w.end_us)))
+
+
+def series_response(ns: Namespace, counter: str, s: Series, as_of: int | None) -> SeriesResponse:
+    return SeriesResponse(namespace=ns.name, counter_name=counter, counter_type=ns.counter_type.value,
+                          granularity=s.granularity.value, start=_at(s.start_us), end=_at(s.end_us),
+                          buckets=[Bucket(start=_at(start), count=count) for start, count in s.buckets],
+                          as_of=_as_of(as_of))
+
+
 def add_json(w: Written) -> bytes:
     """`add_response(w)` serialized, without building the model (see count_json)."""
     return orjson.dumps({"namespace": w.ns.name, "counter_name": w.counter, "counter_type": w.ns.counter_type.value,
@@ -52,6 +87,9 @@ def error_response(exc: Exception) -> tuple[int, dict]:
     """Status and body for one of SERVICE_ERRORS: one mapping for the FastAPI handlers and the fast path."""
     if isinstance(exc, Rejected):
         return 422, {"detail": [{"loc": ["body", *exc.field.split(".")], "msg": str(exc), "type": "value_error"}]}
+    if isinstance(exc, WindowError):
+        loc = ["body", *(exc.field or "window").split(".")]
+        return 422, {"detail": [{"loc": loc, "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, CounterOverflow):
         return 422, {"detail": [{"loc": ["body", "delta"], "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, NamespaceNotFound):

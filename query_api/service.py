@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
@@ -18,9 +18,19 @@ from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
 from query_api.signals import ReadSignals
-from schemas import MICROS, Mutation, MutationOp, parse_generation_time, validate_item_key, validate_token
-from sinks import EventStore, RollupCache, RollupStore
+from query_api.windows import Series, parse_window, series, window_count
+from schemas import (
+    MICROS,
+    Mutation,
+    MutationOp,
+    ValidationError,
+    parse_generation_time,
+    validate_item_key,
+    validate_token,
+)
+from sinks import BucketStore, EventStore, RollupCache, RollupStore
 from sinks.best_effort import BestEffortCounters
+from sinks.windows import WindowError
 
 LIVE_SCAN_PAGE = 1000
 
@@ -54,6 +64,18 @@ class Count:
 
 
 @dataclass(frozen=True, slots=True)
+class WindowedCount:
+    """A window's count over [start_us, end_us) (aligned to its buckets), exact up to `as_of`."""
+
+    ns: Namespace
+    counter: str
+    count: int
+    start_us: int
+    end_us: int
+    as_of: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class Written:
     ns: Namespace
     counter: str
@@ -65,6 +87,7 @@ class Written:
 class CounterService:
     def __init__(self, registry: NamespaceRegistry, *, producer: GroupCommitProducer, signals: ReadSignals,
                  events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
+                 buckets: BucketStore | None = None,
                  read_your_write_timeout_s: float = 5.0,
                  read_signal_lag_s: float = 5.0) -> None:
         self.registry = registry
@@ -72,6 +95,7 @@ class CounterService:
         self.signals = signals
         self.events = events
         self.rollups = rollups
+        self.buckets = buckets
         self.cache = cache
         self.counters = counters
         self.read_your_write_timeout_s = read_your_write_timeout_s
@@ -176,22 +200,67 @@ class CounterService:
             self.signals.emit(ns.name, counter)
 
     async def live_count(self, ns: Namespace, counter: str, rollup_count: int, rollup_ts: int) -> int:
-        """Rollup plus the persisted events after it, read in bounded pages; clears reset the sum."""
-        upto = time.time_ns() // 1000 + int((ns.max_clock_skew_s + 60) * MICROS)
+        """Rollup plus the persisted events after it; a clear among them resets the sum."""
+        return await self._plus_live(ns, counter, rollup_count, rollup_ts, self._live_horizon(ns))
+
+    @staticmethod
+    def _live_horizon(ns: Namespace) -> int:
+        """The newest event time a live read looks at: the latest admissible, with a minute to spare."""
+        return time.time_ns() // 1000 + int((ns.max_clock_skew_s + 60) * MICROS)
+
+    async def _plus_live(self, ns: Namespace, counter: str, count: int, after_us: int, upto_us: int) -> int:
+        """`count` plus the persisted events in (after_us, upto_us], read in bounded pages; a clear among them
+        replaces the count with the adds after it (an add at the very time of a clear is erased by it)."""
+        if upto_us <= after_us:
+            return count
         delta, cleared, clear_time = 0, False, -1
         cursor = None
         while True:
-            page = await self.events.scan(ns.name, counter, rollup_ts, upto, after=cursor, limit=LIVE_SCAN_PAGE)
+            page = await self.events.scan(ns.name, counter, after_us, upto_us, after=cursor, limit=LIVE_SCAN_PAGE)
             for _ns, _c, event_time, _id, _key, d, is_clear in page:
                 if is_clear:
                     delta, cleared, clear_time = 0, True, event_time
-                elif event_time > clear_time:  # an add at the very time of a clear is erased by it
+                elif event_time > clear_time:
                     delta += d
             if len(page) < LIVE_SCAN_PAGE:
                 break
             last = page[-1]
             cursor = (last[2], last[3], last[4])
-        return delta if cleared else rollup_count + delta
+        return delta if cleared else count + delta
+
+    # -- time windows -----------------------------------------------------------------------------------
+
+    def _windowed(self, ns: Namespace) -> None:
+        if ns.counter_type is CounterType.BEST_EFFORT or not ns.windows:
+            raise WindowError(f"namespace {ns.name!r} ({ns.counter_type.value}) keeps no time windows",
+                              field="window")
+
+    async def get_window(self, ns: Namespace, counter: str, spec: Mapping[str, object]) -> WindowedCount:
+        """GetCount over a window: the buckets tiling it (coarsest first); ACCURATE adds the live events in the
+        window after the buckets' boundary, honouring a live clear."""
+        self._windowed(ns)
+        now = time.time_ns() // 1000
+        start, end = parse_window(spec, now)
+        counted = await window_count(self.buckets, ns, counter, start, end, now_us=now)
+        _, rollup_ts = await self.rollup_of(ns, counter)
+        self.signal_if_stale(ns, counter, rollup_ts)
+        as_of = max(rollup_ts, counted.upto_us)
+        count = counted.count
+        if ns.counter_type is CounterType.ACCURATE:  # the window's events after the buckets' boundary
+            count = await self._plus_live(ns, counter, count, max(as_of, counted.start_us - 1),
+                                          min(counted.end_us - 1, self._live_horizon(ns)))
+        return WindowedCount(ns, counter, count, counted.start_us, counted.end_us, as_of or None)
+
+    async def get_series(self, ns: Namespace, counter: str, granularity: str, start: str | int | float,
+                         end: str | int | float | None) -> tuple[Series, int | None]:
+        """GetCountSeries: the granularity's buckets over [start, end), zero-filled, and their as_of."""
+        self._windowed(ns)
+        now = time.time_ns() // 1000
+        start_us = _window_time(start, "start")
+        end_us = now if end is None else _window_time(end, "end")
+        result = await series(self.buckets, ns, counter, granularity, start_us, end_us, now_us=now)
+        _, rollup_ts = await self.rollup_of(ns, counter)
+        return result, max(rollup_ts, result.upto_us) or None
 
     async def add_and_get(self, ns: Namespace, counter: str, delta: int, token: str | None,
                           generation_time: str | int | float | None, item_key: str = "") -> Count:
@@ -217,3 +286,10 @@ class CounterService:
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but was not counted within "
                 f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token")
+
+
+def _window_time(value: str | int | float, field: str) -> int:
+    try:
+        return parse_generation_time(value, field=field)
+    except ValidationError as exc:
+        raise WindowError(exc.reason, field=field) from None

@@ -64,6 +64,7 @@ class WindowCount:
     start_us: int
     end_us: int
     segments: tuple[Segment, ...]
+    upto_us: int = 0  # the latest boundary the buckets read were computed at: they are exact up to it
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,7 @@ class Series:
     start_us: int
     end_us: int
     buckets: tuple[tuple[int, int], ...]
+    upto_us: int = 0  # the latest boundary the buckets read were computed at
 
 
 def granularity_of(ns: Namespace, value: object, *, field: str = "granularity") -> Granularity:
@@ -134,7 +136,8 @@ async def window_count(buckets: BucketStore, ns: Namespace, counter: str, start_
                                                       for s in tiling.segments])
     count = sum(masked(seg.granularity, start, value, clear)
                 for seg, rows in zip(tiling.segments, found, strict=True) for start, value, _upto in rows)
-    return WindowCount(count, tiling.start_us, tiling.end_us, tiling.segments)
+    upto = max((row[2] for rows in found for row in rows), default=0)
+    return WindowCount(count, tiling.start_us, tiling.end_us, tiling.segments, upto)
 
 
 async def series(buckets: BucketStore, ns: Namespace, counter: str, granularity: Granularity | str, start_us: int,
@@ -151,7 +154,7 @@ async def series(buckets: BucketStore, ns: Namespace, counter: str, granularity:
     clear = (await buckets.clears(ns.name, [counter])).get(counter)
     [rows] = await buckets.read_buckets_many(ns.name, [(counter, g, lo, hi)])
     filled = fill_series(g, lo, hi, rows, clear)
-    return Series(g, lo, hi, filled)
+    return Series(g, lo, hi, filled, max((row[2] for row in rows), default=0))
 
 
 def _floors(ns: Namespace, chain: tuple[Granularity, ...], now_us: int) -> dict[Granularity, int | None]:

@@ -1,0 +1,1 @@
+"""The HTTP routes, one router per concern: writes, reads (totals, windows, series) and operations."""

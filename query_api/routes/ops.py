@@ -1,0 +1,47 @@
+"""Operations: liveness, readiness (broker, store, caches) and Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from query_api import metrics
+from query_api.dependencies import Service
+
+router = APIRouter(tags=["operations"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is alive."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"description": "a dependency is unreachable"}})
+async def readyz(service: Service) -> JSONResponse:
+    """Broker, store and cache reachable."""
+    checks = {"broker": await _check(service.producer.kafka.ping(1.0)),
+              "store": await _check(service.rollups.get("_readyz", "_readyz")),
+              "cache": "ok" if await service.cache.healthy() else "unreachable",
+              "best_effort_counters": "ok" if await service.counters.healthy() else "unreachable"}
+    ok = all(v == "ok" for v in checks.values())
+    return JSONResponse({"ready": ok, "checks": checks}, status_code=200 if ok else 503)
+
+
+@router.get("/metrics", response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+async def prometheus() -> Response:
+    """Prometheus metrics: requests and latency per endpoint, cache hit ratio."""
+    return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+async def _check(awaitable: Awaitable[object]) -> str:
+    try:
+        await asyncio.wait_for(awaitable, 2.0)
+        return "ok"
+    except Exception as exc:
+        return f"unreachable: {exc}"
