@@ -15,7 +15,7 @@ from agents.watermark import is_heartbeat
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error
 from schemas import MICROS, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
-from schemas.dead_letter import DeadLetter
+from schemas.dead_letter import AnyHeaders, DeadLetter
 from sinks import EventRow
 
 
@@ -36,7 +36,7 @@ class KafkaRecord(Protocol):
     @property
     def value(self) -> bytes | None: ...
     @property
-    def headers(self) -> object: ...
+    def headers(self) -> AnyHeaders: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +49,7 @@ class RawRecord:
     timestamp: int  # epoch ms
     key: bytes | None
     value: bytes | None
-    headers: object = ()
+    headers: AnyHeaders = ()
 
 
 @dataclass(slots=True)
@@ -145,7 +145,8 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
                 if event_time > last_write.get(key, -1):
                     last_write[key] = event_time
                 continue
-            reason = admission.refusal or admission_error(event_time, arrived, admission.ns)  # type: ignore[arg-type]
+            reason = admission.refusal or admission_error(
+                event_time, arrived, admission.ns)  # type: ignore[arg-type]  # None only with a refusal (above)
             value_out = (value or b"") if single else _reencode(m, event_time, event_id)
             out.dead.append(_dead(rec, value_out, reason or "not admitted", timestamp_us))
     out.records = n

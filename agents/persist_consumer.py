@@ -121,7 +121,7 @@ class PersistConsumer:
                     await self.checkpoint_now()
 
     async def _handle(self, batch: dict[TopicPartition, list]) -> None:
-        records: list[KafkaRecord] = [r for recs in batch.values() for r in recs]
+        records = [r for recs in batch.values() for r in recs]  # aiokafka's ConsumerRecords: KafkaRecords and more
         size = sum(r.serialized_value_size for r in records if r.serialized_value_size > 0)
         self._record_size = 0.8 * self._record_size + 0.2 * max(16.0, size / len(records))
         self._touched.update(await self.persist(records))

@@ -16,15 +16,16 @@ import threading
 from collections.abc import Iterable
 
 from schemas import MICROS
+from schemas.dead_letter import AnyHeaders
 
 HEARTBEAT_HEADER = "counter.heartbeat"
 
 
-def is_heartbeat(headers: object) -> bool:
+def is_heartbeat(headers: AnyHeaders) -> bool:
     """Whether a record's headers (list of pairs or mapping, str or bytes names) mark a heartbeat."""
     if not headers:
         return False
-    names = headers.keys() if isinstance(headers, dict) else (h[0] for h in headers)  # type: ignore[union-attr]
+    names = headers.keys() if isinstance(headers, dict) else (h[0] for h in headers)
     return any(n == HEARTBEAT_HEADER or n == b"counter.heartbeat" for n in names)
 
 

@@ -113,8 +113,8 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
             skipped[parent] = len(children) - len(ready)
         ranges: list[BucketRange] = [(c, child, p, min(p + parent.width_us, known_from[c])) for c, p in ready]
         stored = await buckets.read_buckets_many(ns.name, ranges) if ranges else []
-        for (c, p), rows in zip(ready, stored, strict=True):
-            values = {start: value for start, value, _upto in rows}
+        for (c, p), parent_rows in zip(ready, stored, strict=True):
+            values = {start: value for start, value, _upto in parent_rows}
             values.update(children[(c, p)])
             computed[parent][(c, p)] = sum(masked(child, s, v, clear_of.get(c)) for s, v in values.items())
         known_from = {c: align_up(k, parent) for c, k in known_from.items()}

@@ -21,6 +21,7 @@ def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:
     with (tempfile.TemporaryDirectory(prefix="bench-be-") as tmp, local_stack(Path(tmp)) as stack,
           http_floor(Path(tmp)) as floor):
         api = stack.apis[0]
+        assert stack.memcached is not None  # local_stack starts it
         mc_host, mc_port = stack.memcached.address.rsplit(":", 1)
         names = [f"be-{i}" for i in range(counters)]
         adds = [http_post("/v1/AddCount", json.dumps({"namespace": "my_dataset_best_effort", "counter_name": n,

@@ -45,6 +45,7 @@ async def run_async(n: int, repeat: int, data_dir: Path) -> dict:
 
     async def one_rollup(counter: str) -> float:
         state = await rollups.get("hist", counter)
+        assert state is not None  # written above
         started = time.perf_counter()
         agg = await events.aggregate("hist", counter, state.rollup_ts, boundary)
         apply_aggregate(state.count, agg)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import cast
 
 import httptools
 import uvloop
@@ -20,21 +21,22 @@ RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-lengt
 
 
 class FloorProtocol(asyncio.Protocol):
+    transport: asyncio.Transport  # from connection_made, before any data
+
     def __init__(self) -> None:
         self.parser = httptools.HttpRequestParser(self)
-        self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's transport
 
     def data_received(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError:
-            self.transport.close()  # type: ignore[union-attr]
+            self.transport.close()
 
     def on_message_complete(self) -> None:
-        self.transport.write(RESPONSE)  # type: ignore[union-attr]
+        self.transport.write(RESPONSE)
 
 
 async def serve(host: str, port: int) -> None:

@@ -27,6 +27,7 @@ def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:
     with (tempfile.TemporaryDirectory(prefix="bench-read-") as tmp, local_stack(Path(tmp)) as stack,
           http_floor(Path(tmp)) as floor):
         api = stack.apis[0]
+        assert stack.memcached is not None  # local_stack starts it
         mc_host, mc_port = stack.memcached.address.rsplit(":", 1)
         names = [f"bench-{i}" for i in range(counters)]
         with httpx.Client(base_url=f"http://{api.address}", timeout=30) as client:
@@ -70,12 +71,12 @@ def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:
     results = {key: medians(values) for key, values in per_round.items()}
     console.print(f"medians of {rounds} rounds:")
     for key in ("getcount_eventual_cached", "getcount_accurate"):
-        r = results[key]
-        r["ratio_to_raw_get"] = median_ratio(per_round, key, "raw_memcached_get")
-        r["ratio_to_http_floor"] = median_ratio(per_round, key, "http_floor")
-        console.print(f"  {key}: {r['throughput_per_s']:,.0f}/s, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
-                      f"{r['ratio_to_raw_get']:.1%} of raw memcached get, {r['ratio_to_http_floor']:.1%} of the "
-                      "HTTP floor")
+        res = results[key]
+        res["ratio_to_raw_get"] = median_ratio(per_round, key, "raw_memcached_get")
+        res["ratio_to_http_floor"] = median_ratio(per_round, key, "http_floor")
+        console.print(f"  {key}: {res['throughput_per_s']:,.0f}/s, p50 {res['p50_ms']:.2f} ms, "
+                      f"p99 {res['p99_ms']:.2f} ms; {res['ratio_to_raw_get']:.1%} of raw memcached get, "
+                      f"{res['ratio_to_http_floor']:.1%} of the HTTP floor")
     return {"concurrency": concurrency, "duration_s": duration, "counters": counters, "rounds": rounds,
             "results": results}
 

@@ -92,9 +92,9 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int) -
         console.print(f"durable writes, {duration:g} s per phase, {rounds} interleaved rounds:")
         per_round = run_rounds(phases, rounds=rounds, duration_s=duration)
         expected = {("my_dataset_accurate", n): a for n, a in zip(names, acked["accurate"], strict=True) if a}
-        for n, a, g in zip(names, acked["eventual"], acked_get, strict=True):
-            if a + g:
-                expected[("my_dataset", n)] = a + g
+        for n, added, got in zip(names, acked["eventual"], acked_get, strict=True):
+            if added + got:
+                expected[("my_dataset", n)] = added + got
         errors = sum(r["errors"] for rs in per_round.values() for r in rs)
         started = time.monotonic()
         exact = wait_exact(Path(tmp), expected, allow_more=errors > 0)

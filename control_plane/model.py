@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
+from typing import TypeVar, overload
 
 __all__ = [
     "GRANULARITIES",
@@ -213,6 +214,9 @@ class Namespace:
         return granted
 
 
+_T = TypeVar("_T")
+
+
 class NamespaceRegistry(Mapping[str, Namespace]):
     """Immutable ``name -> Namespace`` mapping, in file order."""
 
@@ -227,7 +231,14 @@ class NamespaceRegistry(Mapping[str, Namespace]):
         self._by_name: Mapping[str, Namespace] = MappingProxyType(by_name)
         self.source = source
 
-    def get(self, name: str, default: Namespace | None = None) -> Namespace | None:  # type: ignore[override]
+    @overload
+    def get(self, name: str, /) -> Namespace | None: ...
+    @overload
+    def get(self, name: str, default: Namespace, /) -> Namespace: ...
+    @overload
+    def get(self, name: str, default: _T, /) -> Namespace | _T: ...
+
+    def get(self, name: str, default: object = None) -> object:
         """The namespace called ``name``, or ``default`` (hot path: no message building)."""
         return self._by_name.get(name, default)
 

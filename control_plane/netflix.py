@@ -85,7 +85,7 @@ class _Reader:
         for i, entry in enumerate(entries):
             if not isinstance(entry, Mapping):
                 raise self.fail(f"{self.root}[{i}]", f"must be a mapping (got {_kind(entry)})")
-            entry_id = entry.get("id")
+            entry_id: Any = entry.get("id")  # the document's value: a str once found in _ENTRY_KEYS
             if entry_id not in _ENTRY_KEYS:
                 raise self.fail(
                     f"{self.root}[{i}].id", unknown_key_reason(entry_id, tuple(_ENTRY_KEYS), what="id")

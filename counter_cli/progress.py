@@ -115,18 +115,17 @@ class ProgressBar:
         return (self.completed - self._initial) / self.elapsed if self.elapsed > 0 else 0.0
 
     def advance(self, n: int = 1, *, note: str | None = None) -> None:
-        fields = {} if note is None else {"note": note}
-        self._progress.update(self._task, advance=n, **fields)
+        if note is None:  # `note` is a field of the task: set only when given
+            self._progress.update(self._task, advance=n)
+        else:
+            self._progress.update(self._task, advance=n, note=note)
 
     def update(self, *, completed: int | None = None, total: int | None = None, note: str | None = None) -> None:
-        kwargs: dict[str, object] = {}
-        if completed is not None:
-            kwargs["completed"] = completed
-        if total is not None:
-            kwargs["total"] = total
-        if note is not None:
-            kwargs["note"] = note
-        self._progress.update(self._task, **kwargs)
+        # rich leaves completed and total as they are when given None
+        if note is None:
+            self._progress.update(self._task, completed=completed, total=total)
+        else:
+            self._progress.update(self._task, completed=completed, total=total, note=note)
 
     def summary(self) -> str:
         """`1,234 records in 0:00:05 (246 records/s)`."""

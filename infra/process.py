@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 from infra.parent_death import die_with_this_process
 
@@ -93,11 +94,18 @@ class ManagedProcess:
         return f"{self.host}:{self.port}"
 
     @property
+    def popen(self) -> subprocess.Popen[bytes]:
+        """The child once spawned (ServiceError before)."""
+        if self.proc is None:
+            raise ServiceError(f"{self.name} was never spawned")
+        return self.proc
+
+    @property
     def pid(self) -> int | None:
         """The child's pid while it has not been seen to exit, else None."""
         return self.proc.pid if self.proc is not None and self.proc.returncode is None else None
 
-    def start(self, timeout: float = 20.0) -> ManagedProcess:
+    def start(self, timeout: float = 20.0) -> Self:
         """Spawn the child and wait until it is ready; a child that exits or stays unready raises ServiceError."""
         self.start_timeout = timeout
         self.spawn()
@@ -105,12 +113,12 @@ class ManagedProcess:
             self.stop()
             raise ServiceError(f"{self.name} did not answer on {self.address} within {timeout:.0f}s; "
                                f"see {self.log_path}")
-        if self.reap() is not None:
-            raise ServiceError(f"{self.name} exited with code {self.proc.returncode}; see {self.log_path}:\n"
+        if (code := self.reap()) is not None:
+            raise ServiceError(f"{self.name} exited with code {code}; see {self.log_path}:\n"
                                + self.log_tail())
         return self
 
-    def spawn(self) -> ManagedProcess:
+    def spawn(self) -> Self:
         """Start the child without waiting for it to be ready (a supervisor polls `ready()` instead)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
@@ -168,11 +176,11 @@ class ManagedProcess:
     def pause(self) -> None:
         """Freeze the process (SIGSTOP): it keeps its port but answers nothing, like a hung host."""
         if self.running():
-            os.kill(self.proc.pid, signal.SIGSTOP)
+            os.kill(self.popen.pid, signal.SIGSTOP)
 
     def resume(self) -> None:
         if self.running():
-            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.popen.pid, signal.SIGCONT)
 
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `timeout`; then end whatever it left in its process group."""
@@ -205,14 +213,14 @@ class ManagedProcess:
     def _state(self) -> str:
         """'running', 'zombie' (exited, not reaped: its pid is still ours) or 'reaped' (by someone else)."""
         try:
-            exited = os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            exited = os.waitid(os.P_PID, self.popen.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
             return "reaped"
         return "running" if exited is None else "zombie"
 
     def _kill_group(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            os.killpg(self.popen.pid, signal.SIGKILL)
 
     def log_tail(self, lines: int = 20) -> str:
         try:

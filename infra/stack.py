@@ -13,10 +13,13 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from infra.broker import LocalBroker
 from infra.memcached import LocalMemcached
 from infra.process import ManagedProcess, ServiceError, free_port
+
+_P = TypeVar("_P", bound=ManagedProcess)
 
 WORKER_READY_TIMEOUT_S = 90.0  # joining the consumer group waits out Tansu's rebalance
 API_READY_TIMEOUT_S = 60.0
@@ -66,7 +69,7 @@ class LocalStack:
         self.apis.append(api)
         return self._launch(api, timeout=API_READY_TIMEOUT_S)
 
-    def _launch(self, process: ManagedProcess, timeout: float = 20.0) -> ManagedProcess:
+    def _launch(self, process: _P, timeout: float = 20.0) -> _P:
         """Track the process before starting it, so an interrupted start is still stopped by stop()."""
         self.processes.append(process)
         return process.start(timeout=timeout)

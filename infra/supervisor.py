@@ -116,7 +116,7 @@ class Supervisor:
         process = item.process
         self._on_change()
         tail = process.log_tail(self._log_lines)
-        what = (f"{process.name} (pid {process.proc.pid}) died: {process.exit_description()}, after "
+        what = (f"{process.name} (pid {process.popen.pid}) died: {process.exit_description()}, after "
                 f"{now - process.started_at:.1f}s; last lines of {process.log_path}:\n{_indent(tail)}")
         if not item.restart:
             self._report("error", what + (f"\n{item.consequence}" if item.consequence else ""))

@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from producers.client import DeliveryError, release
+from schemas.dead_letter import Headers
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,13 @@ class AsyncProducer:
         release(self._producer)
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None, *, partition: int = -1,
-                headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[None]:
+                headers: Headers | None = None) -> asyncio.Future[None]:
         """Queue one record; the future settles on the loop when the broker has acknowledged it."""
         loop = self._loop
         if loop is None:
             self.start()
             loop = self._loop
+            assert loop is not None  # start() bound it
         future: asyncio.Future[None] = loop.create_future()
         try:
             self._producer.produce(topic, value, key, partition=partition, headers=headers,

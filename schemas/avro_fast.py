@@ -10,6 +10,9 @@ definition of what is accepted (tests hold the two paths equal on generated and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from schemas.model import Mutation, MutationOp
 from schemas.validation import (
     CONTROL_SEARCH,
@@ -100,9 +103,12 @@ def _valid_names(namespace: str, counter: str) -> bool:
     return True
 
 
-def _array(data: bytes, i: int, item) -> list:  # type: ignore[no-untyped-def]
+_T = TypeVar("_T")
+
+
+def _array(data: bytes, i: int, item: Callable[[bytes, int], tuple[_T, int]]) -> list[_T]:
     """An Avro array's blocks (count, items; a negative count is followed by the block's byte size)."""
-    out = []
+    out: list[_T] = []
     while True:
         count, i = _long(data, i)
         if count == 0:

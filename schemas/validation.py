@@ -12,7 +12,7 @@ import math
 import re
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
-from typing import Any
+from typing import Any, cast
 
 from schemas.model import MICROS, Mutation, MutationOp
 
@@ -174,7 +174,7 @@ def validate_event_time(event_time: Any, *, field: str = "event_time", how: str 
 
 def _epoch_to_micros(number: int | Decimal) -> tuple[int, str]:
     """Scale an epoch number to µs by magnitude: < 1e11 seconds, < 1e14 milliseconds, else microseconds."""
-    size = abs(number)
+    size = cast(int | Decimal, abs(number))  # mypy joins abs() over the union to `object`
     if size < SECONDS_BELOW:
         scaled, unit = number * MICROS, "seconds"
     elif size < MILLIS_BELOW:

@@ -6,6 +6,7 @@ A bad value stops start-up with a message naming the environment variable, never
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -96,7 +97,7 @@ class Settings(BaseSettings):
         return self.data_dir / "endpoints.json"
 
 
-def load_settings(**overrides: object) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Read COUNTER_* from the environment; raise SettingsError naming the variable on a bad value."""
     try:
         return Settings(**overrides)

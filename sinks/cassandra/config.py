@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 __all__ = [
@@ -133,14 +134,14 @@ def parse_cassandra_url(url: str) -> CassandraConfig:
         if key in options:
             raise CassandraUrlError(f"option {key!r} given twice in cassandra URL")
         options[key] = value
-    kw: dict[str, object] = {}
+    kw: dict[str, Any] = {}  # field name -> value of that field's type (the option parsers check them)
     for key, value in options.items():
         parser = _OPTIONS.get(key)
         if parser is None:
             raise CassandraUrlError(f"unknown cassandra URL option {key!r} (known: {', '.join(sorted(_OPTIONS))})")
         parser(key, value, kw)
     config = CassandraConfig(hosts=hosts, keyspace=keyspace, port=port, username=username, password=password,
-                             **kw)  # type: ignore[arg-type]
+                             **kw)
     if (config.cert_file is None) != (config.key_file is None):
         raise CassandraUrlError("cassandra URL options 'cert' and 'key' go together (client certificate)")
     if (config.ca_file or config.cert_file) and not config.tls:
@@ -150,10 +151,10 @@ def parse_cassandra_url(url: str) -> CassandraConfig:
 
 def with_replication(config: CassandraConfig, text: str) -> CassandraConfig:
     """``config`` with the replication given as ``N`` or ``dc1:N,dc2:M`` (as the URL option)."""
-    kw: dict[str, object] = {}
+    kw: dict[str, Any] = {}  # field name -> value of that field's type (the option parsers check them)
     _replication("replication", text, kw)
     return replace(config, replication=kw.get("replication", ()),
-                   replication_factor=int(kw.get("replication_factor", config.replication_factor)))  # type: ignore[arg-type]
+                   replication_factor=int(kw.get("replication_factor", config.replication_factor)))
 
 
 def _safe(text: str) -> str:

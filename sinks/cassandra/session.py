@@ -310,7 +310,7 @@ class CassandraSession:
         if self._session is None:
             raise RuntimeError("cassandra session is closed")
         try:
-            prepared = self._prepared.get(stmt.cql)
+            prepared: Any = self._prepared.get(stmt.cql)  # a PreparedStatement (the driver is untyped)
             if prepared is None:
                 prepared = await asyncio.to_thread(self._prepare_sync, stmt.cql)
             bound = prepared.bind(stmt.params)

@@ -19,7 +19,7 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast, overload
 
 log = logging.getLogger(__name__)
 
@@ -68,19 +68,24 @@ class _Connection(asyncio.Protocol):
 
     # -- used by the client ---------------------------------------------------------------------------
 
+    @overload
+    def request(self, data: bytes, shape: int, on_reply: None = None) -> asyncio.Future: ...
+    @overload
+    def request(self, data: bytes, shape: int, on_reply: OnReply) -> None: ...
+
     def request(self, data: bytes, shape: int, on_reply: OnReply | None = None) -> asyncio.Future | None:
         """Queue a request: its reply resolves the returned future, or is passed to on_reply if given."""
         waiter = self._loop.create_future() if on_reply is None else on_reply
         if self.broken is not None:
             _deliver(waiter, None, self.broken)
-            return None if on_reply else waiter  # type: ignore[return-value]
+            return None if on_reply else waiter  # type: ignore[return-value]  # the future when on_reply is None
         self._pending.append((shape, waiter, time.monotonic()))
         if not self._outgoing:
             self._loop.call_soon(self._flush)
         self._outgoing.append(data)
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(self.timeout_s, self._check_timeout)
-        return None if on_reply else waiter  # type: ignore[return-value]
+        return None if on_reply else waiter  # type: ignore[return-value]  # the future when on_reply is None
 
     def close(self) -> None:
         self._fail(MemcachedError(f"memcached {self.address}: connection closed"))
@@ -88,7 +93,7 @@ class _Connection(asyncio.Protocol):
     # -- asyncio.Protocol -----------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)  # a stream connection's transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(MemcachedError(f"memcached {self.address}: connection lost ({exc or 'closed by server'})"))
@@ -132,6 +137,7 @@ class _Connection(asyncio.Protocol):
     def _flush(self) -> None:
         outgoing, self._outgoing = self._outgoing, []
         if self.broken is None and outgoing:
+            # requests reach a connection only once it is connected (the client awaits _connect first)
             self.transport.write(b"".join(outgoing))  # type: ignore[union-attr]
 
     def _check_timeout(self) -> None:
@@ -275,8 +281,13 @@ class AsyncMemcached:
     async def _arith(self, cmd: bytes, key: str, delta: int) -> int | None:
         return arith_value(cmd, key, await self._request(b"%s %s %d\r\n" % (cmd, key.encode(), delta), _LINE))
 
-    async def _request(self, data: bytes, shape: int):  # type: ignore[no-untyped-def]
-        return await self._submit(data, shape)  # type: ignore[misc]
+    async def _request(self, data: bytes, shape: int) -> Any:
+        return await self._submit(data, shape)
+
+    @overload
+    def _submit(self, data: bytes, shape: int, on_reply: None = None) -> asyncio.Future: ...
+    @overload
+    def _submit(self, data: bytes, shape: int, on_reply: OnReply) -> None: ...
 
     def _submit(self, data: bytes, shape: int, on_reply: OnReply | None = None) -> asyncio.Future | None:
         """Send on the slot's live connection, or from a task once the slot has connected. Without on_reply,
@@ -292,7 +303,7 @@ class AsyncMemcached:
         task.add_done_callback(functools.partial(_forward_outcome, on_reply))
         return None
 
-    async def _connect_and_send(self, loop: asyncio.AbstractEventLoop, i: int, data: bytes, shape: int):  # type: ignore[no-untyped-def]
+    async def _connect_and_send(self, loop: asyncio.AbstractEventLoop, i: int, data: bytes, shape: int) -> Any:
         conn = await self._connect(loop, i)
         return await conn.request(data, shape)
 

@@ -50,8 +50,8 @@ def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
             return
         if done.cancelled():
             target.cancel()
-        elif done.exception() is not None:
-            target.set_exception(done.exception())
+        elif (exc := done.exception()) is not None:
+            target.set_exception(exc)
         else:
             target.set_result(done.result())
     source.add_done_callback(copy)
@@ -88,6 +88,8 @@ class MemcachedCounters:
                 ttl_s: float | None, line: bytes | None, error: MemcachedError | None) -> None:
         if result.done():  # the caller gave up (cancelled)
             return
+        raw: int | None
+        # `line` is bytes whenever `error` is None (a reply callback gets one or the other): the ignores below
         try:
             if error is None and line[:1].isdigit():  # type: ignore[index]  # the common case first: a count
                 raw = int(line)  # type: ignore[arg-type]
@@ -96,7 +98,7 @@ class MemcachedCounters:
                     return
             if error is not None:
                 raise error
-            raw = arith_value(_command(delta), key, line)  # type: ignore[arg-type, assignment]
+            raw = arith_value(_command(delta), key, line)  # type: ignore[arg-type]  # error is None here
         except MemcachedError as exc:
             result.set_exception(CounterUnavailable(str(exc)))
             return

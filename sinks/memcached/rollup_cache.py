@@ -8,6 +8,7 @@ import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from operator import methodcaller
 from typing import Any
 
 import xxhash
@@ -107,7 +108,7 @@ class MemcachedRollupCache:
             by_node.setdefault(self._node(key).name, {})[key] = (namespace, counter)
         out: dict[Key, tuple[int, int]] = {}
         for name, wanted in by_node.items():
-            found = await self._guard(self._nodes[name], lambda c, ks=list(wanted): c.get_many(ks), {})
+            found = await self._guard(self._nodes[name], methodcaller("get_many", list(wanted)), {})
             for key, raw in found.items():
                 value = _decode(raw)
                 if value is not None and key in wanted:

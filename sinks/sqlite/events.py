@@ -334,8 +334,9 @@ class SqliteEventStore:
             if (namespace, slice_no) != current_key:
                 current_key = (namespace, slice_no)
                 table = _table_name(prefix, slice_no)
-                current = by_table.get(table)  # type: ignore[assignment]
-                if current is None:
+                if table in by_table:
+                    current = by_table[table]
+                else:
                     current = by_table[table] = []
                     if table not in self._tables:
                         new_slices[table] = (namespace, slice_no, part, prefix)

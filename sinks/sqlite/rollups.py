@@ -126,6 +126,7 @@ class SqliteRollupStore:
             "SELECT partition, mark_us FROM watermarks WHERE topic = ?", (topic,)).fetchall()))
 
     async def delete(self, namespace: str, counter: str | None = None) -> int:
+        args: tuple[str, ...]
         if counter is None:
             sql, args = "DELETE FROM rollups WHERE namespace = ?", (namespace,)
         else:
