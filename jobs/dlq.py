@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -100,14 +100,15 @@ def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, progr
         records: list[DeadRecord] = []
         while not ends.all_done and not stop():
             for m in consumer.consume(1000, 0.5):
-                if m.error() is not None:
-                    if m.error().code() == KafkaError._PARTITION_EOF:
+                if (err := m.error()) is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
                         continue
-                    raise KafkaException(m.error())
+                    raise KafkaException(err)
                 ts_us = m.timestamp()[1] * 1000
-                if not ends.accept(m.partition(), m.offset(), ts_us):
+                partition, offset = cast(int, m.partition()), cast(int, m.offset())  # set on a consumed record
+                if not ends.accept(partition, offset, ts_us):
                     continue
-                records.append(DeadRecord(m.partition(), m.offset(), ts_us, m.key(), m.value() or b"",
+                records.append(DeadRecord(partition, offset, ts_us, m.key(), m.value() or b"",
                                           parse_headers(m.headers())))
                 if len(records) > total:
                     total = len(records)

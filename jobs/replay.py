@@ -24,6 +24,7 @@ from collections import Counter as Tally
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -340,7 +341,7 @@ class Replay:
                 if err.code() == KafkaError._PARTITION_EOF:
                     continue
                 raise KafkaException(err)
-            partition, offset = m.partition(), m.offset()
+            partition, offset = cast(int, m.partition()), cast(int, m.offset())  # set on a consumed record
             timestamp_us = m.timestamp()[1] * 1000  # Kafka timestamps are ms
             if not ends.accept(partition, offset, timestamp_us):
                 continue
