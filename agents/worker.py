@@ -93,7 +93,8 @@ class Pipeline:
 def build(settings: Settings) -> Pipeline:
     """Validate configuration, create topics and stores, and wire the agents onto a Faust app."""
     registry = load_namespaces(settings.namespaces or default_namespaces())
-    counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))
+    # kafka_bootstrap is set: `python -m agents` refuses to start without it (create_app would raise too)
+    counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))  # type: ignore[arg-type]
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     app = create_app(settings, app_id=settings.worker_id)
@@ -149,7 +150,8 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
 
     @app.agent(p.topics.rollups, name="rollup")
     async def rollup(stream: faust.StreamT) -> None:
-        async for events in stream.take_events(max_records, within=coalesce_s):
+        # faust's StreamT protocol does not declare take_events; the Stream an agent gets has it
+        async for events in stream.take_events(max_records, within=coalesce_s):  # type: ignore[attr-defined]
             keys: set[Key] = set()
             for e in events:
                 try:
@@ -158,7 +160,8 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                     log.warning("ignoring undecodable rollup signal at %s[%d]@%d: %s", e.message.topic,
                                 e.message.partition, e.message.offset, exc)
             if keys:
-                await _retrying("rollup", lambda keys=keys: _rollup(p, keys))
+                # mypy infers no type for a lambda with a default (which binds this batch's keys)
+                await _retrying("rollup", lambda keys=keys: _rollup(p, keys))  # type: ignore[misc]
 
     @app.timer(settings.watermark_interval_ms / 1000)
     async def heartbeat() -> None:
