@@ -241,7 +241,8 @@ class CounterService:
         self._windowed(ns)
         now = time.time_ns() // 1000
         start, end = parse_window(spec, now)
-        counted = await window_count(self.buckets, ns, counter, start, end, now_us=now)
+        # buckets: the app always opens them (None only for a service built without windows, in tests)
+        counted = await window_count(self.buckets, ns, counter, start, end, now_us=now)  # type: ignore[arg-type]
         _, rollup_ts = await self.rollup_of(ns, counter)
         self.signal_if_stale(ns, counter, rollup_ts)
         as_of = max(rollup_ts, counted.upto_us)
@@ -258,7 +259,9 @@ class CounterService:
         now = time.time_ns() // 1000
         start_us = _window_time(start, "start")
         end_us = now if end is None else _window_time(end, "end")
-        result = await series(self.buckets, ns, counter, granularity, start_us, end_us, now_us=now)
+        # buckets: the app always opens them (None only for a service built without windows, in tests)
+        result = await series(self.buckets, ns, counter, granularity, start_us, end_us,  # type: ignore[arg-type]
+                              now_us=now)
         _, rollup_ts = await self.rollup_of(ns, counter)
         return result, max(rollup_ts, result.upto_us) or None
 
@@ -267,7 +270,7 @@ class CounterService:
         """Read-your-write: the count includes this delta, or NotCountedYet after a bounded wait."""
         if ns.counter_type is CounterType.BEST_EFFORT:
             written = await self.write(ns, counter, delta, MutationOp.ADD, token, generation_time, item_key)
-            return Count(ns, counter, written.value, None)
+            return Count(ns, counter, written.value, None)  # type: ignore[arg-type]  # BEST_EFFORT: the new count
         written, acknowledged = self.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
                                                    item_key)
         return await self.count_after(written, acknowledged, item_key)
@@ -276,6 +279,7 @@ class CounterService:
         """The count once a durable write is acknowledged and persisted: AddAndGetCount's read-your-write."""
         await self.acknowledged(acknowledged)
         ns, counter = written.ns, written.counter
+        # a durable write always has its event time and token (write_durable sets them)
         await self.wait_persisted(ns, counter, written.event_time, written.token, item_key)  # type: ignore[arg-type]
         count, rollup_ts = await self.rollup_of(ns, counter)
         self.signal_if_stale(ns, counter, rollup_ts)
