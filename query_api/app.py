@@ -57,7 +57,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     """The API; services are built at start-up from COUNTER_* settings (or the given ones)."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, CounterService]]:
         s = settings or load_settings()
         if not s.kafka_bootstrap:
             raise RuntimeError("COUNTER_KAFKA_BOOTSTRAP must be set for the API (counter up sets it)")
@@ -137,5 +137,6 @@ def _install_handlers(app: FastAPI) -> None:
                                              "type": "json_invalid"}]}, status_code=422)
         return await http_exception_handler(request, exc)
 
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(Forbidden, forbidden)
+    # Starlette types a handler as taking any Exception; it calls each with the class it is registered for
+    app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Forbidden, forbidden)  # type: ignore[arg-type]
