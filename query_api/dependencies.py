@@ -45,7 +45,7 @@ def authorize(ns: Namespace, key: str | None, *scopes: str) -> None:
 
 
 async def _service(request: Request) -> CounterService:
-    return request.app.state.service  # type: ignore[no-any-return]  # set by the lifespan
+    return request.app.state.service  # set by the lifespan
 
 
 Service = Annotated[CounterService, Depends(_service)]

@@ -76,9 +76,9 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
     if durable:
         await service.send_durably(durable)
     results = []
-    for (r, m), ns in zip(prepared, namespaces, strict=True):
-        if m is None:
+    for (r, mutation), ns in zip(prepared, namespaces, strict=True):
+        if mutation is None:
             results.append(add_response(await service.write(ns, r.counter_name, r.delta, MutationOp.ADD, None, None)))
         else:
-            results.append(add_response(Written(ns, r.counter_name, m.event_id, m.event_time)))
+            results.append(add_response(Written(ns, r.counter_name, mutation.event_id, mutation.event_time)))
     return BatchAddCountResponse(results=results)
