@@ -44,7 +44,7 @@ def fast_call(service: CounterService, path: bytes, body: bytes) -> FastCall | N
     ns = service.registry.get(req["namespace"])
     if ns is None or ns.requires_auth:
         return None
-    counter = req.get("counter_name")
+    counter: Any = req.get("counter_name")  # request JSON: a str once validated below
     try:
         validate_counter_name(counter)
     except ValidationError:
@@ -67,7 +67,7 @@ def _durable(service: CounterService, ns: Namespace, path: bytes, req: dict[str,
     AddAndGetCount (a task: it waits for the event to be persisted)."""
     if not req.keys() <= _ADD_TOKEN_KEYS:
         return None
-    token = req.get("idempotency_token")
+    token: Any = req.get("idempotency_token")  # request JSON: None or a checked dict below
     if token is not None and not (type(token) is dict and token.keys() <= _TOKEN_KEYS
                                   and type(token.get("token")) is str):
         return None
