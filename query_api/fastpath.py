@@ -67,13 +67,13 @@ def _durable(service: CounterService, ns: Namespace, path: bytes, req: dict[str,
     AddAndGetCount (a task: it waits for the event to be persisted)."""
     if not req.keys() <= _ADD_TOKEN_KEYS:
         return None
-    token: Any = req.get("idempotency_token")  # request JSON: None or a checked dict below
+    token = req.get("idempotency_token")
     if token is not None and not (type(token) is dict and token.keys() <= _TOKEN_KEYS
                                   and type(token.get("token")) is str):
         return None
     try:
-        written, acknowledged = service.write_durable(
-            ns, counter, delta, MutationOp.ADD, token and token["token"], token and token.get("generation_time"))
+        written, acknowledged = service.write_durable(  # ignore below: a checked token dict is never falsy
+            ns, counter, delta, MutationOp.ADD, token and token["token"], token and token.get("generation_time"))  # type: ignore[arg-type]
     except ValidationError:  # nothing was sent: the route answers with the field named
         return None
     if path == ADD_COUNT:
