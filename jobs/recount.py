@@ -68,8 +68,8 @@ async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, ro
     start, base = 0, 0
     if since_us is not None:
         if state is None or state.rollup_ts < since_us:
-            return CounterRecount(name, counter, state and state.count, state and state.rollup_ts, None, boundary,
-                                  0, "no-base", "skipped")
+            return CounterRecount(name, counter, None if state is None else state.count,
+                                  None if state is None else state.rollup_ts, None, boundary, 0, "no-base", "skipped")
         window = await events.aggregate(name, counter, since_us, state.rollup_ts)
         start, base = since_us, (0 if window.cleared else state.count - window.delta)
 
