@@ -11,13 +11,14 @@ BENCHMARKS = {
     "read": ("bench.read", "GetCount p50/p99/throughput at concurrency 32 vs raw memcached get"),
     "best-effort": ("bench.best_effort", "BEST_EFFORT AddCount throughput vs raw memcached incr"),
     "history": ("bench.history", "rollup time with 10M old events vs 10 events"),
+    "windows": ("bench.windows", "a 30-day windowed GetCount vs a plain GetCount over HTTP"),
     "write": ("bench.write", "durable AddCount/AddAndGetCount over HTTP vs a raw acks=all produce"),
 }
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "bench", help="run a benchmark (ingest, read, best-effort, history, write)",
+        "bench", help="run a benchmark (ingest, read, best-effort, history, windows, write)",
         description="Benchmarks start their own local stack in a temporary directory, show progress, print "
                     "their figures next to a baseline measured in the same run, and write JSON results to "
                     "bench/results/. " + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()) + ".",

@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from control_plane import CounterType, Namespace
-from query_api.responses import add_json, count_json
+from query_api.responses import add_json, count_json, window_json
 from query_api.service import CounterService, Written
 from schemas import INT64_MAX, INT64_MIN, MutationOp, ValidationError, validate_counter_name
 
@@ -25,6 +25,8 @@ GET_COUNT, ADD_COUNT, ADD_AND_GET = b"/v1/GetCount", b"/v1/AddCount", b"/v1/AddA
 FAST_PATHS = {GET_COUNT: "/v1/GetCount", ADD_COUNT: "/v1/AddCount",  # the path, and its metrics endpoint
               ADD_AND_GET: "/v1/AddAndGetCount"}
 _GET_KEYS = frozenset({"namespace", "counter_name"})
+_WINDOW_KEYS = frozenset({"namespace", "counter_name", "window"})
+_WINDOW_SPEC_KEYS = frozenset({"last", "start", "end"})
 _ADD_KEYS = frozenset({"namespace", "counter_name", "delta"})
 _ADD_TOKEN_KEYS = frozenset({"namespace", "counter_name", "delta", "idempotency_token"})
 _TOKEN_KEYS = frozenset({"token", "generation_time"})
@@ -50,7 +52,14 @@ def fast_call(service: CounterService, path: bytes, body: bytes) -> FastCall | N
     except ValidationError:
         return None
     if path == GET_COUNT:
-        return (service.get(ns, counter), count_json) if req.keys() == _GET_KEYS else None
+        keys = req.keys()
+        if keys == _GET_KEYS:
+            return service.get(ns, counter), count_json
+        window = req.get("window")
+        if (keys == _WINDOW_KEYS and type(window) is dict and window and window.keys() <= _WINDOW_SPEC_KEYS
+                and all(type(v) is str for v in window.values())):  # the plain case; the route judges the rest
+            return service.get_window(ns, counter, window), window_json
+        return None
     delta = req.get("delta")
     if type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX:
         return None

@@ -138,7 +138,10 @@ def test_buckets_and_windows_equal_the_oracle_across_a_minute_and_a_worker_kill(
                     r = client.post("/v1/GetCount", json={"namespace": ns, "counter_name": counter,
                                                           "window": {"start": iso(start), "end": iso(end)}})
                     assert r.status_code == 200, r.text
-                    assert r.json()["count"] == window_oracle(mine, counter, start, end), (ns, counter, start, end)
+                    body = r.json()
+                    assert body["count"] == window_oracle(mine, counter, start, end), (ns, counter, start, end)
+                    assert body["window"] == {"start": iso(start), "end": iso(end)}  # minute-aligned: as asked
+                    assert body["as_of"] is not None
                 r = client.post("/v1/GetCount", json={"namespace": ns, "counter_name": counter,
                                                       "window": {"last": "1h"}})
                 assert r.status_code == 200 and r.json()["count"] == totals[counter], r.text
