@@ -21,17 +21,21 @@ import random
 import tempfile
 import time
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from confluent_kafka import Producer
 
 from bench.common import NAMESPACES, console, exact_counters, local_stack, progress_bar, write_result
 from control_plane import load_namespaces
 from producers import CounterProducer
-from schemas import Mutation, MutationOp, decode_mutations
+from schemas import MICROS, Mutation, MutationOp, decode_mutations, encode_mutation
 from sinks import EventRow, open_namespace_stores
 
 NS = "my_dataset"
+NS_NO_WINDOWS = "my_dataset_no_windows"  # bench/namespaces.yaml: the same, without time buckets
 
 
 def persisted(worker_port: int) -> float:
@@ -41,25 +45,60 @@ def persisted(worker_port: int) -> float:
 
 
 def produce(bootstrap: str, n: int, counters: int, batch_size: int, expected: dict[str, int],
-            on_progress, *, seed: int, offset: int = 0) -> tuple[float, int]:
-    """Send n mutations as fast as the producer takes them; returns (seconds spent, records produced)."""
+            on_progress, *, seed: int, offset: int = 0, fmt: str = "avro", ns: str = NS) -> tuple[float, int]:
+    """Send n mutations as fast as the client takes them; returns (seconds spent, records produced).
+
+    batch_size 1 is what users' own clients send: a plain confluent-kafka producer (not CounterProducer), one
+    record per mutation, JSON (the post's AddCount body) or Avro single-object; more than 1 is CounterProducer's
+    client-side batching (Avro MutationBatch records)."""
     rng = random.Random(seed)
     started = time.perf_counter()
+    base = time.time_ns() // 1000
+    if batch_size == 1:
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                             "linger.ms": 20, "batch.num.messages": 10000, "queue.buffering.max.messages": 1_000_000})
+        for i in range(n):
+            counter = f"k{rng.randrange(counters)}"
+            delta = rng.randint(-5, 10)
+            now = max(base + i, time.time_ns() // 1000)
+            if fmt == "json":
+                value = orjson.dumps({"namespace": ns, "counter_name": counter, "delta": delta,
+                                      "idempotency_token": {"token": f"t{offset + i}",
+                                                            "generation_time": _rfc3339(now)}})
+            else:
+                value = encode_mutation(Mutation(ns, counter, delta, now, f"t{offset + i}", "", MutationOp.ADD))
+            while True:
+                try:
+                    producer.produce("counter-mutations", value, f"{ns}:{counter}".encode())
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+            expected[counter] = expected.get(counter, 0) + delta
+            if i % 5000 == 0:
+                producer.poll(0)
+                on_progress(i)
+        if producer.flush(120):
+            raise SystemExit("the broker did not acknowledge every record")
+        on_progress(n)
+        return time.perf_counter() - started, n
     with CounterProducer(bootstrap, batch_size=batch_size, linger_ms=20,
                          config={"linger.ms": 20, "batch.num.messages": 10000,
-                                 "queue.buffering.max.messages": 1_000_000}) as producer:
-        base = time.time_ns() // 1000
+                                 "queue.buffering.max.messages": 1_000_000}) as counter_producer:
         for i in range(n):
             counter = f"k{rng.randrange(counters)}"
             delta = rng.randint(-5, 10)
             now = max(base + i, time.time_ns() // 1000)  # unique, current event times
-            producer.send(Mutation(NS, counter, delta, now, f"t{offset + i}", "", MutationOp.ADD))
+            counter_producer.send(Mutation(ns, counter, delta, now, f"t{offset + i}", "", MutationOp.ADD))
             expected[counter] = expected.get(counter, 0) + delta
             if i % 5000 == 0:
                 on_progress(i)
-        producer.flush(120)
+        counter_producer.flush(120)
     on_progress(n)
-    return time.perf_counter() - started, producer.records_sent
+    return time.perf_counter() - started, counter_producer.records_sent
+
+
+def _rfc3339(us: int) -> str:
+    return datetime.fromtimestamp(us / MICROS, UTC).isoformat().replace("+00:00", "Z")
 
 
 async def raw_read(bootstrap: str, topic: str, records: int, keep: list[bytes] | None = None) -> tuple[int, float]:
@@ -110,7 +149,7 @@ def ceilings(values: list[bytes], data_dir: Path) -> tuple[float, float]:
     return decode_rate, asyncio.run(store())
 
 
-def run(n: int, counters: int, batch_size: int) -> dict:
+def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS) -> dict:
     """Phase 1 (capacity): N mutations wait in Kafka, then one worker starts and drains them: the persisted
     rate is the pipeline's, not the producer's. Phase 2 (convergence): with the worker running, N/4 more at
     full producer speed; time from the last write until every counter is exact."""
@@ -119,7 +158,8 @@ def run(n: int, counters: int, batch_size: int) -> dict:
         bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
         expected: dict[str, int] = {}
         with progress_bar("producing backlog", n, "mut") as update:
-            produce_s, records = produce(bootstrap, n, counters, batch_size, expected, update, seed=1)
+            produce_s, records = produce(bootstrap, n, counters, batch_size, expected, update, seed=1, fmt=fmt,
+                                         ns=ns)
         with progress_bar("raw aiokafka read", None, "rec"):
             got, raw_s = asyncio.run(raw_read(bootstrap, "counter-mutations", records))
         raw_rate = n / raw_s  # the same mutations, read without decoding or persisting
@@ -143,12 +183,13 @@ def run(n: int, counters: int, batch_size: int) -> dict:
         persist_rate = n / (samples[-1][0] - first) if samples[-1][0] > first else float("nan")
         extra = max(1, n // 4)
         with progress_bar("producing while running", extra, "mut") as update:
-            stream_s, _ = produce(bootstrap, extra, counters, batch_size, expected, update, seed=2, offset=n)
+            stream_s, _ = produce(bootstrap, extra, counters, batch_size, expected, update, seed=2, offset=n, fmt=fmt,
+                                  ns=ns)
         last_write = time.perf_counter()
         convergence: list[tuple[float, int]] = []
         console.print("waiting for every counter to converge...")
         while True:
-            exact = exact_counters(Path(tmp), {(NS, c): v for c, v in expected.items()})
+            exact = exact_counters(Path(tmp), {(ns, c): v for c, v in expected.items()})
             convergence.append((time.perf_counter() - last_write, exact))
             if exact == len(expected):
                 break
@@ -157,7 +198,8 @@ def run(n: int, counters: int, batch_size: int) -> dict:
             time.sleep(0.2)
         converged_s = time.perf_counter() - last_write
     result = {
-        "mutations": n, "counters": counters, "batch_size": batch_size, "records": records,
+        "mutations": n, "counters": counters, "batch_size": batch_size, "format": fmt, "namespace": ns,
+        "records": records,
         "produce_rate_per_s": n / produce_s, "persisted_per_s": persist_rate,
         "raw_read_mutations_per_s": raw_rate, "raw_read_records_per_s": got / raw_s,
         "persisted_to_raw_ratio": persist_rate / raw_rate,
@@ -184,9 +226,28 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mutations", type=int, default=1_000_000)
     parser.add_argument("--counters", type=int, default=1000)
-    parser.add_argument("--batch-size", type=int, default=500, help="mutations per Kafka record")
+    parser.add_argument("--batch-size", type=int, default=500,
+                        help="mutations per Kafka record; 1 = an outside client's one record per mutation")
+    parser.add_argument("--format", choices=("avro", "json"), default="avro",
+                        help="record format with --batch-size 1 (default avro single-object)")
+    parser.add_argument("--compare-windows", action="store_true",
+                        help="run twice in this invocation, a namespace with minute/hour/day buckets and one "
+                             "without, and report both")
     args = parser.parse_args(argv)
-    write_result("ingest", run(args.mutations, args.counters, args.batch_size))
+    if not args.compare_windows:
+        write_result("ingest", run(args.mutations, args.counters, args.batch_size, args.format))
+        return 0
+    runs = {}
+    for label, ns in (("with_windows", NS), ("without_windows", NS_NO_WINDOWS)):
+        console.print(f"[bold]{label.replace('_', ' ')}[/] (namespace {ns})")
+        runs[label] = run(args.mutations, args.counters, args.batch_size, args.format, ns)
+    with_w, without = runs["with_windows"], runs["without_windows"]
+    ratio = with_w["persisted_per_s"] / without["persisted_per_s"]
+    console.print(f"persisted with buckets {with_w['persisted_per_s']:,.0f}/s, without "
+                  f"{without['persisted_per_s']:,.0f}/s ({ratio:.0%}); converged after "
+                  f"{with_w['convergence_after_last_write_s']:.2f} s vs "
+                  f"{without['convergence_after_last_write_s']:.2f} s")
+    write_result("ingest_windows", {**runs, "persisted_ratio_with_to_without": ratio})
     return 0
 
 
