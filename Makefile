@@ -31,11 +31,13 @@ run: install-run
 
 lint: install-test
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: install-test memcached
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
+	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .counter .pytest_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .counter .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info
