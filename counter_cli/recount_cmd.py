@@ -12,7 +12,7 @@ from pathlib import Path
 from control_plane import ConfigError
 from counter_cli.common import add_verb, console, fail, job_settings, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import Interrupt, RichProgress
-from jobs.recount import RETRY, CounterRecount, RecountError, RecountJob, RecountOptions, RecountSummary
+from jobs.recount import RETRY, CounterRecount, RecountError, RecountJob, RecountOptions, RecountSummary, rfc3339
 from jobs.runtime import open_runtime
 from schemas import ValidationError, parse_generation_time
 from streams.settings import Settings, SettingsError
@@ -36,6 +36,15 @@ delete_after, once rolled up) are gone, so recount such counters with --since: e
 are not read, and the count at TIME is taken from the stored rollup (its count minus the stored events in
 (TIME, rollup_ts]); drift is then only found where a clear lies after TIME.
 
+Time buckets (namespaces that keep windows): each counter's minute/hour/day buckets are recomputed from the
+events still held, within each granularity's retention, exactly as the worker computes them, and compared with
+the stored ones as they read (masked by the latest clear, 0 when missing) at the stored rollup's boundary; every
+bucket that differs is reported (granularity, start, stored, recomputed). Unless --dry-run they are rewritten at
+the new boundary B (forward-only: B is later than every bucket the stored rollup certifies), before the rollup.
+Buckets fed by events older than delete_after (or by finer buckets past their retention) are left as stored:
+recomputing them from what is left would write partial sums. With --since, buckets are recomputed from the
+events after TIME; the hours and days holding TIME are summed from the buckets stored before it.
+
 Interrupt it (Ctrl-C) at any time; running the same command again resumes after the last counter done
 (--restart starts over). Recounting twice is harmless."""
 
@@ -47,7 +56,10 @@ examples:
   counter recount my_dataset --all --since 2024-10-05T00:00:00Z --format jsonl > drift.jsonl
 
 jsonl rows: {"namespace", "counter", "stored", "stored_rollup_ts", "recomputed", "boundary", "drift",
-             "status": ok|drift|missing|no-base, "action": dry-run|written|unchanged|behind|raced}
+             "status": ok|drift|missing|no-base, "action": dry-run|written|unchanged|behind|raced,
+             "count", "rollup_ts", "buckets_checked",
+             "buckets": [{"granularity": minute|hour|day, "start": RFC 3339, "start_us", "stored", "recomputed",
+                          "action": dry-run|written|behind|raced}, ...]}   (drifted buckets only)
 Exit status: 0 done (drift found and fixed, or reported with --dry-run), 1 some counter could not be
 written (behind/raced: run again), 2 bad arguments, 130 interrupted (run again to resume)."""
 
@@ -60,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--since", metavar="TIME", help="ISO time: do not read events at or before it (see above)")
     p.add_argument("--format", choices=("table", "jsonl"), default="table",
                    help="table (stderr: counters with drift, then a summary) or jsonl (stdout: every counter)")
-    p.add_argument("--verbose", action="store_true", help="table: list every counter, not only drifted ones")
+    p.add_argument("--verbose", action="store_true",
+                   help="table: list every counter, not only drifted ones, and every drifted bucket")
     p.add_argument("--wait", type=float, default=10.0, metavar="S",
                    help="how long to wait for the watermark to pass a stored rollup (default 10)")
     p.add_argument("--restart", action="store_true", help="ignore the progress of an interrupted run")
@@ -129,8 +142,10 @@ async def _recount(opts: RecountOptions, settings: Settings, rows: Rows, progres
 
 
 class Rows:
-    """Per-counter output: table rows on stderr (drifted or not written yet; all with --verbose) or JSONL on
-    stdout (every counter)."""
+    """Per-counter output: table rows on stderr (drifted or not written yet; all with --verbose), each followed by
+    its drifted buckets (the first BUCKETS_SHOWN; all with --verbose), or JSONL on stdout (every counter)."""
+
+    BUCKETS_SHOWN = 20
 
     def __init__(self, fmt: str, verbose: bool) -> None:
         self.fmt = fmt
@@ -140,11 +155,19 @@ class Rows:
         if self.fmt == "jsonl":
             sys.stdout.write(json.dumps(r.as_json()) + "\n")
             sys.stdout.flush()
-        elif self.verbose or r.status != "ok" or r.action in RETRY:
+        elif self.verbose or r.status != "ok" or r.action in RETRY or r.buckets:
             stored = "-" if r.stored is None else f"{r.stored:,}"
             recomputed = "-" if r.recomputed is None else f"{r.recomputed:,}"
             console.print(f"  {r.counter:30} stored {stored:>12}  recomputed {recomputed:>12}  "
                           f"drift {r.drift:>+10,}  {r.status:8} {r.action}", highlight=False, markup=False)
+            shown = r.buckets if self.verbose else r.buckets[:self.BUCKETS_SHOWN]
+            for b in shown:
+                console.print(f"    {b.granularity:6} {rfc3339(b.start_us)}  stored {b.stored:>12,}  recomputed "
+                              f"{b.recomputed:>12,}  drift {b.stored - b.recomputed:>+10,}  {b.action}",
+                              highlight=False, markup=False)
+            if len(r.buckets) > len(shown):
+                console.print(f"    ... and {len(r.buckets) - len(shown):,} more drifted bucket(s) (--verbose or "
+                              "--format jsonl lists them all)", highlight=False, markup=False)
 
 
 def _summary(s: RecountSummary, dry_run: bool, speed: str) -> None:
@@ -152,9 +175,14 @@ def _summary(s: RecountSummary, dry_run: bool, speed: str) -> None:
                   f"{s.count('drift'):,} drifted, {s.count('missing'):,} missing a rollup row, "
                   f"{s.count('no-base'):,} without a stored rollup at --since; total |drift| "
                   f"{s.count('abs_drift'):,}", highlight=False)
+    if s.count("buckets_checked") or s.bucket_drift:
+        fixed = "" if dry_run else f", {s.count('buckets_written'):,} rewritten"
+        console.print(f"time buckets: {s.count('buckets_checked'):,} checked, {s.bucket_drift:,} drifted in "
+                      f"{s.count('bucket_drift_counters'):,} counter(s){fixed}", highlight=False)
     if dry_run:
-        console.print("dry run: nothing written" + (f"; run without --dry-run to fix {s.drifted:,} counter(s)"
-                                                    if s.drifted else ""), highlight=False)
+        todo = [f"{n:,} {what}" for n, what in ((s.drifted, "counter(s)"), (s.bucket_drift, "bucket(s)")) if n]
+        console.print("dry run: nothing written" + (f"; run without --dry-run to fix {' and '.join(todo)}"
+                                                    if todo else ""), highlight=False)
         return
     console.print(f"written {s.count('action:written'):,}, unchanged {s.count('action:unchanged'):,}; "
                   f"{s.cache_note}", highlight=False)

@@ -4,10 +4,17 @@
 a stop never splits a group: an export into a file resumes after its last complete row (`resume_point`),
 with the running total that row carries. The rows' formats (JSONL, CSV) are here too, because a resumed
 export reads its own last row back.
+
+`audit_series` (`counter audit --by minute|hour|day`) streams a counter's time buckets instead: the series the
+API's GetCountSeries answers (`sinks.windows.series_range` and `fill_series`: aligned, retention-clamped,
+zero-filled, masked by the latest clear), one row per bucket with the running total, page by page, and checks
+the total against the stored rollup when the range covers everything since the latest clear (invariant 7: since
+the last clear, a counter's buckets sum to its total).
 """
 
 from __future__ import annotations
 
+import bisect
 import csv
 import io
 import json
@@ -17,12 +24,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from control_plane import Namespace
 from jobs.progress import NullProgress, Progress, Stop, never
 from schemas import MAX_EVENT_TIME
-from sinks import EventRow, EventStore, RollupState, RollupStore, apply_aggregate, open_namespace_stores
+from sinks import (
+    BucketStore,
+    EventRow,
+    EventStore,
+    RollupState,
+    RollupStore,
+    apply_aggregate,
+    open_namespace_stores,
+)
+from sinks.windows import Granularity, StoredBucket, align_down, align_up, fill_series, retained_from, series_range
 from streams.settings import Settings
 
 FIELDS = ["event_time", "event_time_us", "op", "token", "item_key", "delta", "counted", "running_total"]
+SERIES_FIELDS = ["bucket_start", "bucket_start_us", "granularity", "count", "running_total"]
 PAGE = 10_000
 
 Row = dict[str, Any]
@@ -67,14 +85,21 @@ class RunningTotal:
         return out
 
 
-class RowWriter:
-    """Row writer (JSONL or CSV) that only ever writes whole rows; callable with a list of rows."""
+def rfc3339(us: int) -> str:
+    """A bucket start (whole seconds) as RFC 3339 UTC."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(us // 1_000_000))
 
-    def __init__(self, out: IO[str], fmt: str, header: bool) -> None:
+
+class RowWriter:
+    """Row writer (JSONL or CSV) that only ever writes whole rows; callable with a list of rows. ``fields``: the
+    CSV columns (the events' FIELDS, or SERIES_FIELDS for a series)."""
+
+    def __init__(self, out: IO[str], fmt: str, header: bool, fields: list[str] = FIELDS) -> None:
         self.out = out
         self.fmt = fmt
+        self.fields = fields
         if fmt == "csv" and header:
-            self._csv_line(FIELDS)
+            self._csv_line(fields)
 
     def _csv_line(self, values: list[Any]) -> None:
         buf = io.StringIO()
@@ -86,12 +111,13 @@ class RowWriter:
             if self.fmt == "jsonl":
                 self.out.write(json.dumps(row) + "\n")
             else:
-                self._csv_line([str(row[f]).lower() if f == "counted" else row[f] for f in FIELDS])
+                self._csv_line([str(row[f]).lower() if f == "counted" else row[f] for f in self.fields])
         self.out.flush()
 
 
-def last_row(path: Path, fmt: str) -> Row | None:
-    """The last complete row of an interrupted export (a torn last line is cut off the file)."""
+def last_row(path: Path, fmt: str, fields: list[str] = FIELDS, key: str = "event_time_us") -> Row | None:
+    """``key`` and the running total of the last complete row of an interrupted export (a torn last line is
+    cut off the file)."""
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
         data = data[: data.rfind(b"\n") + 1]
@@ -100,12 +126,12 @@ def last_row(path: Path, fmt: str) -> Row | None:
     if fmt == "csv":
         if len(lines) < 2:
             return None
-        row = dict(zip(FIELDS, next(csv.reader([lines[-1]])), strict=True))
-        return {"event_time_us": int(row["event_time_us"]), "running_total": int(row["running_total"])}
-    if not lines:
+        row = dict(zip(fields, next(csv.reader([lines[-1]])), strict=True))
+    elif not lines:
         return None
-    row = json.loads(lines[-1])
-    return {"event_time_us": int(row["event_time_us"]), "running_total": int(row["running_total"])}
+    else:
+        row = json.loads(lines[-1])
+    return {key: int(row[key]), "running_total": int(row["running_total"])}
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +214,141 @@ async def run_audit(settings: Settings, registry: Mapping[str, Any], options: Au
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     try:
         return await audit(events, rollups, options, rows, progress=progress, stop=stop)
+    finally:
+        await events.close()
+        await rollups.close()
+        await buckets.close()
+
+
+# -- a counter's time buckets (`counter audit --by`) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesOptions:
+    namespace: str
+    counter: str
+    granularity: Granularity
+    start_us: int | None = None  # the range [start_us, end_us), aligned outwards; default: the first stored
+    end_us: int | None = None  # bucket within retention ... now
+    start_total: int = 0  # the running total before start_us (a resumed export)
+
+    def resumed(self, path: Path, fmt: str) -> SeriesOptions:
+        """These options continuing the export in `path` after its last complete row (if it has one)."""
+        last = last_row(path, fmt, SERIES_FIELDS, "bucket_start_us")
+        if last is None:
+            return self
+        return SeriesOptions(self.namespace, self.counter, self.granularity,
+                             last["bucket_start_us"] + self.granularity.width_us, self.end_us, last["running_total"])
+
+
+@dataclass(slots=True)
+class SeriesResult:
+    granularity: Granularity
+    start_us: int  # the buckets written start in [start_us, end_us)
+    end_us: int
+    buckets: int  # rows written
+    total: int  # the last running total
+    last_clear_us: int | None
+    upto_us: int  # the latest boundary a bucket read was computed at (0: none read)
+    stored: RollupState | None  # the stored rollup, read before the buckets
+    not_compared: str | None  # why the total was not compared with the stored rollup (None: it was)
+    interrupted: bool
+
+    @property
+    def as_of(self) -> int | None:
+        """The boundary the series is exact up to: buckets are maintained before the rollup that certifies
+        them (as GetCountSeries answers it)."""
+        return max(self.stored.rollup_ts if self.stored is not None else 0, self.upto_us) or None
+
+    @property
+    def matches(self) -> bool | None:
+        """Whether the total equals the stored rollup's count (None: not compared)."""
+        if self.not_compared is not None or self.stored is None:
+            return None
+        return self.total == self.stored.count
+
+
+async def audit_series(ns: Namespace, buckets: BucketStore, rollups: RollupStore, options: SeriesOptions,
+                       rows: Callable[[list[Row]], None], *, progress: Progress | None = None, stop: Stop = never,
+                       now_us: int | None = None, page: int = PAGE) -> SeriesResult:
+    """Stream the counter's ``granularity`` buckets to `rows`, ``page`` buckets at a time: zero-filled, masked,
+    with the running total. Stops between pages on `stop` (`SeriesOptions.resumed` continues after the last
+    row). ``WindowError`` for a range outside retention or a granularity the namespace does not keep."""
+    progress = progress or NullProgress()
+    g, counter = options.granularity, options.counter
+    retention = ns.windows.retention_s(g)  # KeyError if not kept: the CLI checks first
+    now = time.time_ns() // 1000 if now_us is None else now_us
+    end = options.end_us if options.end_us is not None else now
+    stored = await rollups.get(ns.name, counter)
+    clear = (await buckets.clears(ns.name, [counter])).get(counter)
+    prefetched: list[StoredBucket] | None = None
+    if options.start_us is None:  # from the first stored bucket within retention
+        hi = align_up(end, g)
+        floor = retained_from(g, now, retention)
+        lo = max(floor or 0, 0)
+        [prefetched] = await buckets.read_buckets_many(ns.name, [(counter, g, lo, hi)]) if hi > lo else [[]]
+        lo = prefetched[0][0] if prefetched else hi
+    else:
+        lo, hi = series_range(g, options.start_us, end, now_us=now, retention_s=retention)
+    starts = [row[0] for row in prefetched] if prefetched is not None else []
+    total, written, upto = options.start_total, 0, 0
+    interrupted = False
+    step = page * g.width_us
+    progress.start("auditing", total=(hi - lo) // g.width_us, unit="buckets")
+    try:
+        for a in range(lo, hi, step):
+            b = min(hi, a + step)
+            if prefetched is not None:
+                chunk = prefetched[bisect.bisect_left(starts, a):bisect.bisect_left(starts, b)]
+            else:
+                [chunk] = await buckets.read_buckets_many(ns.name, [(counter, g, a, b)])
+            upto = max(upto, max((row[2] for row in chunk), default=0))
+            out: list[Row] = []
+            for start, count in fill_series(g, a, b, chunk, clear):
+                total += count
+                out.append({"bucket_start": rfc3339(start), "bucket_start_us": start, "granularity": g.value,
+                            "count": count, "running_total": total})
+            rows(out)
+            written += len(out)
+            progress.advance(len(out), note=f"total {total:,}")
+            if b < hi and stop():
+                interrupted = True
+                break
+    finally:
+        progress.finish()
+    why = None if interrupted else _why_not_compared(ns, g, options, lo, hi, stored, clear, upto, prefetched)
+    return SeriesResult(g, lo, hi, written, total, clear, upto, stored, why, interrupted)
+
+
+def _why_not_compared(ns: Namespace, g: Granularity, options: SeriesOptions, lo: int, hi: int,
+                      stored: RollupState | None, clear: int | None, upto: int,
+                      prefetched: list[StoredBucket] | None) -> str | None:
+    """Since the latest clear a counter's buckets sum to its total (DESIGN invariant 7): the total is comparable
+    with the stored rollup when the range holds every bucket from that clear (or from the counter's first bucket,
+    for a granularity kept forever) to the rollup's boundary, all certified by it."""
+    if stored is None or stored.rollup_ts <= 0:
+        return "no stored rollup yet"
+    if upto > stored.rollup_ts:
+        return f"buckets were computed after the stored rollup ({upto} > {stored.rollup_ts}): a rollup is in progress"
+    if hi <= stored.rollup_ts:
+        return "the range ends before the stored rollup's boundary"
+    if clear is not None:
+        return None if lo <= align_down(clear, g) else "the range starts after the bucket of the latest clear"
+    if ns.windows.retention_s(g) is None and prefetched is not None and options.start_total == 0:
+        return None  # every bucket ever stored is in the range: none is ever dropped, none lies before lo
+    kept = ns.windows.retention_s(g)
+    return ("the range may not start at the counter's first bucket" if kept is None else
+            f"{g} buckets are kept {kept:g}s: older ones may be gone (no clear to start from)")
+
+
+async def run_series_audit(settings: Settings, registry: Mapping[str, Any], options: SeriesOptions,
+                           rows: Callable[[list[Row]], None], *, progress: Progress | None = None,
+                           stop: Stop = never) -> SeriesResult:
+    """`audit_series` over the stores of `settings` (opened and closed here)."""
+    events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
+    try:
+        return await audit_series(registry[options.namespace], buckets, rollups, options, rows, progress=progress,
+                                  stop=stop)
     finally:
         await events.close()
         await rollups.close()
