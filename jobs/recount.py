@@ -175,6 +175,7 @@ class _CounterBuckets:
         """The buckets (and clear) a rollup step from ``from_us`` to ``boundary`` writes, recorded."""
         recorder = _Recorder(self.store)
         spans = [(start, start + g.width_us) for g, start in self.stored]
+        # _ZeroFilled and _Recorder have the store methods maintain_buckets calls, not the whole store protocols
         await maintain_buckets(self.ns, [BucketWork(self.counter, self.from_us, boundary)],
                                events=_ZeroFilled(self.events, spans), buckets=recorder,  # type: ignore[arg-type]
                                now_us=self.now_us)
