@@ -94,6 +94,28 @@ _SIGNAL_PARSED = ROLLUP_SIGNAL.parsed
 _SIGNAL_BATCH_HEADER = ROLLUP_SIGNAL_BATCH.header
 _SIGNAL_BATCH_PARSED = ROLLUP_SIGNAL_BATCH.parsed
 _OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
+
+
+def _op_as_index(schema: Any) -> Any:
+    """The schema with the MutationOp enum read as its int index. fastavro looks the symbol up with the decoded
+    number, so a corrupt index of -1 or -2 would read as CLEAR or ADD (Python's negative indexing)."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "enum" and schema.get("name") == "MutationOp":
+            return "int"
+        return {k: _op_as_index(v) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_op_as_index(v) for v in schema]
+    return schema
+
+
+def _reader(avro: AvroSchema) -> dict[str, Any]:
+    raw = json.loads(resources.files(__package__).joinpath(avro.filename).read_text(encoding="utf-8"))
+    return parse_schema(_op_as_index(raw))
+
+
+_READERS = {s.fingerprint: _reader(s) for s in (COUNT_MUTATION, MUTATION_BATCH)}
+"""How the general path reads the mutation schemas (same bytes; the op's index is checked by hand)."""
+_OP_SYMBOLS = ("ADD", "CLEAR")
 _CM_FINGERPRINT, _BATCH_FINGERPRINT = COUNT_MUTATION.fingerprint, MUTATION_BATCH.fingerprint
 _SIGNAL_FINGERPRINT, _SIGNAL_BATCH_FINGERPRINT = ROLLUP_SIGNAL.fingerprint, ROLLUP_SIGNAL_BATCH.fingerprint
 
@@ -241,7 +263,7 @@ def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
     fo = BytesIO(data)
     fo.seek(HEADER_LEN)
     try:
-        value = schemaless_reader(fo, schema.parsed, None)
+        value = schemaless_reader(fo, _READERS.get(schema.fingerprint, schema.parsed), None)
     except EOFError as exc:
         detail = str(exc) or "unexpected end of data"
         raise DecodeError(f"truncated Avro body for {schema.name}: {detail}") from None
@@ -250,6 +272,13 @@ def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
     extra = len(data) - fo.tell()
     if extra:
         raise DecodeError(f"{extra} trailing bytes after the Avro body for {schema.name}")
+    if schema.fingerprint in _READERS:
+        for record in (value,) if schema is COUNT_MUTATION else value["mutations"]:
+            index = record["op"]
+            if not 0 <= index < len(_OP_SYMBOLS):
+                raise DecodeError(f"corrupt Avro body for {schema.name}: MutationOp index {index} "
+                                  "(0 is ADD, 1 is CLEAR)")
+            record["op"] = _OP_SYMBOLS[index]
     return schema, value
 
 
@@ -267,11 +296,14 @@ def _decode_json(data: bytes) -> list[Mutation]:
     the text may hold a repeated key, so both paths accept and reject exactly the same records."""
     try:
         value = orjson.loads(data)
-    except orjson.JSONDecodeError:  # invalid JSON, or valid JSON orjson cannot hold (e.g. a 65-bit integer)
+    except orjson.JSONDecodeError:  # invalid JSON, or valid JSON orjson cannot hold (e.g. 1e400)
         return _mutations_from_json(_loads_strict(data))
     if data.count(b'"') != _quotes(value):
         return _mutations_from_json(_loads_strict(data))
-    return _mutations_from_json(value)
+    try:
+        return _mutations_from_json(value)
+    except DecodeError:  # orjson reads an integer beyond 64 bits as a float: the strict reading gives the reason
+        return _mutations_from_json(_loads_strict(data))
 
 
 def _quotes(value: Any) -> int:
@@ -417,6 +449,8 @@ def decode_signals(data: bytes) -> list[tuple[str, str]]:
         items = [value]
     elif schema is ROLLUP_SIGNAL_BATCH:
         items = value["signals"]
+        if not items:
+            raise DecodeError("empty RollupSignalBatch: no signals")
     else:
         raise DecodeError(f"record is a {schema.name}, not a RollupSignal or RollupSignalBatch")
     try:

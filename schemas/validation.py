@@ -43,6 +43,7 @@ NAMESPACE_MATCH = _NAMESPACE_RE.fullmatch
 ASCII_COUNTER_MATCH = _ASCII_COUNTER_RE.fullmatch
 CONTROL_SEARCH = _CONTROL_RE.search
 _NUMERIC_RE = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
+_RFC3339_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}.[0-9]{2}:[0-9]{2}:[0-9]{2}").fullmatch
 _OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
 
 
@@ -237,7 +238,10 @@ def iso_micros(text: str) -> int | None:
     head = text[:19]
     seconds = _SECONDS_OF.get(head)
     if seconds is None:
-        if head[4:5] != "-" or not head.isascii():  # "20241005..." would parse as a date: numbers are epochs
+        # Exactly YYYY-MM-DD?HH:MM:SS: fromisoformat also reads other 19-character heads ("...T144800.5" with a
+        # fraction, "...T14:48+01" with an offset) that this sum of seconds would misread; "20241005..." would
+        # parse as a date, and numbers are epochs.
+        if not head.isascii() or _RFC3339_HEAD(head) is None:
             return None
         try:
             dt = datetime.fromisoformat(head)
