@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import defaultdict
 
 from sinks import EventStore
@@ -20,23 +19,22 @@ Identity = tuple[str, int, str, str]  # counter, event_time, event_id, event_ite
 
 
 class Arrivals:
-    """`wait(...)` resolves True once the event is stored, False after `timeout_s`."""
+    """`wait(...)` resolves True once the event is stored, False after `timeout_s` (each waiter its own, even
+    while a lookup is slow or hung: a timer per waiter, not the lookup loop, ends the wait)."""
 
     def __init__(self, events: EventStore, *, interval_s: float = 0.002, timeout_s: float = 5.0) -> None:
         self.events = events
         self.interval_s = interval_s
         self.timeout_s = timeout_s
-        self._waiting: dict[str, dict[Identity, tuple[list[asyncio.Future[bool]], float]]] = defaultdict(dict)
+        self._waiting: dict[str, dict[Identity, list[asyncio.Future[bool]]]] = defaultdict(dict)
         self._task: asyncio.Task[None] | None = None
 
     def wait(self, namespace: str, identity: Identity) -> asyncio.Future[bool]:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        waiting = self._waiting[namespace]
-        entry = waiting.get(identity)
-        if entry is None:
-            waiting[identity] = ([future], time.monotonic() + self.timeout_s)
-        else:
-            entry[0].append(future)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._waiting[namespace].setdefault(identity, []).append(future)
+        timer = loop.call_later(self.timeout_s, _not_found, future)
+        future.add_done_callback(lambda _f: timer.cancel())
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
         return future
@@ -45,6 +43,8 @@ class Arrivals:
         while any(self._waiting.values()):
             await asyncio.sleep(self.interval_s)
             for namespace, waiting in list(self._waiting.items()):
+                for identity in [i for i, futures in waiting.items() if all(f.done() for f in futures)]:
+                    del waiting[identity]  # timed out or cancelled: no longer looked up
                 if not waiting:
                     continue
                 identities = list(waiting)
@@ -52,12 +52,14 @@ class Arrivals:
                     found = await self.events.contains(namespace, identities)
                 except Exception as exc:  # a store hiccup: the waiters try again next round, or time out
                     log.warning("read-your-write lookup failed: %s", exc)
-                    found = [False] * len(identities)
-                now = time.monotonic()
+                    continue
                 for identity, stored in zip(identities, found, strict=True):
-                    futures, deadline = waiting[identity]
-                    if stored or now >= deadline:
-                        del waiting[identity]
-                        for f in futures:
+                    if stored:
+                        for f in waiting.pop(identity):  # with any waiter that joined during the lookup
                             if not f.done():
-                                f.set_result(stored)
+                                f.set_result(True)
+
+
+def _not_found(future: asyncio.Future[bool]) -> None:
+    if not future.done():
+        future.set_result(False)
