@@ -1,0 +1,309 @@
+"""GroupCommitProducer and SignalSender over AsyncProducer, against the real session broker; topics read back by an
+independent aiokafka consumer (tests.helpers.read_all) and decoded."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import statistics
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from producers.asyncio_producer import AsyncProducer
+from producers.client import DeliveryError
+from producers.group_commit import RETRY_RULE, GroupCommitProducer
+from schemas import Mutation, MutationOp, counter_key, decode_mutations, decode_signals
+from streams.signals import SIGNALS_PER_RECORD, SignalSender
+from streams.topics import signal_partition
+from tests.helpers import make_topic, read_all
+
+pytestmark = pytest.mark.integration
+
+NOW_US = time.time_ns() // 1000
+PARTITIONS = 4
+
+
+def mutation(i: int, prefix: str = "tok") -> Mutation:
+    if i % 10 == 9:
+        return Mutation("my_dataset", f"c{i % 7}", 0, NOW_US + i, f"{prefix}-{i}", "", MutationOp.CLEAR)
+    return Mutation("my_dataset", f"c{i % 7}" if i % 3 else f"видео-{i % 5}", i - 50, NOW_US + i, f"{prefix}-{i}",
+                    "k" if i % 4 == 0 else "")
+
+
+def run(scenario: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
+    return asyncio.run(asyncio.wait_for(scenario(), timeout))
+
+
+async def group_commit(bootstrap: str, topic: str, max_in_flight: int = 1,
+                       producer: Any = None) -> tuple[AsyncProducer, GroupCommitProducer]:
+    kafka = producer or AsyncProducer(bootstrap, client_id="test-group-commit", timeout_s=10.0)
+    gc = GroupCommitProducer(kafka, topic=topic, max_in_flight=max_in_flight)
+    await gc.start()
+    return kafka, gc
+
+
+def records_of(bootstrap: str, topic: str) -> list[tuple[int, bytes | None, list[Mutation]]]:
+    """(partition, key, mutations) per record, in offset order per partition."""
+    return [(r.partition, r.key, decode_mutations(r.value)) for r in read_all(bootstrap, topic)]
+
+
+# --------------------------------------------------------------------------- group commit
+
+
+def test_concurrent_writes_of_one_loop_pass_become_one_record(kafka_bootstrap: str, topic_name: str) -> None:
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    ms = [mutation(i) for i in range(150)]
+
+    async def scenario() -> list[asyncio.Future[None]]:
+        kafka, gc = await group_commit(kafka_bootstrap, topic_name)
+        futures: list[asyncio.Future[None]] = []
+
+        async def write(m: Mutation) -> None:  # one request handler each, all started in the same pass
+            future = gc.send([m])
+            futures.append(future)
+            await future
+
+        await asyncio.gather(*(write(m) for m in ms))
+        assert gc.records_sent == 1
+        await gc.stop()
+        await kafka.stop()
+        return futures
+
+    futures = run(scenario)
+    assert len({id(f) for f in futures}) == 1  # every write shares the record's acknowledgement
+    [(_partition, key, received)] = records_of(kafka_bootstrap, topic_name)
+    assert received == ms and key is None
+
+
+def test_a_lone_write_is_sent_at_the_end_of_its_pass(kafka_bootstrap: str, topic_name: str) -> None:
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+
+    async def scenario() -> list[float]:
+        kafka, gc = await group_commit(kafka_bootstrap, topic_name)
+        await asyncio.wait_for(gc.send([mutation(0, "warm-up")]), 10)  # connection and producer id
+        took = []
+        for i in range(1, 8):
+            started = time.perf_counter()
+            future = gc.send([mutation(i)])
+            assert gc.records_sent == i  # not before the end of the pass...
+            await asyncio.sleep(0)
+            assert gc.records_sent == i + 1  # ...and right at it: no timer to wait out
+            await asyncio.wait_for(future, 10)
+            took.append(time.perf_counter() - started)
+        await gc.stop()
+        await kafka.stop()
+        return took
+
+    took = run(scenario)
+    assert statistics.median(took) < 0.1, took
+    assert [len(ms) for _, _, ms in records_of(kafka_bootstrap, topic_name)] == [1] * 8
+
+
+class HeldAcks:
+    """An AsyncProducer whose acknowledgements reach the caller only once the test releases them (the records
+    themselves go to the broker at once): a broker that is slow to acknowledge, on demand."""
+
+    def __init__(self, inner: AsyncProducer) -> None:
+        self.inner = inner
+        self.bootstrap = inner.bootstrap
+        self.released = asyncio.Event()
+        self.produced = 0
+
+    def start(self) -> None:
+        self.inner.start()
+
+    async def partitions(self, topic: str, timeout_s: float = 3.0) -> int:
+        return await self.inner.partitions(topic, timeout_s)
+
+    def produce(self, topic: str, value: bytes, key: bytes | None = None, *, partition: int = -1,
+                headers: Any = None) -> asyncio.Future[None]:
+        acknowledged = self.inner.produce(topic, value, key, partition=partition, headers=headers)
+        self.produced += 1
+
+        async def held() -> None:
+            await acknowledged
+            await self.released.wait()
+
+        return asyncio.ensure_future(held())
+
+
+@pytest.mark.parametrize("max_in_flight", [1, 2])
+def test_writes_arriving_while_records_are_in_flight_gather_into_the_next(kafka_bootstrap: str, topic_name: str,
+                                                                          max_in_flight: int) -> None:
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    first = [mutation(i, "first") for i in range(max_in_flight)]
+    later = [mutation(i, "later") for i in range(40)]
+
+    async def scenario() -> None:
+        held = HeldAcks(AsyncProducer(kafka_bootstrap, client_id="test-held", timeout_s=10.0))
+        kafka, gc = await group_commit(kafka_bootstrap, topic_name, max_in_flight, producer=held)
+        in_flight = []
+        for m in first:  # one record per pass, up to max_in_flight of them
+            in_flight.append(gc.send([m]))
+            await asyncio.sleep(0)
+        assert held.produced == max_in_flight
+        gathered = []
+        for i, m in enumerate(later):  # over many passes of the loop, some writes in the same pass
+            gathered.append(gc.send([m]))
+            if i % 3 == 0:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.05)  # the held records' real acknowledgements arrive meanwhile
+        assert held.produced == max_in_flight and not any(f.done() for f in in_flight + gathered)
+        assert len({id(f) for f in gathered}) == 1
+        held.released.set()
+        await asyncio.wait_for(asyncio.gather(*in_flight, *gathered), 10)
+        assert held.produced == max_in_flight + 1
+        await gc.stop()
+        await kafka.inner.stop()
+
+    run(scenario)
+    records = [[m.event_id for m in ms] for _, _, ms in records_of(kafka_bootstrap, topic_name)]
+    assert sorted(records) == sorted([[m.event_id] for m in first] + [[m.event_id for m in later]])
+
+
+def test_every_acknowledged_write_is_in_the_topic_exactly_once(kafka_bootstrap: str, topic_name: str) -> None:
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    rng = random.Random(7)
+    requests = [[mutation(i * 3 + j, f"load-{i}") for j in range(rng.choice([1, 1, 1, 3]))] for i in range(1500)]
+
+    async def scenario() -> int:
+        kafka, gc = await group_commit(kafka_bootstrap, topic_name)
+        queue = list(requests)
+
+        async def client() -> None:  # 48 clients, each writing one request at a time
+            while queue:
+                batch = queue.pop()
+                await gc.send(batch)
+                for _ in range(rng.randrange(3)):
+                    await asyncio.sleep(0)
+
+        await asyncio.gather(*(client() for _ in range(48)))
+        await gc.stop()
+        await kafka.stop()
+        return gc.records_sent
+
+    records_sent = run(scenario, timeout=120)
+    records = records_of(kafka_bootstrap, topic_name)
+    assert len(records) == records_sent < len(requests) / 5, "concurrent writes should share records"
+    received = Counter(m for _, _, ms in records for m in ms)
+    assert received == Counter(m for batch in requests for m in batch)
+    assert set(received.values()) == {1}
+    assert {partition for partition, _, _ in records} == set(range(PARTITIONS))  # records rotate
+    for _, _, ms in records:  # a request's mutations travel in one record, in order
+        tokens = [m.event_id for m in ms]
+        for batch in requests:
+            if batch[0].event_id in tokens:
+                start = tokens.index(batch[0].event_id)
+                assert tokens[start:start + len(batch)] == [m.event_id for m in batch]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_broker_fails_writes_with_the_retry_rule() -> None:
+    bootstrap = f"127.0.0.1:{_closed_port()}"
+
+    async def scenario() -> None:
+        kafka, gc = await group_commit(bootstrap, "counter-mutations")  # start-up fails, retried in the background
+        try:
+            started = time.monotonic()
+            with pytest.raises(DeliveryError) as info:
+                await asyncio.wait_for(gc.send([mutation(1)]), 5)
+            assert time.monotonic() - started < 1.0  # at once: nothing can be sent
+            assert RETRY_RULE in str(info.value) and bootstrap in str(info.value)
+        finally:
+            await gc.stop()
+            await kafka.stop(timeout_s=1.0)
+
+    run(scenario, timeout=30)
+
+
+def test_a_broker_that_does_not_answer_fails_records_in_flight_and_gathered() -> None:
+    async def scenario() -> None:
+        connections: list[asyncio.StreamWriter] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(writer)
+            while await reader.read(65536):  # reads every request, answers none
+                pass
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        bootstrap = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        kafka = AsyncProducer(bootstrap, client_id="test-silent", timeout_s=1.0)
+        gc = GroupCommitProducer(kafka, topic="counter-mutations")
+        try:
+            await gc.start()
+            assert connections, "the producer never reached the silent broker"
+            gc._partitions = 2  # as if the broker had answered at start-up and then fell silent
+            started = time.monotonic()
+            in_flight = gc.send([mutation(1)])
+            await asyncio.sleep(0)
+            gathered = gc.send([mutation(2), mutation(3)])  # waits for the record in flight
+            assert gathered is not in_flight
+            for future in (in_flight, gathered):
+                with pytest.raises(DeliveryError) as info:
+                    await asyncio.wait_for(future, 10)
+                assert RETRY_RULE in str(info.value) and "did not acknowledge" in str(info.value)
+            assert time.monotonic() - started < 8.0
+        finally:
+            await gc.stop()
+            await kafka.stop(timeout_s=1.0)
+            server.close()
+            for writer in connections:
+                writer.close()
+
+    run(scenario, timeout=60)
+
+
+# --------------------------------------------------------------------------- rollup signals
+
+
+def test_signals_go_to_their_counters_partition_one_record_per_partition(kafka_bootstrap: str,
+                                                                         topic_name: str) -> None:
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    keys = [("my_dataset", f"c{i}") for i in range(40)] + [("other.ns", "видео"), ("other.ns", "a:b/c?d")]
+
+    async def scenario() -> int:
+        kafka = AsyncProducer(kafka_bootstrap, client_id="test-signals", timeout_s=10.0)
+        sender = SignalSender(kafka, topic_name)
+        await sender.start()
+        assert sender.partitions == PARTITIONS
+        await asyncio.wait_for(sender.send(keys), 10)
+        await kafka.stop()
+        return len({signal_partition(counter_key(*k).encode(), PARTITIONS) for k in keys})
+
+    touched = run(scenario)
+    records = read_all(kafka_bootstrap, topic_name)
+    assert len(records) == touched > 1
+    received = []
+    for record in records:
+        signals = decode_signals(record.value)
+        assert record.key == counter_key(*signals[0]).encode()
+        for key in signals:
+            assert record.partition == signal_partition(counter_key(*key).encode(), PARTITIONS)
+        received += signals
+    assert sorted(received) == sorted(keys)
+
+
+def test_signals_beyond_a_records_worth_are_split(kafka_bootstrap: str, topic_name: str) -> None:
+    make_topic(kafka_bootstrap, topic_name, 1)
+    keys = [("my_dataset", f"counter-{i}") for i in range(2 * SIGNALS_PER_RECORD + 7)]
+
+    async def scenario() -> None:
+        kafka = AsyncProducer(kafka_bootstrap, client_id="test-signals", timeout_s=10.0)
+        sender = SignalSender(kafka, topic_name, partitions=1)
+        await asyncio.wait_for(sender.send(keys), 10)
+        await kafka.stop()
+
+    run(scenario)
+    records = read_all(kafka_bootstrap, topic_name)
+    assert [len(decode_signals(r.value)) for r in records] == [SIGNALS_PER_RECORD, SIGNALS_PER_RECORD, 7]
+    assert [k for r in records for k in decode_signals(r.value)] == keys
