@@ -122,7 +122,24 @@ class RollupStore(Protocol):
     async def watermarks(self, topic: str) -> dict[int, int]: ...
 
     async def delete(self, namespace: str, counter: str | None = None) -> int:
-        """Drop rollup rows of one counter or a whole namespace (ops, recounts); returns rows dropped."""
+        """Drop rollup rows of one counter or a whole namespace (ops, recounts); returns rows dropped. The
+        combination registry below is left alone."""
+        ...
+
+    async def register_combinations(self, namespace: str, items: Sequence[tuple[str, str]], *,
+                                    full: bool = False) -> None:
+        """Record dimension combinations of base counters: ``(counter, combination)`` pairs, e.g. ``("views",
+        "views country=US")`` (``schemas.dimensions``). Idempotent. ``full``: each is some write's full
+        combination (all its dimensions), which ``max_combinations`` bounds; a combination once registered
+        full stays full, whatever later registrations say."""
+        ...
+
+    async def combinations(self, namespace: str, counter: str, *, prefix: str = "", after: str | None = None,
+                           limit: int = 1000, full_only: bool = False) -> list[str]:
+        """Up to ``limit`` registered combinations of ``counter`` in ascending (UTF-8 byte, i.e. code point)
+        order: those starting with ``prefix``, strictly after ``after`` (paging: pass the last one of the
+        previous page); ``full_only``: only the full ones. A page shorter than ``limit`` is the last. For
+        group_by (the combinations of a key set), clears (every combination) and the max_combinations bound."""
         ...
 
     async def close(self) -> None: ...

@@ -11,7 +11,8 @@ from typing import Any
 
 import xxhash
 
-__all__ = ["EMPTY_AGGREGATE", "Aggregate", "EventRow", "Partitioning", "RollupState", "apply_aggregate"]
+__all__ = ["EMPTY_AGGREGATE", "Aggregate", "EventRow", "Partitioning", "RollupState", "apply_aggregate",
+           "prefix_end"]
 
 _US = 1_000_000
 
@@ -97,3 +98,19 @@ class RollupState:
 def apply_aggregate(count: int, agg: Aggregate) -> int:
     """The count after the aggregated range: a clear resets, otherwise deltas add."""
     return agg.delta if agg.cleared else count + agg.delta
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least string greater than every string starting with ``prefix`` (its last character incremented,
+    carrying past U+10FFFF and skipping the surrogates), or None when there is none ("" or all U+10FFFF). Text
+    sorts by code point in Python and by UTF-8 bytes in SQLite and Cassandra, which is the same order, so
+    ``prefix <= name < prefix_end(prefix)`` selects the names with the prefix in every backend."""
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop())
+        if last < 0x10FFFF:
+            nxt = last + 1
+            if 0xD800 <= nxt <= 0xDFFF:
+                nxt = 0xE000
+            return "".join(chars) + chr(nxt)
+    return None

@@ -26,6 +26,8 @@ Data model (keyspace ``ks``)::
     window_slices     ((namespace, granularity), slice)      which bucket slices exist (retention)
     window_counters   ((namespace, granularity, slice, shard), counter_name)  the counters of a bucket slice
     window_clears     ((namespace, counter_name))            clear_us: a counter's latest clear (masking)
+    counter_combinations ((namespace, counter_name), combination)  is_full: the dimension combinations of a base
+                      counter (schemas.dimensions), in name order; is_full marks a write's whole set of dimensions
 
 The column is ``counter_name`` (the API's field name), not ``counter``: COUNTER is a CQL type keyword.
 """
@@ -69,7 +71,7 @@ _US = 1_000_000
 
 BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "event_counters", "rollups", "rollup_pending",
                "rollup_bounds", "watermarks", "window_buckets", "window_slices", "window_counters",
-               "window_clears")
+               "window_clears", "counter_combinations")
 COUNTER_SHARDS = 16  # partitions per namespace of the event_counters registry (fixed: part of the key)
 
 
@@ -218,6 +220,13 @@ def _base_tables(ks: str) -> list[str]:
     clear_us bigint,
     PRIMARY KEY ((namespace, counter_name))
 )""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.counter_combinations (
+    namespace text,
+    counter_name text,
+    combination text,
+    is_full boolean,
+    PRIMARY KEY ((namespace, counter_name), combination)
+) WITH CLUSTERING ORDER BY (combination ASC)""",
     ]
 
 
@@ -522,6 +531,32 @@ class RollupCql:
     def get_marks(self, topic: str) -> Stmt:
         return Stmt("marks.get", f"SELECT kafka_partition, mark_us FROM {self.ks}.watermarks WHERE topic = ?",
                     (topic,))
+
+    # the registry of dimension combinations
+    def register_combination(self, namespace: str, counter: str, combination: str, *, full: bool) -> Stmt:
+        """A full registration sets ``is_full``; any other writes only the row's key, so it never unsets it."""
+        if full:
+            return Stmt("combos.add_full", f"INSERT INTO {self.ks}.counter_combinations (namespace, counter_name, "
+                        "combination, is_full) VALUES (?, ?, ?, true)", (namespace, counter, combination))
+        return Stmt("combos.add", f"INSERT INTO {self.ks}.counter_combinations (namespace, counter_name, "
+                    "combination) VALUES (?, ?, ?)", (namespace, counter, combination))
+
+    def combinations_page(self, namespace: str, counter: str, *, lower: str | None, inclusive: bool,
+                          upper: str | None, limit: int) -> Stmt:
+        """Combinations (and their ``is_full``) of one counter above ``lower`` (``inclusive`` or not) and below
+        ``upper``, ascending."""
+        where, params = [_COUNTER], [namespace, counter]
+        op = "combos.page"
+        if lower is not None:
+            where.append("combination >= ?" if inclusive else "combination > ?")
+            params.append(lower)
+            op += ".from" if inclusive else ".after"
+        if upper is not None:
+            where.append("combination < ?")
+            params.append(upper)
+            op += ".below"
+        return Stmt(op, f"SELECT combination, is_full FROM {self.ks}.counter_combinations WHERE "
+                    f"{' AND '.join(where)} LIMIT ?", (*params, limit))
 
 
 # -- window (bucket) store statements ---------------------------------------------------------------

@@ -35,6 +35,10 @@ the newest rollup that converged a counter (``rollup_bounds``, written ``USING T
 value by the same step that deletes a marker). That can trail SQLite's "newest rollup_ts of any
 row" (it ignores rollups of counters that were never pending): retention is then conservative.
 
+``register_combinations`` / ``combinations``: the dimension combinations of a base counter, one partition per
+counter clustered by name; ``is_full`` is written only by full registrations, so it never goes back to unset.
+``full_only`` filters client-side, page by page (the partition is bounded by max_combinations' subsets).
+
 ``delete``: row and marker tombstones are written ``USING TIMESTAMP max(now, stored timestamps)``;
 a counter deleted at time T can only be rolled up again with boundaries after T (which the rollup
 boundary reaches within about accept_limit), and events before T no longer bump it. A namespace-
@@ -49,7 +53,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from sinks.cassandra.cql import RollupCql, Stmt, pending_shard
 from sinks.cassandra.session import Executor
-from sinks.model import RollupState
+from sinks.model import RollupState, prefix_end
 
 __all__ = ["CassandraRollupStore"]
 
@@ -209,6 +213,27 @@ class CassandraRollupStore:
             stmts.append(self._cql.clear_pending(self._shard(namespace, c), namespace, c, now))
         await self._x.run_all(stmts)
         return len(rows)
+
+    async def register_combinations(self, namespace: str, items: Sequence[tuple[str, str]], *,
+                                    full: bool = False) -> None:
+        await self._x.run_all([self._cql.register_combination(namespace, counter, combination, full=full)
+                               for counter, combination in dict.fromkeys(items)])
+
+    async def combinations(self, namespace: str, counter: str, *, prefix: str = "", after: str | None = None,
+                           limit: int = 1000, full_only: bool = False) -> list[str]:
+        if limit <= 0:
+            return []
+        lower, inclusive = (after, False) if after is not None and after >= prefix else (prefix or None, True)
+        upper = prefix_end(prefix) if prefix else None
+        out: list[str] = []
+        while True:
+            want = limit - len(out)
+            page = await self._x.run(self._cql.combinations_page(namespace, counter, lower=lower,
+                                                                 inclusive=inclusive, upper=upper, limit=want))
+            out.extend(str(name) for name, is_full in page if is_full or not full_only)
+            if len(page) < want or len(out) >= limit:
+                return out
+            lower, inclusive = str(page[-1][0]), False
 
     async def close(self) -> None:
         await self._x.close()

@@ -6,6 +6,8 @@ across processes without application locks:
 * write_rollup applies only with a later rollup_ts (forward-only, invariant 4);
 * bump_last_write and set_watermarks keep the max.
 A partial index over ``last_write_ts > rollup_ts`` makes the convergence sweep read only stale rows.
+The registry of dimension combinations per base counter lives here too (``combinations``): its primary key
+(namespace, counter, combination) serves every listing as one range of the index.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sinks.model import RollupState
+from sinks.model import RollupState, prefix_end
 from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteRollupStore"]
@@ -28,6 +30,17 @@ CREATE INDEX IF NOT EXISTS rollups_stale ON rollups (namespace, counter) WHERE l
 CREATE TABLE IF NOT EXISTS watermarks (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, mark_us INTEGER NOT NULL,
     PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS combinations (
+    namespace TEXT NOT NULL, counter TEXT NOT NULL, combination TEXT NOT NULL, is_full INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, counter, combination)) WITHOUT ROWID;
+"""
+_REGISTER = """
+INSERT INTO combinations (namespace, counter, combination, is_full) VALUES (?, ?, ?, 0)
+ON CONFLICT (namespace, counter, combination) DO NOTHING
+"""
+_REGISTER_FULL = """
+INSERT INTO combinations (namespace, counter, combination, is_full) VALUES (?, ?, ?, 1)
+ON CONFLICT (namespace, counter, combination) DO UPDATE SET is_full = 1 WHERE combinations.is_full = 0
 """
 
 _GET = "SELECT count, rollup_ts, last_write_ts FROM rollups WHERE namespace = ? AND counter = ?"
@@ -132,6 +145,36 @@ class SqliteRollupStore:
         else:
             sql, args = "DELETE FROM rollups WHERE namespace = ? AND counter = ?", (namespace, counter)
         return await self._db.run(lambda conn: self._db.write(conn, lambda c: c.execute(sql, args).rowcount))
+
+    async def register_combinations(self, namespace: str, items: Sequence[tuple[str, str]], *,
+                                    full: bool = False) -> None:
+        if items:
+            params = [(namespace, counter, combination) for counter, combination in items]
+            sql = _REGISTER_FULL if full else _REGISTER
+            await self._db.run(lambda conn: self._db.write(conn, lambda c: c.executemany(sql, params)))
+
+    async def combinations(self, namespace: str, counter: str, *, prefix: str = "", after: str | None = None,
+                           limit: int = 1000, full_only: bool = False) -> list[str]:
+        if limit <= 0:
+            return []
+        where = ["namespace = ?", "counter = ?"]
+        args: list[object] = [namespace, counter]
+        if after is not None and after >= prefix:
+            where.append("combination > ?")
+            args.append(after)
+        elif prefix:
+            where.append("combination >= ?")
+            args.append(prefix)
+        end = prefix_end(prefix) if prefix else None
+        if end is not None:
+            where.append("combination < ?")
+            args.append(end)
+        if full_only:
+            where.append("is_full = 1")
+        sql = f"SELECT combination FROM combinations WHERE {' AND '.join(where)} ORDER BY combination LIMIT ?"
+        args.append(limit)
+        rows = await self._db.run(lambda conn: conn.execute(sql, args).fetchall())
+        return [r[0] for r in rows]
 
     async def close(self) -> None:
         await self._db.close()

@@ -546,6 +546,74 @@ def test_get_many_and_delete(stores: Stores) -> None:
     assert stores.run(rs.get_many(keys)) == {}
 
 
+# -- the combination registry (dimensions) ---------------------------------------------------------
+
+
+def _pages(stores: Stores, counter: str, limit: int, **kw: object) -> list[str]:
+    """Every combination of `counter` (with the filters in kw), page by page."""
+    out: list[str] = []
+    after = None
+    while True:
+        page = stores.run(stores.rollups.combinations(stores.namespace, counter, after=after, limit=limit, **kw))
+        assert len(page) <= limit
+        out += page
+        if len(page) < limit:
+            return out
+        after = page[-1]
+
+
+def test_combinations_are_registered_once_and_listed_in_order(stores: Stores) -> None:
+    ns, rs = stores.namespace, stores.rollups
+    assert stores.run(rs.combinations(ns, "views")) == []
+    names = ["views country=US", "views device=tv", "views country=US device=tv", "views country=FR",
+             "views country=FR device=tv", "views country=\u00e9t\u00e9", "views country=\U0001f600",
+             "views country=\uffef device=tv"]
+    stores.run(rs.register_combinations(ns, [("views", n) for n in names]))
+    stores.run(rs.register_combinations(ns, [("views", names[0]), ("views", names[0])]))  # idempotent
+    stores.run(rs.register_combinations(ns, [("plays", "plays country=US")]))
+    stores.run(rs.register_combinations(ns, []))
+    expected = sorted(names)  # code point order: the UTF-8 byte order both backends keep
+    assert stores.run(rs.combinations(ns, "views")) == expected
+    for limit in (1, 2, 3, 8, 100):
+        assert _pages(stores, "views", limit) == expected
+    assert stores.run(rs.combinations(ns, "plays")) == ["plays country=US"]
+    assert stores.run(rs.combinations(ns + "x", "views")) == []
+    assert stores.run(rs.combinations(ns, "views", limit=0)) == []
+    assert stores.run(rs.delete(ns)) == 0  # deleting rollups leaves the registry alone
+    assert stores.run(rs.combinations(ns, "views")) == expected
+
+
+def test_combinations_by_prefix(stores: Stores) -> None:
+    ns, rs = stores.namespace, stores.rollups
+    names = ["v a=1", "v a=1 b=2", "v a=10", "v a=1\U0010ffff", "v a=2 b=2", "v b=1", "v a=\U0010ffff b=1"]
+    stores.run(rs.register_combinations(ns, [("v", n) for n in names]))
+    for prefix in ("v a=1", "v a=", "v a=1 b=", "v b=", "v c=", "v a=\U0010ffff", "v", ""):
+        expected = sorted(n for n in names if n.startswith(prefix))
+        assert stores.run(rs.combinations(ns, "v", prefix=prefix)) == expected, prefix
+        for limit in (1, 2):
+            assert _pages(stores, "v", limit, prefix=prefix) == expected, (prefix, limit)
+    # `after` below the prefix starts at the prefix; after it, strictly after
+    assert stores.run(rs.combinations(ns, "v", prefix="v a=2", after="v a=")) == ["v a=2 b=2"]
+    assert stores.run(rs.combinations(ns, "v", prefix="v a=1", after="v a=1 b=2")) == ["v a=10", "v a=1\U0010ffff"]
+
+
+def test_full_combinations_stay_full(stores: Stores) -> None:
+    ns, rs = stores.namespace, stores.rollups
+    stores.run(rs.register_combinations(ns, [("v", "v a=1"), ("v", "v a=1 b=1"), ("v", "v b=1")]))
+    stores.run(rs.register_combinations(ns, [("v", "v a=1 b=1")], full=True))
+    stores.run(rs.register_combinations(ns, [("v", "v a=2")], full=True))  # full on its first registration
+    stores.run(rs.register_combinations(ns, [("v", "v a=1 b=1"), ("v", "v a=2")]))  # not unset by a plain one
+    assert stores.run(rs.combinations(ns, "v", full_only=True)) == ["v a=1 b=1", "v a=2"]
+    assert stores.run(rs.combinations(ns, "v")) == ["v a=1", "v a=1 b=1", "v a=2", "v b=1"]
+    many = [("w", f"w k={i:03d}") for i in range(40)]
+    stores.run(rs.register_combinations(ns, many))
+    stores.run(rs.register_combinations(ns, many[::7], full=True))
+    full = [c for _, c in many[::7]]
+    assert stores.run(rs.combinations(ns, "w", full_only=True)) == full
+    assert _pages(stores, "w", 2, full_only=True) == full
+    assert stores.run(rs.combinations(ns, "w", full_only=True, limit=3)) == full[:3]
+
+
 # -- SQLite specifics -----------------------------------------------------------------------------
 
 

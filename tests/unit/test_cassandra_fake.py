@@ -76,6 +76,8 @@ class FakeCassandra:
         self.window_slices: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)  # slice -> ttl
         self.window_counters: dict[tuple, dict[str, int]] = defaultdict(dict)  # counter -> ttl
         self.clear_cells: dict[tuple[str, str], tuple[int, object]] = {}
+        # combination registry: (namespace, counter) -> combination -> is_full (None: never set)
+        self.combos: dict[tuple[str, str], dict[str, bool | None]] = defaultdict(dict)
 
     # -- Executor protocol ----------------------------------------------------------------------
 
@@ -340,6 +342,31 @@ class FakeCassandra:
     def _wclears_get(self, stmt, ns, c):
         cell = self.clear_cells.get((ns, c))
         return [(cell[1],)] if cell else []
+
+    # -- combination registry ops ---------------------------------------------------------------
+
+    def _combos_add(self, stmt, ns, c, combination):
+        self.combos[(ns, c)].setdefault(combination, None)  # the row's key only: is_full untouched
+
+    def _combos_add_full(self, stmt, ns, c, combination):
+        self.combos[(ns, c)][combination] = True
+
+    def _combos_page(self, stmt, ns, c, *rest):
+        """Every variant of combos.page: [lower] [upper] limit, in clustering (UTF-8 byte) order."""
+        *bounds, limit = rest
+        lower = bounds.pop(0) if ".from" in stmt.op or ".after" in stmt.op else None
+        upper = bounds.pop(0) if ".below" in stmt.op else None
+        assert not bounds
+        names = sorted(self.combos[(ns, c)], key=lambda n: n.encode())
+        if lower is not None:
+            names = [n for n in names if (n.encode() >= lower.encode() if ".from" in stmt.op
+                                          else n.encode() > lower.encode())]
+        if upper is not None:
+            names = [n for n in names if n.encode() < upper.encode()]
+        return [(n, self.combos[(ns, c)][n]) for n in names[:limit]]
+
+    _combos_page_from = _combos_page_after = _combos_page_below = _combos_page
+    _combos_page_from_below = _combos_page_after_below = _combos_page
 
 
 _SLICE_US = {g.value: g.slice_us for g in Granularity}
