@@ -3,6 +3,9 @@
 Per batch, in this order: write events (idempotent), raise `last_write_ts`, dead-letter what cannot be
 accepted, send one rollup signal per distinct counter; only then may the caller ack (commit) the offsets.
 A crash anywhere before the ack replays the batch, which the event identity makes harmless.
+
+A write with dimensions is admitted here but expanded by the persist path (agents.dimensions): its events in the
+base counter and every combination depend on the namespace's max_combinations and on the combination registry.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
 from agents.watermark import is_heartbeat
 from control_plane import CounterType, Namespace, NamespaceRegistry
-from control_plane.admission import admission_error
+from control_plane.admission import admission_error, extras_refusal
 from schemas import MICROS, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from schemas.dead_letter import AnyHeaders, DeadLetter
 from sinks import EventRow
@@ -59,6 +63,8 @@ class PreparedBatch:
     dead: list[DeadLetter] = field(default_factory=list)
     records: int = 0
     heartbeats: list[tuple[int, int]] = field(default_factory=list)  # (partition, timestamp µs), in order
+    dimensioned: list[DimensionedWrite] = field(default_factory=list)  # expanded by the persist path
+    clears: list[Clear] = field(default_factory=list)  # clears in namespaces with dimensions (to expand)
 
     def extend(self, other: PreparedBatch) -> None:
         """Append a later chunk of the same batch."""
@@ -66,6 +72,8 @@ class PreparedBatch:
         self.dead.extend(other.dead)
         self.records += other.records
         self.heartbeats.extend(other.heartbeats)
+        self.dimensioned.extend(other.dimensioned)
+        self.clears.extend(other.clears)
         last_write = self.last_write
         for key, ts in other.last_write.items():
             if ts > last_write.get(key, -1):
@@ -75,7 +83,7 @@ class PreparedBatch:
 class _Admission:
     """Per namespace, what admission needs on the hot path: the accept window in µs (computed once)."""
 
-    __slots__ = ("accept_us", "ns", "refusal", "skew_us")
+    __slots__ = ("accept_us", "dimensions", "ns", "refusal", "skew_us")
 
     def __init__(self, ns: Namespace | None, name: str) -> None:
         self.ns = ns
@@ -87,6 +95,7 @@ class _Admission:
                             "through the API, not Kafka")
         self.accept_us = int(ns.accept_limit_s * MICROS) if ns else 0
         self.skew_us = int(ns.max_clock_skew_s * MICROS) if ns else 0
+        self.dimensions = bool(ns and ns.dimensions)  # its clears reach the combinations
 
 
 def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
@@ -129,7 +138,7 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
             continue
         single = len(mutations) == 1
         for index, m in enumerate(mutations):
-            namespace, counter, delta, event_time, event_id, item_key, op = m
+            namespace, counter, delta, event_time, event_id, item_key, op, dimensions, item = m
             admission = admissions.get(namespace)
             if admission is None:
                 admission = admissions[namespace] = _Admission(registry.get(namespace), namespace)
@@ -140,10 +149,25 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
             if (admission.refusal is None and arrived - admission.accept_us <= event_time
                     <= arrived + admission.skew_us):
                 is_clear = op is MutationOp.CLEAR
+                if dimensions or item:
+                    ns: Namespace = admission.ns  # type: ignore[assignment]  # None only with a refusal
+                    extra = extras_refusal(ns, dimensions, item, is_clear)
+                    if extra is None:
+                        value_out = (value or b"") if single else _reencode(m, event_time, event_id)
+                        out.dimensioned.append(dimensioned_write(
+                            namespace, counter, dimensions, event_time, event_id, item_key, delta,
+                            ns.dimensions.max_combinations, _dead(rec, value_out, "", timestamp_us),
+                            arrived - admission.accept_us))
+                        continue
+                    value_out = (value or b"") if single else _reencode(m, event_time, event_id)
+                    out.dead.append(_dead(rec, value_out, f"field '{extra[0]}': {extra[1]}", timestamp_us))
+                    continue
                 rows_append((namespace, counter, event_time, event_id, item_key, 0 if is_clear else delta, is_clear))
                 key = (namespace, counter)
                 if event_time > last_write.get(key, -1):
                     last_write[key] = event_time
+                if is_clear and admission.dimensions:
+                    out.clears.append((namespace, counter, event_time, event_id, item_key))
                 continue
             reason = admission.refusal or admission_error(
                 event_time, arrived, admission.ns)  # type: ignore[arg-type]  # None only with a refusal (above)

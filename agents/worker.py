@@ -17,6 +17,7 @@ import faust
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents import metrics
+from agents.dimensions import Combinations
 from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
@@ -59,6 +60,7 @@ class Pipeline:
     kafka: AsyncProducer
     signals: SignalSender
     arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat seen (µs)
+    combinations: Combinations = field(default_factory=Combinations)  # dimension combinations known here
     persist_consumer: PersistConsumer | None = None
 
     def owned_mutation_partitions(self) -> list[int]:
@@ -235,7 +237,7 @@ async def _persist(p: Pipeline, records: list[KafkaRecord]) -> list[Key]:
     started = time.monotonic()
     batch = await _prepare(p, records)
     await persist_batch(batch, events=p.events, rollups=p.rollups, dead_letters=p.send_dead_letters,
-                        signals=None)
+                        signals=None, combinations=p.combinations)
     for partition, timestamp_us in batch.heartbeats:
         p.tracker.heartbeat_persisted(partition, timestamp_us)
     metrics.RECORDS_CONSUMED.inc(batch.records)

@@ -1,8 +1,8 @@
 """Control plane: load and validate the namespace configuration.
 
 Each namespace picks a counter type, a cardinality preset and optional overrides (TTL, rollup
-queues, time partitioning, accept limit, retention, time windows, backends, API keys). Files may use our flat
-shape or the Netflix post's ``persistence_configuration`` shape. Anything wrong raises
+queues, time partitioning, accept limit, retention, time windows, dimensions, backends, API keys). Files may use our
+flat shape or the Netflix post's ``persistence_configuration`` shape. Anything wrong raises
 ``ConfigError`` at start-up, naming the file, namespace and field.
 """
 
@@ -14,6 +14,7 @@ from .model import (
     Cardinality,
     ConfigError,
     CounterType,
+    DimensionConfig,
     Namespace,
     NamespaceRegistry,
     QueueConfig,
@@ -30,6 +31,7 @@ __all__ = [
     "Cardinality",
     "ConfigError",
     "CounterType",
+    "DimensionConfig",
     "Namespace",
     "NamespaceRegistry",
     "QueueConfig",

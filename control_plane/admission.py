@@ -32,3 +32,30 @@ def rollup_boundary(now_us: int, watermark_us: int, ns: Namespace) -> int:
     """
     horizon = min(now_us - int(ns.max_clock_skew_s * MICROS), watermark_us)
     return horizon - int(ns.accept_limit_s * MICROS) - 1
+
+
+def extras_refusal(ns: Namespace, dimensions: tuple[tuple[str, str], ...], item: str,
+                   clear: bool = False) -> tuple[str, str] | None:
+    """``(field, reason)`` when a write's dimensions or item are not accepted by the namespace, else None.
+
+    Shared by the API (a 422 naming the field) and the persist path (a dead letter with the reason): an item
+    outside a UNIQUE namespace (none exist yet), dimensions on a BEST_EFFORT namespace, on a clear, on a
+    namespace that declares none, or with a key it does not declare (``dimensions.<key>``)."""
+    if item:
+        return "item", (f"namespace {ns.name!r} is {ns.counter_type.value}: only UNIQUE namespaces count items "
+                        "(none are configured yet); send the write without item")
+    if not dimensions:
+        return None
+    if clear:
+        return "dimensions", ("a clear applies to the counter and all its combinations: send it without "
+                              "dimensions")
+    if ns.counter_type.value == "BEST_EFFORT":
+        return "dimensions", (f"namespace {ns.name!r} is BEST_EFFORT: its counts live in memcached only and keep "
+                              "no dimension combinations")
+    return ns.dimensions.refusal(ns.name, dimensions)
+
+
+def bound_reason(namespace: str, counter: str, known: int, max_combinations: int, full: str) -> str:
+    """Why a write introducing the full combination ``full`` is refused: its counter is at max_combinations."""
+    return (f"counter {counter!r} of namespace {namespace!r} already has {known} dimension combinations "
+            f"(max_combinations {max_combinations}); {full!r} would be one more")

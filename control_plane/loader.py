@@ -38,7 +38,7 @@ _EXAMPLE = Path(__file__).resolve().parent / "examples" / "namespaces.yaml"
 
 
 def default_config_path() -> Path:
-    """The shipped example file (three namespaces); a working config for local runs and tests."""
+    """The shipped example file (four namespaces); a working config for local runs and tests."""
     return _EXAMPLE
 
 

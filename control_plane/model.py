@@ -20,6 +20,7 @@ __all__ = [
     "Cardinality",
     "ConfigError",
     "CounterType",
+    "DimensionConfig",
     "Namespace",
     "NamespaceRegistry",
     "QueueConfig",
@@ -169,6 +170,34 @@ NO_WINDOWS = Windows()
 
 
 @dataclass(frozen=True, slots=True)
+class DimensionConfig:
+    """The dimensions a namespace's writes may carry (``schemas.dimensions``): the declared ``keys`` (at most 4)
+    and ``max_combinations``, the most distinct full combinations (a write's whole set of dimensions, e.g.
+    ``country=US device=tv``) one counter may have. Empty ``keys``: writes carry no dimensions."""
+
+    keys: tuple[str, ...] = ()
+    max_combinations: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def refusal(self, namespace: str, dimensions: tuple[tuple[str, str], ...]) -> tuple[str, str] | None:
+        """``(field, reason)`` when a write's (validated, sorted) dimensions are not allowed here, else None: a
+        key the namespace does not declare (field ``dimensions.<key>``), or any key when it declares none."""
+        if not dimensions:
+            return None
+        for key, _ in dimensions:
+            if key not in self.keys:
+                declared = f"it declares {', '.join(self.keys)}" if self.keys else "it declares none"
+                return f"dimensions.{key}", (f"dimension {key!r} is not declared by namespace {namespace!r} "
+                                             f"({declared}; see its dimensions.keys)")
+        return None
+
+
+NO_DIMENSIONS = DimensionConfig()
+
+
+@dataclass(frozen=True, slots=True)
 class ApiKey:
     """A credential for one namespace. ``key`` is kept out of ``repr`` so logs never leak it."""
 
@@ -194,6 +223,7 @@ class Namespace:
     cache: str
     api_keys: tuple[ApiKey, ...] = ()
     windows: Windows = NO_WINDOWS
+    dimensions: DimensionConfig = NO_DIMENSIONS
 
     @property
     def requires_auth(self) -> bool:

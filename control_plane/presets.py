@@ -19,7 +19,8 @@ Shared by all: ``accept_limit`` 5s (the post's immutability boundary), ``max_clo
 retention closes slices after 6 days and deletes events after 7 (the post's 518400s/604800s),
 and store/cache are "default" (the service-wide COUNTER_STORE / COUNTER_CACHE). Time windows: minute, hour and
 day buckets, kept 48 hours, 90 days and forever (BEST_EFFORT counters have none). Rolled-up counters keep
-their cached rollup without expiry (the rollup store is the truth, reads repair the cache);
+their cached rollup without expiry (the rollup store is the truth, reads repair the cache); no dimensions are
+declared (when a namespace declares keys, each counter may have 1,000 distinct full combinations);
 best-effort counters live only in memcached, so they expire after a day unless told otherwise.
 """
 
@@ -48,6 +49,8 @@ _COMMON: dict[str, Any] = {
     "windows.retention.minute": 48.0 * 3600,
     "windows.retention.hour": 90.0 * _DAY,
     "windows.retention.day": None,  # forever
+    "dimensions.keys": (),  # none declared: writes carry no dimensions
+    "dimensions.max_combinations": 1000,
 }
 
 # Keys are the file's own dotted field paths, so a preset merges exactly like a user's fields.

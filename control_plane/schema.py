@@ -16,14 +16,18 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, TypeVar
 
+from schemas import MAX_DIMENSIONS, ValidationError, validate_dimension_key
+
 from .durations import parse_duration
 from .model import (
     GRANULARITIES,
+    NO_DIMENSIONS,
     NO_WINDOWS,
     ApiKey,
     Cardinality,
     ConfigError,
     CounterType,
+    DimensionConfig,
     Namespace,
     QueueConfig,
     Retention,
@@ -47,7 +51,9 @@ SECTIONS: Mapping[str, tuple[str, ...]] = {
     "queue_config": ("num_queues", "coalesce_ms", "capacity_bytes"),
     "time_partition": ("buckets_per_id", "seconds_per_bucket", "seconds_per_slice"),
     "retention": ("close_after", "delete_after"),
+    "dimensions": ("keys", "max_combinations"),
 }
+DIMENSION_FIELDS: tuple[str, ...] = tuple(f"dimensions.{k}" for k in SECTIONS["dimensions"])
 SCALARS: tuple[str, ...] = (
     "counter_type", "cardinality", "ttl", "rollup_batch_count", "accept_limit", "max_clock_skew",
     "store", "cache", "api_keys",
@@ -259,7 +265,27 @@ class _Resolver:
             cache=self.get("cache", _choice(CACHES)),
             api_keys=self._api_keys(),
             windows=self._windows(),
+            dimensions=self._dimensions(),
         )
+
+    def _dimensions(self) -> DimensionConfig:
+        """``dimensions: {keys: [country, device], max_combinations: 1000}``: at most MAX_DIMENSIONS distinct
+        identifiers (a write is counted in 2^n counters: the counter and every non-empty subset of its dimensions;
+        16 events per write at 4 keys), and a positive bound on the distinct full combinations per counter."""
+        written = next((p for p in DIMENSION_FIELDS if self.own(p)), None)
+        if self.counter_type is CounterType.BEST_EFFORT:
+            if written is not None:
+                raise self.error(written, "BEST_EFFORT counters live only in memcached and keep no dimension "
+                                          "combinations (nothing is rolled up); remove it or use EVENTUAL/ACCURATE")
+            return NO_DIMENSIONS
+        keys = self.get("dimensions.keys", _dimension_keys)
+        max_combinations = self.get("dimensions.max_combinations", _positive_int)
+        if not keys:
+            if self.own("dimensions.max_combinations"):
+                raise self.error("dimensions.max_combinations", "bounds the combinations of declared dimensions: "
+                                                                "declare dimensions.keys, or remove it")
+            return NO_DIMENSIONS
+        return DimensionConfig(keys, max_combinations)
 
     def _windows(self) -> Windows:
         if self.counter_type is CounterType.BEST_EFFORT:
@@ -425,6 +451,27 @@ def _retention(granularity: str) -> Callable[[Any], float | None]:
         return seconds
 
     return convert
+
+
+def _dimension_keys(value: object) -> tuple[str, ...]:
+    example = "e.g. [country, device]"
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise ValueError(f"must be a list of dimension keys, {example} (got {_show(value)})")
+    if len(value) > MAX_DIMENSIONS:
+        raise ValueError(f"at most {MAX_DIMENSIONS} dimension keys (a write is counted in the counter and in every "
+                         f"combination of its dimensions: {2 ** MAX_DIMENSIONS} events per write at "
+                         f"{MAX_DIMENSIONS}), got {len(value)}")
+    keys: list[str] = []
+    for key in value:
+        try:
+            keys.append(validate_dimension_key(key, field="dimensions.keys"))
+        except ValidationError as exc:
+            raise ValueError(exc.reason) from None
+        if keys.count(key) > 1:
+            raise ValueError(f"dimension key {key!r} is declared twice")
+    return tuple(keys)
 
 
 def _positive_int(value: object) -> int:

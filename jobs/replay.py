@@ -28,6 +28,7 @@ from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from agents.dimensions import Combinations
 from agents.metrics import dlq_kind
 from agents.persist import PreparedBatch, RawRecord, prepare
 from agents.persist_path import persist_batch
@@ -218,6 +219,7 @@ class Replay:
         self.topic = options.topic_of(settings)
         self.name = options.name_of(settings)
         self._arrival_floor: dict[int, int] = {}  # partition -> last heartbeat seen (see agents.persist.prepare)
+        self._combinations = Combinations()  # dimension combinations known to this replay (agents.dimensions)
         self.identity_topic = options.as_topic or self.topic
         self.state_path = state_path(settings, self.name)
         try:
@@ -375,20 +377,24 @@ class Replay:
         keep = (lambda r: r[0] == ns and r[1] in counters) if counters else (lambda r: r[0] == ns)
         rows = [r for r in batch.rows if keep(r)]
         last = {k: v for k, v in batch.last_write.items() if keep(k)}
-        self.totals["filtered_out"] += len(batch.rows) - len(rows)
-        return PreparedBatch(rows=rows, last_write=last, dead=batch.dead, records=batch.records)
+        # writes with dimensions and clears are kept by their base counter (with its combinations)
+        dimensioned = [w for w in batch.dimensioned if keep((w.namespace, w.counter))]
+        clears = [c for c in batch.clears if keep(c)]
+        self.totals["filtered_out"] += len(batch.rows) - len(rows) + len(batch.dimensioned) - len(dimensioned)
+        return PreparedBatch(rows=rows, last_write=last, dead=batch.dead, records=batch.records,
+                             dimensioned=dimensioned, clears=clears)
 
     async def _persist(self, records: list[RawRecord]) -> None:
         batch = self._filter(prepare(records, self.runtime.registry, self._arrival_floor,
                                      identity_topic=self.identity_topic))
-        for d in batch.dead:
-            self.rejected[dlq_kind(d.reason)] += 1
-        self.totals["rejected"] += len(batch.dead)
-        self.totals["events"] += len(batch.rows)
         before_new, before_restored = self.writer.new, self.writer.restored
         await persist_batch(batch, events=self.runtime.events, rollups=self.runtime.rollups,
                             dead_letters=self.kafka.dead_letters if self.options.dead_letter else None,
-                            signals=self.kafka.signals, write=self.writer)
+                            signals=self.kafka.signals, write=self.writer, combinations=self._combinations)
+        for d in batch.dead:
+            self.rejected[dlq_kind(d.reason)] += 1
+        self.totals["rejected"] += len(batch.dead)  # after: the bound on dimension combinations refuses some
+        self.totals["events"] += len(batch.rows)  # with the events of dimension combinations
         self.totals["new"] += self.writer.new - before_new
         self.totals["restored"] += self.writer.restored - before_restored
         self.touched.update(batch.last_write)

@@ -6,6 +6,10 @@ These readers know the two record shapes and go straight to validated tuples. Th
 (well-formed bytes, printable ASCII names, nothing trailing); for anything else they return None and the
 caller decodes with fastavro and the full validators, which give the verdict and the message. So there is one
 definition of what is accepted (tests hold the two paths equal on generated and corrupted input).
+
+Mutations: version 1 only (no dimensions, no item: the bulk of the traffic). A v2 record (dimensions or an item)
+is decoded by fastavro; its mutation becomes 2^n events anyway. Signals: counter names may be dimension
+combinations (`views country=US`), checked once per name and remembered like the plain ones.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from schemas.dimensions import validate_internal_counter_name
 from schemas.model import Mutation, MutationOp
 from schemas.validation import (
     CONTROL_SEARCH,
@@ -21,6 +26,7 @@ from schemas.validation import (
     MAX_EVENT_TIME,
     MAX_TOKEN_BYTES,
     MIN_EVENT_TIME,
+    ValidationError,
     plainly_valid_names,
 )
 
@@ -141,10 +147,33 @@ def read_mutation_batch(data: bytes, start: int) -> list[Mutation] | None:
         return None
 
 
+_VALID_SIGNAL_NAMES: set[tuple[str, str]] = set()  # valid pairs whose counter is a dimension combination
+
+
+def _valid_signal_names(namespace: str, counter: str) -> bool:
+    """A signal's names: a plain pair, or a namespace and a dimension combination (never accepted in a mutation,
+    hence a set of its own)."""
+    if _valid_names(namespace, counter):
+        return True
+    key = (namespace, counter)
+    if key in _VALID_SIGNAL_NAMES:
+        return True
+    if " " not in counter or not plainly_valid_names(namespace, "c"):
+        return False
+    try:
+        validate_internal_counter_name(counter)
+    except ValidationError:
+        return False
+    if len(_VALID_SIGNAL_NAMES) >= 200_000:
+        _VALID_SIGNAL_NAMES.clear()
+    _VALID_SIGNAL_NAMES.add(key)
+    return True
+
+
 def _signal(data: bytes, i: int) -> tuple[tuple[str, str], int]:
     namespace, i = _ascii(data, i)
     counter, i = _ascii(data, i)
-    if not _valid_names(namespace, counter):
+    if not _valid_signal_names(namespace, counter):
         raise _NotPlain
     return (namespace, counter), i
 

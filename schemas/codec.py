@@ -21,12 +21,12 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from schemas.avro_fast import read_mutation, read_mutation_batch, read_signal, read_signal_batch
+from schemas.dimensions import validate_internal_counter_name
 from schemas.json_records import mutation_from_json
 from schemas.model import Mutation, MutationOp
 from schemas.validation import (
     ValidationError,
     plainly_valid,
-    validate_counter_name,
     validate_mutation,
     validate_namespace,
 )
@@ -79,17 +79,26 @@ def _load(filename: str) -> AvroSchema:
 
 COUNT_MUTATION = _load("count_mutation.avsc")
 MUTATION_BATCH = _load("mutation_batch.avsc")
+COUNT_MUTATION_V2 = _load("count_mutation_v2.avsc")  # + dimensions, item
+MUTATION_BATCH_V2 = _load("mutation_batch_v2.avsc")
 ROLLUP_SIGNAL = _load("rollup_signal.avsc")
 ROLLUP_SIGNAL_BATCH = _load("rollup_signal_batch.avsc")
-SCHEMAS: dict[bytes, AvroSchema] = {s.fingerprint: s for s in (COUNT_MUTATION, MUTATION_BATCH, ROLLUP_SIGNAL,
+SCHEMAS: dict[bytes, AvroSchema] = {s.fingerprint: s for s in (COUNT_MUTATION, MUTATION_BATCH, COUNT_MUTATION_V2,
+                                                                MUTATION_BATCH_V2, ROLLUP_SIGNAL,
                                                                 ROLLUP_SIGNAL_BATCH)}
-"""Every schema this codec reads, by wire fingerprint. Keep old versions here when a schema evolves."""
+"""Every schema this codec reads, by wire fingerprint. Keep old versions here when a schema evolves: writers
+use CountMutation/MutationBatch v1 for mutations without dimensions or item (byte-identical to before), v2
+otherwise."""
+_SINGLE = (COUNT_MUTATION, COUNT_MUTATION_V2)
+_BATCHES = (MUTATION_BATCH, MUTATION_BATCH_V2)
 
 _CM_HEADER = COUNT_MUTATION.header
 _BATCH_HEADER = MUTATION_BATCH.header
 _SIGNAL_HEADER = ROLLUP_SIGNAL.header
 _CM_PARSED = COUNT_MUTATION.parsed
 _BATCH_PARSED = MUTATION_BATCH.parsed
+_CM2_HEADER, _CM2_PARSED = COUNT_MUTATION_V2.header, COUNT_MUTATION_V2.parsed
+_BATCH2_HEADER, _BATCH2_PARSED = MUTATION_BATCH_V2.header, MUTATION_BATCH_V2.parsed
 _SIGNAL_PARSED = ROLLUP_SIGNAL.parsed
 _SIGNAL_BATCH_HEADER = ROLLUP_SIGNAL_BATCH.header
 _SIGNAL_BATCH_PARSED = ROLLUP_SIGNAL_BATCH.parsed
@@ -113,7 +122,7 @@ def _reader(avro: AvroSchema) -> dict[str, Any]:
     return parse_schema(_op_as_index(raw))
 
 
-_READERS = {s.fingerprint: _reader(s) for s in (COUNT_MUTATION, MUTATION_BATCH)}
+_READERS = {s.fingerprint: _reader(s) for s in (COUNT_MUTATION, MUTATION_BATCH, COUNT_MUTATION_V2, MUTATION_BATCH_V2)}
 """How the general path reads the mutation schemas (same bytes; the op's index is checked by hand)."""
 _OP_SYMBOLS = ("ADD", "CLEAR")
 _CM_FINGERPRINT, _BATCH_FINGERPRINT = COUNT_MUTATION.fingerprint, MUTATION_BATCH.fingerprint
@@ -129,7 +138,7 @@ def _record(m: Mutation) -> dict[str, Any]:
             f"cannot encode {m.key} as Avro without event_time and event_id (idempotency token); "
             "only JSON records may omit them")
     m = validate_mutation(m)
-    return {
+    record: dict[str, Any] = {
         "op": m.op.value,
         "namespace": m.namespace,
         "counter_name": m.counter_name,
@@ -138,6 +147,16 @@ def _record(m: Mutation) -> dict[str, Any]:
         "event_id": m.event_id,
         "event_item_key": m.event_item_key,
     }
+    if m.dimensions or m.item:  # v2 only (the caller picks the schema by is_v2)
+        record["dimensions"] = dict(m.dimensions)
+        record["item"] = m.item
+    return record
+
+
+def is_v2(m: Mutation) -> bool:
+    """Whether a mutation needs the v2 schemas (it has dimensions or an item); v1 otherwise, byte-identical to
+    what the service wrote before v2 existed, so old consumers keep reading plain records."""
+    return bool(m.dimensions or m.item)
 
 
 def _write(header: bytes, parsed: dict[str, Any], record: dict[str, Any]) -> bytes:
@@ -148,15 +167,25 @@ def _write(header: bytes, parsed: dict[str, Any], record: dict[str, Any]) -> byt
 
 
 def encode_mutation(m: Mutation) -> bytes:
-    """One validated mutation as a single-object CountMutation; ValueError if invalid or without token."""
+    """One validated mutation as a single-object CountMutation (v2 when it has dimensions or an item); ValueError
+    if invalid or without token."""
+    if is_v2(m):
+        return _write(_CM2_HEADER, _CM2_PARSED, _record(m))
     return _write(_CM_HEADER, _CM_PARSED, _record(m))
 
 
 def encode_batch(ms: Sequence[Mutation]) -> bytes:
-    """Validated mutations as one single-object MutationBatch; ValueError if empty or any is invalid."""
+    """Validated mutations as one single-object MutationBatch (v2 when any has dimensions or an item); ValueError
+    if empty or any is invalid."""
     if not ms:
         raise ValueError("a MutationBatch needs at least one mutation")
-    return _write(_BATCH_HEADER, _BATCH_PARSED, {"mutations": [_record(m) for m in ms]})
+    records = [_record(m) for m in ms]
+    if any(is_v2(m) for m in ms):
+        for r in records:
+            r.setdefault("dimensions", {})
+            r.setdefault("item", "")
+        return _write(_BATCH2_HEADER, _BATCH2_PARSED, {"mutations": records})
+    return _write(_BATCH_HEADER, _BATCH_PARSED, {"mutations": records})
 
 
 def mutation_body(m: Mutation) -> bytes:
@@ -166,11 +195,33 @@ def mutation_body(m: Mutation) -> bytes:
 
     Encoded by hand, the spec's binary encoding of this one record type (an enum index, strings as a length
     and UTF-8 bytes, longs as zigzag varints), with the op, namespace and counter part remembered per counter:
-    a third of fastavro's per-record cost on the API's hot path. Tests hold it byte-equal to fastavro's."""
-    return b"".join((_mutation_head(m.op is MutationOp.CLEAR, m.namespace, m.counter_name), _long(m.delta),
+    a third of fastavro's per-record cost on the API's hot path. Tests hold it byte-equal to fastavro's.
+
+    A mutation with dimensions or an item (`is_v2`) gets the v2 body: the v1 fields, then the dimensions map and
+    the item; `record_of_bodies(..., v2=True)` carries those, and `v2_body` turns a v1 body into the v2 form."""
+    body = b"".join((_mutation_head(m.op is MutationOp.CLEAR, m.namespace, m.counter_name), _long(m.delta),
                      # validated with a token and time (see above), not re-checked here: the hot path
                      _long(m.event_time), _string(m.event_id),  # type: ignore[arg-type]
                      _string(m.event_item_key)))
+    if m.dimensions or m.item:
+        return body + _map(m.dimensions) + _string(m.item)
+    return body
+
+
+V2_DEFAULTS = b"\x00\x00"
+"""The v2 fields at their defaults (an empty map, an empty string): a v1 body plus these is its v2 body."""
+
+
+def v2_body(v1_body: bytes) -> bytes:
+    """The v2 body of a mutation encoded as a v1 body (no dimensions, no item)."""
+    return v1_body + V2_DEFAULTS
+
+
+def _map(pairs: Sequence[tuple[str, str]]) -> bytes:
+    """An Avro map of strings as fastavro writes one: a single block (its count), the pairs, then 0."""
+    if not pairs:
+        return b"\x00"
+    return b"".join((_long(len(pairs)), *(_string(k) + _string(v) for k, v in pairs), b"\x00"))
 
 
 @functools.lru_cache(maxsize=100_000)
@@ -198,15 +249,16 @@ def _long(n: int) -> bytes:
 _EIGHT_BYTES_FROM, _EIGHT_BYTES_UPTO = 1 << 48, 1 << 55  # zigzag 2n in [2^49, 2^56): exactly 8 varint bytes
 
 
-def record_of_bodies(bodies: Sequence[bytes]) -> bytes:
+def record_of_bodies(bodies: Sequence[bytes], *, v2: bool = False) -> bytes:
     """One single-object record carrying CountMutation bodies: a CountMutation for one, a MutationBatch for
     more. Avro encodes an array as a block count (zigzag long), the items, and a 0 ending the blocks, so a
-    batch is assembled from bodies encoded earlier without decoding or re-encoding them."""
+    batch is assembled from bodies encoded earlier without decoding or re-encoding them. `v2`: the bodies are
+    all v2 bodies (see mutation_body, v2_body) and the record is a CountMutation/MutationBatch v2."""
     if not bodies:
         raise ValueError("a MutationBatch needs at least one mutation")
     if len(bodies) == 1:
-        return _CM_HEADER + bodies[0]
-    return b"".join((_BATCH_HEADER, _zigzag(len(bodies)), *bodies, b"\x00"))
+        return (_CM2_HEADER if v2 else _CM_HEADER) + bodies[0]
+    return b"".join((_BATCH2_HEADER if v2 else _BATCH_HEADER, _zigzag(len(bodies)), *bodies, b"\x00"))
 
 
 def _zigzag(n: int) -> bytes:
@@ -228,12 +280,13 @@ def signal_body(namespace: str, counter: str) -> bytes:
     persist path signals the same counters batch after batch."""
     buf = BytesIO()
     schemaless_writer(buf, _SIGNAL_PARSED, {"namespace": validate_namespace(namespace),
-                                            "counter": validate_counter_name(counter, field="counter")})
+                                            "counter": validate_internal_counter_name(counter, field="counter")})
     return buf.getvalue()
 
 
 def encode_signal(namespace: str, counter: str) -> bytes:
-    """A single-object RollupSignal for one counter; ValidationError for invalid names."""
+    """A single-object RollupSignal for one counter (a user counter or a dimension combination, see
+    schemas.dimensions); ValidationError for invalid names."""
     return _SIGNAL_HEADER + signal_body(namespace, counter)
 
 
@@ -273,7 +326,7 @@ def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
     if extra:
         raise DecodeError(f"{extra} trailing bytes after the Avro body for {schema.name}")
     if schema.fingerprint in _READERS:
-        for record in (value,) if schema is COUNT_MUTATION else value["mutations"]:
+        for record in (value,) if schema in _SINGLE else value["mutations"]:
             index = record["op"]
             if not 0 <= index < len(_OP_SYMBOLS):
                 raise DecodeError(f"corrupt Avro body for {schema.name}: MutationOp index {index} "
@@ -283,9 +336,13 @@ def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
 
 
 def _from_record(r: dict[str, Any]) -> Mutation:
-    """Build a Mutation from a decoded Avro record; the full validator runs only off the ASCII fast path."""
+    """Build a Mutation from a decoded Avro record (v1 or v2); the full validator runs only off the ASCII fast
+    path of a v1-shaped mutation."""
     fields = (r["namespace"], r["counter_name"], r["delta"], r["event_time"], r["event_id"],
               r["event_item_key"], _OPS[r["op"]])
+    dimensions, item = r.get("dimensions"), r.get("item", "")
+    if dimensions or item:
+        return validate_mutation(Mutation(*fields, tuple((dimensions or {}).items()), item))
     if plainly_valid(*fields):
         return Mutation(*fields)
     return validate_mutation(Mutation(*fields))
@@ -394,13 +451,13 @@ def decode_mutations(data: bytes) -> list[Mutation]:
             plain = None
         if plain is not None:
             return plain
-        schema, value = _read_avro(data)  # anything unusual: fastavro and the full validators decide
-        if schema is COUNT_MUTATION:
+        schema, value = _read_avro(data)  # v2 and anything unusual: fastavro and the full validators decide
+        if schema in _SINGLE:
             try:
                 return [_from_record(value)]
             except ValidationError as exc:
                 raise DecodeError(f"CountMutation {exc}", exc.field) from None
-        if schema is MUTATION_BATCH:
+        if schema in _BATCHES:
             records = value["mutations"]
             if not records:
                 raise DecodeError("empty MutationBatch: no mutations")
@@ -454,7 +511,7 @@ def decode_signals(data: bytes) -> list[tuple[str, str]]:
     else:
         raise DecodeError(f"record is a {schema.name}, not a RollupSignal or RollupSignalBatch")
     try:
-        return [(validate_namespace(v["namespace"]), validate_counter_name(v["counter"], field="counter"))
+        return [(validate_namespace(v["namespace"]), validate_internal_counter_name(v["counter"], field="counter"))
                 for v in items]
     except ValidationError as exc:
         raise DecodeError(f"RollupSignal {exc}", exc.field) from None

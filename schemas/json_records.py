@@ -2,9 +2,10 @@
 
 AddCount:   {"namespace", "counter_name", "delta", "idempotency_token": {"token", "generation_time"}}
 ClearCount: the same with "op": "clear" and no delta (or delta 0).
-Optional: "op" ("add" | "clear", any case) and "event_item_key". Any other key is rejected with its
-name, because a misspelt "idempotency_token" silently ignored would turn retries into double counts.
-A null optional field means the same as an absent one.
+Optional: "op" ("add" | "clear", any case), "event_item_key", "dimensions" (a map of key -> value, e.g.
+{"country": "US", "device": "tv"}; see schemas.dimensions) and "item" (what a UNIQUE namespace counts). Any other
+key is rejected with its name, because a misspelt "idempotency_token" silently ignored would turn retries into
+double counts. A null optional field means the same as an absent one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from schemas.dimensions import validate_dimensions, validate_item
 from schemas.model import Mutation, MutationOp
 from schemas.validation import (
     ASCII_COUNTER_MATCH,
@@ -32,7 +34,8 @@ from schemas.validation import (
     validate_token,
 )
 
-JSON_FIELDS = frozenset({"namespace", "counter_name", "delta", "idempotency_token", "op", "event_item_key"})
+JSON_FIELDS = frozenset({"namespace", "counter_name", "delta", "idempotency_token", "op", "event_item_key",
+                         "dimensions", "item"})
 TOKEN_FIELDS = frozenset({"token", "generation_time"})
 _OPS_BY_NAME = {"add": MutationOp.ADD, "clear": MutationOp.CLEAR}
 
@@ -100,7 +103,13 @@ def mutation_from_json(obj: Mapping[str, Any]) -> Mutation:
     event_id, event_time = _parse_token(obj.get("idempotency_token"))
     raw_key = obj.get("event_item_key")
     item_key = "" if raw_key is None else validate_item_key(raw_key)
-    return Mutation(namespace, counter_name, delta, event_time, event_id, item_key, op)
+    dimensions = validate_dimensions(obj.get("dimensions"))
+    if dimensions and op is MutationOp.CLEAR:
+        raise ValidationError("dimensions", "a clear applies to the counter and all its combinations: "
+                                            "send it without dimensions")
+    raw_item = obj.get("item")
+    item = "" if raw_item is None else validate_item(raw_item)
+    return Mutation(namespace, counter_name, delta, event_time, event_id, item_key, op, dimensions, item)
 
 
 _PLAIN_FIELDS = frozenset({"namespace", "counter_name", "delta", "idempotency_token"})

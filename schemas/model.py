@@ -25,6 +25,10 @@ class Mutation(NamedTuple):
     `event_time` (epoch µs) and `event_id` (the idempotency token) may be None only for JSON records
     that carried no idempotency token (or a token without generation_time): the persist agent then
     derives them from the Kafka record (timestamp, topic/partition/offset), so replays stay idempotent.
+
+    `dimensions` (sorted (key, value) pairs, `schemas.dimensions`) slice the count: the write is counted in the
+    counter and in every combination of its dimensions. `item` is what a UNIQUE namespace counts (e.g. a user
+    id); "" is none. Both travel in the v2 Avro records only, so a mutation without them encodes as v1.
     """
 
     namespace: str
@@ -34,6 +38,8 @@ class Mutation(NamedTuple):
     event_id: str | None
     event_item_key: str = ""
     op: MutationOp = MutationOp.ADD
+    dimensions: tuple[tuple[str, str], ...] = ()
+    item: str = ""
 
     @property
     def key(self) -> str:

@@ -320,6 +320,21 @@ def validate_mutation(m: Mutation) -> Mutation:
     if m.event_id is not None:
         validate_token(m.event_id, field="event_id")
     validate_item_key(m.event_item_key)
+    if m.dimensions or m.item:
+        m = _validate_extras(m, op)
     if op is not m.op:
         return m._replace(op=op)
     return m
+
+
+def _validate_extras(m: Mutation, op: MutationOp) -> Mutation:
+    """The v2 fields: dimensions (sorted pairs; a clear takes none) and item. Returns `m` with the dimensions in
+    their canonical (sorted) form."""
+    from schemas.dimensions import validate_dimensions, validate_item  # it imports this module
+
+    dimensions = validate_dimensions(m.dimensions)
+    if dimensions and op is MutationOp.CLEAR:
+        raise ValidationError("dimensions", "a clear applies to the counter and all its combinations: "
+                                            "send it without dimensions")
+    validate_item(m.item)
+    return m if dimensions == m.dimensions else m._replace(dimensions=dimensions)

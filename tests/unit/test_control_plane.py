@@ -18,6 +18,7 @@ from control_plane import (
     Cardinality,
     ConfigError,
     CounterType,
+    DimensionConfig,
     Namespace,
     NamespaceRegistry,
     QueueConfig,
@@ -516,7 +517,9 @@ def test_shipped_example() -> None:
     assert path.is_file()
     assert path.parent.parent == Path(__file__).resolve().parents[2] / "control_plane"
     registry = load_namespaces(path)
-    assert set(registry) == {"my_dataset", "my_dataset_accurate", "my_dataset_best_effort"}
+    assert set(registry) == {"my_dataset", "my_dataset_accurate", "my_dataset_best_effort", "plays"}
+    assert registry["plays"].dimensions == DimensionConfig(("country", "device"), 1000)
+    assert not registry["my_dataset"].dimensions
     assert registry["my_dataset"].counter_type is CounterType.EVENTUAL
     assert registry["my_dataset"].cardinality is Cardinality.LOW
     assert_post_values(registry["my_dataset"])

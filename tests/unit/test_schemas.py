@@ -493,12 +493,13 @@ tokens = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, m
     lambda s: len(s.encode()) <= 256)
 item_keys = st.just("") | tokens
 event_times = st.integers(MIN_EVENT_TIME, MAX_EVENT_TIME)
+# v1 mutations: st.builds would fill the v2 fields (dimensions, item) too; tests/unit/test_dimensions.py has those
 adds = st.builds(Mutation, namespace=namespaces, counter_name=counter_names,
                  delta=st.integers(INT64_MIN, INT64_MAX), event_time=event_times, event_id=tokens,
-                 event_item_key=item_keys, op=st.just(MutationOp.ADD))
+                 event_item_key=item_keys, op=st.just(MutationOp.ADD), dimensions=st.just(()), item=st.just(""))
 clears = st.builds(Mutation, namespace=namespaces, counter_name=counter_names, delta=st.just(0),
                    event_time=event_times, event_id=tokens, event_item_key=item_keys,
-                   op=st.just(MutationOp.CLEAR))
+                   op=st.just(MutationOp.CLEAR), dimensions=st.just(()), item=st.just(""))
 mutations = adds | clears
 
 
