@@ -15,12 +15,15 @@ EXAMPLES = """examples:
   counter produce my_dataset counter123 2
   counter produce my_dataset counter123 -- -1 --token evt-42 --generation-time 2024-10-05T14:48:00Z
   counter produce my_dataset counter456 --clear
+  counter produce plays title_1 1 --dimension country=US --dimension device=tv
   counter produce --file mutations.jsonl --batch-size 500
 
-A JSONL line has the AddCount body of the Netflix post, plus "op": "clear" for a clear:
+A JSONL line has the AddCount body of the Netflix post, plus "op": "clear" for a clear and "dimensions":
   {"namespace": "my_dataset", "counter_name": "counter123", "delta": 2,
    "idempotency_token": {"token": "some_event_id", "generation_time": "2024-10-05T14:48:00Z"}}
-Lines without a token get a generated one (then re-sending the file counts it again)."""
+  {"namespace": "plays", "counter_name": "title_1", "delta": 1, "dimensions": {"country": "US", "device": "tv"}}
+Lines without a token get a generated one (then re-sending the file counts it again). Dimensions must be keys
+the namespace declares; the pipeline dead-letters a mutation it refuses (`counter dlq` shows why)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token", help="idempotency token (default: generated)")
     p.add_argument("--generation-time", help="ISO-8601 or epoch (s/ms/µs); default now")
     p.add_argument("--item-key", default="", help="event_item_key (default empty)")
+    p.add_argument("--dimension", action="append", default=[], metavar="KEY=VALUE",
+                   help="a dimension of the write (repeat for several, e.g. --dimension country=US "
+                        "--dimension device=tv); keys the namespace declares")
     p.add_argument("--file", type=Path, help="JSONL file of mutations ('-' not supported: give a path)")
     p.add_argument("--batch-size", type=int, default=500, help="mutations per Kafka record (default 500)")
     p.add_argument("--bootstrap", help="Kafka bootstrap (default COUNTER_KAFKA_BOOTSTRAP or counter up's)")
@@ -72,11 +78,27 @@ def _from_args(args: argparse.Namespace) -> Mutation:
     if not args.clear and args.delta is None:
         fail("DELTA is required for an add (or pass --clear)")
     op = MutationOp.CLEAR if args.clear else MutationOp.ADD
+    dimensions = _dimensions(args.dimension)
+    if dimensions and args.clear:
+        fail("--clear takes no --dimension: a clear applies to the counter and all its combinations")
     try:
         return CounterProducer.mutation(op, args.namespace, args.counter_name, args.delta or 0, args.token,
-                                        args.generation_time, args.item_key)
+                                        args.generation_time, args.item_key, dimensions)
     except (ValidationError, ValueError) as exc:
         fail(str(exc))
+
+
+def _dimensions(pairs: list[str]) -> dict[str, str]:
+    """--dimension KEY=VALUE arguments as a map; a key given twice or a missing '=' fails."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            fail(f"--dimension {pair!r}: expected KEY=VALUE (e.g. country=US)")
+        if key in out:
+            fail(f"--dimension {key!r} given twice")
+        out[key] = value
+    return out
 
 
 def _from_file(path: Path) -> list[Mutation]:
@@ -94,7 +116,7 @@ def _from_file(path: Path) -> list[Mutation]:
             m = mutation_from_json(json.loads(line))
             mutations.append(CounterProducer.mutation(
                 m.op, m.namespace, m.counter_name, m.delta, m.event_id,
-                None if m.event_time is None else m.event_time, m.event_item_key))
+                None if m.event_time is None else m.event_time, m.event_item_key, dict(m.dimensions), m.item))
         except (ValueError, DecodeError, ValidationError) as exc:
             errors.append(f"{path}:{number}: {exc}")
     if errors:

@@ -24,6 +24,7 @@ from schemas import (
     encode_batch,
     encode_mutation,
     parse_generation_time,
+    validate_dimensions,
     validate_mutation,
 )
 
@@ -111,10 +112,15 @@ class CounterProducer:
     # -- public API -------------------------------------------------------------------------------------
 
     def add(self, namespace: str, counter_name: str, delta: int, *, token: str | None = None,
-            generation_time: str | float | int | None = None, item_key: str = "") -> Future[None]:
-        """AddCount: adjust a counter by `delta` (negative allowed). Returns the delivery future."""
+            generation_time: str | float | int | None = None, item_key: str = "",
+            dimensions: Mapping[str, str] | None = None, item: str = "") -> Future[None]:
+        """AddCount: adjust a counter by `delta` (negative allowed). Returns the delivery future.
+
+        `dimensions` (e.g. {"country": "US", "device": "tv"}; keys the namespace declares) count the write in
+        every combination too; such a mutation travels as a v2 record. A namespace that refuses them (an
+        undeclared key, a counter at max_combinations) dead-letters the mutation with the reason."""
         return self.send(self.mutation(MutationOp.ADD, namespace, counter_name, delta, token, generation_time,
-                                       item_key))
+                                       item_key, dimensions, item))
 
     def clear(self, namespace: str, counter_name: str, *, token: str | None = None,
               generation_time: str | float | int | None = None) -> Future[None]:
@@ -123,12 +129,14 @@ class CounterProducer:
 
     @staticmethod
     def mutation(op: MutationOp, namespace: str, counter_name: str, delta: int, token: str | None = None,
-                 generation_time: str | float | int | None = None, item_key: str = "") -> Mutation:
+                 generation_time: str | float | int | None = None, item_key: str = "",
+                 dimensions: Mapping[str, str] | None = None, item: str = "") -> Mutation:
         """Build and validate a mutation, filling a generated token and `now` when not given."""
         event_time = now_micros() if generation_time is None else parse_generation_time(generation_time)
         return validate_mutation(Mutation(
             namespace=namespace, counter_name=counter_name, delta=delta, event_time=event_time,
-            event_id=new_token() if token is None else token, event_item_key=item_key, op=op))
+            event_id=new_token() if token is None else token, event_item_key=item_key, op=op,
+            dimensions=validate_dimensions(dimensions), item=item))
 
     def send(self, mutation: Mutation) -> Future[None]:
         """Queue one validated mutation; the future resolves on broker acknowledgement."""

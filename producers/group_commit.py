@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 from producers.asyncio_producer import AsyncProducer
 from producers.client import DeliveryError
-from schemas import Mutation, mutation_body, record_of_bodies
+from schemas import Mutation, is_v2, mutation_body, record_of_bodies, v2_body
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +40,16 @@ MAX_RECORD_BYTES = 900_000  # below the broker's default message.max.bytes (1 MB
 
 
 class _Pending:
-    """The bodies of this pass of the loop, and the future they all wait on."""
+    """The bodies of this pass of the loop, and the future they all wait on. `v2`: some mutation has dimensions
+    or an item, so the record is a v2 one (its v1 bodies get the v2 defaults when it is produced)."""
 
-    __slots__ = ("bodies", "future", "size")
+    __slots__ = ("bodies", "future", "size", "v2")
 
     def __init__(self, future: asyncio.Future[None]) -> None:
         self.bodies: list[bytes] = []
         self.size = 0
         self.future = future
+        self.v2: list[bool] | None = None  # per body, once a v2 body joined
 
 
 class GroupCommitProducer:
@@ -112,12 +114,18 @@ class GroupCommitProducer:
             failed = loop.create_future()
             failed.set_exception(DeliveryError(f"broker {self.kafka.bootstrap} unreachable; {RETRY_RULE}"))
             return failed
+        kinds: list[bool] | None = None  # per body, whether it is a v2 body: only when one is
         if len(mutations) == 1:
-            body = mutation_body(mutations[0])
+            m = mutations[0]
+            body = mutation_body(m)
             bodies, size = [body], len(body)
+            if m.dimensions or m.item:
+                kinds = [True]
         else:
             bodies = [mutation_body(m) for m in mutations]
             size = sum(len(b) for b in bodies)
+            if any(is_v2(m) for m in mutations):
+                kinds = [is_v2(m) for m in mutations]
         pending = self._pending
         if pending is not None and pending.size + size > MAX_RECORD_BYTES:
             self._flush()
@@ -125,6 +133,10 @@ class GroupCommitProducer:
         if pending is None:
             loop.call_soon(self._flush_pass)  # end of this pass: no timer a lone write must wait out
             pending = self._pending = _Pending(loop.create_future())
+        if kinds is not None and pending.v2 is None:
+            pending.v2 = [False] * len(pending.bodies)
+        if pending.v2 is not None:
+            pending.v2.extend(kinds or [False] * len(bodies))
         pending.bodies.extend(bodies)
         pending.size += size
         return pending.future
@@ -139,7 +151,12 @@ class GroupCommitProducer:
             return
         partition = self._next_partition
         self._next_partition = (partition + 1) % self._partitions
-        record = self.kafka.produce(self.topic, record_of_bodies(batch.bodies), None, partition=partition)
+        if batch.v2 is None:
+            value = record_of_bodies(batch.bodies)
+        else:  # the plain bodies take the v2 defaults (an empty map, an empty item)
+            value = record_of_bodies([b if v2 else v2_body(b) for b, v2 in zip(batch.bodies, batch.v2, strict=True)],
+                                     v2=True)
+        record = self.kafka.produce(self.topic, value, None, partition=partition)
         self._in_flight += 1
         self.records_sent += 1
         record.add_done_callback(functools.partial(self._acknowledged, batch.future))

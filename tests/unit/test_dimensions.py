@@ -489,3 +489,77 @@ def test_replay_filter_keeps_writes_by_their_base_counter(world: World) -> None:
     kept = replay._filter(batch)
     assert [(w.counter, w.combinations) for w in kept.dimensioned] == [("v", ("v country=US",))]
     assert [c[1] for c in kept.clears] == ["v"]
+
+
+# -- producers ---------------------------------------------------------------------------------------------------
+
+
+class _FakeKafka:
+    """What GroupCommitProducer uses of AsyncProducer; records produced are kept, acknowledged at once."""
+
+    bootstrap = "fake:9092"
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+
+    def start(self) -> None:
+        pass
+
+    async def partitions(self, topic: str) -> int:
+        return 3
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int) -> asyncio.Future[None]:
+        self.records.append(value)
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+def test_group_commit_packs_plain_and_dimensioned_writes_in_one_v2_record() -> None:
+    from producers.group_commit import GroupCommitProducer
+
+    kafka = _FakeKafka()
+    plain2 = PLAIN._replace(event_id="p2")
+
+    async def body() -> None:
+        producer = GroupCommitProducer(kafka, topic="t")  # type: ignore[arg-type]
+        await producer.start()
+        futures = [producer.send([PLAIN]), producer.send([DIMENSIONED, plain2])]
+        await asyncio.gather(*futures)
+        await producer.send([PLAIN])  # alone in the next pass: a plain v1 record
+    asyncio.run(body())
+    first, second = kafka.records
+    assert first[:10] == MUTATION_BATCH_V2.header and decode_mutations(first) == [PLAIN, DIMENSIONED, plain2]
+    assert second == encode_mutation(PLAIN)
+
+
+def test_counter_producer_builds_dimensioned_mutations() -> None:
+    from producers import CounterProducer
+
+    m = CounterProducer.mutation(MutationOp.ADD, "plays", "t", 1, "tok", T, dimensions={"device": "tv",
+                                                                                         "country": "US"})
+    assert m.dimensions == (("country", "US"), ("device", "tv"))
+    assert encode_mutation(m)[:10] == COUNT_MUTATION_V2.header
+    with pytest.raises(ValidationError) as info:
+        CounterProducer.mutation(MutationOp.ADD, "plays", "t", 1, dimensions={"country": "U S"})
+    assert info.value.field == "dimensions.country"
+
+
+def test_counter_produce_takes_dimensions_as_arguments_and_in_jsonl(tmp_path: Path) -> None:
+    from counter_cli import produce_cmd
+    from counter_cli.main import build_parser
+
+    args = build_parser().parse_args(["produce", "plays", "t", "2", "--dimension", "country=US",
+                                      "--dimension", "device=tv", "--token", "x", "--generation-time", str(T)])
+    m = produce_cmd._from_args(args)
+    assert (m.dimensions, m.delta, m.event_id) == ((("country", "US"), ("device", "tv")), 2, "x")
+    for bad in (["--dimension", "country"], ["--dimension", "a=1", "--dimension", "a=2"], ["--clear", "--dimension",
+                                                                                          "a=1"]):
+        with pytest.raises(SystemExit):
+            produce_cmd._from_args(build_parser().parse_args(["produce", "plays", "t", *(["0"] if "--clear" not in
+                                                                                        bad else []), *bad]))
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"namespace": "plays", "counter_name": "t", "delta": 1,
+                                "dimensions": {"device": "tv"}}) + "\n")
+    [from_file] = produce_cmd._from_file(path)
+    assert from_file.dimensions == (("device", "tv"),)
