@@ -119,7 +119,9 @@ def _op_as_index(schema: Any) -> Any:
 
 def _reader(avro: AvroSchema) -> dict[str, Any]:
     raw = json.loads(resources.files(__package__).joinpath(avro.filename).read_text(encoding="utf-8"))
-    return parse_schema(_op_as_index(raw))
+    parsed = parse_schema(_op_as_index(raw))
+    assert isinstance(parsed, dict), avro.filename  # a named (record) schema parses to a dict
+    return parsed
 
 
 _READERS = {s.fingerprint: _reader(s) for s in (COUNT_MUTATION, MUTATION_BATCH, COUNT_MUTATION_V2, MUTATION_BATCH_V2)}
@@ -316,7 +318,7 @@ def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
     fo = BytesIO(data)
     fo.seek(HEADER_LEN)
     try:
-        value = schemaless_reader(fo, _READERS.get(schema.fingerprint, schema.parsed), None)
+        value: Any = schemaless_reader(fo, _READERS.get(schema.fingerprint, schema.parsed), None)
     except EOFError as exc:
         detail = str(exc) or "unexpected end of data"
         raise DecodeError(f"truncated Avro body for {schema.name}: {detail}") from None
