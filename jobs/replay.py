@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from agents.dimensions import Combinations
 from agents.metrics import dlq_kind
@@ -38,7 +38,9 @@ from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.recount import CounterRecount, recounter_of
 from jobs.runtime import Runtime, open_runtime
 from jobs.state import Busy, exclusive, fmt_time, read_json, safe_name, write_json_atomic
-from schemas import MAX_EVENT_TIME, MICROS, encode_signal
+from producers.asyncio_producer import AsyncProducer
+from producers.client import DeliveryError
+from schemas import MAX_EVENT_TIME, MICROS
 from schemas.dead_letter import DeadLetter
 from sinks import EventRow
 from streams.positions import (
@@ -51,7 +53,8 @@ from streams.positions import (
     watermarks,
 )
 from streams.settings import Settings
-from streams.topics import partition_count, signal_partition
+from streams.signals import SignalSender
+from streams.topics import partition_count
 
 Key = tuple[str, str]
 LATE_MARGIN_US = 30 * MICROS  # longer than any batch write: see _Writer
@@ -172,39 +175,35 @@ class _Writer:
 
 
 class _Kafka:
-    """Rollup signals and (with --dead-letter) dead letters, produced like the worker does."""
+    """Rollup signals and (with --dead-letter) dead letters, sent as the worker sends them: one AsyncProducer
+    (acks=all, idempotent), signals through the one signal path (streams.signals.SignalSender: grouped per
+    rollups partition, each counter on its own). Each call returns once the broker has acknowledged everything,
+    and raises KafkaException otherwise (what the CLI reports for a failing broker), so the caller saves its
+    state and commits its offsets only after its signals and dead letters are durable."""
 
     def __init__(self, settings: Settings, bootstrap: str) -> None:
         self.settings = settings
-        self.rollup_partitions = partition_count(bootstrap, settings.rollups_topic)
-        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                                  "linger.ms": 5, "client.id": "counter-replay"})
-        self.errors: list[str] = []
-
-    def _on_delivery(self, err: KafkaError | None, _msg: object) -> None:
-        if err is not None:
-            self.errors.append(err.str())
-
-    def _flush(self) -> None:
-        remaining = self.producer.flush(30)
-        if self.errors or remaining:
-            errors, self.errors = self.errors, []
-            raise KafkaException(f"{len(errors) + remaining} record(s) not delivered: "
-                                 f"{errors[0] if errors else 'timeout'}")
+        self.producer = AsyncProducer(bootstrap, client_id="counter-replay", timeout_s=30.0)
+        self.sender = SignalSender(self.producer, settings.rollups_topic,
+                                   partition_count(bootstrap, settings.rollups_topic))
 
     async def signals(self, keys: list[Key]) -> None:
-        for ns, counter in keys:
-            key = f"{ns}:{counter}".encode()
-            self.producer.produce(self.settings.rollups_topic, key=key, value=encode_signal(ns, counter),
-                                  partition=signal_partition(key, self.rollup_partitions),
-                                  on_delivery=self._on_delivery)
-        await asyncio.to_thread(self._flush)
+        await self._acknowledged(self.sender.send(keys), "rollup signals")
 
     async def dead_letters(self, dead: list[DeadLetter]) -> None:
-        for d in dead:
-            self.producer.produce(self.settings.dlq_topic, key=d.key, value=d.value, headers=d.headers(),
-                                  on_delivery=self._on_delivery)
-        await asyncio.to_thread(self._flush)
+        await self._acknowledged(asyncio.gather(*(
+            self.producer.produce(self.settings.dlq_topic, d.value, d.key, headers=d.headers()) for d in dead)),
+            "dead letters")
+
+    @staticmethod
+    async def _acknowledged(sent: asyncio.Future[list[None]], what: str) -> None:
+        try:
+            await sent
+        except DeliveryError as exc:
+            raise KafkaException(f"{what} not delivered: {exc}") from exc
+
+    async def close(self) -> None:
+        await self.producer.stop()
 
 
 class Replay:
@@ -331,6 +330,7 @@ class Replay:
         finally:
             with contextlib.suppress(Exception):
                 consumer.close()
+            await self.kafka.close()
 
     async def _step(self, consumer: Consumer, ends: PartitionEnds, from_us: int | None) -> None:
         messages = await asyncio.to_thread(consumer.consume, self.options.batch_size, 0.5)
