@@ -69,10 +69,19 @@ class CounterRef(BaseModel):
 Delta = Annotated[StrictInt, Field(ge=INT64_MIN, le=INT64_MAX, examples=[2])]
 
 
+DimensionMap = dict[str, str]
+
+
 class AddCountRequest(CounterRef):
     delta: Delta
     idempotency_token: IdempotencyToken | None = None
     event_item_key: str = ""
+    dimensions: DimensionMap | None = Field(
+        None, examples=[{"country": "US", "device": "tv"}],
+        description="keys the namespace declares (dimensions.keys); the write is counted in the counter and in "
+                    "every combination of these dimensions")
+    item: str | None = Field(None, description="what a UNIQUE namespace counts (e.g. a user id); refused by the "
+                                               "other counter types")
 
     @field_validator("event_item_key")
     @classmethod
@@ -95,6 +104,11 @@ class WindowSpec(BaseModel):
 
 class GetCountRequest(CounterRef):
     window: WindowSpec | None = Field(None, description="count only this time window (EVENTUAL/ACCURATE)")
+    dimensions: DimensionMap | None = Field(
+        None, examples=[{"country": "US"}],
+        description="count only the writes with these dimensions (any subset of the namespace's keys)")
+    group_by: str | None = Field(None, examples=["device"],
+                                 description="a declared dimension key (not in `dimensions`): one count per value")
 
 
 class GetCountSeriesRequest(CounterRef):
@@ -105,6 +119,8 @@ class GetCountSeriesRequest(CounterRef):
 
 class ClearCountRequest(CounterRef):
     idempotency_token: IdempotencyToken | None = None
+    dimensions: DimensionMap | None = Field(None, description="refused when given: a clear applies to the counter "
+                                                              "and every combination of its dimensions")
 
 
 class BatchAddCountRequest(BaseModel):
@@ -142,6 +158,37 @@ class WindowCountResponse(CountResponse):
     window: Window
 
 
+class DimensionCountResponse(CountResponse):
+    """GetCount with a `dimensions` filter: the count of the writes carrying those dimensions."""
+
+    dimensions: DimensionMap
+
+
+class DimensionWindowCountResponse(WindowCountResponse):
+    dimensions: DimensionMap
+
+
+class Group(BaseModel):
+    value: str = Field(..., description="the group_by dimension's value")
+    count: int
+
+
+class GroupedCountResponse(BaseModel):
+    """GetCount with `group_by`: one count per value of that dimension among the writes matching `dimensions`
+    (a value never written with them is absent; one whose writes were all cleared reads 0), and `count`, the
+    filter's total (writes without the group_by dimension count there but in no group)."""
+
+    namespace: str
+    counter_name: str
+    counter_type: str
+    dimensions: DimensionMap
+    group_by: str
+    groups: list[Group] = Field(..., description="ordered by value")
+    count: int = Field(..., description="the count of the writes matching `dimensions` (all writes without it)")
+    as_of: datetime | None = Field(None, description="every count is exact up to this time")
+    window: Window | None = Field(None, description="the window actually counted, when one was asked for")
+
+
 class Bucket(BaseModel):
     start: datetime
     count: int
@@ -163,7 +210,7 @@ class BatchAddCountResponse(BaseModel):
 
 
 class BatchGetCountResponse(BaseModel):
-    results: list[CountResponse]
+    results: list[CountResponse | DimensionCountResponse]
 
 
 class ErrorResponse(BaseModel):

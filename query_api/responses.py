@@ -12,6 +12,10 @@ from query_api.models import (
     AddCountResponse,
     Bucket,
     CountResponse,
+    DimensionCountResponse,
+    DimensionWindowCountResponse,
+    Group,
+    GroupedCountResponse,
     SeriesResponse,
     Window,
     WindowCountResponse,
@@ -19,6 +23,7 @@ from query_api.models import (
 from query_api.service import (
     BrokerUnavailable,
     Count,
+    Grouped,
     NamespaceNotFound,
     NotCountedYet,
     Rejected,
@@ -26,7 +31,7 @@ from query_api.service import (
     Written,
 )
 from query_api.windows import Series
-from schemas import MICROS
+from schemas import MICROS, Dimensions
 from sinks.best_effort import CounterOverflow, CounterUnavailable
 from sinks.windows import WindowError
 
@@ -73,6 +78,29 @@ def window_json(w: WindowedCount) -> bytes:
                              "window": {"start": _at(w.start_us), "end": _at(w.end_us)}}, option=orjson.OPT_UTC_Z)
     except TypeError:  # an integer orjson cannot hold: the model can
         return window_response(w).model_dump_json().encode()
+
+
+def dimension_response(c: Count, counter: str, dimensions: Dimensions) -> DimensionCountResponse:
+    """A filtered GetCount: `c` is the combination counter's count, answered under the base `counter`."""
+    return DimensionCountResponse(namespace=c.ns.name, counter_name=counter, count=c.count,
+                                  counter_type=c.ns.counter_type.value, as_of=_as_of(c.rollup_ts),
+                                  dimensions=dict(dimensions))
+
+
+def dimension_window_response(w: WindowedCount, counter: str,
+                              dimensions: Dimensions) -> DimensionWindowCountResponse:
+    return DimensionWindowCountResponse(namespace=w.ns.name, counter_name=counter, count=w.count,
+                                        counter_type=w.ns.counter_type.value, as_of=_as_of(w.as_of),
+                                        window=Window(start=_at(w.start_us), end=_at(w.end_us)),
+                                        dimensions=dict(dimensions))
+
+
+def grouped_response(g: Grouped) -> GroupedCountResponse:
+    window = None if g.start_us is None or g.end_us is None else Window(start=_at(g.start_us), end=_at(g.end_us))
+    return GroupedCountResponse(namespace=g.ns.name, counter_name=g.counter, counter_type=g.ns.counter_type.value,
+                                dimensions=dict(g.dimensions), group_by=g.group_by,
+                                groups=[Group(value=v, count=n) for v, n in g.groups], count=g.count,
+                                as_of=_as_of(g.as_of), window=window)
 
 
 def series_response(ns: Namespace, counter: str, s: Series, as_of: int | None) -> SeriesResponse:

@@ -2,6 +2,10 @@
 
 BEST_EFFORT goes to memcached only. EVENTUAL and ACCURATE writes are acknowledged once the broker has them
 (durable); reads serve the rollup (cache, then store) and ACCURATE adds the live delta of persisted events.
+
+Dimensions (schemas.dimensions): a write's dimensions are checked against the namespace here (422 naming the
+field) and counted by the persist path in every combination; a read with a `dimensions` filter reads the one
+combination counter, a `group_by` lists the counter's combinations in the registry and reads each.
 """
 
 from __future__ import annotations
@@ -10,9 +14,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
-from control_plane.admission import admission_error, rollup_boundary
+from control_plane.admission import admission_error, bound_reason, extras_refusal, rollup_boundary
 from producers import DeliveryError, new_token
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
@@ -21,18 +26,27 @@ from query_api.signals import ReadSignals
 from query_api.windows import Series, parse_window, series, window_count
 from schemas import (
     MICROS,
+    Dimensions,
     Mutation,
     MutationOp,
     ValidationError,
+    combination,
     parse_generation_time,
+    split_combination,
+    validate_dimension_key,
+    validate_dimensions,
+    validate_item,
     validate_item_key,
     validate_token,
 )
 from sinks import BucketStore, EventStore, RollupCache, RollupStore
 from sinks.best_effort import BestEffortCounters
+from sinks.combinations import all_combinations
 from sinks.windows import WindowError
 
 LIVE_SCAN_PAGE = 1000
+BOUND_REFRESH_S = 5.0  # how long the API trusts what it read of a counter's full combinations
+GROUP_READS = 64  # group_by: counts read at once
 
 
 class NamespaceNotFound(LookupError):
@@ -53,6 +67,7 @@ class Rejected(ValueError):
     def __init__(self, field: str, reason: str) -> None:
         super().__init__(f"{field}: {reason}")
         self.field = field
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +88,22 @@ class WindowedCount:
     start_us: int
     end_us: int
     as_of: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Grouped:
+    """GetCount with group_by: per value of `group_by`, the count of the combination `dimensions` + that value;
+    `count` is the filter's total. `start_us`/`end_us`: the window counted, if one was asked for."""
+
+    ns: Namespace
+    counter: str
+    dimensions: Dimensions
+    group_by: str
+    groups: list[tuple[str, int]]
+    count: int
+    as_of: int | None
+    start_us: int | None = None
+    end_us: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +132,7 @@ class CounterService:
         self.read_your_write_timeout_s = read_your_write_timeout_s
         self.arrivals = Arrivals(events, timeout_s=read_your_write_timeout_s)
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
+        self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
 
     def namespace(self, name: str) -> Namespace:
         ns = self.registry.get(name)
@@ -111,12 +143,15 @@ class CounterService:
     # -- writes -----------------------------------------------------------------------------------------
 
     def mutation(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
-                 generation_time: str | int | float | None, item_key: str = "") -> Mutation:
+                 generation_time: str | int | float | None, item_key: str = "",
+                 dimensions: Mapping[str, Any] | None = None, item: str | None = None) -> Mutation:
         """The mutation a write becomes; refuses times the pipeline would dead-letter (admission).
 
         `counter` and `delta` arrive validated (the request models and the fast path check them); the token,
         generation time and item key are validated here (ValidationError naming the field). A write without
-        a generation time happens now, which admission always accepts."""
+        a generation time happens now, which admission always accepts. Dimensions and item are checked against
+        the namespace (Rejected naming the field); the max_combinations bound is `check_bound`'s."""
+        dims, item = self.extras(ns, dimensions, item, op)
         now = time.time_ns() // 1000
         if generation_time is None:
             event_time = now
@@ -128,25 +163,71 @@ class CounterService:
         event_id = new_token() if token is None else validate_token(token, field="idempotency_token.token")
         if item_key:
             item_key = validate_item_key(item_key)
-        return Mutation(ns.name, counter, delta if op is MutationOp.ADD else 0, event_time, event_id, item_key, op)
+        return Mutation(ns.name, counter, delta if op is MutationOp.ADD else 0, event_time, event_id, item_key, op,
+                        dims, item)
+
+    @staticmethod
+    def extras(ns: Namespace, dimensions: Mapping[str, Any] | None, item: str | None,
+               op: MutationOp = MutationOp.ADD) -> tuple[Dimensions, str]:
+        """A write's dimensions (sorted pairs) and item, valid for the namespace; Rejected naming the field (an
+        undeclared key: `dimensions.<key>`) otherwise."""
+        if not dimensions and not item:
+            return (), ""
+        try:
+            dims = validate_dimensions(dimensions)
+            valid_item = validate_item(item or "")
+        except ValidationError as exc:
+            raise Rejected(exc.field, exc.reason) from None
+        refusal = extras_refusal(ns, dims, valid_item, op is MutationOp.CLEAR)
+        if refusal is not None:
+            raise Rejected(*refusal)
+        return dims, valid_item
+
+    async def check_bound(self, ns: Namespace, counter: str, dimensions: Dimensions) -> None:
+        """Refuse (Rejected naming `dimensions`) a write whose full combination is new to a counter the registry
+        already shows at max_combinations. Advisory: the persist path enforces the bound (a write it refuses
+        is dead-lettered); this spares the client a write that would be. Registry reads are remembered for
+        BOUND_REFRESH_S per counter."""
+        if not dimensions:
+            return
+        full = combination(counter, dimensions)
+        key = (ns.name, counter)
+        now = time.monotonic()
+        read_at, known = self._full.get(key, (-1e18, frozenset()))
+        if full in known:
+            return
+        if now - read_at >= BOUND_REFRESH_S:
+            known = frozenset(await all_combinations(self.rollups, ns.name, counter, full_only=True))
+            if len(self._full) >= 100_000:
+                self._full.clear()
+            self._full[key] = (now, known)
+        bound = ns.dimensions.max_combinations
+        if full not in known and len(known) >= bound:
+            raise Rejected("dimensions", bound_reason(ns.name, counter, len(known), bound, full))
 
     async def write(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
-                    generation_time: str | int | float | None, item_key: str = "") -> Written:
+                    generation_time: str | int | float | None, item_key: str = "",
+                    dimensions: Mapping[str, Any] | None = None, item: str | None = None) -> Written:
+        if dimensions or item:  # refused on BEST_EFFORT; checked against the bound
+            dims, _ = self.extras(ns, dimensions, item, op)
+            await self.check_bound(ns, counter, dims)
         if ns.counter_type is CounterType.BEST_EFFORT:  # tokens are accepted and ignored, as documented
             if op is MutationOp.CLEAR:
                 await self.counters.clear(ns.name, counter)
                 return Written(ns, counter, None, None, 0)
             return Written(ns, counter, None, None, await self.add_best_effort(ns, counter, delta))
-        written, acknowledged = self.write_durable(ns, counter, delta, op, token, generation_time, item_key)
+        written, acknowledged = self.write_durable(ns, counter, delta, op, token, generation_time, item_key,
+                                                   dimensions, item)
         await self.acknowledged(acknowledged)
         return written
 
     def write_durable(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                       generation_time: str | int | float | None, item_key: str = "",
+                      dimensions: Mapping[str, Any] | None = None, item: str | None = None,
                       ) -> tuple[Written, asyncio.Future[None]]:
         """A durable (EVENTUAL/ACCURATE) write, group-committed: what to answer, and the future of the broker's
         acknowledgement (failing with DeliveryError). Plain, so the fast path can answer from a callback."""
-        m = self.mutation(ns, counter, delta, op, token, generation_time, item_key)
+        m = self.mutation(ns, counter, delta, op, token, generation_time, item_key, dimensions, item)
         return Written(ns, counter, m.event_id, m.event_time), self.producer.send([m])
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
@@ -235,11 +316,13 @@ class CounterService:
             raise WindowError(f"namespace {ns.name!r} ({ns.counter_type.value}) keeps no time windows",
                               field="window")
 
-    async def get_window(self, ns: Namespace, counter: str, spec: Mapping[str, object]) -> WindowedCount:
+    async def get_window(self, ns: Namespace, counter: str, spec: Mapping[str, object], *,
+                         now_us: int | None = None) -> WindowedCount:
         """GetCount over a window: the buckets tiling it (coarsest first); ACCURATE adds the live events in the
-        window after the buckets' boundary, honouring a live clear."""
+        window after the buckets' boundary, honouring a live clear. `now_us`: the time a `last` window ends at
+        (default: now), so the counts of one group_by share one window."""
         self._windowed(ns)
-        now = time.time_ns() // 1000
+        now = time.time_ns() // 1000 if now_us is None else now_us
         start, end = parse_window(spec, now)
         # buckets: the app always opens them (None only for a service built without windows, in tests)
         counted = await window_count(self.buckets, ns, counter, start, end, now_us=now)  # type: ignore[arg-type]
@@ -266,13 +349,19 @@ class CounterService:
         return result, max(rollup_ts, result.upto_us) or None
 
     async def add_and_get(self, ns: Namespace, counter: str, delta: int, token: str | None,
-                          generation_time: str | int | float | None, item_key: str = "") -> Count:
-        """Read-your-write: the count includes this delta, or NotCountedYet after a bounded wait."""
+                          generation_time: str | int | float | None, item_key: str = "",
+                          dimensions: Mapping[str, Any] | None = None, item: str | None = None) -> Count:
+        """Read-your-write: the count includes this delta, or NotCountedYet after a bounded wait. With dimensions,
+        the count is the counter's (all its writes)."""
         if ns.counter_type is CounterType.BEST_EFFORT:
-            written = await self.write(ns, counter, delta, MutationOp.ADD, token, generation_time, item_key)
+            written = await self.write(ns, counter, delta, MutationOp.ADD, token, generation_time, item_key,
+                                       dimensions, item)
             return Count(ns, counter, written.value, None)  # type: ignore[arg-type]  # BEST_EFFORT: the new count
+        if dimensions or item:
+            dims, _ = self.extras(ns, dimensions, item)
+            await self.check_bound(ns, counter, dims)
         written, acknowledged = self.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
-                                                   item_key)
+                                                   item_key, dimensions, item)
         return await self.count_after(written, acknowledged, item_key)
 
     async def count_after(self, written: Written, acknowledged: asyncio.Future[None], item_key: str = "") -> Count:
@@ -290,6 +379,80 @@ class CounterService:
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but was not counted within "
                 f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token")
+
+
+    # -- dimensions -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def dimension_filter(ns: Namespace, dimensions: Mapping[str, Any] | None,
+                         group_by: str | None) -> tuple[Dimensions, str | None]:
+        """A read's `dimensions` filter (sorted pairs) and `group_by` key, valid for the namespace; Rejected
+        naming the field otherwise (an undeclared key, group_by repeating a filter key, BEST_EFFORT)."""
+        if not dimensions and group_by is None:
+            return (), None
+        if ns.counter_type is CounterType.BEST_EFFORT:
+            raise Rejected("dimensions" if dimensions else "group_by",
+                           f"namespace {ns.name!r} is BEST_EFFORT: it keeps no dimension combinations")
+        try:
+            dims = validate_dimensions(dimensions)
+            key = None if group_by is None else validate_dimension_key(group_by, field="group_by")
+        except ValidationError as exc:
+            raise Rejected(exc.field, exc.reason) from None
+        refusal = ns.dimensions.refusal(ns.name, dims)
+        if refusal is not None:
+            raise Rejected(*refusal)
+        if key is not None:
+            if key not in ns.dimensions.keys:
+                declared = ", ".join(ns.dimensions.keys) or "none"
+                raise Rejected("group_by", f"dimension {key!r} is not declared by namespace {ns.name!r} "
+                                           f"(it declares {declared})")
+            if key in dict(dims):
+                raise Rejected("group_by", f"{key!r} is already filtered on in dimensions: group by another key")
+        return dims, key
+
+    async def group_names(self, ns: Namespace, counter: str, dimensions: Dimensions,
+                          group_by: str) -> list[tuple[str, str]]:
+        """`(value, combination)` of each registered combination with exactly the filter's keys plus `group_by`
+        and the filter's values, by value: one registry range (the combinations sharing the name's prefix up
+        to `group_by=`), filtered here."""
+        before = [(k, v) for k, v in dimensions if k < group_by]
+        prefix = f"{combination(counter, before)} {group_by}="
+        keys = sorted([*(k for k, _ in dimensions), group_by])
+        wanted = dict(dimensions)
+        out = []
+        for name in await all_combinations(self.rollups, ns.name, counter, prefix=prefix):
+            try:
+                base, pairs = split_combination(name)
+            except ValueError:
+                continue
+            found = dict(pairs)
+            if base == counter and sorted(found) == keys and all(found[k] == v for k, v in wanted.items()):
+                out.append((found[group_by], name))
+        return sorted(out)
+
+    async def get_groups(self, ns: Namespace, counter: str, dimensions: Dimensions, group_by: str,
+                         window: Mapping[str, object] | None = None) -> Grouped:
+        """GetCount with group_by (and maybe a window): the filter's total and each group's count."""
+        names = await self.group_names(ns, counter, dimensions, group_by)
+        total_name = combination(counter, dimensions)
+        counted: list[Count | WindowedCount] = []
+        todo = [total_name, *(name for _, name in names)]
+        now = time.time_ns() // 1000
+        for i in range(0, len(todo), GROUP_READS):
+            chunk = todo[i:i + GROUP_READS]
+            if window is None:
+                counted.extend(await asyncio.gather(*(self.get(ns, name) for name in chunk)))
+            else:
+                counted.extend(await asyncio.gather(*(self.get_window(ns, name, window, now_us=now)
+                                                      for name in chunk)))
+        marks = [c.rollup_ts if isinstance(c, Count) else c.as_of for c in counted]
+        as_of = None if any(not m for m in marks) else min(m for m in marks if m)
+        total = counted[0]
+        groups = [(value, c.count) for (value, _), c in zip(names, counted[1:], strict=True)]
+        if isinstance(total, WindowedCount):
+            return Grouped(ns, counter, dimensions, group_by, groups, total.count, as_of, total.start_us,
+                           total.end_us)
+        return Grouped(ns, counter, dimensions, group_by, groups, total.count, as_of)
 
 
 def _window_time(value: str | int | float, field: str) -> int:

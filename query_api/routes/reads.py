@@ -9,36 +9,76 @@ from query_api.models import (
     BatchGetCountRequest,
     BatchGetCountResponse,
     CountResponse,
+    DimensionCountResponse,
+    DimensionWindowCountResponse,
     GetCountRequest,
     GetCountSeriesRequest,
+    GroupedCountResponse,
     SeriesResponse,
     WindowCountResponse,
 )
-from query_api.responses import count_response, series_response, window_response
+from query_api.responses import (
+    count_response,
+    dimension_response,
+    dimension_window_response,
+    grouped_response,
+    series_response,
+    window_response,
+)
+from query_api.service import Rejected
+from schemas import combination
+
+GetCountResponse = (CountResponse | WindowCountResponse | DimensionCountResponse | DimensionWindowCountResponse
+                    | GroupedCountResponse)
 
 router = APIRouter(prefix="/v1", tags=["reads"])
 
 
-@router.post("/GetCount", response_model=CountResponse | WindowCountResponse, responses=ERRORS)
-async def get_count(body: GetCountRequest, service: Service, key: CallerKey) -> CountResponse | WindowCountResponse:
+@router.post("/GetCount", response_model=GetCountResponse, responses=ERRORS)
+async def get_count(body: GetCountRequest, service: Service, key: CallerKey) -> GetCountResponse:
     """The count: EVENTUAL the cached rollup (`as_of` its timestamp), ACCURATE rollup + live delta. With a
     `window`, the count of that window (`{"last": "1h"}` or `{"start", "end"}`), answered from the coarsest
-    buckets that tile it; ACCURATE adds the window's live events."""
+    buckets that tile it; ACCURATE adds the window's live events.
+
+    With `dimensions` (any subset of the namespace's keys, e.g. `{"country": "US"}`), the count of the writes
+    carrying them (one combination counter: exact, one read, windows included). With `group_by` (a declared key
+    not in the filter), one count per value of it among those writes (`groups`), and the filter's total."""
     ns = service.namespace(body.namespace)
     authorize(ns, key, "read")
-    if body.window is not None:
-        return window_response(await service.get_window(ns, body.counter_name, body.window.as_spec()))
+    dims, group_by = service.dimension_filter(ns, body.dimensions, body.group_by)
+    spec = body.window.as_spec() if body.window is not None else None
+    if group_by is not None:
+        return grouped_response(await service.get_groups(ns, body.counter_name, dims, group_by, spec))
+    if dims:
+        name = combination(body.counter_name, dims)
+        if spec is not None:
+            return dimension_window_response(await service.get_window(ns, name, spec), body.counter_name, dims)
+        return dimension_response(await service.get(ns, name), body.counter_name, dims)
+    if spec is not None:
+        return window_response(await service.get_window(ns, body.counter_name, spec))
     return count_response(await service.get(ns, body.counter_name))
 
 
 @router.post("/BatchGetCount", response_model=BatchGetCountResponse, responses=ERRORS)
 async def batch_get_count(body: BatchGetCountRequest, service: Service, key: CallerKey) -> BatchGetCountResponse:
-    """Many GetCounts of totals in one call."""
+    """Many GetCounts of totals in one call (a `dimensions` filter each; no group_by)."""
     namespaces = [service.namespace(r.namespace) for r in body.requests]
     for ns in {n.name: n for n in namespaces}.values():
         authorize(ns, key, "read")
-    counts = [await service.get(ns, r.counter_name) for r, ns in zip(body.requests, namespaces, strict=True)]
-    return BatchGetCountResponse(results=[count_response(c) for c in counts])
+    names = []
+    for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):
+        if r.group_by is not None:
+            raise Rejected(f"requests.{i}.group_by", "BatchGetCount answers totals: use GetCount for group_by")
+        try:
+            dims, _ = service.dimension_filter(ns, r.dimensions, None)
+        except Rejected as exc:
+            raise Rejected(f"requests.{i}.{exc.field}", exc.reason) from None
+        names.append((r.counter_name, dims))
+    results: list[CountResponse] = []
+    for (counter, dims), ns in zip(names, namespaces, strict=True):
+        c = await service.get(ns, combination(counter, dims))
+        results.append(dimension_response(c, counter, dims) if dims else count_response(c))
+    return BatchGetCountResponse(results=results)
 
 
 @router.post("/GetCountSeries", response_model=SeriesResponse, responses=ERRORS)

@@ -16,7 +16,7 @@ from query_api.models import (
     ErrorResponse,
 )
 from query_api.responses import add_response, count_response
-from query_api.service import Written
+from query_api.service import Rejected, Written
 from schemas import Mutation, MutationOp
 
 router = APIRouter(prefix="/v1", tags=["writes"])
@@ -30,7 +30,8 @@ async def add_count(body: AddCountRequest, service: Service, key: CallerKey) -> 
     token = body.idempotency_token
     return add_response(await service.write(ns, body.counter_name, body.delta, MutationOp.ADD,
                                             token.token if token else None,
-                                            token.generation_time if token else None, body.event_item_key))
+                                            token.generation_time if token else None, body.event_item_key,
+                                            body.dimensions, body.item))
 
 
 @router.post("/AddAndGetCount", response_model=CountResponse, responses={**ERRORS, 504: {"model": ErrorResponse}})
@@ -41,14 +42,19 @@ async def add_and_get_count(body: AddCountRequest, service: Service, key: Caller
     token = body.idempotency_token
     return count_response(await service.add_and_get(ns, body.counter_name, body.delta,
                                                      token.token if token else None,
-                                                     token.generation_time if token else None, body.event_item_key))
+                                                     token.generation_time if token else None, body.event_item_key,
+                                                     body.dimensions, body.item))
 
 
 @router.post("/ClearCount", response_model=AddCountResponse, responses=ERRORS)
 async def clear_count(body: ClearCountRequest, service: Service, key: CallerKey) -> AddCountResponse:
-    """Reset a counter to 0 as of the token's generation_time (an idempotent event like any other)."""
+    """Reset a counter to 0 as of the token's generation_time (an idempotent event like any other), with every
+    combination of its dimensions."""
     ns = service.namespace(body.namespace)
     authorize(ns, key, "write")
+    if body.dimensions:
+        raise Rejected("dimensions", "a clear applies to the counter and all its combinations: send it without "
+                                     "dimensions")
     token = body.idempotency_token
     return add_response(await service.write(ns, body.counter_name, 0, MutationOp.CLEAR,
                                             token.token if token else None,
@@ -64,13 +70,19 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
         authorize(ns, key, "write")
     prepared: list[tuple[AddCountRequest, Mutation | None]] = []
     durable = []
-    for r, ns in zip(body.requests, namespaces, strict=True):
+    for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):
+        try:
+            dims, _ = service.extras(ns, r.dimensions, r.item)
+            if dims:
+                await service.check_bound(ns, r.counter_name, dims)
+        except Rejected as exc:
+            raise Rejected(f"requests.{i}.{exc.field}", exc.reason) from None
         if ns.counter_type is CounterType.BEST_EFFORT:
             prepared.append((r, None))
             continue
         t = r.idempotency_token
         m = service.mutation(ns, r.counter_name, r.delta, MutationOp.ADD, t.token if t else None,
-                             t.generation_time if t else None, r.event_item_key)
+                             t.generation_time if t else None, r.event_item_key, r.dimensions, r.item)
         prepared.append((r, m))
         durable.append(m)
     if durable:
