@@ -26,8 +26,9 @@ from producers.asyncio_producer import AsyncProducer
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.dependencies import Forbidden
+from query_api.pipeline_health import PipelineHealth
 from query_api.responses import SERVICE_ERRORS, error_response
-from query_api.routes import ops, reads, writes
+from query_api.routes import inspect, ops, reads, writes
 from query_api.service import CounterService
 from query_api.signals import ReadSignals
 from sinks import open_cache, open_namespace_stores
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError("COUNTER_KAFKA_BOOTSTRAP must be set for the API (counter up sets it)")
         app.state.settings = s
         service = app.state.service = build_service(s)
+        app.state.health = PipelineHealth(s, service.registry, service.rollups)  # GET /v1/pipeline
         await service.producer.start()  # starts the shared AsyncProducer
         await service.signals.start()
         # Everything built so far lives as long as the process: keep it out of the collector's scans, or a
@@ -72,6 +74,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with
         await service.producer.stop()
         await service.producer.kafka.stop()
+        await app.state.health.close()
         await service.events.close()
         await service.rollups.close()
         if service.buckets is not None:
@@ -84,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "after Netflix's Distributed Counter Abstraction.")
     _install_middleware(app)
     _install_handlers(app)
-    for router in (writes.router, reads.router, ops.router):
+    for router in (writes.router, reads.router, ops.router, inspect.router):
         app.include_router(router)
     return app
 
@@ -112,7 +115,9 @@ class RequestMetrics:
             await self.app(scope, receive, send_wrapper)
         finally:
             path = scope["path"]
-            endpoint = path if path.startswith("/v1/") else "other"
+            # a matched route's template (/v1/namespaces/{namespace}): one series per endpoint, not per namespace
+            template = getattr(scope.get("route"), "path", None)
+            endpoint = (template if isinstance(template, str) else path) if path.startswith("/v1/") else "other"
             metrics.record(endpoint, status, time.perf_counter() - started)
 
 

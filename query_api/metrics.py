@@ -52,6 +52,15 @@ def count_cache(hit: bool) -> None:
     _cache[hit] += 1
 
 
+def requests_by_endpoint() -> dict[str, int]:
+    """Requests answered per endpoint since start, all statuses (counter_api_requests_total summed by endpoint):
+    the pipeline health page rates them."""
+    totals: dict[str, int] = {}
+    for (endpoint, _status), n in list(_requests.items()):
+        totals[endpoint] = totals.get(endpoint, 0) + n
+    return totals
+
+
 def collect() -> None:
     """Kept for compatibility, does nothing: the registry reads the tallies itself at each scrape."""
 

@@ -1,0 +1,154 @@
+"""Positions the broker knows about the pipeline's topics: end offsets, consumer groups' commits, the DLQ's tail.
+
+Blocking confluent-kafka calls, made by `pipeline_health` on a worker thread, one read at a time (the clients are
+not shared between threads). The figures come from the broker, not from a worker's memory, so they hold with any
+number of workers and from any API process.
+
+Tansu reports the base offset of a partition's last record batch + 1 as its end offset (see
+`streams.positions.PartitionEnds`): end offsets, and the lags and sizes computed from them, can fall short by the
+records of that last batch. Reading the DLQ's tail corrects its size with the last offset actually read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import cast
+
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from schemas.dead_letter import parse_headers
+
+QUIET_POLL_S = 0.1  # an empty poll after reaching the end: the rest of the last batch has arrived
+
+
+@dataclass(frozen=True, slots=True)
+class TopicOffsets:
+    """Per partition: first and end offset, and a consumer group's committed offset (None: nothing committed)."""
+
+    topic: str
+    low: dict[int, int]
+    high: dict[int, int]
+    committed: dict[int, int | None]
+
+    def lag(self, partition: int) -> int | None:
+        """Records between the group's commit (or the start, without one) and the end."""
+        if partition not in self.high:
+            return None
+        done = self.committed.get(partition)
+        return max(0, self.high[partition] - (self.low[partition] if done is None else done))
+
+    @property
+    def total_lag(self) -> int:
+        return sum(self.lag(p) or 0 for p in self.high)
+
+    @property
+    def records(self) -> int:
+        return sum(self.high[p] - self.low[p] for p in self.high)
+
+    @property
+    def end_total(self) -> int:
+        return sum(self.high.values())
+
+    @property
+    def committed_total(self) -> int:
+        return sum(c for c in self.committed.values() if c is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRecord:
+    """One record of the dead-letter topic: the original key and value, and the headers saying why."""
+
+    partition: int
+    offset: int
+    timestamp_us: int
+    key: bytes | None
+    value: bytes
+    headers: dict[str, str]
+
+
+class BrokerOffsets:
+    """Reads topic ends, group commits and the DLQ's newest records; clients are made on first use."""
+
+    def __init__(self, bootstrap: str, *, timeout_s: float = 3.0, client_id: str = "counter-api-health") -> None:
+        self.bootstrap = bootstrap
+        self.timeout_s = timeout_s
+        self.client_id = client_id
+        self._admin: AdminClient | None = None
+        self._consumer: Consumer | None = None
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "client.id": self.client_id})
+        return self._admin
+
+    @property
+    def consumer(self) -> Consumer:
+        """Assigns partitions by hand and never commits: its group id is only a name librdkafka asks for."""
+        if self._consumer is None:
+            self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "client.id": self.client_id,
+                                       "group.id": f"{self.client_id}-reader", "enable.auto.commit": False,
+                                       "enable.partition.eof": False, "fetch.wait.max.ms": 50,
+                                       "auto.offset.reset": "earliest"})
+        return self._consumer
+
+    def partitions(self, topic: str) -> list[int]:
+        meta = self.admin.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+        if meta is None or meta.error is not None:
+            raise KafkaException(meta.error if meta is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+        return sorted(meta.partitions)
+
+    def offsets(self, topic: str, group: str | None = None) -> TopicOffsets:
+        """The topic's first and end offsets per partition, and `group`'s committed offsets when given."""
+        low: dict[int, int] = {}
+        high: dict[int, int] = {}
+        parts = self.partitions(topic)
+        for p in parts:
+            low[p], high[p] = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=self.timeout_s,
+                                                                  cached=False)
+        committed: dict[int, int | None] = {}
+        if group is not None and parts:
+            request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])
+            for future in self.admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s).values():
+                for tp in future.result(self.timeout_s).topic_partitions or []:
+                    committed[tp.partition] = tp.offset if tp.offset >= 0 else None
+        return TopicOffsets(topic, low, high, committed)
+
+    def tail(self, offsets: TopicOffsets, n: int) -> tuple[list[DeadRecord], dict[int, int]]:
+        """Up to `n` newest records of each partition (newest first overall, at most `n`), and per partition the
+        end as read (the last offset read + 1, when beyond the reported end offset)."""
+        starts = {p: max(offsets.low[p], offsets.high[p] - n) for p in offsets.high if offsets.high[p] > offsets.low[p]}
+        ends = dict(offsets.high)
+        if not starts or n <= 0:
+            return [], ends
+        consumer = self.consumer
+        consumer.assign([TopicPartition(offsets.topic, p, o) for p, o in starts.items()])
+        records: list[DeadRecord] = []
+        reached: set[int] = set()
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while time.monotonic() < deadline:
+                batch = consumer.consume(500, QUIET_POLL_S)
+                for m in batch:
+                    if m.error() is not None:
+                        continue
+                    p, o = cast(int, m.partition()), cast(int, m.offset())  # set on a consumed record
+                    records.append(DeadRecord(p, o, m.timestamp()[1] * 1000, m.key(), m.value() or b"",
+                                              parse_headers(m.headers())))
+                    ends[p] = max(ends[p], o + 1)
+                    if o >= offsets.high[p] - 1:
+                        reached.add(p)
+                if not batch and reached >= starts.keys():
+                    break
+        finally:
+            consumer.unassign()
+        records.sort(key=lambda r: (r.timestamp_us, r.partition, r.offset), reverse=True)
+        return records[:n], ends
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        self._admin = None

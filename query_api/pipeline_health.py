@@ -1,0 +1,299 @@
+"""Pipeline health for operators (GET /v1/pipeline, the UI's health page), from shared state and the broker.
+
+Why not scrape the workers' /metrics: the API does not know where the workers are (there may be several, on
+other hosts), and a worker's gauges die with it. Everything here is read where every process can see it:
+
+* persist watermark lag per partition: the watermarks the workers store (`RollupStore.watermarks`), next to the
+  mutations topic's end offsets and the persist group's (`<worker id>.persist`) committed offsets;
+* rollups per namespace: the counters whose last write is ahead of their rollup (`RollupStore.stale`, the
+  sweep's own query) and the time every event of the namespace is rolled up to (`min_rollup_ts`);
+* rollup queue depth: the rollups topic's end offsets less the Faust group's (`<worker id>`) commits;
+* the DLQ's size and newest dead letters with their reasons: the DLQ topic, read from its end;
+* rates: differences between snapshots of cumulative figures (topic end offsets, group commits, and this API
+  process's request tallies, the numbers its /metrics exports).
+
+A snapshot is shared by every caller for `ttl_s`, and one is computed at a time: a wall of dashboards costs
+the store and the broker one read every couple of seconds. A broker that does not answer leaves its figures
+empty and says why (`errors`), the store's are still shown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from control_plane import CounterType, Namespace, NamespaceRegistry
+from query_api import metrics
+from query_api.broker_offsets import BrokerOffsets, DeadRecord, TopicOffsets
+from schemas import MICROS, DecodeError, decode_mutations
+from schemas.dead_letter import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
+from sinks import RollupStore
+from streams.settings import Settings
+
+TTL_S = 2.0
+DEAD_LETTERS = 20  # newest dead letters shown
+STALE_LIMIT = 10_000  # pending counters counted at most (the count says when it is a floor)
+RATE_WINDOW_S = 60.0  # rates are averaged over up to this much history
+RATE_MIN_GAP_S = 1.0  # ... and over at least this much
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerFigures:
+    mutations: TopicOffsets
+    rollups: TopicOffsets
+    dlq: TopicOffsets
+    dlq_ends: dict[int, int]  # end offsets corrected by what reading the tail found
+    dead_letters: list[DeadRecord]
+
+
+@dataclass(frozen=True, slots=True)
+class StoreFigures:
+    watermarks: dict[int, int]  # partition -> µs
+    pending: dict[str, int]  # namespace -> counters whose rollup is behind their last write
+    pending_truncated: bool
+    rolled_up_to: dict[str, int]  # namespace -> µs (0: nothing rolled up yet)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    at_us: int
+    store: StoreFigures | None
+    broker: BrokerFigures | None
+    rates: dict[str, float | None]
+    request_rates: dict[str, float]
+    rate_window_s: float | None
+    errors: dict[str, str]
+
+
+@dataclass
+class Rates:
+    """Per-second rates of cumulative totals, from samples taken whenever a snapshot is computed."""
+
+    window_s: float = RATE_WINDOW_S
+    min_gap_s: float = RATE_MIN_GAP_S
+    samples: deque[tuple[float, dict[str, float]]] = field(default_factory=deque)
+
+    def observe(self, now: float, totals: dict[str, float]) -> tuple[dict[str, float | None], float | None]:
+        """Rates of `totals` against the oldest sample within the window at least `min_gap_s` old (None: not
+        measured yet, or the total went backwards, e.g. a recreated topic), and the seconds they span."""
+        while self.samples and now - self.samples[0][0] > self.window_s:
+            self.samples.popleft()
+        base = next((s for s in self.samples if now - s[0] >= self.min_gap_s), None)
+        if not self.samples or now - self.samples[-1][0] >= self.min_gap_s:
+            self.samples.append((now, dict(totals)))
+        if base is None:
+            return dict.fromkeys(totals), None
+        span = now - base[0]
+        rates: dict[str, float | None] = {}
+        for name, value in totals.items():
+            before = base[1].get(name)
+            rates[name] = None if before is None or value < before else (value - before) / span
+        return rates, span
+
+
+class PipelineHealth:
+    """Computes, caches and rates the figures; `snapshot()` is what the route serves."""
+
+    def __init__(self, settings: Settings, registry: NamespaceRegistry, rollups: RollupStore, *,
+                 ttl_s: float = TTL_S, dead_letters: int = DEAD_LETTERS) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.rollups = rollups
+        self.ttl_s = ttl_s
+        self.dead_letters = dead_letters
+        self.broker = BrokerOffsets(settings.kafka_bootstrap or "")
+        self._broker_lock = asyncio.Lock()  # one thread at a time uses the broker clients
+        self._lock = asyncio.Lock()
+        self._cached: tuple[float, Snapshot] | None = None
+        self._rates = Rates()
+        self._request_rates = Rates()
+
+    @property
+    def persist_group(self) -> str:
+        return f"{self.settings.worker_id}.persist"
+
+    @property
+    def rollup_group(self) -> str:
+        return self.settings.worker_id  # the Faust app id is its consumer group
+
+    async def snapshot(self) -> Snapshot:
+        cached = self._cached
+        if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+            return cached[1]
+        async with self._lock:
+            cached = self._cached
+            if cached is not None and time.monotonic() - cached[0] < self.ttl_s:
+                return cached[1]
+            snapshot = await self._compute()
+            self._cached = (time.monotonic(), snapshot)
+            return snapshot
+
+    async def _compute(self) -> Snapshot:
+        errors: dict[str, str] = {}
+        store_task = asyncio.ensure_future(self._store_figures())
+        broker: BrokerFigures | None = None
+        try:
+            async with self._broker_lock:
+                broker = await asyncio.to_thread(self._broker_figures)
+        except Exception as exc:  # an unreachable broker is a figure of its own, not a failed page
+            errors["broker"] = f"{type(exc).__name__}: {exc}"
+        store: StoreFigures | None = None
+        try:
+            store = await store_task
+        except Exception as exc:
+            errors["store"] = f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        totals: dict[str, float] = {}
+        if broker is not None:
+            totals = {"mutation_records": broker.mutations.end_total,
+                      "persisted_records": broker.mutations.committed_total,
+                      "rollup_signals": broker.rollups.end_total, "dead_letters": sum(broker.dlq_ends.values())}
+        rates, span = self._rates.observe(now, totals)
+        served = {endpoint: float(n) for endpoint, n in metrics.requests_by_endpoint().items()}
+        requests, request_span = self._request_rates.observe(now, served)
+        return Snapshot(time.time_ns() // 1000, store, broker, rates,
+                        {k: v for k, v in requests.items() if v is not None}, span or request_span, errors)
+
+    async def _store_figures(self) -> StoreFigures:
+        watermarks = await self.rollups.watermarks(self.settings.mutations_topic)
+        stale = await self.rollups.stale(STALE_LIMIT)
+        pending = Counter(ns for ns, _ in stale)
+        rolled: dict[str, int] = {}
+        for ns in self._rolled_up_namespaces():
+            rolled[ns.name] = await self.rollups.min_rollup_ts(ns.name)
+        return StoreFigures(watermarks, dict(pending), len(stale) >= STALE_LIMIT, rolled)
+
+    def _rolled_up_namespaces(self) -> list[Namespace]:
+        return [ns for ns in self.registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
+
+    def _broker_figures(self) -> BrokerFigures:
+        s = self.settings
+        mutations = self.broker.offsets(s.mutations_topic, self.persist_group)
+        rollups = self.broker.offsets(s.rollups_topic, self.rollup_group)
+        dlq = self.broker.offsets(s.dlq_topic)
+        dead, ends = self.broker.tail(dlq, self.dead_letters)
+        return BrokerFigures(mutations, rollups, dlq, ends, dead)
+
+    async def close(self) -> None:
+        async with self._broker_lock:
+            await asyncio.to_thread(self.broker.close)
+
+
+# -- rendering --------------------------------------------------------------------------------------------------
+
+
+def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, can_read: Any) -> dict[str, Any]:
+    """The JSON body of GET /v1/pipeline. `can_read(namespace) -> bool` says whether the caller may see a dead
+    letter's key and record (a namespace with API keys keeps them from callers without its read scope)."""
+    now = snapshot.at_us
+    store, broker = snapshot.store, snapshot.broker
+    marks = store.watermarks if store else {}
+    partitions = sorted(set(marks) | set(broker.mutations.high if broker else ()))
+    watermarks = []
+    lags: list[float] = []
+    for p in partitions:
+        mark = marks.get(p)
+        if (lag := _lag(now, mark)) is not None:
+            lags.append(lag)
+        watermarks.append({
+            "partition": p, "watermark": _time(mark), "lag_s": lag,
+            "end_offset": broker.mutations.high.get(p) if broker else None,
+            "persisted_offset": broker.mutations.committed.get(p) if broker else None,
+            "persist_lag_records": broker.mutations.lag(p) if broker else None})
+    rollups = []
+    rollup_lags: list[float] = []
+    for ns in registry.values():
+        if ns.counter_type is CounterType.BEST_EFFORT or store is None:
+            continue
+        upto = store.rolled_up_to.get(ns.name, 0)
+        pending = store.pending.get(ns.name, 0)
+        lag = _lag(now, upto) if pending else (0.0 if upto else None)
+        if lag is not None:
+            rollup_lags.append(lag)
+        rollups.append({"namespace": ns.name, "pending_counters": pending, "rolled_up_to": _time(upto), "lag_s": lag})
+    heartbeats = len(partitions) * 1000 / settings.watermark_interval_ms
+    return {
+        "generated_at": _time(now),
+        "topics": {"mutations": settings.mutations_topic, "rollups": settings.rollups_topic, "dlq": settings.dlq_topic},
+        "errors": snapshot.errors,
+        "watermarks": watermarks,
+        "watermark_lag_s": max(lags) if lags else None,
+        "persist_lag_records": broker.mutations.total_lag if broker else None,
+        "rollups": rollups,
+        "pending_truncated": store.pending_truncated if store else False,
+        "rollup_lag_s": max(rollup_lags) if rollup_lags else None,
+        "rollup_queue": _queue(broker.rollups) if broker else None,
+        "dlq": _dlq(broker, settings, can_read) if broker else None,
+        "rates": {"window_s": snapshot.rate_window_s,
+                  "mutation_records_per_s": snapshot.rates.get("mutation_records"),
+                  "persisted_records_per_s": snapshot.rates.get("persisted_records"),
+                  "rollup_signals_per_s": snapshot.rates.get("rollup_signals"),
+                  "dead_letters_per_s": snapshot.rates.get("dead_letters"),
+                  "heartbeat_records_per_s": heartbeats,
+                  "api_requests_per_s": dict(sorted(snapshot.request_rates.items()))},
+    }
+
+
+def _queue(rollups: TopicOffsets) -> dict[str, Any]:
+    parts = [{"partition": p, "end_offset": rollups.high[p], "committed_offset": rollups.committed.get(p),
+              "depth": rollups.lag(p)} for p in sorted(rollups.high)]
+    return {"depth": rollups.total_lag, "partitions": parts}
+
+
+def _dlq(broker: BrokerFigures, settings: Settings, can_read: Any) -> dict[str, Any]:
+    size = sum(broker.dlq_ends[p] - broker.dlq.low[p] for p in broker.dlq_ends)
+    letters = []
+    for r in broker.dead_letters:
+        namespace = _namespace_of(r)
+        visible = namespace is None or can_read(namespace)
+        h = r.headers
+        letters.append({
+            "partition": r.partition, "offset": r.offset, "time": _time(r.timestamp_us),
+            "reason": h.get(REASON, "?"), "namespace": namespace,
+            "source": f"{h.get(SOURCE_TOPIC, '?')}[{h.get(SOURCE_PARTITION, '?')}]@{h.get(SOURCE_OFFSET, '?')}",
+            "key": (r.key or b"").decode(errors="replace") if visible else None,
+            "record": preview(r.value) if visible else "(hidden: the namespace's read key is needed)"})
+    return {"topic": settings.dlq_topic, "size": size, "dead_letters": letters}
+
+
+def _namespace_of(r: DeadRecord) -> str | None:
+    try:
+        return decode_mutations(r.value)[0].namespace
+    except (DecodeError, IndexError):
+        pass
+    key = (r.key or b"").decode(errors="replace")
+    return key.split(":", 1)[0] if ":" in key else None
+
+
+def preview(value: bytes, width: int = 160) -> str:
+    """What a dead record held, on one line: its first mutation, or the start of its bytes."""
+    try:
+        ms = decode_mutations(value)
+    except DecodeError:
+        try:
+            text = value[:120].decode()
+            if text.isprintable():
+                return f"undecodable, {len(value)} bytes: {text}"[:width]
+        except UnicodeDecodeError:
+            pass
+        return f"undecodable, {len(value)} bytes: {value[:40].hex(' ')}"[:width]
+    if not ms:
+        return "an empty batch"
+    m = ms[0]
+    what = "clear" if m.op == "CLEAR" else f"{m.delta:+d}"
+    token = m.event_id if m.event_id is not None else "(no token)"
+    more = f" (+{len(ms) - 1} more)" if len(ms) > 1 else ""
+    return f"{m.namespace}:{m.counter_name} {what} token={token}{more}"[:width]
+
+
+def _time(us: int | None) -> str | None:
+    if not us:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us / MICROS)) + f".{us % MICROS // 1000:03d}Z"
+
+
+def _lag(now_us: int, us: int | None) -> float | None:
+    return None if not us else round(max(0, now_us - us) / MICROS, 3)
