@@ -28,7 +28,7 @@ from query_api import metrics
 from query_api.dependencies import Forbidden
 from query_api.pipeline_health import PipelineHealth
 from query_api.responses import SERVICE_ERRORS, error_response
-from query_api.routes import inspect, ops, reads, writes
+from query_api.routes import inspect, ops, reads, ui, writes
 from query_api.service import CounterService
 from query_api.signals import ReadSignals
 from sinks import open_cache, open_namespace_stores
@@ -87,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                               "after Netflix's Distributed Counter Abstraction.")
     _install_middleware(app)
     _install_handlers(app)
-    for router in (writes.router, reads.router, ops.router, inspect.router):
+    for router in (writes.router, reads.router, ops.router, inspect.router, ui.router):
         app.include_router(router)
     return app
 

@@ -1,0 +1,132 @@
+// The API as the pages use it: the same endpoints and keys as any client, read calls only.
+//
+// The key the user types is kept in sessionStorage (gone when the tab closes) and sent as X-API-Key with every
+// request. Pages ask `namespaces()` first: it says which namespaces the key may read, so a page shows the 401
+// page instead of making a request that would fail (a failed request is a console error in the browser).
+
+const KEY_STORAGE = "counter-ui.api-key";
+
+export class ApiError extends Error {
+  constructor(status, detail, path) {
+    super(`${status} ${detail}`);
+    this.status = status;
+    this.detail = detail;
+    this.path = path;
+  }
+}
+
+export function getKey() {
+  return sessionStorage.getItem(KEY_STORAGE) || "";
+}
+
+export function setKey(key) {
+  if (key) sessionStorage.setItem(KEY_STORAGE, key);
+  else sessionStorage.removeItem(KEY_STORAGE);
+  namespacesCache = null;
+}
+
+// Counts are int64: integers beyond 2^53 are kept exact as BigInt (JSON.parse's source text access).
+function exactIntegers(_key, value, context) {
+  if (typeof value === "number" && !Number.isSafeInteger(value) && context && /^-?\d+$/.test(context.source)) {
+    return BigInt(context.source);
+  }
+  return value;
+}
+
+function detailOf(data) {
+  const detail = data && data.detail;
+  if (Array.isArray(detail)) return detail.map((d) => `${(d.loc || []).slice(1).join(".")}: ${d.msg}`).join("; ");
+  return typeof detail === "string" ? detail : JSON.stringify(data);
+}
+
+async function request(method, path, body) {
+  const headers = {Accept: "application/json"};
+  const key = getKey();
+  if (key) headers["X-API-Key"] = key;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {method, headers, cache: "no-store",
+                                      body: body === undefined ? undefined : JSON.stringify(body)});
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text, exactIntegers) : null;
+  } catch {
+    data = {detail: text};
+  }
+  if (!response.ok) throw new ApiError(response.status, detailOf(data), path);
+  return data;
+}
+
+const get = (path) => request("GET", path);
+const post = (path, body) => request("POST", path, body);
+const q = (params) => {
+  const search = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== null && v !== undefined && v !== "") search.set(k, v);
+  const text = search.toString();
+  return text ? `?${text}` : "";
+};
+const seg = encodeURIComponent;
+
+let namespacesCache = null; // {at, promise}: one listing shared by the pages for a few seconds
+let openapi = null;
+
+/** Every namespace with its type, whether the key may read it, and its configuration when it may. */
+export function namespaces({fresh = false} = {}) {
+  if (fresh || !namespacesCache || Date.now() - namespacesCache.at > 10_000) {
+    const promise = get("/v1/namespaces").then((r) => r.namespaces);
+    namespacesCache = {at: Date.now(), promise};
+    promise.catch(() => { namespacesCache = null; });
+  }
+  return namespacesCache.promise;
+}
+
+/** One namespace from the listing, or null when it does not exist. */
+export async function namespaceInfo(name) {
+  return (await namespaces()).find((n) => n.name === name) || null;
+}
+
+function openapiDoc() {
+  openapi ??= get("/openapi.json").catch(() => ({paths: {}}));
+  return openapi;
+}
+
+/** Whether the API serves `path` (read once from /openapi.json): panels of endpoints still being built check it. */
+export async function hasEndpoint(path) {
+  return path in ((await openapiDoc()).paths || {});
+}
+
+// The property names of a schema, following $ref, allOf, anyOf and oneOf.
+function properties(doc, schema, out = new Set(), depth = 0) {
+  if (!schema || depth > 8) return out;
+  if (schema.$ref) {
+    const name = schema.$ref.split("/").pop();
+    return properties(doc, doc.components?.schemas?.[name], out, depth + 1);
+  }
+  for (const name of Object.keys(schema.properties || {})) out.add(name);
+  for (const part of [...(schema.allOf || []), ...(schema.anyOf || []), ...(schema.oneOf || [])]) {
+    properties(doc, part, out, depth + 1);
+  }
+  return out;
+}
+
+/** The fields a POST endpoint's JSON body accepts (empty when it does not exist). */
+export async function requestFields(path) {
+  const doc = await openapiDoc();
+  return properties(doc, doc.paths?.[path]?.post?.requestBody?.content?.["application/json"]?.schema);
+}
+
+/** The fields of a POST endpoint's 200 JSON response (empty when it does not exist). */
+export async function responseFields(path) {
+  const doc = await openapiDoc();
+  return properties(doc, doc.paths?.[path]?.post?.responses?.["200"]?.content?.["application/json"]?.schema);
+}
+
+export const counters = (ns, after, limit = 100) => get(`/v1/namespaces/${seg(ns)}/counters${q({after, limit})}`);
+export const audit = (ns, counter, before, limit = 50) =>
+  get(`/v1/namespaces/${seg(ns)}/audit${q({counter_name: counter, before, limit})}`);
+export const pipeline = () => get("/v1/pipeline");
+export const getCount = (ns, counter, window) =>
+  post("/v1/GetCount", window ? {namespace: ns, counter_name: counter, window} : {namespace: ns, counter_name: counter});
+export const getSeries = (ns, counter, granularity, start, end) =>
+  post("/v1/GetCountSeries", {namespace: ns, counter_name: counter, granularity, start, ...(end ? {end} : {})});
+export {post};

@@ -1,0 +1,188 @@
+"""The UI's server side without a broker: the audit log's backward paging (real SQLite), namespace configuration
+without keys, pipeline health rendering and rates, and the static files (served from memory, with CSP and ETag)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from control_plane import parse_namespaces
+from query_api.audit_log import BadCursor, decode_cursor, encode_cursor, newest_events
+from query_api.broker_offsets import DeadRecord, TopicOffsets
+from query_api.namespace_info import namespace_config
+from query_api.pipeline_health import BrokerFigures, Rates, Snapshot, StoreFigures, render
+from query_api.routes import ui
+from schemas import MICROS
+from sinks import Partitioning, SqliteEventStore
+from streams.settings import Settings
+from tests.helpers import Sync
+
+NAMESPACES = """
+namespaces:
+  open:
+    counter_type: EVENTUAL
+    time_partition: { buckets_per_id: 4, seconds_per_bucket: 10, seconds_per_slice: 3600 }
+  locked:
+    counter_type: ACCURATE
+    api_keys:
+      - { key: "s3cret-reader", scopes: [read] }
+      - { key: "s3cret-writer", scopes: [write] }
+"""
+NOW = 1_800_000_000 * MICROS
+
+
+@pytest.fixture
+def registry():
+    return parse_namespaces(NAMESPACES)
+
+
+@pytest.fixture
+def events(tmp_path, registry):
+    store = Sync(SqliteEventStore(tmp_path / "events.sqlite3",
+                                  lambda ns: Partitioning.of(registry[ns].time_partition)))
+    yield store
+    store.close()
+
+
+def _all_pages(events, ns, counter: str, limit: int) -> list[tuple]:
+    rows, cursor, pages = [], None, 0
+    while True:
+        page, cursor = events._runner.run(newest_events(events._target, ns, counter, limit=limit, now_us=NOW,
+                                                        before=cursor))
+        rows += page
+        pages += 1
+        assert len(page) <= limit
+        if cursor is None:
+            return rows
+        assert pages < 10_000
+        assert decode_cursor(encode_cursor(page[-1])) == cursor
+
+
+def test_audit_pages_back_through_every_event_exactly_once(events, registry):
+    ns = registry["open"]
+    rows = []
+    # a crowd of 400 events sharing one microsecond (more than a probe reads), a burst within a second, events
+    # spread over six days, one in the near future (clock skew), and another counter's events
+    for i in range(400):
+        rows.append(("open", "c", NOW - 5 * MICROS, f"crowd-{i:04d}", "", 1, False))
+    for i in range(300):
+        rows.append(("open", "c", NOW - 3 * MICROS + i * 1000, f"burst-{i}", "k" if i % 2 else "", 2, False))
+    for i in range(200):
+        rows.append(("open", "c", NOW - i * 2600 * MICROS, f"spread-{i}", "", -1, i % 50 == 0))
+    rows.append(("open", "c", NOW + MICROS // 10, "future", "", 5, False))
+    rows += [("open", "other", NOW - i, f"o-{i}", "", 1, False) for i in range(50)]
+    events.write_events(rows)
+    mine = sorted((r for r in rows if r[1] == "c"), key=lambda r: (r[2], r[3], r[4]), reverse=True)
+    for limit in (1, 50, 200):
+        got = _all_pages(events, ns, "c", limit)
+        assert [(r[2], r[3], r[4]) for r in got] == [(r[2], r[3], r[4]) for r in mine], limit
+
+
+def test_audit_of_a_counter_without_events_is_empty(events, registry):
+    page, cursor = events._runner.run(newest_events(events._target, registry["open"], "nobody", limit=10, now_us=NOW))
+    assert page == [] and cursor is None
+
+
+def test_cursor_rejects_what_it_did_not_issue():
+    for text in ("", "nonsense", "WzEsMl0", "eyJhIjoxfQ"):
+        with pytest.raises(BadCursor):
+            decode_cursor(text)
+
+
+def test_namespace_config_never_holds_keys(registry):
+    text = json.dumps({name: namespace_config(ns) for name, ns in registry.items()})
+    assert "s3cret" not in text and "api_keys" not in text
+    config = namespace_config(registry["open"])
+    assert config["time_partition"]["seconds_per_slice"] == 3600 and "name" not in config
+    assert config["windows"]["granularities"] == ["minute", "hour", "day"]
+
+
+def test_rates_need_two_samples_and_ignore_totals_going_back():
+    rates = Rates(window_s=60, min_gap_s=1)
+    assert rates.observe(100.0, {"a": 10}) == ({"a": None}, None)
+    assert rates.observe(100.5, {"a": 11}) == ({"a": None}, None)  # too soon after the first
+    got, span = rates.observe(102.0, {"a": 30, "b": 1})
+    assert got == {"a": 10.0, "b": None} and span == 2.0
+    got, _ = rates.observe(104.0, {"a": 5})  # a recreated topic: no negative rate
+    assert got == {"a": None}
+
+
+def _settings() -> Settings:
+    return Settings(kafka_bootstrap="127.0.0.1:9092", mutations_topic="m", rollups_topic="r", dlq_topic="d")
+
+
+def test_health_render_hides_dead_letters_of_namespaces_the_caller_cannot_read(registry):
+    def letter(offset: int, key: bytes, value: dict) -> DeadRecord:
+        return DeadRecord(0, offset, NOW - MICROS, key, json.dumps(value).encode(), {"dlq.reason": f"why {offset}"})
+
+    offsets = TopicOffsets("m", {0: 0, 1: 0}, {0: 10, 1: 7}, {0: 10, 1: 5})
+    queue = TopicOffsets("r", {0: 0}, {0: 40}, {0: None})
+    dlq = TopicOffsets("d", {0: 0}, {0: 2}, {})
+    dead = [letter(1, b"locked:c", {"namespace": "locked", "counter_name": "c", "delta": 1}),
+            letter(0, b"gone:c", {"namespace": "gone", "counter_name": "c", "delta": 2})]
+    snapshot = Snapshot(NOW, StoreFigures({0: NOW - 2 * MICROS}, {"open": 3}, False, {"open": NOW - 9 * MICROS}),
+                        BrokerFigures(offsets, queue, dlq, {0: 3}, dead), {"mutation_records": 4.0}, {}, 2.0, {})
+    body = render(snapshot, registry, _settings(), lambda name: name != "locked")
+    assert [w["lag_s"] for w in body["watermarks"]] == [2.0, None]  # partition 1 has no watermark yet
+    assert body["persist_lag_records"] == 2 and body["rollup_queue"]["depth"] == 40
+    assert body["rollup_lag_s"] == 9.0 and body["rollups"][0]["pending_counters"] == 3
+    assert body["dlq"]["size"] == 3  # the end found by reading the tail, past the reported end offset
+    hidden, shown = body["dlq"]["dead_letters"]
+    assert hidden["key"] is None and "hidden" in hidden["record"] and hidden["reason"] == "why 1"
+    assert shown["key"] == "gone:c" and shown["record"] == "gone:c +2 token=(no token)"
+
+
+def ui_get(path: str, **headers: str) -> httpx.Response:
+    """GET from an app holding only the UI's router (no broker, no stores)."""
+    app = FastAPI()
+    app.include_router(ui.router)
+
+    async def get() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://ui") as client:
+            return await client.get(path, headers=headers)
+    return asyncio.run(get())
+
+
+def test_ui_files_are_served_with_csp_and_revalidated_by_etag():
+    r = ui_get("/ui/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in r.headers["content-security-policy"]
+    assert r.headers["cache-control"] == "no-cache"
+    again = ui_get("/ui/", **{"If-None-Match": r.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+    assert ui_get("/ui/js/app.js").headers["content-type"].startswith("text/javascript")
+    assert ui_get("/ui/nope.js").status_code == 404
+    assert ui_get("/ui").headers["location"] == "/ui/"
+
+
+def test_every_file_the_pages_load_exists_and_the_vendored_library_has_its_licence():
+    index = ui.FILES["index.html"].body.decode()
+    referenced = set(re.findall(r'(?:href|src)="([^":#]+)"', index))
+    assert referenced and referenced <= set(ui.FILES), referenced - set(ui.FILES)
+    for name, file in ui.FILES.items():
+        if name.endswith(".js") and not name.startswith("vendor/"):
+            for target in re.findall(r'from "(\.[^"]+)"', file.body.decode()):
+                assert _norm(name, target) in ui.FILES, (name, target)
+            assert not re.search(r"\.(inner|outer)HTML\s*=|insertAdjacentHTML", file.body.decode()), name  # js/dom.js
+    preloaded = set(re.findall(r'rel="modulepreload" href="([^"]+)"', index))
+    modules = {n for n in ui.FILES if n.endswith(".js") and not n.startswith("vendor/")}
+    assert preloaded == modules - {"js/app.js"}  # every module preloaded: no import waterfall
+    assert "MIT" in ui.FILES["vendor/uplot/LICENSE"].body.decode()
+
+
+def _norm(base: str, target: str) -> str:
+    """`js/pages/counter.js` importing `../api.js` -> `js/api.js`."""
+    parts = Path(base).parent.parts + Path(target).parts
+    out: list[str] = []
+    for p in parts:
+        if p == "..":
+            out.pop()
+        elif p != ".":
+            out.append(p)
+    return "/".join(out)
