@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: run test lint venv install-run install-test memcached clean bench constraints
+.PHONY: run test lint venv install-run install-test memcached chromium clean bench constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,15 @@ memcached:
 	  $$SUDO apt-get install -y -qq memcached >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq memcached; }; }
 
+# Debian's chromium for the UI's browser test (tests/integration/test_ui.py, driven by Playwright), installed
+# like memcached; COUNTER_TEST_NO_BROWSER=1 skips both the install and the test.
+chromium:
+	@[ "$$COUNTER_TEST_NO_BROWSER" = 1 ] || command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || { \
+	  echo "installing chromium with apt-get"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || \
+	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
+
 run: install-run
 	$(BIN)/counter up
 
@@ -47,7 +56,7 @@ lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: install-test memcached
+test: install-test memcached chromium
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/mypy
