@@ -125,8 +125,8 @@ def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:
     ensure_topics(bootstrap, topic_specs(settings))
     worker = stack.start_worker(port=settings.worker_port)
     api = stack.start_api(port=settings.api_port, host=settings.api_host)
-    return {"kafka_bootstrap": bootstrap, "api_url": f"http://{api.address}", "memcached": memcached,
-            "worker_metrics": f"http://{worker.address}/metrics", "supervisor_pid": os.getpid()}
+    return {"kafka_bootstrap": bootstrap, "api_url": f"http://{api.address}", "ui_url": f"http://{api.address}/ui/",
+            "memcached": memcached, "worker_metrics": f"http://{worker.address}/metrics", "supervisor_pid": os.getpid()}
 
 
 def _supervise(stack: LocalStack, settings: Settings, endpoints: dict[str, object], signals: StopSignals) -> int:

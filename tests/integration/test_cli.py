@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -40,7 +41,9 @@ def test_up_writes_endpoints_answers_and_stops_on_sigint(tmp_path):
         wait_for(lambda: endpoints_file.exists() or proc.poll() is not None, 60, message="endpoints.json")
         assert proc.poll() is None, proc.stdout.read()
         endpoints = json.loads(endpoints_file.read_text())
-        assert set(endpoints) >= {"kafka_bootstrap", "api_url", "memcached", "processes"}
+        assert set(endpoints) >= {"kafka_bootstrap", "api_url", "ui_url", "memcached", "processes"}
+        with urllib.request.urlopen(endpoints["ui_url"], timeout=10) as page:  # the web UI, served by the API
+            assert page.status == 200 and b"Counter Abstraction" in page.read()
         pids = endpoints["processes"]
         assert set(pids) == {"broker", "memcached", "worker-0", "api-0"} and all(pids.values())
         topics = AdminClient({"bootstrap.servers": endpoints["kafka_bootstrap"]}).list_topics(timeout=10).topics
@@ -71,6 +74,7 @@ def test_up_writes_endpoints_answers_and_stops_on_sigint(tmp_path):
             raise
     assert proc.returncode == 0, out
     assert "stopped" in out
+    assert endpoints["ui_url"] in out  # the printed endpoints include the UI
     bhost, bport = endpoints["kafka_bootstrap"].rsplit(":", 1)
     assert not port_open(bhost, int(bport)), "broker still running after SIGINT"
     assert not port_open(host, int(port)), "memcached still running after SIGINT"
