@@ -4,6 +4,8 @@ without keys, pipeline health rendering and rates, and the static files (served 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -149,30 +151,45 @@ def ui_get(path: str, **headers: str) -> httpx.Response:
     return asyncio.run(get())
 
 
-def test_ui_files_are_served_with_csp_and_revalidated_by_etag():
+def test_ui_files_are_served_with_csp_and_cached_by_version():
     r = ui_get("/ui/")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
-    assert "script-src 'self'" in r.headers["content-security-policy"]
-    assert r.headers["cache-control"] == "no-cache"
+    assert "script-src 'self' 'sha256-" in r.headers["content-security-policy"]
+    assert r.headers["cache-control"] == "no-cache"  # the page is revalidated: never stale after an upgrade
     again = ui_get("/ui/", **{"If-None-Match": r.headers["etag"]})
     assert again.status_code == 304 and again.content == b""
-    assert ui_get("/ui/js/app.js").headers["content-type"].startswith("text/javascript")
+    app_js = ui.FILES["js/app.js"]
+    versioned = ui_get(f"/ui/js/app.js?v={app_js.version}")
+    assert versioned.headers["content-type"].startswith("text/javascript")
+    assert versioned.headers["cache-control"] == "public, max-age=31536000, immutable"
+    assert ui_get("/ui/js/app.js?v=0ld").headers["cache-control"] == "no-cache"  # another version: revalidated
     assert ui_get("/ui/nope.js").status_code == 404
     assert ui_get("/ui").headers["location"] == "/ui/"
 
 
-def test_every_file_the_pages_load_exists_and_the_vendored_library_has_its_licence():
+def test_the_page_loads_every_module_up_front_by_its_versioned_url():
     index = ui.FILES["index.html"].body.decode()
-    referenced = set(re.findall(r'(?:href|src)="([^":#]+)"', index))
-    assert referenced and referenced <= set(ui.FILES), referenced - set(ui.FILES)
+    referenced = dict(re.findall(r'(?:href|src)="([^":#?]+)\?v=([0-9a-f]+)"', index))
+    assert referenced and all(ui.FILES[name].version == v for name, v in referenced.items())
+    assert not re.findall(r'(?:href|src)="(?!data:|#)[^"?]+"', index)  # nothing loaded by an unversioned URL
+    modules = {n for n in ui.FILES if n.endswith(".js") and n.startswith("js/")}
+    loaded = set(re.findall(r'rel="modulepreload" href="([^"?]+)', index))
+    loaded |= set(re.findall(r'<script type="module" src="([^"?]+)', index))
+    assert loaded == modules  # every module requested at once: no import waterfall
+    # the import map sends every module's imports to the versioned URLs, and the CSP allows it by its hash
+    (import_map,) = re.findall(r'<script type="importmap">(.*?)</script>', index, re.S)
+    imports = json.loads(import_map)["imports"]
+    assert imports == {f"/ui/{n}": f"/ui/{n}?v={ui.FILES[n].version}" for n in modules}
+    digest = base64.b64encode(hashlib.sha256(import_map.encode()).digest()).decode()
+    assert f"'sha256-{digest}'" in ui.HEADERS["Content-Security-Policy"]
+
+
+def test_every_import_resolves_and_no_module_writes_markup():
     for name, file in ui.FILES.items():
-        if name.endswith(".js") and not name.startswith("vendor/"):
+        if name.endswith(".js") and name.startswith("js/"):
             for target in re.findall(r'from "(\.[^"]+)"', file.body.decode()):
                 assert _norm(name, target) in ui.FILES, (name, target)
-            assert not re.search(r"\.(inner|outer)HTML\s*=|insertAdjacentHTML", file.body.decode()), name  # js/dom.js
-    preloaded = set(re.findall(r'rel="modulepreload" href="([^"]+)"', index))
-    modules = {n for n in ui.FILES if n.endswith(".js") and not n.startswith("vendor/")}
-    assert preloaded == modules - {"js/app.js"}  # every module preloaded: no import waterfall
+            assert not re.search(r"\.(inner|outer)HTML\s*=|insertAdjacentHTML", file.body.decode()), name  # dom.js
     assert "MIT" in ui.FILES["vendor/uplot/LICENSE"].body.decode()
 
 

@@ -3,6 +3,9 @@
 // The key the user types is kept in sessionStorage (gone when the tab closes) and sent as X-API-Key with every
 // request. Pages ask `namespaces()` first: it says which namespaces the key may read, so a page shows the 401
 // page instead of making a request that would fail (a failed request is a console error in the browser).
+//
+// This module imports nothing and index.html loads it first, on its own: it starts the requests every page begins
+// with (the namespaces listing, the API's description) while the rest of the page's code still downloads.
 
 const KEY_STORAGE = "counter-ui.api-key";
 
@@ -44,8 +47,13 @@ async function request(method, path, body) {
   const key = getKey();
   if (key) headers["X-API-Key"] = key;
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(path, {method, headers, cache: "no-store",
-                                      body: body === undefined ? undefined : JSON.stringify(body)});
+  return read(fetch(path, {method, headers, cache: "no-store",
+                           body: body === undefined ? undefined : JSON.stringify(body)}), path);
+}
+
+/** The JSON of a response (ApiError unless 2xx). */
+async function read(responsePromise, path) {
+  const response = await responsePromise;
   const text = await response.text();
   let data = null;
   try {
@@ -70,10 +78,20 @@ const seg = encodeURIComponent;
 let namespacesCache = null; // {at, promise}: one listing shared by the pages for a few seconds
 let openapi = null;
 
+// Started when this module loaded (see the top), each taken once; the listing only while the key is the same.
+const early = {key: getKey(), "/v1/namespaces": get("/v1/namespaces"), "/openapi.json": get("/openapi.json")};
+for (const path of ["/v1/namespaces", "/openapi.json"]) early[path].catch(() => {});  // a page may not take it
+
+function booted(path) {
+  const started = early[path];
+  early[path] = null;
+  return started && (path !== "/v1/namespaces" || early.key === getKey()) ? started : null;
+}
+
 /** Every namespace with its type, whether the key may read it, and its configuration when it may. */
 export function namespaces({fresh = false} = {}) {
   if (fresh || !namespacesCache || Date.now() - namespacesCache.at > 10_000) {
-    const promise = get("/v1/namespaces").then((r) => r.namespaces);
+    const promise = (booted("/v1/namespaces") || get("/v1/namespaces")).then((r) => r.namespaces);
     namespacesCache = {at: Date.now(), promise};
     promise.catch(() => { namespacesCache = null; });
   }
@@ -86,7 +104,7 @@ export async function namespaceInfo(name) {
 }
 
 function openapiDoc() {
-  openapi ??= get("/openapi.json").catch(() => ({paths: {}}));
+  openapi ??= (booted("/openapi.json") || get("/openapi.json")).catch(() => ({paths: {}}));
   return openapi;
 }
 

@@ -6,8 +6,7 @@ import {fill, h, note} from "./dom.js";
 import {renderAuthRequired} from "./pages/auth.js";
 import {renderCounter} from "./pages/counter.js";
 import {renderHealth} from "./pages/health.js";
-import {renderNamespace} from "./pages/namespace.js";
-import {renderNamespaces} from "./pages/namespaces.js";
+import {renderNamespace, renderNamespaces} from "./pages/namespaces.js";
 
 const main = document.getElementById("main");
 let dispose = null;

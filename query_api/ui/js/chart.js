@@ -1,4 +1,4 @@
-// A counter's series as a chart: uPlot (vendored, MIT, loaded as a classic script before the modules), in UTC.
+// A counter's series as a chart: uPlot (vendored, MIT; a classic script loading in parallel with the modules), in UTC.
 //
 // The uPlot instance is kept on its element (`el.uplot`): its `data` are exactly the plotted points, which the
 // browser test compares with the series the API returned.
@@ -11,8 +11,19 @@ function cssVar(name, fallback) {
 
 const utc = (seconds) => globalThis.uPlot.tzDate(new Date(seconds * 1000), "Etc/UTC");
 
-/** Render `buckets` ([{start, count}]) into `el`; returns {destroy}. Replaces a chart already there. */
-export function seriesChart(el, buckets, {granularity = "hour"} = {}) {
+/** uPlot, once its script (index.html, async) has run. */
+function uPlotLoaded() {
+  if (globalThis.uPlot) return Promise.resolve(globalThis.uPlot);
+  const script = document.getElementById("uplot-script");
+  return new Promise((resolve, reject) => {
+    script.addEventListener("load", () => resolve(globalThis.uPlot), {once: true});
+    script.addEventListener("error", () => reject(new Error("the chart library did not load")), {once: true});
+  });
+}
+
+/** Render `buckets` ([{start, count}]) into `el`; resolves with {destroy}. Replaces a chart already there. */
+export async function seriesChart(el, buckets, {granularity = "hour"} = {}) {
+  const uPlot = await uPlotLoaded();
   el.uplot?.destroy();
   const xs = buckets.map((b) => Date.parse(b.start) / 1000);
   const ys = buckets.map((b) => Number(b.count));
@@ -33,7 +44,7 @@ export function seriesChart(el, buckets, {granularity = "hour"} = {}) {
     ],
     axes: [{...axis}, {...axis, size: 70}],
   };
-  const u = new globalThis.uPlot(opts, [xs, ys], el);
+  const u = new uPlot(opts, [xs, ys], el);
   el.uplot = u;
   const resize = new ResizeObserver(() => {
     const width = Math.max(el.clientWidth, 320);

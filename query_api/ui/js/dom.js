@@ -47,3 +47,7 @@ export function table(columns, rows, attrs) {
 export function note(text, cls = "") {
   return h("p", {class: `note ${cls}`.trim()}, text);
 }
+
+/** Links of the app's pages (the router is in app.js). */
+export const nsHref = (name) => `#/ns/${encodeURIComponent(name)}`;
+export const counterHref = (ns, counter) => `${nsHref(ns)}/c/${encodeURIComponent(counter)}`;

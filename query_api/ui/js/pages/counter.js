@@ -3,13 +3,12 @@
 // the chart and the audit table are drawn: the browser test reads it as the page's load time.
 
 import {getCount} from "../api.js";
-import {card, fill, h} from "../dom.js";
+import {card, fill, h, nsHref} from "../dom.js";
 import {ago, count, time} from "../format.js";
 import {renderAudit} from "../panels/audit.js";
-import {renderBreakdown} from "../panels/breakdown.js";
+import {renderBreakdown, renderUnique} from "../panels/features.js";
 import {renderSeries, seriesView} from "../panels/series.js";
-import {renderUnique} from "../panels/unique.js";
-import {nsHref, readableNamespace} from "./namespaces.js";
+import {readableNamespace} from "./namespaces.js";
 
 const REFRESH_MS = 5000;
 

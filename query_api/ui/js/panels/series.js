@@ -71,7 +71,7 @@ export async function renderSeries(el, ns, counter, view) {
     try {
       const s = await getSeries(ns.name, counter, v.granularity, start, end);
       chart?.destroy();
-      chart = seriesChart(chartEl, s.buckets, {granularity: v.granularity});
+      chart = await seriesChart(chartEl, s.buckets, {granularity: v.granularity});
       const total = s.buckets.reduce((sum, b) => sum + BigInt(b.count), 0n);
       summary.textContent = `${s.buckets.length} ${v.granularity} buckets from ${time(s.start)} to ${time(s.end)}: `
         + `${count(total)} in all, exact up to ${time(s.as_of)}`;
