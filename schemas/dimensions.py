@@ -39,8 +39,10 @@ __all__ = [
     "MAX_ITEM_BYTES",
     "Dimensions",
     "combination",
+    "dimension_signature",
     "is_combination",
     "split_combination",
+    "split_signature",
     "subset_combinations",
     "validate_dimension_key",
     "validate_dimension_value",
@@ -188,6 +190,19 @@ def split_combination(name: str) -> tuple[str, Dimensions]:
             raise ValueError(f"not a dimension combination: {_show(name)} (part {_show(part)} is not key=value)")
         pairs.append((key, value))
     return counter, tuple(pairs)
+
+
+def dimension_signature(dimensions: Mapping[str, str] | Iterable[tuple[str, str]]) -> str:
+    """The dimensions part of a combination's name: `country=BR device=tv` (pairs sorted by key), "" for none. The
+    counters sharing one signature are the counters of one filter ("titles in Brazil"): Top-K ranks them."""
+    return combination("", dimensions)[1:]
+
+
+def split_signature(name: str) -> tuple[str, str]:
+    """`views country=US device=tv` -> (`views`, `country=US device=tv`); a plain counter name -> (name, ""). The
+    inverse of `combination(base, pairs)` for names the service wrote (not validated)."""
+    base, _, signature = name.partition(" ")
+    return base, signature
 
 
 def is_combination(name: str) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from sinks.model import Aggregate, EventRow, RollupState
-from sinks.windows import BucketRange, BucketRow, BucketSum, Granularity, StoredBucket
+from sinks.windows import BucketRange, BucketRow, BucketSum, Granularity, RankEntry, RankPage, StoredBucket
 
 __all__ = ["BucketStore", "EventStore", "RollupStore", "ScanCursor", "Stores"]
 
@@ -152,6 +152,12 @@ class BucketStore(Protocol):
     A bucket ``(namespace, counter, granularity, start_us) -> (value, computed_upto_us)`` is always written as
     a value recomputed at a rollup boundary, never incremented, so re-running a rollup, replay or recount
     cannot double-count. Clears are applied when reading (``sinks.windows.masked``).
+
+    **Rank lists** (Top-K): every stored bucket is also the entry ``(base counter, value)`` of the rank list
+    ``(namespace, signature, granularity, start_us)``, where ``(base, signature) = split_signature(counter)``
+    (``schemas.dimensions``): the list of one bucket of one filter's counters, sorted by value. ``write_buckets``
+    maintains the entries with the buckets it applies (forward-only with them) and ``drop_expired`` drops them
+    with the buckets, so every writer of buckets (rollups, recounts, seeding) keeps them.
     """
 
     async def write_buckets(self, namespace: str, rows: Sequence[BucketRow]) -> list[bool]:
@@ -164,6 +170,15 @@ class BucketStore(Protocol):
         lies in ``[from, to)``, ascending by start, unmasked. A batch of ranges in one call."""
         ...
 
+    async def read_ranks_many(self, namespace: str, pages: Sequence[RankPage]) -> list[list[RankEntry]]:
+        """Per ``(signature, granularity, start_us, after, limit)``, in order: up to ``limit`` entries ``(base
+        counter, stored value)`` of that rank list, by value descending, then base counter ascending (code
+        point order), strictly after ``after`` (the previous page's last entry; None: from the top). A page
+        shorter than ``limit`` is the last. Values are as stored (unmasked). Every stored bucket has its entry;
+        a backend without transactions (Cassandra) may also hold stale entries of values since replaced, left
+        by racing writers, so a reader verifies what it finds against the buckets. A batch in one call."""
+        ...
+
     async def bump_clears(self, namespace: str, items: Sequence[tuple[str, int]]) -> None:
         """Per ``(counter, clear_us)``: the counter's latest clear becomes ``max(stored, clear_us)``."""
         ...
@@ -173,10 +188,10 @@ class BucketStore(Protocol):
         ...
 
     async def drop_expired(self, namespace: str, granularity: Granularity, before_us: int) -> int:
-        """Retention: remove the namespace's ``granularity`` buckets whose end is ``<= before_us``, never a newer
-        bucket, another granularity or namespace, a clear or a rollup. Returns how many storage slices
-        (``Granularity.slice_us``) it emptied entirely; pass a slice-aligned ``before_us`` to drop whole
-        partitions only (cheapest on Cassandra)."""
+        """Retention: remove the namespace's ``granularity`` buckets whose end is ``<= before_us`` and their rank
+        list entries, never a newer bucket, another granularity or namespace, a clear or a rollup. Returns how
+        many storage slices (``Granularity.slice_us``) it emptied entirely; pass a slice-aligned ``before_us`` to
+        drop whole partitions only (cheapest on Cassandra)."""
         ...
 
     async def close(self) -> None: ...

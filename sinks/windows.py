@@ -27,6 +27,8 @@ __all__ = [
     "BucketRow",
     "BucketSum",
     "Granularity",
+    "RankEntry",
+    "RankPage",
     "Segment",
     "StoredBucket",
     "Tiling",
@@ -91,6 +93,13 @@ BucketRow = tuple[str, Granularity, int, int, int]
 StoredBucket = tuple[int, int, int]
 # (counter, granularity, from_start_us, to_start_us): the buckets whose start lies in [from, to).
 BucketRange = tuple[str, Granularity, int, int]
+# (signature, granularity, start_us, after, limit): a page of the rank list of the buckets (granularity, start_us)
+# of the counters with that dimension signature ("" for base counters, "country=BR" for their `country=BR`
+# combinations: schemas.dimension_signature); ``after`` is the (value, base counter) of the previous page's last
+# entry, or None for the first page. See ``BucketStore.read_ranks_many``.
+RankPage = tuple[str, Granularity, int, tuple[int, str] | None, int]
+# (base counter, stored value): an entry of a rank list, as read back.
+RankEntry = tuple[str, int]
 # (bucket_start_us, sum of adds strictly after the latest clear in the bucket, that clear or None, events):
 # what ``EventStore.bucket_sums_many`` reports per bucket holding events.
 BucketSum = tuple[int, int, int | None, int]

@@ -16,6 +16,15 @@ Layout (statements in ``sinks.cassandra.cql.WindowCql``):
   counter, then the catalog rows; a cutoff inside a slice range-deletes that slice's expired rows per counter.
 * ``window_clears`` ((namespace, counter_name)) clear_us, written ``USING TIMESTAMP`` = the clear's time: the
   cell keeps the latest clear. Never expires: old buckets rely on it to stay masked.
+* ``window_ranks`` ((namespace, signature, granularity, start_us), bucket_count DESC, counter_name): the rank
+  lists of Top-K, an entry (value, base name) per bucket (``schemas.split_signature`` of its counter). A bucket's
+  value change inserts the new entry *before* the bucket is written and deletes the entry of the value it
+  replaced (known from the read that decides the write) *after*, each stamped with the new boundary, with the
+  bucket's TTL: at every moment a stored bucket has its entry, whatever crashes in between. Racing writers can
+  leave stale entries (a value since replaced); readers verify every candidate against the buckets, so a stale
+  entry costs a read, never a wrong answer. ``window_rank_lists`` ((namespace, granularity, slice), signature,
+  start_us) lists the rank partitions of a bucket slice, written before their first entry, so retention drops
+  them with the slice's buckets.
 
 ``write_buckets`` says per row whether it applied, as the rollup store does: read the partitions' rows first
 and skip rows whose stored boundary is not earlier (an equal boundary would tie on timestamps), write the
@@ -29,10 +38,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from schemas.dimensions import split_signature
 from sinks.cassandra.config import bucket_ttl_seconds
 from sinks.cassandra.cql import COUNTER_SHARDS, Stmt, WindowCql
 from sinks.cassandra.session import Executor
-from sinks.windows import BucketRange, BucketRow, Granularity, StoredBucket, slice_bounds
+from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket, slice_bounds
 
 __all__ = ["CassandraBucketStore"]
 
@@ -64,6 +74,7 @@ class CassandraBucketStore:
         self._clock_us = clock_us
         self._registered: set[tuple[str, Granularity, int, str]] = set()  # (namespace, g, slice, counter)
         self._slices: set[tuple[str, Granularity, int]] = set()  # (namespace, g, slice) in window_slices
+        self._rank_lists: set[tuple[str, Granularity, int, str]] = set()  # (namespace, g, start, signature) listed
 
     # -- BucketStore ----------------------------------------------------------------------------
 
@@ -84,13 +95,23 @@ class CassandraBucketStore:
             return [False] * len(rows)
         # 2. catalog rows for partitions this process has not registered, before the buckets they point at
         await self._register(namespace, [keyed[i] for i in chosen])
-        # 3. the buckets, then a read-back: applied iff the stored bucket is the one we wrote
+        # 3. rank entries of the new values, the buckets, a read-back (applied iff the stored bucket is the one we
+        #    wrote), then the deletion of the entries of the values replaced (see the module doc)
+        await self._x.run_all([self._rank_stmt(namespace, *keyed[i]) for i in chosen])
         await self._x.run_all([self._write_stmt(namespace, *keyed[i]) for i in chosen])
         after = await self._read_keys(namespace, [keyed[i] for i in chosen])
         applied = [False] * len(rows)
+        previous = {k: v for k, (v, _u) in stored.items()}
+        replaced: list[Stmt] = []
         for i in chosen:
             counter, g, start, value, upto = keyed[i]
             applied[i] = after.get((counter, g, start)) == (value, upto)
+            old = previous.get((counter, g, start))
+            if old is not None and old != value:
+                base, signature = split_signature(counter)
+                replaced.append(self._cql.rank_remove(namespace, signature, g.value, start, old, base, upto))
+            previous[(counter, g, start)] = value
+        await self._x.run_all(replaced)
         return applied
 
     async def read_buckets_many(self, namespace: str, ranges: Sequence[BucketRange]) -> list[list[StoredBucket]]:
@@ -119,6 +140,28 @@ class CassandraBucketStore:
             out[i].extend((int(s), int(v or 0), int(u or 0)) for s, v, u in (found or ()))
         return out
 
+    async def read_ranks_many(self, namespace: str, pages: Sequence[RankPage]) -> list[list[RankEntry]]:
+        """One statement per first page; a later page reads the rest of its tie and the values below it at once
+        (two statements, the second's rows used only as far as the first leaves room)."""
+        stmts: list[Stmt] = []
+        owners: list[int] = []
+        for i, (signature, g, start, after, limit) in enumerate(pages):
+            if limit <= 0:
+                continue
+            key = (namespace, signature, Granularity(g).value, start)
+            if after is None:
+                stmts.append(self._cql.rank_first(*key, limit))
+                owners.append(i)
+            else:
+                stmts += [self._cql.rank_tie(*key, after[0], after[1], limit),
+                          self._cql.rank_below(*key, after[0], limit)]
+                owners += [i, i]
+        out: list[list[RankEntry]] = [[] for _ in pages]
+        for i, found in zip(owners, await self._x.run_all(stmts) if stmts else [], strict=True):
+            room = pages[i][4] - len(out[i])
+            out[i].extend((str(base), int(value or 0)) for base, value in list(found or ())[:room])
+        return out
+
     async def bump_clears(self, namespace: str, items: Sequence[tuple[str, int]]) -> None:
         latest: dict[str, int] = {}
         for counter, clear_us in items:  # one write per counter per call
@@ -144,16 +187,28 @@ class CassandraBucketStore:
             pages = await self._x.run_all([self._cql.registered(namespace, g.value, slice_no, shard)
                                            for shard in range(COUNTER_SHARDS)])
             counters = sorted({str(row[0]) for page in pages for row in (page or ())})
+            lists = sorted((str(sig), int(start)) for sig, start in await self._x.run(
+                self._cql.rank_lists(namespace, g.value, slice_no)))
             if slice_bounds(g, slice_no)[1] > before_us:  # the slice holding the cutoff: its expired rows only
                 await self._x.run_all([self._cql.drop_through(namespace, c, g.value, slice_no, last_start, stamp)
                                        for c in counters])
+                expired = [(sig, start) for sig, start in lists if start <= last_start]
+                await self._x.run_all([self._cql.rank_drop(namespace, sig, g.value, start, stamp)
+                                       for sig, start in expired])
+                await self._x.run_all([self._cql.rank_list_remove(namespace, g.value, slice_no, sig, start)
+                                       for sig, start in expired])
+                self._rank_lists -= {(namespace, g, start, sig) for sig, start in expired}
                 continue
             await self._x.run_all([self._cql.drop_partition(namespace, c, g.value, slice_no, stamp) for c in counters])
+            await self._x.run_all([self._cql.rank_drop(namespace, sig, g.value, start, stamp) for sig, start in lists])
             await self._x.run_all([self._cql.forget(namespace, g.value, slice_no, shard)
                                    for shard in range(COUNTER_SHARDS)])
+            await self._x.run(self._cql.rank_lists_forget(namespace, g.value, slice_no))
             await self._x.run(self._cql.remove_slice(namespace, g.value, slice_no))
             self._slices.discard((namespace, g, slice_no))
             self._registered = {k for k in self._registered if k[:3] != (namespace, g, slice_no)}
+            self._rank_lists = {k for k in self._rank_lists
+                                if k[:2] != (namespace, g) or k[2] // g.slice_us != slice_no}
             emptied += 1
         if emptied:
             log.info("namespace %r: dropped %d expired %s slice(s) before %d", namespace, emptied, g, before_us)
@@ -177,6 +232,10 @@ class CassandraBucketStore:
         return self._cql.write(namespace, counter, g.value, start // g.slice_us, start, value, upto,
                                self._ttl(namespace, g))
 
+    def _rank_stmt(self, namespace: str, counter: str, g: Granularity, start: int, value: int, upto: int) -> Stmt:
+        base, signature = split_signature(counter)
+        return self._cql.rank_add(namespace, signature, g.value, start, value, base, upto, self._ttl(namespace, g))
+
     async def _read_keys(self, namespace: str,
                          rows: Sequence[tuple[str, Granularity, int, int, int]]) -> dict[tuple[str, Granularity, int],
                                                                                          tuple[int, int]]:
@@ -197,14 +256,20 @@ class CassandraBucketStore:
 
     async def _register(self, namespace: str, rows: Sequence[tuple[str, Granularity, int, int, int]]) -> None:
         new = {(namespace, g, start // g.slice_us, counter) for counter, g, start, _v, _u in rows} - self._registered
-        if not new:
+        lists = {(namespace, g, start, split_signature(counter)[1])
+                 for counter, g, start, _v, _u in rows} - self._rank_lists
+        if not new and not lists:
             return
         slices = {k[:3] for k in new} - self._slices
         await self._x.run_all([
             *(self._cql.add_slice(ns, g.value, s, self._ttl(ns, g)) for ns, g, s in sorted(slices)),
-            *(self._cql.register(ns, g.value, s, c, self._ttl(ns, g)) for ns, g, s, c in sorted(new))])
-        if len(self._registered) + len(new) > _REGISTERED_MAX:
+            *(self._cql.register(ns, g.value, s, c, self._ttl(ns, g)) for ns, g, s, c in sorted(new)),
+            *(self._cql.rank_list_add(ns, g.value, start // g.slice_us, sig, start, self._ttl(ns, g))
+              for ns, g, start, sig in sorted(lists))])
+        if len(self._registered) + len(new) > _REGISTERED_MAX or len(self._rank_lists) + len(lists) > _REGISTERED_MAX:
             self._registered.clear()
             self._slices.clear()
+            self._rank_lists.clear()
         self._registered |= new
         self._slices |= slices
+        self._rank_lists |= lists

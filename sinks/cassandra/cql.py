@@ -26,6 +26,11 @@ Data model (keyspace ``ks``)::
     window_slices     ((namespace, granularity), slice)      which bucket slices exist (retention)
     window_counters   ((namespace, granularity, slice, shard), counter_name)  the counters of a bucket slice
     window_clears     ((namespace, counter_name))            clear_us: a counter's latest clear (masking)
+    window_ranks      ((namespace, signature, granularity, start_us), bucket_count DESC, counter_name)
+                      rank lists (Top-K): one entry per bucket of the counters of one dimension signature
+                      ("" for base counters, "country=BR" for their country=BR combinations), counter_name the
+                      base name, sorted by the bucket's value
+    window_rank_lists ((namespace, granularity, slice), signature, start_us)  which rank lists exist (retention)
     counter_combinations ((namespace, counter_name), combination)  is_full: the dimension combinations of a base
                       counter (schemas.dimensions), in name order; is_full marks a write's whole set of dimensions
 
@@ -71,7 +76,7 @@ _US = 1_000_000
 
 BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "event_counters", "rollups", "rollup_pending",
                "rollup_bounds", "watermarks", "window_buckets", "window_slices", "window_counters",
-               "window_clears", "counter_combinations")
+               "window_clears", "window_ranks", "window_rank_lists", "counter_combinations")
 COUNTER_SHARDS = 16  # partitions per namespace of the event_counters registry (fixed: part of the key)
 
 
@@ -220,6 +225,24 @@ def _base_tables(ks: str) -> list[str]:
     clear_us bigint,
     PRIMARY KEY ((namespace, counter_name))
 )""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.window_ranks (
+    namespace text,
+    signature text,
+    granularity text,
+    start_us bigint,
+    bucket_count bigint,
+    counter_name text,
+    PRIMARY KEY ((namespace, signature, granularity, start_us), bucket_count, counter_name)
+) WITH CLUSTERING ORDER BY (bucket_count DESC, counter_name ASC)
+  AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.window_rank_lists (
+    namespace text,
+    granularity text,
+    slice bigint,
+    signature text,
+    start_us bigint,
+    PRIMARY KEY ((namespace, granularity, slice), signature, start_us)
+) WITH CLUSTERING ORDER BY (signature ASC, start_us ASC)""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.counter_combinations (
     namespace text,
     counter_name text,
@@ -563,6 +586,7 @@ class RollupCql:
 
 _BUCKET_PK = "namespace = ? AND counter_name = ? AND granularity = ? AND slice = ?"
 _BUCKET_SLICE = "namespace = ? AND granularity = ? AND slice = ?"
+_RANK_PK = "namespace = ? AND signature = ? AND granularity = ? AND start_us = ?"
 
 
 class WindowCql:
@@ -632,3 +656,61 @@ class WindowCql:
     def get_clear(self, namespace: str, counter: str) -> Stmt:
         return Stmt("wclears.get", f"SELECT clear_us FROM {self.ks}.window_clears WHERE {_COUNTER}",
                     (namespace, counter))
+
+    # rank lists (Top-K)
+    def rank_add(self, namespace: str, signature: str, granularity: str, start_us: int, value: int, base: str,
+                 computed_upto_us: int, ttl_s: int) -> Stmt:
+        """The entry of a bucket written at boundary ``computed_upto_us``: stamped with it, so the deletion of the
+        entry of a value it replaced (stamped with a later boundary) shadows it, and nothing earlier does."""
+        return Stmt("wrank.add", f"INSERT INTO {self.ks}.window_ranks (namespace, signature, granularity, start_us, "
+                    "bucket_count, counter_name) VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?",
+                    (namespace, signature, granularity, start_us, value, base, computed_upto_us, ttl_s))
+
+    def rank_remove(self, namespace: str, signature: str, granularity: str, start_us: int, value: int, base: str,
+                    computed_upto_us: int) -> Stmt:
+        """Deletes the entry of a value replaced by the bucket written at ``computed_upto_us``."""
+        return Stmt("wrank.remove", f"DELETE FROM {self.ks}.window_ranks USING TIMESTAMP ? WHERE {_RANK_PK} "
+                    "AND bucket_count = ? AND counter_name = ?",
+                    (computed_upto_us, namespace, signature, granularity, start_us, value, base))
+
+    def rank_first(self, namespace: str, signature: str, granularity: str, start_us: int, limit: int) -> Stmt:
+        return Stmt("wrank.first", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
+                    f"WHERE {_RANK_PK} LIMIT ?", (namespace, signature, granularity, start_us, limit))
+
+    def rank_tie(self, namespace: str, signature: str, granularity: str, start_us: int, value: int, after: str,
+                 limit: int) -> Stmt:
+        """The rest of a tie: the entries of ``value`` after the name ``after``."""
+        return Stmt("wrank.tie", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
+                    f"WHERE {_RANK_PK} AND bucket_count = ? AND counter_name > ? LIMIT ?",
+                    (namespace, signature, granularity, start_us, value, after, limit))
+
+    def rank_below(self, namespace: str, signature: str, granularity: str, start_us: int, value: int,
+                   limit: int) -> Stmt:
+        """The entries of values below ``value`` (a single slice of the clustering: the names within a value run
+        ascending while values descend, so no one multi-column relation pages across a tie)."""
+        return Stmt("wrank.below", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
+                    f"WHERE {_RANK_PK} AND bucket_count < ? LIMIT ?",
+                    (namespace, signature, granularity, start_us, value, limit))
+
+    def rank_drop(self, namespace: str, signature: str, granularity: str, start_us: int, timestamp: int) -> Stmt:
+        return Stmt("wrank.drop", f"DELETE FROM {self.ks}.window_ranks USING TIMESTAMP ? WHERE {_RANK_PK}",
+                    (timestamp, namespace, signature, granularity, start_us))
+
+    def rank_list_add(self, namespace: str, granularity: str, slice_no: int, signature: str, start_us: int,
+                      ttl_s: int) -> Stmt:
+        return Stmt("wranklists.add", f"INSERT INTO {self.ks}.window_rank_lists (namespace, granularity, slice, "
+                    "signature, start_us) VALUES (?, ?, ?, ?, ?) USING TTL ?",
+                    (namespace, granularity, slice_no, signature, start_us, ttl_s))
+
+    def rank_lists(self, namespace: str, granularity: str, slice_no: int) -> Stmt:
+        return Stmt("wranklists.list", f"SELECT signature, start_us FROM {self.ks}.window_rank_lists "
+                    f"WHERE {_BUCKET_SLICE}", (namespace, granularity, slice_no))
+
+    def rank_list_remove(self, namespace: str, granularity: str, slice_no: int, signature: str,
+                         start_us: int) -> Stmt:
+        return Stmt("wranklists.remove", f"DELETE FROM {self.ks}.window_rank_lists WHERE {_BUCKET_SLICE} "
+                    "AND signature = ? AND start_us = ?", (namespace, granularity, slice_no, signature, start_us))
+
+    def rank_lists_forget(self, namespace: str, granularity: str, slice_no: int) -> Stmt:
+        return Stmt("wranklists.forget", f"DELETE FROM {self.ks}.window_rank_lists WHERE {_BUCKET_SLICE}",
+                    (namespace, granularity, slice_no))

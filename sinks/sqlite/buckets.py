@@ -13,7 +13,16 @@ Layout (why):
 * ``bucket_slices`` lists the (namespace, granularity, slice) storage slices holding buckets, mirroring the
   Cassandra partitions, so retention reports the same number of emptied slices on both backends.
 * ``bucket_clears`` keeps each counter's latest clear (max, by upsert), for masking at read time.
-* ``PRAGMA user_version`` records the layout; a file of another layout is refused, never misread.
+* Rank lists (Top-K) are an index of the bucket table itself: ``signature``, a virtual generated column (the
+  dimensions part of the counter's name: ``country=BR`` of ``title_1 country=BR``, "" for a base counter), and
+  index ``bucket_ranks`` (namespace, signature, granularity, start_us, value DESC, counter). A page of a rank list
+  is one seek. SQLite updates the entry in the statement that writes the bucket, so the list is forward-only with
+  the buckets and transactional by construction (nothing can write a bucket without its entry, not even SQL by
+  hand), retention's deletes remove the entries, and it costs one b-tree (a table of its own would cost two).
+  Within one signature, names order like their base names: ' ' sorts before every character a name may hold.
+* ``PRAGMA user_version`` records the layout; a file of another layout is refused, never misread. A file of
+  layout 1 (before rank lists) is upgraded in place when opened: the column is virtual (no row is rewritten) and
+  the index is built from the buckets already stored.
 """
 
 from __future__ import annotations
@@ -23,16 +32,23 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sinks.sqlite.thread import SqliteThread
-from sinks.windows import BucketRange, BucketRow, Granularity, StoredBucket, slice_bounds
+from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket, slice_bounds
 
 __all__ = ["SqliteBucketStore"]
 
-LAYOUT = 1  # PRAGMA user_version of files in this layout
+LAYOUT = 2  # PRAGMA user_version of files in this layout
+_UPGRADABLE = (1,)  # layouts upgraded in place when opened
 
-_SCHEMA = """
+# the dimensions part of a counter's name (schemas.dimension_signature), in SQL
+_SIGNATURE = "CASE instr(counter, ' ') WHEN 0 THEN '' ELSE substr(counter, instr(counter, ' ') + 1) END"
+_SIGNATURE_COLUMN = f"signature TEXT GENERATED ALWAYS AS ({_SIGNATURE}) VIRTUAL"
+_RANK_INDEX = ("CREATE INDEX IF NOT EXISTS bucket_ranks "
+               "ON buckets (namespace, signature, granularity, start_us, value DESC, counter)")
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS buckets (
     namespace TEXT NOT NULL, counter TEXT NOT NULL, granularity TEXT NOT NULL, start_us INTEGER NOT NULL,
-    value INTEGER NOT NULL, computed_upto INTEGER NOT NULL,
+    value INTEGER NOT NULL, computed_upto INTEGER NOT NULL, {_SIGNATURE_COLUMN},
     PRIMARY KEY (namespace, counter, granularity, start_us)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS buckets_expiry ON buckets (namespace, granularity, start_us);
 CREATE TABLE IF NOT EXISTS bucket_slices (
@@ -63,6 +79,14 @@ _CLEAR = "SELECT clear_us FROM bucket_clears WHERE namespace = ? AND counter = ?
 _EXPIRE = ("DELETE FROM buckets INDEXED BY buckets_expiry "
            "WHERE namespace = ? AND granularity = ? AND start_us <= ?")
 _SLICES = "SELECT slice FROM bucket_slices WHERE namespace = ? AND granularity = ? AND slice <= ?"
+_RANK_LIST = "WHERE namespace = ? AND signature = ? AND granularity = ? AND start_us = ?"
+_RANKS_FIRST = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} "
+                "ORDER BY value DESC, counter LIMIT ?")
+# after (value, counter): the rest of its tie, then the lower values (two seeks, each by the index)
+_RANKS_TIE = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} AND value = ? AND counter > ? "
+              "ORDER BY counter LIMIT ?")
+_RANKS_BELOW = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} AND value < ? "
+                "ORDER BY value DESC, counter LIMIT ?")
 _FORGET_SLICE = "DELETE FROM bucket_slices WHERE namespace = ? AND granularity = ? AND slice = ?"
 
 
@@ -93,6 +117,27 @@ class SqliteBucketStore:
             return [[(s, v, u) for s, v, u in conn.execute(_RANGE, (namespace, counter, Granularity(g).value, lo, hi))]
                     if hi > lo else [] for counter, g, lo, hi in ranges]
         if not ranges:
+            return []
+        return await self._db.run(lambda conn: self._db.read(conn, read))
+
+    async def read_ranks_many(self, namespace: str, pages: Sequence[RankPage]) -> list[list[RankEntry]]:
+        def page(conn: sqlite3.Connection, signature: str, g: str, start: int, after: tuple[int, str] | None,
+                 limit: int) -> list[RankEntry]:
+            key = (namespace, signature, g, start)
+            if after is None:
+                rows = conn.execute(_RANKS_FIRST, (*key, limit)).fetchall()
+            else:
+                value, base = after
+                name = f"{base} {signature}" if signature else base
+                rows = conn.execute(_RANKS_TIE, (*key, value, name, limit)).fetchall()
+                if len(rows) < limit:
+                    rows += conn.execute(_RANKS_BELOW, (*key, value, limit - len(rows))).fetchall()
+            return [(counter.partition(" ")[0], value) for counter, value in rows]
+
+        def read(conn: sqlite3.Connection) -> list[list[RankEntry]]:
+            return [page(conn, signature, Granularity(g).value, start, after, limit) if limit > 0 else []
+                    for signature, g, start, after, limit in pages]
+        if not pages:
             return []
         return await self._db.run(lambda conn: self._db.read(conn, read))
 
@@ -136,11 +181,15 @@ class SqliteBucketStore:
 
     def _setup(self, conn: sqlite3.Connection) -> None:
         layout = conn.execute("PRAGMA user_version").fetchone()[0]
-        if layout not in (0, LAYOUT):
+        if layout not in (0, *_UPGRADABLE, LAYOUT):
             raise RuntimeError(f"{self.path} holds buckets in storage layout {layout}, this version reads layout "
                                f"{LAYOUT}: move the file away (buckets are recomputed by a recount) or use the "
                                "matching version")
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
+        columns = {row[1] for row in conn.execute("PRAGMA table_xinfo(buckets)")}
+        if "signature" not in columns:  # layout 1: rank lists are new (inside setup's write transaction)
+            conn.execute(f"ALTER TABLE buckets ADD COLUMN {_SIGNATURE_COLUMN}")
+        conn.execute(_RANK_INDEX)
         conn.execute(f"PRAGMA user_version = {LAYOUT}")

@@ -457,6 +457,99 @@ def test_retention_drops_only_expired_buckets(stores: Stores) -> None:
     assert left("c", HOUR) == [t for t in hours if t + 3600 * S > DAY0 - day]
 
 
+def _ranks(stores: Stores, signature: str, g: Granularity, start: int, ns: str | None = None) -> list[tuple[str, int]]:
+    [entries] = stores.run(stores.buckets.read_ranks_many(ns or stores.namespace, [(signature, g, start, None, 1000)]))
+    return entries
+
+
+def _paged(stores: Stores, signature: str, g: Granularity, start: int, limit: int) -> list[tuple[str, int]]:
+    out: list[tuple[str, int]] = []
+    after = None
+    while True:
+        [page] = stores.run(stores.buckets.read_ranks_many(stores.namespace, [(signature, g, start, after, limit)]))
+        assert len(page) <= limit
+        out += page
+        if len(page) < limit:
+            return out
+        after = (page[-1][1], page[-1][0])
+
+
+def test_rank_lists_follow_the_buckets(stores: Stores) -> None:
+    """Every bucket is an entry of its signature's rank list for its (granularity, start): by value descending,
+    ties by base name ascending (code points), paged by the last entry, isolated per namespace and signature."""
+    ns, bs = stores.namespace, stores.buckets
+    t = DAY0 + 7 * M
+    bases = ["a", "ab", "a-b", "b", "é", "z9", "Z", "m"]
+    values = [5, 5, 7, -2, 5, 0, 7, 1]  # ties, a negative, a zero
+    rows = [(b, MINUTE, t, v, t + M) for b, v in zip(bases, values, strict=True)]
+    rows += [(f"{b} country=BR", MINUTE, t, v * 10, t + M) for b, v in zip(bases[:5], values, strict=False)]
+    rows += [(f"{b} country=BR device=tv", MINUTE, t, 3, t + M) for b in ("b", "a")]
+    rows += [("a country=US", MINUTE, t, 4, t + M), ("a", MINUTE, t + M, 9, t + 2 * M), ("a", HOUR, DAY0, 14, t + M)]
+    random.Random(5).shuffle(rows)
+    assert all(stores.run(bs.write_buckets(ns, rows)))
+    stores.run(bs.write_buckets(f"{ns}_x", [("a", MINUTE, t, 99, t + M), ("q country=BR", MINUTE, t, 1, t + M)]))
+
+    expected = sorted(zip(bases, values, strict=True), key=lambda e: (-e[1], e[0]))
+    assert _ranks(stores, "", MINUTE, t) == expected
+    assert _ranks(stores, "country=BR", MINUTE, t) == sorted(
+        ((b, v * 10) for b, v in zip(bases[:5], values, strict=False)), key=lambda e: (-e[1], e[0]))
+    assert _ranks(stores, "country=BR device=tv", MINUTE, t) == [("a", 3), ("b", 3)]
+    assert _ranks(stores, "country=US", MINUTE, t) == [("a", 4)]
+    assert _ranks(stores, "", MINUTE, t + M) == [("a", 9)] and _ranks(stores, "", HOUR, DAY0) == [("a", 14)]
+    for empty in (("", MINUTE, t + 2 * M), ("", HOUR, DAY0 + 3600 * S), ("", DAY, DAY0), ("device=tv", MINUTE, t),
+                  ("country=B", MINUTE, t)):
+        assert _ranks(stores, *empty) == [], empty
+    assert _ranks(stores, "", MINUTE, t, f"{ns}_x") == [("a", 99)]
+    assert _ranks(stores, "country=BR", MINUTE, t, f"{ns}_x") == [("q", 1)]
+    for limit in (1, 2, 3, 7, 8, 9):  # pages end inside ties and between them
+        assert _paged(stores, "", MINUTE, t, limit) == expected, limit
+    # several pages in one call, in order; a zero limit reads nothing
+    got = stores.run(bs.read_ranks_many(ns, [("", MINUTE, t, (5, "a"), 2), ("country=US", MINUTE, t, None, 5),
+                                             ("", MINUTE, t, (7, "Z"), 1), ("", MINUTE, t, None, 0),
+                                             ("", MINUTE, t, (-2, "b"), 5)]))
+    assert got == [[("ab", 5), ("é", 5)], [("a", 4)], [("a-b", 7)], [], []]
+    assert stores.run(bs.read_ranks_many(ns, [])) == []
+
+
+def test_rank_entries_move_forward_with_their_buckets(stores: Stores) -> None:
+    ns, bs = stores.namespace, stores.buckets
+    t = DAY0 + 3 * M
+    stores.run(bs.write_buckets(ns, [("a country=BR", MINUTE, t, 5, t + 10), ("b country=BR", MINUTE, t, 6, t + 10)]))
+    assert stores.run(bs.write_buckets(ns, [("a country=BR", MINUTE, t, 50, t + 9)])) == [False]  # earlier: refused
+    assert _ranks(stores, "country=BR", MINUTE, t) == [("b", 6), ("a", 5)]
+    assert stores.run(bs.write_buckets(ns, [("a country=BR", MINUTE, t, 8, t + 20)])) == [True]  # later: replaces
+    assert _ranks(stores, "country=BR", MINUTE, t) == [("a", 8), ("b", 6)]  # the old entry is gone
+    # the same bucket twice in one call: the later boundary's value stays, once
+    stores.run(bs.write_buckets(ns, [("b country=BR", MINUTE, t, 1, t + 30), ("b country=BR", MINUTE, t, 9, t + 40)]))
+    assert _ranks(stores, "country=BR", MINUTE, t) == [("b", 9), ("a", 8)]
+    assert stores.run(bs.write_buckets(ns, [("b country=BR", MINUTE, t, 9, t + 50)])) == [True]  # same value: one entry
+    assert _ranks(stores, "country=BR", MINUTE, t) == [("b", 9), ("a", 8)]
+    [[bucket]] = stores.run(bs.read_buckets_many(ns, [("b country=BR", MINUTE, t, t + M)]))
+    assert bucket == (t, 9, t + 50)
+
+
+def test_retention_drops_rank_entries_with_their_buckets(stores: Stores) -> None:
+    ns, bs = stores.namespace, stores.buckets
+    day = 86400 * S
+    minutes = [DAY0 - day + k * 90 * M for k in range(32)]  # the day before DAY0 and the day after: 2 slices
+    rows = [(c, MINUTE, t, i + 1, t + M) for i, t in enumerate(minutes) for c in ("a", "b country=BR")]
+    rows += [("a", HOUR, DAY0 - 3600 * S, 60, DAY0)]
+    stores.run(bs.write_buckets(ns, rows))
+    stores.run(bs.write_buckets(f"{ns}_x", [("a", MINUTE, minutes[0], 1, minutes[0] + M)]))
+    cutoff = DAY0 + 3 * 3600 * S  # slice-aligned cutoffs drop whole slices; this one also cuts into the next
+    stores.run(bs.drop_expired(ns, MINUTE, DAY0))
+    stores.run(bs.drop_expired(ns, MINUTE, cutoff))
+    for i, t in enumerate(minutes):
+        kept = t + M > cutoff
+        assert _ranks(stores, "", MINUTE, t) == ([("a", i + 1)] if kept else []), t
+        assert _ranks(stores, "country=BR", MINUTE, t) == ([("b", i + 1)] if kept else []), t
+    assert _ranks(stores, "", HOUR, DAY0 - 3600 * S) == [("a", 60)]  # other granularities and namespaces stay
+    assert _ranks(stores, "", MINUTE, minutes[0], f"{ns}_x") == [("a", 1)]
+    # buckets written again after retention rank again
+    assert stores.run(bs.write_buckets(ns, [("a", MINUTE, minutes[-1], 77, minutes[-1] + 2 * M)])) == [True]
+    assert _ranks(stores, "", MINUTE, minutes[-1]) == [("a", 77)]
+
+
 # -- rollup store ---------------------------------------------------------------------------------
 
 
@@ -690,6 +783,81 @@ def test_sqlite_buckets_refuse_a_file_of_another_layout(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="layout 7"):
         asyncio.run(bs.clears("ns", ["c"]))
     asyncio.run(bs.close())
+
+
+_LAYOUT_1 = """
+CREATE TABLE buckets (
+    namespace TEXT NOT NULL, counter TEXT NOT NULL, granularity TEXT NOT NULL, start_us INTEGER NOT NULL,
+    value INTEGER NOT NULL, computed_upto INTEGER NOT NULL,
+    PRIMARY KEY (namespace, counter, granularity, start_us)) WITHOUT ROWID;
+CREATE INDEX buckets_expiry ON buckets (namespace, granularity, start_us);
+CREATE TABLE bucket_slices (namespace TEXT NOT NULL, granularity TEXT NOT NULL, slice INTEGER NOT NULL,
+    PRIMARY KEY (namespace, granularity, slice)) WITHOUT ROWID;
+CREATE TABLE bucket_clears (namespace TEXT NOT NULL, counter TEXT NOT NULL, clear_us INTEGER NOT NULL,
+    PRIMARY KEY (namespace, counter)) WITHOUT ROWID;
+PRAGMA user_version = 1;
+"""
+
+
+def test_sqlite_buckets_of_layout_1_are_ranked_after_the_upgrade(tmp_path: Path) -> None:
+    """A file written before rank lists (layout 1) is upgraded in place: its buckets rank at once, new writes too."""
+    from sinks import SqliteBucketStore
+
+    path = tmp_path / "buckets.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(_LAYOUT_1)
+    conn.executemany("INSERT INTO buckets VALUES ('ns', ?, 'minute', ?, ?, ?)",
+                     [("a", DAY0, 3, DAY0 + M), ("b country=BR", DAY0, 4, DAY0 + M), ("b", DAY0, 8, DAY0 + M)])
+    conn.commit()
+    conn.close()
+    bs = SqliteBucketStore(path)
+
+    async def body() -> None:
+        assert await bs.read_ranks_many("ns", [("", MINUTE, DAY0, None, 5), ("country=BR", MINUTE, DAY0, None, 5)]
+                                        ) == [[("b", 8), ("a", 3)], [("b", 4)]]
+        assert await bs.write_buckets("ns", [("a", MINUTE, DAY0, 9, DAY0 + 2 * M)]) == [True]
+        assert await bs.read_ranks_many("ns", [("", MINUTE, DAY0, None, 5)]) == [[("a", 9), ("b", 8)]]
+        await bs.close()
+    asyncio.run(body())
+    with sqlite3.connect(path) as check:
+        assert check.execute("PRAGMA user_version").fetchone() == (2,)
+    check.close()
+    again = SqliteBucketStore(path)  # opening an upgraded file changes nothing
+    assert asyncio.run(again.read_ranks_many("ns", [("", MINUTE, DAY0, None, 1)])) == [[("a", 9)]]
+    asyncio.run(again.close())
+
+
+def test_sqlite_rank_pages_seek_the_rank_index(tmp_path: Path) -> None:
+    """A page of a rank list is an index seek, wherever it starts: its cost does not grow with the list's length."""
+    from sinks import SqliteBucketStore
+    from sinks.sqlite.buckets import _RANKS_BELOW, _RANKS_FIRST, _RANKS_TIE
+
+    path = tmp_path / "buckets.sqlite3"
+    bs = SqliteBucketStore(path)
+    asyncio.run(bs.write_buckets("ns", [(f"c{i} country=BR", MINUTE, DAY0, i % 50, DAY0 + M) for i in range(5000)]))
+    asyncio.run(bs.close())
+    conn = sqlite3.connect(path)
+    try:
+        key = ("ns", "country=BR", "minute", DAY0)
+        for sql, args in ((_RANKS_FIRST, (*key, 10)), (_RANKS_TIE, (*key, 7, "c7 country=BR", 10)),
+                          (_RANKS_BELOW, (*key, 7, 10))):
+            plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
+            assert plan and all(line.startswith("SEARCH buckets USING INDEX bucket_ranks") for line in plan), plan
+            assert "TEMP B-TREE" not in " ".join(plan), plan  # no sort: the index's order
+        steps = []
+        for value in (49, 25, 1):  # deep pages cost what the first does
+            n = 0
+
+            def tick() -> int:
+                nonlocal n
+                n += 1
+                return 0
+            conn.set_progress_handler(tick, 10)
+            assert len(conn.execute(_RANKS_BELOW, (*key, value, 10)).fetchall()) == 10
+            steps.append(n)
+        assert max(steps) <= min(steps) + 5, steps
+    finally:
+        conn.close()
 
 
 def test_sqlite_partitioning_is_pinned_on_first_write(tmp_path: Path) -> None:

@@ -223,6 +223,37 @@ def test_window_statements_move_forward_by_the_boundary_as_write_timestamp():
         assert "ALLOW FILTERING" not in s.cql
 
 
+def test_rank_tables_partition_by_list_and_cluster_by_value_then_name():
+    stmts = schema_statements("ks", {"class": "SimpleStrategy", "replication_factor": 1})
+    ranks = stmts[1 + BASE_TABLES.index("window_ranks")]
+    assert "PRIMARY KEY ((namespace, signature, granularity, start_us), bucket_count, counter_name)" in ranks
+    assert "CLUSTERING ORDER BY (bucket_count DESC, counter_name ASC)" in ranks
+    lists = stmts[1 + BASE_TABLES.index("window_rank_lists")]
+    assert "PRIMARY KEY ((namespace, granularity, slice), signature, start_us)" in lists
+
+
+def test_rank_statements_are_stamped_with_the_boundary_and_page_by_slices():
+    add = W.rank_add("ns", "country=BR", "minute", 180, 7, "title", 1000, 600)
+    assert add.cql == ("INSERT INTO ks.window_ranks (namespace, signature, granularity, start_us, bucket_count, "
+                       "counter_name) VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?")
+    assert add.params == ("ns", "country=BR", "minute", 180, 7, "title", 1000, 600)
+    remove = W.rank_remove("ns", "", "hour", 0, 5, "t", 2000)
+    assert remove.cql.startswith("DELETE FROM ks.window_ranks USING TIMESTAMP ? WHERE ")
+    assert remove.cql.endswith("AND bucket_count = ? AND counter_name = ?")
+    assert remove.params == (2000, "ns", "", "hour", 0, 5, "t")
+    first = W.rank_first("ns", "", "day", 0, 10)
+    tie = W.rank_tie("ns", "", "day", 0, 5, "t", 10)
+    below = W.rank_below("ns", "", "day", 0, 5, 10)
+    assert first.cql.endswith("AND start_us = ? LIMIT ?")
+    assert tie.cql.endswith("AND bucket_count = ? AND counter_name > ? LIMIT ?")
+    assert below.cql.endswith("AND bucket_count < ? LIMIT ?")  # one clustering slice each, no multi-column relation
+    for s in (add, remove, first, tie, below, W.rank_drop("ns", "", "day", 0, 5),
+              W.rank_list_add("ns", "day", 0, "", 0, 0), W.rank_lists("ns", "day", 0),
+              W.rank_list_remove("ns", "day", 0, "", 0), W.rank_lists_forget("ns", "day", 0)):
+        assert markers(s.cql) == len(s.params) and " ks.window_rank" in s.cql and s.table is None
+        assert "ALLOW FILTERING" not in s.cql and "ORDER BY" not in s.cql
+
+
 @pytest.mark.parametrize(("retention", "expected"), [(None, 0), (0.0, 0), (3600.0, 3600 + 60 + 86_400 + 10),
                                                        (1e12, 630_720_000)])
 def test_bucket_ttl_outlives_retention_by_a_bucket_and_a_slice(retention, expected):

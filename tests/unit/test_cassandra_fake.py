@@ -76,6 +76,11 @@ class FakeCassandra:
         self.window_slices: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)  # slice -> ttl
         self.window_counters: dict[tuple, dict[str, int]] = defaultdict(dict)  # counter -> ttl
         self.clear_cells: dict[tuple[str, str], tuple[int, object]] = {}
+        # rank lists: partition -> (value, base) -> (write timestamp, ttl); row and partition tombstones
+        self.ranks: dict[tuple, dict[tuple[int, str], tuple[int, int]]] = defaultdict(dict)
+        self.rank_tombs: dict[tuple, dict[tuple[int, str], int]] = defaultdict(dict)
+        self.rank_partition_tombs: dict[tuple, int] = {}
+        self.rank_lists: dict[tuple[str, str, int], dict[tuple[str, int], int]] = defaultdict(dict)  # -> ttl
         # combination registry: (namespace, counter) -> combination -> is_full (None: never set)
         self.combos: dict[tuple[str, str], dict[str, bool | None]] = defaultdict(dict)
 
@@ -342,6 +347,55 @@ class FakeCassandra:
     def _wclears_get(self, stmt, ns, c):
         cell = self.clear_cells.get((ns, c))
         return [(cell[1],)] if cell else []
+
+    def _rank_live(self, pk: tuple) -> list[tuple[int, str]]:
+        """Live entries of a rank partition in clustering order (bucket_count DESC, counter_name ASC): a tombstone
+        shadows writes stamped at or before it."""
+        floor = self.rank_partition_tombs.get(pk, -(2**63))
+        tombs = self.rank_tombs[pk]
+        live = [key for key, (ts, _ttl) in self.ranks[pk].items() if ts > floor and ts > tombs.get(key, -(2**63))]
+        return sorted(live, key=lambda e: (-e[0], e[1].encode()))
+
+    def _wrank_add(self, stmt, ns, sig, g, start, value, base, ts, ttl):
+        assert isinstance(ttl, int) and ttl >= 0 and isinstance(value, int)
+        key = (value, base)
+        old = self.ranks[(ns, sig, g, start)].get(key)
+        if old is None or ts >= old[0]:
+            self.ranks[(ns, sig, g, start)][key] = (ts, ttl)
+
+    def _wrank_remove(self, stmt, ts, ns, sig, g, start, value, base):
+        tombs = self.rank_tombs[(ns, sig, g, start)]
+        tombs[(value, base)] = max(ts, tombs.get((value, base), -(2**63)))
+
+    def _wrank_drop(self, stmt, ts, ns, sig, g, start):
+        pk = (ns, sig, g, start)
+        self.rank_partition_tombs[pk] = max(ts, self.rank_partition_tombs.get(pk, -(2**63)))
+
+    def _wrank_first(self, stmt, ns, sig, g, start, limit):
+        assert limit > 0
+        return [(base, value) for value, base in self._rank_live((ns, sig, g, start))[:limit]]
+
+    def _wrank_tie(self, stmt, ns, sig, g, start, value, after, limit):
+        assert limit > 0
+        return [(b, v) for v, b in self._rank_live((ns, sig, g, start))
+                if v == value and b.encode() > after.encode()][:limit]
+
+    def _wrank_below(self, stmt, ns, sig, g, start, value, limit):
+        assert limit > 0
+        return [(b, v) for v, b in self._rank_live((ns, sig, g, start)) if v < value][:limit]
+
+    def _wranklists_add(self, stmt, ns, g, slice_no, sig, start, ttl):
+        assert start // _SLICE_US[g] == slice_no, "a rank list is listed in its own bucket slice"
+        self.rank_lists[(ns, g, slice_no)][(sig, start)] = ttl
+
+    def _wranklists_list(self, stmt, ns, g, slice_no):
+        return sorted(self.rank_lists[(ns, g, slice_no)], key=lambda e: (e[0].encode(), e[1]))
+
+    def _wranklists_remove(self, stmt, ns, g, slice_no, sig, start):
+        self.rank_lists[(ns, g, slice_no)].pop((sig, start), None)
+
+    def _wranklists_forget(self, stmt, ns, g, slice_no):
+        self.rank_lists.pop((ns, g, slice_no), None)
 
     # -- combination registry ops ---------------------------------------------------------------
 
@@ -713,6 +767,101 @@ def test_wide_reads_use_the_slice_catalog_narrow_reads_do_not():
     assert [s.op for s in fake.log] == ["wbucket.range", "wbucket.range"]
 
 
+def _ranks(store, sig, g, start, ns="ns"):
+    return asyncio.run(store.read_ranks_many(ns, [(sig, g, start, None, 100)]))[0]
+
+
+def test_rank_entries_are_written_before_their_bucket_and_replaced_entries_deleted_after():
+    fake = FakeCassandra()
+    buckets = fake_bucket_store(fake)
+    t = DAY0 + 5 * M
+    asyncio.run(buckets.write_buckets("ns", [("c country=BR", MINUTE, t, 4, t + 1)]))
+    ops = [s.op for s in fake.log]
+    assert ops.index("wranklists.add") < ops.index("wrank.add") < ops.index("wbucket.write")
+    assert "wrank.remove" not in ops  # nothing replaced
+    fake.log.clear()
+    asyncio.run(buckets.write_buckets("ns", [("c country=BR", MINUTE, t, 6, t + 2), ("d", MINUTE, t, 1, t + 2)]))
+    ops = [s.op for s in fake.log if s.op.startswith(("wrank.", "wbucket."))]
+    assert ops == ["wbucket.range", "wbucket.range", "wrank.add", "wrank.add", "wbucket.write", "wbucket.write",
+                   "wbucket.range", "wbucket.range", "wrank.remove"], ops
+    remove = next(s for s in fake.log if s.op == "wrank.remove")
+    assert remove.params == (t + 2, "ns", "country=BR", "minute", t, 4, "c")  # the old value, stamped with the new
+    listed = [s.params for s in fake.log if s.op == "wranklists.add"]
+    assert listed == [("ns", "minute", t // (86400 * S), "", t, 0)]  # d's list is new; c's was listed once
+    assert _ranks(buckets, "country=BR", MINUTE, t) == [("c", 6)] and _ranks(buckets, "", MINUTE, t) == [("d", 1)]
+    ttls = {s.params[-1] if s.op == "wrank.add" else s.params[1] for s in fake.log
+            if s.op in ("wrank.add", "wbucket.write")}
+    assert ttls == {0}  # no retention: no TTL
+
+
+def test_rank_entries_live_as_long_as_their_buckets():
+    fake = FakeCassandra()
+    buckets = fake_bucket_store(fake, retention_for=lambda ns, g: 3600.0, ttl_grace_s=100)
+    t = DAY0 + 5 * M
+    asyncio.run(buckets.write_buckets("ns", [("c country=BR", MINUTE, t, 4, t + 1), ("c", HOUR, DAY0, 4, t + 1)]))
+    for g in ("minute", "hour"):
+        bucket = {s.params[1] for s in fake.log if s.op == "wbucket.write" and s.params[6] == g}
+        entry = {s.params[-1] for s in fake.log if s.op == "wrank.add" and s.params[2] == g}
+        listed = {s.params[-1] for s in fake.log if s.op == "wranklists.add" and s.params[1] == g}
+        assert len(bucket) == 1 and bucket == entry == listed and bucket != {0}, g
+
+
+def test_a_crash_between_the_steps_leaves_every_bucket_its_entry():
+    """Entries are inserted before their buckets and removed after: a failure anywhere leaves at worst a stale
+    entry next to the stored bucket's, and the next write of the bucket removes it."""
+    fake = FakeCassandra()
+    buckets = fake_bucket_store(fake)
+    t = DAY0 + 5 * M
+    asyncio.run(buckets.write_buckets("ns", [("c", MINUTE, t, 4, t + 1)]))
+    for failing, upto in (("wbucket.write", t + 2), ("wrank.remove", t + 3)):
+        fake.fail_next[failing] = 1
+        with pytest.raises(TimeoutError):
+            asyncio.run(buckets.write_buckets("ns", [("c", MINUTE, t, 9, upto)]))
+        [[(_, stored, _)]] = asyncio.run(buckets.read_buckets_many("ns", [("c", MINUTE, t, t + 1)]))
+        assert ("c", stored) in _ranks(buckets, "", MINUTE, t), failing
+    assert _ranks(buckets, "", MINUTE, t) == [("c", 9), ("c", 4)]  # the bucket holds 9; 4 is stale
+    asyncio.run(buckets.write_buckets("ns", [("c", MINUTE, t, 9, t + 4)]))  # the next rollup step
+    assert _ranks(buckets, "", MINUTE, t) == [("c", 9), ("c", 4)]  # same value: nothing to replace...
+    asyncio.run(buckets.write_buckets("ns", [("c", MINUTE, t, 2, t + 5)]))
+    assert _ranks(buckets, "", MINUTE, t) == [("c", 4), ("c", 2)]  # ...the old entry 4 stays stale until then
+
+
+def test_racing_writers_leave_the_winning_value_ranked():
+    fake = FakeCassandra()
+    stores = [fake_bucket_store(fake) for _ in range(3)]
+    t = DAY0 + 5 * M
+    asyncio.run(stores[0].write_buckets("ns", [("c", MINUTE, t, 1, t + 1)]))
+
+    async def race() -> None:
+        await asyncio.gather(*(store.write_buckets("ns", [("c", MINUTE, t, b * 10, t + b)])
+                               for store, b in zip(stores * 2, (5, 9, 7, 3, 8, 6), strict=True)))
+    asyncio.run(race())
+    [[(_, value, upto)]] = asyncio.run(stores[1].read_buckets_many("ns", [("c", MINUTE, t, t + 1)]))
+    assert (value, upto) == (90, t + 9)
+    entries = _ranks(stores[2], "", MINUTE, t)
+    assert ("c", 90) in entries and ("c", 10) not in entries and entries == sorted(entries, key=lambda e: -e[1])
+
+
+def test_retention_drops_the_rank_partitions_a_slice_lists():
+    fake = FakeCassandra()
+    buckets = fake_bucket_store(fake)
+    rows = [(c, MINUTE, DAY0 + k * 60 * M, 1, DAY0 + k * 60 * M + 1) for c in ("a", "a country=BR", "b device=tv")
+            for k in range(-48, 24)]
+    asyncio.run(buckets.write_buckets("ns", rows))
+    fake.log.clear()
+    assert asyncio.run(buckets.drop_expired("ns", MINUTE, DAY0)) == 2
+    ops = [s.op for s in fake.log]
+    assert ops.count("wrank.drop") == 3 * 48 and ops.count("wranklists.forget") == 2  # three signatures
+    fake.log.clear()
+    asyncio.run(buckets.drop_expired("ns", MINUTE, DAY0 + 3 * 3600 * S))
+    assert [s.op for s in fake.log].count("wrank.drop") == 3 * 3  # the cut slice: its expired lists only
+    assert [s.op for s in fake.log].count("wranklists.remove") == 3 * 3
+    assert sum(len(v) for v in fake.rank_lists.values()) == 3 * 21
+    for k in (-48, -1, 0, 2):
+        assert _ranks(buckets, "country=BR", MINUTE, DAY0 + k * 60 * M) == []
+    assert _ranks(buckets, "country=BR", MINUTE, DAY0 + 3 * 60 * M) == [("a", 1)]
+
+
 def test_bucket_maintenance_on_cassandra_matches_sqlite(tmp_path):
     """agents.windows over the Cassandra stores builds the same buckets as over SQLite, step by step."""
     import random
@@ -743,6 +892,9 @@ def test_bucket_maintenance_on_cassandra_matches_sqlite(tmp_path):
             ranges = [(c, g, 0, 2**62) for c in "ab" for g in Granularity]
             found = await s_buckets.read_buckets_many("ns", ranges)
             assert await c_buckets.read_buckets_many("ns", ranges) == found and all(found)
+            lists = sorted({("", g, start, None, 10) for (_c, g, _lo, _hi), rows in zip(ranges, found, strict=True)
+                            for start, _v, _u in rows})
+            assert await c_buckets.read_ranks_many("ns", lists) == await s_buckets.read_ranks_many("ns", lists)
             assert await c_buckets.clears("ns", ["a", "b"]) == await s_buckets.clears("ns", ["a", "b"])
             previous = boundary
         for store in (c_events, c_buckets, s_events, s_buckets):
