@@ -9,6 +9,8 @@ Time windows (not in the post) go in ``COUNTER_ROLLUP.config.windows``, in the f
 ``{granularities: [...], retention: {...}}``, or next to ``persistence_configuration`` as ``windows``.
 Dimensions (not in the post either) likewise: ``COUNTER_ROLLUP.config.dimensions`` as
 ``{keys: [country, device], max_combinations: 1000}``, or ``dimensions`` next to ``persistence_configuration``.
+So are ``aggregation`` (SUM or UNIQUE) and ``unique: {lg_k}``: ``COUNTER_ROLLUP.config.aggregation`` and
+``COUNTER_ROLLUP.config.unique``, or next to ``persistence_configuration``.
 
 ``physical_storage`` (EVCACHE/CASSANDRA clusters) is informational: which backends serve a
 namespace is decided by the service-wide COUNTER_STORE / COUNTER_CACHE, or by explicit ``store`` /
@@ -117,13 +119,18 @@ class _Reader:
         if "config" not in entry:
             raise self.fail(f"{where}.config", "is required (it declares counter_type)")
         config = self.mapping(entry["config"], f"{where}.config",
-                              ("counter_type", "windows", "dimensions", *_TYPE_CONFIGS))
+                              ("counter_type", "windows", "dimensions", "aggregation", "unique",
+                               *_TYPE_CONFIGS))
         if "windows" in config:  # not in the post: our time-windowed counts, kept by the rollup agents
             self.out.update(flatten_windows(config["windows"], namespace=self.namespace,
                                             where=f"{where}.config.windows"))
         if "dimensions" in config:  # not in the post: counts sliced by declared dimensions
             self._section("dimensions", config["dimensions"], f"{where}.config.dimensions",
                           ("keys", "max_combinations"))
+        if "aggregation" in config:  # not in the post: SUM (default) or UNIQUE (distinct items, HLL sketches)
+            self.put("aggregation", config["aggregation"], f"{where}.config.aggregation")
+        if "unique" in config:
+            self._section("unique", config["unique"], f"{where}.config.unique", ("lg_k",))
         if "counter_type" not in config:
             raise self.fail(
                 f"{where}.config.counter_type", "is required; must be one of BEST_EFFORT, EVENTUAL, ACCURATE"

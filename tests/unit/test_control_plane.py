@@ -517,7 +517,7 @@ def test_shipped_example() -> None:
     assert path.is_file()
     assert path.parent.parent == Path(__file__).resolve().parents[2] / "control_plane"
     registry = load_namespaces(path)
-    assert set(registry) == {"my_dataset", "my_dataset_accurate", "my_dataset_best_effort", "plays"}
+    assert set(registry) == {"my_dataset", "my_dataset_accurate", "my_dataset_best_effort", "plays", "visitors"}
     assert registry["plays"].dimensions == DimensionConfig(("country", "device"), 1000)
     assert not registry["my_dataset"].dimensions
     assert registry["my_dataset"].counter_type is CounterType.EVENTUAL
