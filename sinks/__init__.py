@@ -1,5 +1,5 @@
-"""Storage: the TimeSeries event store, the rollup store, the time-bucket store, the rollup cache and BEST_EFFORT
-counters.
+"""Storage: the TimeSeries event store, the rollup store, the time-bucket store, the sketch store (unique counts),
+the rollup cache and BEST_EFFORT counters.
 
 The interfaces live here at the top (`base`, `cache`, `best_effort`, `model`, `windows`); each backend is a
 subpackage: `sqlite/` (embedded default), `cassandra/` (production), `memcached/` and `memory/` (caches and
@@ -7,13 +7,22 @@ counters).
 Everything time-like is epoch microseconds.
 """
 
-from sinks.base import BucketStore, EventStore, RollupStore, ScanCursor, Stores
+from sinks.base import BucketStore, EventStore, RollupStore, ScanCursor, SketchStore, Stores
 from sinks.cache import RollupCache, open_cache
-from sinks.factory import BUCKETS_FILE, EVENTS_FILE, ROLLUPS_FILE, open_namespace_stores, open_stores
+from sinks.factory import (
+    BUCKETS_FILE,
+    EVENTS_FILE,
+    ROLLUPS_FILE,
+    SKETCHES_FILE,
+    open_namespace_sketch_store,
+    open_namespace_stores,
+    open_sketch_store,
+    open_stores,
+)
 from sinks.memcached.rollup_cache import MemcachedRollupCache, cache_key
 from sinks.memory.rollup_cache import InProcessRollupCache
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, RollupState, apply_aggregate
-from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore
+from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore, SqliteSketchStore
 from sinks.windows import Granularity
 
 __all__ = [
@@ -21,6 +30,7 @@ __all__ = [
     "EMPTY_AGGREGATE",
     "EVENTS_FILE",
     "ROLLUPS_FILE",
+    "SKETCHES_FILE",
     "Aggregate",
     "BucketStore",
     "EventRow",
@@ -33,13 +43,17 @@ __all__ = [
     "RollupState",
     "RollupStore",
     "ScanCursor",
+    "SketchStore",
     "SqliteBucketStore",
     "SqliteEventStore",
     "SqliteRollupStore",
+    "SqliteSketchStore",
     "Stores",
     "apply_aggregate",
     "cache_key",
     "open_cache",
+    "open_namespace_sketch_store",
     "open_namespace_stores",
+    "open_sketch_store",
     "open_stores",
 ]

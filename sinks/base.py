@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from sinks.model import Aggregate, EventRow, RollupState
+from sinks.sketches import BucketItems, SketchRow, StoredSketch
 from sinks.windows import BucketRange, BucketRow, BucketSum, Granularity, RankEntry, RankPage, StoredBucket
 
-__all__ = ["BucketStore", "EventStore", "RollupStore", "ScanCursor", "Stores"]
+__all__ = ["BucketStore", "EventStore", "RollupStore", "ScanCursor", "SketchStore", "Stores"]
 
 # Position of the last event returned by ``scan``: (event_time, event_id, event_item_key).
 ScanCursor = tuple[int, str, str]
@@ -45,6 +46,16 @@ class EventStore(Protocol):
         holding events with ``after_us < event_time <= upto_us``, ascending, as ``(bucket_start_us, sum of the
         adds strictly after the latest clear inside the bucket, that clear's time or None, events)``, where
         events counts every event of the bucket within the range. A rollup batch's minutes in one call."""
+        ...
+
+    async def bucket_items_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
+                                width_us: int) -> list[list[BucketItems]]:
+        """As ``bucket_sums_many``, with the items instead of the sum: per ``(counter, after_us, upto_us)``, in
+        order, the buckets of ``width_us`` holding events with ``after_us < event_time <= upto_us``, ascending, as
+        ``(bucket_start_us, the distinct event_item_keys of the adds strictly after the latest clear inside the
+        bucket, that clear's time or None, events)``; an empty item key is no item. In a UNIQUE namespace an
+        event's item key is its item, so this is what the minutes' sketches are made of (``sinks.sketches``). A
+        rollup batch's minutes in one call."""
         ...
 
     async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
@@ -192,6 +203,35 @@ class BucketStore(Protocol):
         list entries, never a newer bucket, another granularity or namespace, a clear or a rollup. Returns how
         many storage slices (``Granularity.slice_us``) it emptied entirely; pass a slice-aligned ``before_us`` to
         drop whole partitions only (cheapest on Cassandra)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SketchStore(Protocol):
+    """HLL sketches of unique counts, one per (counter, granularity, bucket) of a UNIQUE namespace (DESIGN
+    invariant 7; ``sinks.sketches``), opened beside the bucket store (``sinks.factory.open_sketch_store``).
+
+    A sketch is always written as recomputed at a rollup boundary (``computed_upto_us``), forward-only per bucket
+    like the buckets: a re-run, replay or recount recomputes the same union, so it never moves an estimate.
+    Clears are applied when reading, with the bucket store's clears (``sinks.windows.is_masked``).
+    """
+
+    async def write_sketches(self, namespace: str, rows: Sequence[SketchRow]) -> list[bool]:
+        """Forward-only per bucket: a row replaces the stored sketch only if its ``computed_upto_us`` is strictly
+        later (or nothing is stored). Returns, per row in order, whether it was applied."""
+        ...
+
+    async def read_sketches_many(self, namespace: str, ranges: Sequence[BucketRange]) -> list[list[StoredSketch]]:
+        """Per ``(counter, granularity, from_start_us, to_start_us)``, in order: the stored sketches whose start
+        lies in ``[from, to)``, ascending by start, unmasked. A batch of ranges in one call."""
+        ...
+
+    async def drop_expired(self, namespace: str, granularity: Granularity, before_us: int) -> int:
+        """Retention, as ``BucketStore.drop_expired``: remove the namespace's ``granularity`` sketches whose end is
+        ``<= before_us``, never a newer one, another granularity or namespace. Returns how many storage slices
+        (``Granularity.slice_us``) it emptied entirely."""
         ...
 
     async def close(self) -> None: ...

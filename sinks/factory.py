@@ -6,16 +6,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sinks.base import Stores
+from sinks.base import BucketStore, SketchStore, Stores
 from sinks.model import Partitioning
-from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore
+from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore, SqliteSketchStore
 from sinks.windows import Granularity
 
-__all__ = ["BUCKETS_FILE", "EVENTS_FILE", "ROLLUPS_FILE", "Stores", "open_namespace_stores", "open_stores"]
+__all__ = ["BUCKETS_FILE", "EVENTS_FILE", "ROLLUPS_FILE", "SKETCHES_FILE", "Stores", "open_namespace_sketch_store",
+           "open_namespace_stores", "open_sketch_store", "open_stores"]
 
 EVENTS_FILE = "events.sqlite3"
 ROLLUPS_FILE = "rollups.sqlite3"
 BUCKETS_FILE = "buckets.sqlite3"
+SKETCHES_FILE = "sketches.sqlite3"
 
 
 def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str], Partitioning], *,
@@ -69,3 +71,29 @@ def open_namespace_stores(store_url: str, data_dir: Path, registry: Mapping[str,
 
     return open_stores(store_url, data_dir, partitioning_for, delete_after_for=delete_after_for,
                        retention_for=retention_for)
+
+
+def open_sketch_store(buckets: BucketStore, *,
+                      retention_for: Callable[[str, Granularity], float | None] | None = None) -> SketchStore:
+    """The sketch store of unique counts beside an opened bucket store, on the same backend: ``sketches.sqlite3``
+    in the bucket file's directory, or the Cassandra bucket store's session (closing the sketch store releases
+    its reference). ``retention_for`` sets the Cassandra TTL backstop, as for buckets."""
+    if isinstance(buckets, SqliteBucketStore):
+        return SqliteSketchStore(buckets.path.with_name(SKETCHES_FILE))
+    from sinks.cassandra.buckets import CassandraBucketStore  # the driver loads only when used
+    from sinks.cassandra.sketches import CassandraSketchStore
+
+    if isinstance(buckets, CassandraBucketStore):
+        return CassandraSketchStore.beside(buckets, retention_for=retention_for)
+    raise TypeError(f"no sketch store beside a {type(buckets).__name__}")
+
+
+def open_namespace_sketch_store(buckets: BucketStore, registry: Mapping[str, Any]) -> SketchStore:
+    """`open_sketch_store` with each namespace's retention taken from the control plane."""
+    def retention_for(namespace: str, granularity: Granularity) -> float | None:
+        ns = registry.get(namespace)
+        if ns is None or not ns.windows.enabled(granularity):
+            return None
+        return ns.windows.retention_s(granularity)
+
+    return open_sketch_store(buckets, retention_for=retention_for)

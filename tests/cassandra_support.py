@@ -127,3 +127,29 @@ def contract_stores(partitioning_for: Callable[[str], Partitioning]
                 await buckets.drop_expired(namespace, g, 2**62)
         with contextlib.suppress(Exception):
             asyncio.run(cleanup())
+
+
+@contextlib.contextmanager
+def contract_sketch_stores(partitioning_for: Callable[[str], Partitioning]
+                           ) -> Iterator[tuple[object, object, str]]:
+    """(event store, sketch store, fresh namespace) on the shared contract keyspace, for the sketch contract
+    (tests/integration/test_sketch_contract.py)."""
+    from sinks.cassandra.events import CassandraEventStore
+    from sinks.cassandra.sketches import CassandraSketchStore
+    from sinks.windows import CHAIN
+
+    session = _session()
+    for _ in range(2):  # the stores' close() release these; the session lives until exit
+        session.acquire()
+    events = CassandraEventStore(session, partitioning_for, table_ids=session.config.table_ids)
+    sketches = CassandraSketchStore(session)
+    namespace = f"ns_{uuid.uuid4().hex[:8]}"
+    try:
+        yield events, sketches, namespace
+    finally:
+        async def cleanup() -> None:
+            await events.drop_namespace(namespace)
+            for g in CHAIN:
+                await sketches.drop_expired(namespace, g, 2**62)
+        with contextlib.suppress(Exception):
+            asyncio.run(cleanup())

@@ -33,6 +33,10 @@ Data model (keyspace ``ks``)::
     window_rank_lists ((namespace, granularity, slice), signature, start_us)  which rank lists exist (retention)
     counter_combinations ((namespace, counter_name), combination)  is_full: the dimension combinations of a base
                       counter (schemas.dimensions), in name order; is_full marks a write's whole set of dimensions
+    window_sketches   ((namespace, counter_name, granularity, slice), start_us)   sketch, computed_upto
+                      the HLL sketches of a UNIQUE namespace's buckets (sinks.sketches), partitioned as buckets
+    sketch_slices     ((namespace, granularity), slice)      which sketch slices exist (retention)
+    sketch_counters   ((namespace, granularity, slice, shard), counter_name)  the counters of a sketch slice
 
 The column is ``counter_name`` (the API's field name), not ``counter``: COUNTER is a CQL type keyword.
 """
@@ -55,6 +59,7 @@ __all__ = [
     "EventCql",
     "Part",
     "RollupCql",
+    "SketchCql",
     "Stmt",
     "WindowCql",
     "bucket_slices",
@@ -76,7 +81,8 @@ _US = 1_000_000
 
 BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "event_counters", "rollups", "rollup_pending",
                "rollup_bounds", "watermarks", "window_buckets", "window_slices", "window_counters",
-               "window_clears", "window_ranks", "window_rank_lists", "counter_combinations")
+               "window_clears", "window_ranks", "window_rank_lists", "counter_combinations", "window_sketches",
+               "sketch_slices", "sketch_counters")
 COUNTER_SHARDS = 16  # partitions per namespace of the event_counters registry (fixed: part of the key)
 
 
@@ -250,6 +256,30 @@ def _base_tables(ks: str) -> list[str]:
     is_full boolean,
     PRIMARY KEY ((namespace, counter_name), combination)
 ) WITH CLUSTERING ORDER BY (combination ASC)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.window_sketches (
+    namespace text,
+    counter_name text,
+    granularity text,
+    slice bigint,
+    start_us bigint,
+    sketch blob,
+    computed_upto bigint,
+    PRIMARY KEY ((namespace, counter_name, granularity, slice), start_us)
+) WITH CLUSTERING ORDER BY (start_us ASC) AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.sketch_slices (
+    namespace text,
+    granularity text,
+    slice bigint,
+    PRIMARY KEY ((namespace, granularity), slice)
+) WITH CLUSTERING ORDER BY (slice ASC)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.sketch_counters (
+    namespace text,
+    granularity text,
+    slice bigint,
+    shard int,
+    counter_name text,
+    PRIMARY KEY ((namespace, granularity, slice, shard), counter_name)
+) WITH CLUSTERING ORDER BY (counter_name ASC)""",
     ]
 
 
@@ -714,3 +744,74 @@ class WindowCql:
     def rank_lists_forget(self, namespace: str, granularity: str, slice_no: int) -> Stmt:
         return Stmt("wranklists.forget", f"DELETE FROM {self.ks}.window_rank_lists WHERE {_BUCKET_SLICE}",
                     (namespace, granularity, slice_no))
+
+
+# -- sketch store statements ------------------------------------------------------------------------
+
+
+class SketchCql:
+    """Statements of the sketch store (unique counts), laid out and stamped as the bucket store's: a sketch is
+    written ``USING TIMESTAMP`` = the boundary it was computed at (forward-only by last-write-wins) and ``USING TTL``
+    = its granularity's retention backstop (0: none); ``sketch_slices`` and ``sketch_counters`` say which
+    partitions exist, for retention."""
+
+    def __init__(self, keyspace: str) -> None:
+        self.ks = keyspace
+
+    def write(self, namespace: str, counter: str, granularity: str, slice_no: int, start_us: int, sketch: bytes,
+              computed_upto_us: int, ttl_s: int) -> Stmt:
+        return Stmt("wsketch.write", f"UPDATE {self.ks}.window_sketches USING TIMESTAMP ? AND TTL ? "
+                    f"SET sketch = ?, computed_upto = ? WHERE {_BUCKET_PK} AND start_us = ?",
+                    (computed_upto_us, ttl_s, sketch, computed_upto_us, namespace, counter, granularity, slice_no,
+                     start_us))
+
+    def range(self, namespace: str, counter: str, granularity: str, slice_no: int, from_us: int,
+              to_us: int) -> Stmt:
+        """Sketches of one partition whose start lies in ``[from_us, to_us)``, ascending."""
+        return Stmt("wsketch.range", f"SELECT start_us, sketch, computed_upto FROM {self.ks}.window_sketches "
+                    f"WHERE {_BUCKET_PK} AND start_us >= ? AND start_us < ?",
+                    (namespace, counter, granularity, slice_no, from_us, to_us))
+
+    def marks(self, namespace: str, counter: str, granularity: str, slice_no: int, from_us: int,
+              to_us: int) -> Stmt:
+        """As ``range`` without the blobs: the boundaries the stored sketches were computed at."""
+        return Stmt("wsketch.marks", f"SELECT start_us, computed_upto FROM {self.ks}.window_sketches "
+                    f"WHERE {_BUCKET_PK} AND start_us >= ? AND start_us < ?",
+                    (namespace, counter, granularity, slice_no, from_us, to_us))
+
+    def drop_partition(self, namespace: str, counter: str, granularity: str, slice_no: int,
+                       timestamp: int) -> Stmt:
+        return Stmt("wsketch.drop", f"DELETE FROM {self.ks}.window_sketches USING TIMESTAMP ? WHERE {_BUCKET_PK}",
+                    (timestamp, namespace, counter, granularity, slice_no))
+
+    def drop_through(self, namespace: str, counter: str, granularity: str, slice_no: int, last_start_us: int,
+                     timestamp: int) -> Stmt:
+        """Range delete of a partition's sketches starting at or before ``last_start_us``."""
+        return Stmt("wsketch.drop_through", f"DELETE FROM {self.ks}.window_sketches USING TIMESTAMP ? "
+                    f"WHERE {_BUCKET_PK} AND start_us <= ?",
+                    (timestamp, namespace, counter, granularity, slice_no, last_start_us))
+
+    def add_slice(self, namespace: str, granularity: str, slice_no: int, ttl_s: int) -> Stmt:
+        return Stmt("sslices.add", f"INSERT INTO {self.ks}.sketch_slices (namespace, granularity, slice) "
+                    "VALUES (?, ?, ?) USING TTL ?", (namespace, granularity, slice_no, ttl_s))
+
+    def list_slices(self, namespace: str, granularity: str) -> Stmt:
+        return Stmt("sslices.list", f"SELECT slice FROM {self.ks}.sketch_slices WHERE namespace = ? "
+                    "AND granularity = ?", (namespace, granularity))
+
+    def remove_slice(self, namespace: str, granularity: str, slice_no: int) -> Stmt:
+        return Stmt("sslices.remove", f"DELETE FROM {self.ks}.sketch_slices WHERE {_BUCKET_SLICE}",
+                    (namespace, granularity, slice_no))
+
+    def register(self, namespace: str, granularity: str, slice_no: int, counter: str, ttl_s: int) -> Stmt:
+        return Stmt("scounters.add", f"INSERT INTO {self.ks}.sketch_counters (namespace, granularity, slice, shard, "
+                    "counter_name) VALUES (?, ?, ?, ?, ?) USING TTL ?",
+                    (namespace, granularity, slice_no, counter_shard(counter), counter, ttl_s))
+
+    def registered(self, namespace: str, granularity: str, slice_no: int, shard: int) -> Stmt:
+        return Stmt("scounters.list", f"SELECT counter_name FROM {self.ks}.sketch_counters "
+                    f"WHERE {_BUCKET_SLICE} AND shard = ?", (namespace, granularity, slice_no, shard))
+
+    def forget(self, namespace: str, granularity: str, slice_no: int, shard: int) -> Stmt:
+        return Stmt("scounters.forget", f"DELETE FROM {self.ks}.sketch_counters WHERE {_BUCKET_SLICE} AND shard = ?",
+                    (namespace, granularity, slice_no, shard))

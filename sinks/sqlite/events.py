@@ -36,6 +36,7 @@ import xxhash
 
 from sinks.base import ScanCursor
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
+from sinks.sketches import BucketItems, bucket_items_of, combine_items
 from sinks.sqlite.thread import SqliteThread
 from sinks.windows import BucketSum, combine_sums
 
@@ -95,6 +96,14 @@ c AS (SELECT b, MAX(event_time) AS lc FROM e WHERE is_clear = 1 GROUP BY b)
 SELECT e.b, COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (c.lc IS NULL OR e.event_time > c.lc) THEN e.delta END), 0),
        c.lc, COUNT(*)
 FROM e LEFT JOIN c ON c.b = e.b GROUP BY e.b ORDER BY e.b
+"""
+
+# The items of a range (UNIQUE namespaces), by the same primary-key range scan; grouped per bucket in Python.
+# Parameters: namespace, counter, after_us, upto_us, time_bucket(after_us), time_bucket(upto_us).
+_BUCKET_ITEMS = """
+SELECT event_time, event_item_key, is_clear FROM "{t}"
+WHERE namespace = ?1 AND counter = ?2 AND (time_bucket, event_time) > (?5, ?3)
+  AND (time_bucket, event_time) <= (?6, ?4)
 """
 
 _COLUMNS = "namespace, counter, event_time, event_id, event_item_key, delta, is_clear"
@@ -184,6 +193,17 @@ class SqliteEventStore:
                                width_us: int) -> list[list[BucketSum]]:
         def read_all(conn: sqlite3.Connection) -> list[list[BucketSum]]:
             return [self._bucket_sums(conn, namespace, counter, after, upto, width_us) if upto > after else []
+                    for counter, after, upto in windows]
+        if width_us <= 0:
+            raise ValueError(f"bucket width must be positive (got {width_us})")
+        if not windows:
+            return []
+        return await self._db.run(self._read, read_all)
+
+    async def bucket_items_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
+                                width_us: int) -> list[list[BucketItems]]:
+        def read_all(conn: sqlite3.Connection) -> list[list[BucketItems]]:
+            return [self._bucket_items(conn, namespace, counter, after, upto, width_us) if upto > after else []
                     for counter, after, upto in windows]
         if width_us <= 0:
             raise ValueError(f"bucket width must be positive (got {width_us})")
@@ -386,6 +406,17 @@ class SqliteEventStore:
             for row in conn.execute(_BUCKET_SUMS.format(t=s.table), args):
                 part: BucketSum = (row[0], row[1], row[2], row[3])
                 out.append(combine_sums(out.pop(), part) if out and out[-1][0] == part[0] else part)
+        return out
+
+    def _bucket_items(self, conn: sqlite3.Connection, namespace: str, counter: str, after_us: int, upto_us: int,
+                      width_us: int) -> list[BucketItems]:
+        """Oldest slice first; a bucket straddling two slices is combined from its parts (as ``_bucket_sums``)."""
+        out: list[BucketItems] = []
+        for s in self._overlapping(conn, namespace, after_us, upto_us):
+            args = (namespace, counter, after_us, upto_us, s.bucket(after_us), s.bucket(upto_us))
+            for part in bucket_items_of(((t, key, bool(clear)) for t, key, clear
+                                         in conn.execute(_BUCKET_ITEMS.format(t=s.table), args)), width_us):
+                out.append(combine_items(out.pop(), part) if out and out[-1][0] == part[0] else part)
         return out
 
     def _scan(self, conn: sqlite3.Connection, namespace: str, counter: str, after_us: int, upto_us: int,

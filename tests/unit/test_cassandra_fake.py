@@ -83,6 +83,11 @@ class FakeCassandra:
         self.rank_lists: dict[tuple[str, str, int], dict[tuple[str, int], int]] = defaultdict(dict)  # -> ttl
         # combination registry: (namespace, counter) -> combination -> is_full (None: never set)
         self.combos: dict[tuple[str, str], dict[str, bool | None]] = defaultdict(dict)
+        # sketch store: partition -> start_us -> (timestamp, (sketch, computed_upto), ttl), tombstones as buckets'
+        self.sketches: dict[tuple, dict[int, tuple[int, tuple[bytes, int], int]]] = defaultdict(dict)
+        self.sketch_tombs: dict[tuple, list[tuple[int | None, int]]] = defaultdict(list)
+        self.sketch_slices: dict[tuple[str, str], dict[int, int]] = defaultdict(dict)  # slice -> ttl
+        self.sketch_counters: dict[tuple, dict[str, int]] = defaultdict(dict)  # counter -> ttl
 
     # -- Executor protocol ----------------------------------------------------------------------
 
@@ -421,6 +426,53 @@ class FakeCassandra:
 
     _combos_page_from = _combos_page_after = _combos_page_below = _combos_page
     _combos_page_from_below = _combos_page_after_below = _combos_page
+
+    # -- sketch store ops -----------------------------------------------------------------------
+
+    def _sketch_live(self, pk: tuple, start: int, ts: int) -> bool:
+        return not any(ts <= tomb_ts and (last is None or start <= last) for last, tomb_ts in self.sketch_tombs[pk])
+
+    def _wsketch_write(self, stmt, ts, ttl, sketch, upto, ns, c, g, slice_no, start):
+        assert ts == upto and isinstance(ttl, int) and ttl >= 0 and isinstance(sketch, bytes)
+        assert start // _SLICE_US[g] == slice_no, "a sketch must be written in its own slice's partition"
+        rows = self.sketches[(ns, c, g, slice_no)]
+        if _wins((ts, (sketch, upto)), rows[start][:2] if start in rows else None):
+            rows[start] = (ts, (sketch, upto), ttl)
+
+    def _sketch_rows(self, ns, c, g, slice_no, lo, hi):
+        pk = (ns, c, g, slice_no)
+        return [(start, *value) for start, (ts, value, _ttl) in sorted(self.sketches[pk].items())
+                if lo <= start < hi and self._sketch_live(pk, start, ts)]
+
+    def _wsketch_range(self, stmt, ns, c, g, slice_no, lo, hi):
+        return self._sketch_rows(ns, c, g, slice_no, lo, hi)
+
+    def _wsketch_marks(self, stmt, ns, c, g, slice_no, lo, hi):
+        return [(start, upto) for start, _sketch, upto in self._sketch_rows(ns, c, g, slice_no, lo, hi)]
+
+    def _wsketch_drop(self, stmt, ts, ns, c, g, slice_no):
+        self.sketch_tombs[(ns, c, g, slice_no)].append((None, ts))
+
+    def _wsketch_drop_through(self, stmt, ts, ns, c, g, slice_no, last_start):
+        self.sketch_tombs[(ns, c, g, slice_no)].append((last_start, ts))
+
+    def _sslices_add(self, stmt, ns, g, slice_no, ttl):
+        self.sketch_slices[(ns, g)][slice_no] = ttl
+
+    def _sslices_list(self, stmt, ns, g):
+        return [(s,) for s in sorted(self.sketch_slices[(ns, g)])]
+
+    def _sslices_remove(self, stmt, ns, g, slice_no):
+        self.sketch_slices[(ns, g)].pop(slice_no, None)
+
+    def _scounters_add(self, stmt, ns, g, slice_no, shard, c, ttl):
+        self.sketch_counters[(ns, g, slice_no, shard)][c] = ttl
+
+    def _scounters_list(self, stmt, ns, g, slice_no, shard):
+        return [(c,) for c in sorted(self.sketch_counters[(ns, g, slice_no, shard)])]
+
+    def _scounters_forget(self, stmt, ns, g, slice_no, shard):
+        self.sketch_counters.pop((ns, g, slice_no, shard), None)
 
 
 _SLICE_US = {g.value: g.slice_us for g in Granularity}
