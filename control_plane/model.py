@@ -253,6 +253,9 @@ class Namespace:
     api_keys: tuple[ApiKey, ...] = ()
     windows: Windows = NO_WINDOWS
     dimensions: DimensionConfig = NO_DIMENSIONS
+    # Kafka keys one counter's writes are spread over (schemas.shard_key): a hot counter does not pin one
+    # partition and one worker. 1 (the default) keys every write `namespace:counter`.
+    shards: int = 1
     aggregation: Aggregation = Aggregation.SUM
     unique: UniqueConfig | None = None  # set exactly when aggregation is UNIQUE
 
@@ -328,6 +331,11 @@ class NamespaceRegistry(Mapping[str, Namespace]):
     def names(self) -> tuple[str, ...]:
         """Namespace names in the order the file defines them."""
         return tuple(self._by_name)
+
+    def shard_counts(self) -> dict[str, int]:
+        """``name -> shards`` of the namespaces that spread their counters over more than one Kafka key (what
+        ``producers.CounterProducer(shards=...)`` takes; a namespace left out has one)."""
+        return {name: ns.shards for name, ns in self._by_name.items() if ns.shards > 1}
 
     def __repr__(self) -> str:
         return f"NamespaceRegistry({list(self._by_name)!r}, source={self.source!r})"

@@ -9,6 +9,8 @@ Time windows (not in the post) go in ``COUNTER_ROLLUP.config.windows``, in the f
 ``{granularities: [...], retention: {...}}``, or next to ``persistence_configuration`` as ``windows``.
 Dimensions (not in the post either) likewise: ``COUNTER_ROLLUP.config.dimensions`` as
 ``{keys: [country, device], max_combinations: 1000}``, or ``dimensions`` next to ``persistence_configuration``.
+So is ``shards`` (the Kafka keys a counter's writes are spread over): ``COUNTER_ROLLUP.config.shards``, or
+``shards`` next to ``persistence_configuration``.
 So are ``aggregation`` (SUM or UNIQUE) and ``unique: {lg_k}``: ``COUNTER_ROLLUP.config.aggregation`` and
 ``COUNTER_ROLLUP.config.unique``, or next to ``persistence_configuration``.
 
@@ -119,7 +121,7 @@ class _Reader:
         if "config" not in entry:
             raise self.fail(f"{where}.config", "is required (it declares counter_type)")
         config = self.mapping(entry["config"], f"{where}.config",
-                              ("counter_type", "windows", "dimensions", "aggregation", "unique",
+                              ("counter_type", "windows", "dimensions", "shards", "aggregation", "unique",
                                *_TYPE_CONFIGS))
         if "windows" in config:  # not in the post: our time-windowed counts, kept by the rollup agents
             self.out.update(flatten_windows(config["windows"], namespace=self.namespace,
@@ -127,6 +129,8 @@ class _Reader:
         if "dimensions" in config:  # not in the post: counts sliced by declared dimensions
             self._section("dimensions", config["dimensions"], f"{where}.config.dimensions",
                           ("keys", "max_combinations"))
+        if "shards" in config:  # not in the post: a hot counter's writes spread over several Kafka keys
+            self.put("shards", config["shards"], f"{where}.config.shards")
         if "aggregation" in config:  # not in the post: SUM (default) or UNIQUE (distinct items, HLL sketches)
             self.put("aggregation", config["aggregation"], f"{where}.config.aggregation")
         if "unique" in config:

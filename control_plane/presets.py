@@ -21,7 +21,8 @@ and store/cache are "default" (the service-wide COUNTER_STORE / COUNTER_CACHE). 
 day buckets, kept 48 hours, 90 days and forever (BEST_EFFORT counters have none). Rolled-up counters keep
 their cached rollup without expiry (the rollup store is the truth, reads repair the cache); no dimensions are
 declared (when a namespace declares keys, each counter may have 1,000 distinct full combinations);
-best-effort counters live only in memcached, so they expire after a day unless told otherwise.
+best-effort counters live only in memcached, so they expire after a day unless told otherwise. Every counter's
+writes go to one Kafka key (``shards`` 1): a namespace of hot counters asks for more.
 Counters sum deltas (``aggregation`` SUM); a UNIQUE namespace's sketches have lg_k 12 (about 1.6% relative error).
 """
 
@@ -52,6 +53,7 @@ _COMMON: dict[str, Any] = {
     "windows.retention.day": None,  # forever
     "dimensions.keys": (),  # none declared: writes carry no dimensions
     "dimensions.max_combinations": 1000,
+    "shards": 1,  # one Kafka key per counter (`namespace:counter`)
     "aggregation": "SUM",  # counters add deltas; UNIQUE counts distinct items
     "unique.lg_k": 12,  # UNIQUE: HLL sketches of 2^12 buckets (about 1.6% relative error)
 }

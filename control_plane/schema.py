@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any, TypeVar
 
-from schemas import MAX_DIMENSIONS, ValidationError, validate_dimension_key
+from schemas import MAX_DIMENSIONS, MAX_SHARDS, ValidationError, validate_dimension_key
 
 from .durations import parse_duration
 from .model import (
@@ -61,7 +61,7 @@ SECTIONS: Mapping[str, tuple[str, ...]] = {
 DIMENSION_FIELDS: tuple[str, ...] = tuple(f"dimensions.{k}" for k in SECTIONS["dimensions"])
 SCALARS: tuple[str, ...] = (
     "counter_type", "cardinality", "ttl", "rollup_batch_count", "accept_limit", "max_clock_skew",
-    "store", "cache", "api_keys", "aggregation",
+    "store", "cache", "api_keys", "shards", "aggregation",
 )
 # ``windows`` nests one level deeper: {granularities: [minute, hour, day], retention: {minute: 48h, ...}}.
 WINDOW_KEYS: tuple[str, ...] = ("granularities", "retention")
@@ -271,6 +271,7 @@ class _Resolver:
             api_keys=self._api_keys(),
             windows=self._windows(),
             dimensions=self._dimensions(),
+            shards=self._shards(),
             **self._aggregation(),
         )
 
@@ -296,6 +297,16 @@ class _Resolver:
                              "a UNIQUE namespace keeps its sketches per time bucket: keep at least minute buckets "
                              "(windows.granularities: [minute, hour, day], as the presets do)")
         return {"aggregation": aggregation, "unique": UniqueConfig(self.get("unique.lg_k", _lg_k))}
+
+    def _shards(self) -> int:
+        """``shards: N`` (1..MAX_SHARDS): the Kafka keys each counter's writes are spread over. BEST_EFFORT writes
+        never reach Kafka, so one there is a mistake (one from ``defaults`` is ignored, as windows are)."""
+        if self.counter_type is CounterType.BEST_EFFORT:
+            if self.own("shards"):
+                raise self.error("shards", "BEST_EFFORT writes go to memcached, never to Kafka, so there is nothing "
+                                           "to spread over partitions; remove it or use EVENTUAL/ACCURATE")
+            return 1
+        return self.get("shards", _shard_count)
 
     def _dimensions(self) -> DimensionConfig:
         """``dimensions: {keys: [country, device], max_combinations: 1000}``: at most MAX_DIMENSIONS distinct
@@ -515,6 +526,18 @@ def _lg_k(value: object) -> int:
     if not LG_K_MIN <= lg_k <= LG_K_MAX:
         raise ValueError(reason)
     return lg_k
+
+
+def _shard_count(value: object) -> int:
+    try:
+        shards = _positive_int(value)
+    except ValueError:
+        raise ValueError(f"must be an integer from 1 to {MAX_SHARDS}: the Kafka keys a counter's writes are "
+                         f"spread over (got {_show(value)})") from None
+    if shards > MAX_SHARDS:
+        raise ValueError(f"must be at most {MAX_SHARDS} (got {shards}); a few times the mutations topic's "
+                         "partition count already spreads a counter over every partition")
+    return shards
 
 
 def _positive_int(value: object) -> int:

@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from counter_cli.common import console, fail, resolve_bootstrap, settings_or_exit
+from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.dlq import DeadRecord, iso, load_sent, read_dead_letters, resubmit, select, state_path
 from schemas.dead_letter import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
@@ -159,10 +159,12 @@ def run_replay(args: argparse.Namespace) -> int:
         console.print(f"dry run: would re-submit {len(todo):,} record(s) to {target}; {skipped:,} already "
                       "resubmitted (--force re-sends them)", highlight=False)
         return 0
+    _, registry = namespaces_or_exit(settings)  # re-submitted mutations are keyed as producers key them
     progress = RichProgress(console)
     try:
         with Interrupt() as stop, progress:  # SIGINT: finish the chunk in hand, then stop (twice: now)
-            result = resubmit(bootstrap, target, todo, state=state, sent=sent, progress=progress, stop=stop)
+            result = resubmit(bootstrap, target, todo, state=state, sent=sent, progress=progress, stop=stop,
+                              shards=registry.shard_counts())
     except TopicError as exc:
         fail(str(exc), code=1)
     console.print(f"re-submitted {result.done:,} dead letter(s) from {topic} to {target} ({progress.summary()}); "

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from counter_cli.common import console, fail, resolve_bootstrap, settings_or_exit
+from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError
 from schemas import DecodeError, Mutation, MutationOp, ValidationError, mutation_from_json
@@ -23,7 +23,9 @@ A JSONL line has the AddCount body of the Netflix post, plus "op": "clear" for a
    "idempotency_token": {"token": "some_event_id", "generation_time": "2024-10-05T14:48:00Z"}}
   {"namespace": "plays", "counter_name": "title_1", "delta": 1, "dimensions": {"country": "US", "device": "tv"}}
 Lines without a token get a generated one (then re-sending the file counts it again). Dimensions must be keys
-the namespace declares; the pipeline dead-letters a mutation it refuses (`counter dlq` shows why)."""
+the namespace declares; the pipeline dead-letters a mutation it refuses (`counter dlq` shows why).
+Records are keyed "namespace:counter", or "namespace:counter#k" in a namespace with `shards` (COUNTER_NAMESPACES,
+default the shipped example): k is chosen by the token, so a retry goes where the first try went."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     mutations = _from_file(args.file) if args.file else [_from_args(args)]
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.mutations_topic
+    _, registry = namespaces_or_exit(settings)  # each namespace's shards: how its counters are keyed
     try:
-        with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size) as producer:
+        with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, shards=registry) as producer:
             if args.file is None:
                 producer.send(mutations[0])
             else:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -61,13 +61,16 @@ class DeadRecord:
         more = f" (+{len(ms) - 1} more)" if len(ms) > 1 else ""
         return f"{m.namespace}:{m.counter_name} {what} token={token}{more}"[:width]
 
-    def produce_key(self) -> bytes | None:
-        """The mutation's own `namespace:counter` key when it decodes (so it lands on its counter's partition)."""
+    def produce_key(self, shards: Mapping[str, int] | None = None) -> bytes | None:
+        """The key a producer would give the mutation now, from its value (`namespace:counter`, or its shard's key
+        with `shards`, namespace -> shards), when it decodes to one mutation; else the record's original key."""
         try:
             ms = decode_mutations(self.value)
         except DecodeError:
             return self.key
-        return ms[0].key.encode() if len(ms) == 1 else self.key
+        if len(ms) != 1:
+            return self.key
+        return ms[0].sharded_key((shards or {}).get(ms[0].namespace, 1)).encode()
 
 
 def _printable(data: bytes) -> bool:
@@ -163,10 +166,10 @@ class ResubmitResult:
 
 def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: Path,
              sent: dict[str, Any] | None = None, progress: Progress | None = None,
-             stop: Stop = never) -> ResubmitResult:
-    """Re-produce the records' original bytes to `target` (keyed by their mutation's counter), CHUNK at a
-    time, recording each acknowledged one in `state`; stops after a chunk with a delivery error or on `stop`.
-    TopicError when `target` is missing."""
+             stop: Stop = never, shards: Mapping[str, int] | None = None) -> ResubmitResult:
+    """Re-produce the records' original bytes to `target` (keyed by their mutation's counter, or its shard in a
+    namespace of `shards`), CHUNK at a time, recording each acknowledged one in `state`; stops after a chunk with
+    a delivery error or on `stop`. TopicError when `target` is missing."""
     progress = progress or NullProgress()
     sent = load_sent(state) if sent is None else sent
     partitions = partition_count(bootstrap, target)
@@ -179,7 +182,7 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
             chunk = records[start:start + CHUNK]
             acked: list[DeadRecord] = []
             for r in chunk:
-                key = r.produce_key()
+                key = r.produce_key(shards)
 
                 def on_delivery(err: KafkaError | None, _msg: object, r: DeadRecord = r,
                                 acked: list[DeadRecord] = acked) -> None:

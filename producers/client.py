@@ -1,8 +1,9 @@
 """`CounterProducer`: produce count mutations to Kafka, durably and idempotently.
 
 A small explicit client over confluent-kafka: acks=all with the idempotent producer, records keyed
-`namespace:counter` on the partition the Java murmur2 partitioner picks, optional client-side batching of many
-mutations into one record per partition, and delivery failures that always reach the caller.
+`namespace:counter` (`namespace:counter#k` in a namespace with shards, `schemas.shard_key`) on the partition the
+Java murmur2 partitioner picks, optional client-side batching of many mutations into one record per partition,
+and delivery failures that always reach the caller.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
+from control_plane import NamespaceRegistry
 from producers.partitioner import partition_for
 from schemas import (
+    MAX_SHARDS,
     Mutation,
     MutationOp,
     encode_batch,
@@ -59,6 +62,21 @@ class _Pending:
         self.since = time.monotonic()
 
 
+def _shard_counts(shards: Mapping[str, int] | NamespaceRegistry | None) -> dict[str, int]:
+    """Namespace -> shards (only those above 1), checked: a bad count fails at construction, not per send."""
+    if shards is None:
+        return {}
+    if isinstance(shards, NamespaceRegistry):
+        return shards.shard_counts()
+    out: dict[str, int] = {}
+    for namespace, count in shards.items():
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SHARDS:
+            raise ValueError(f"shards[{namespace!r}] must be an integer from 1 to {MAX_SHARDS} (got {count!r})")
+        if count > 1:
+            out[namespace] = count
+    return out
+
+
 def release(producer: Producer) -> None:
     """Shut a flushed librdkafka handle down now, rather than when it is garbage collected: until then it
     keeps reconnecting (and logging it) to a broker that may be gone. Older confluent-kafka releases have no
@@ -76,13 +94,20 @@ class CounterProducer:
     Avro MutationBatch record, sent when full, after `linger_ms`, or on `flush()`. Every `send` returns a
     future that resolves when the broker has acknowledged the mutation (for a batch: its record); failures
     are also collected and raised by the next `flush()`/`close()` so that ignoring futures never hides them.
+
+    `shards` says over how many Kafka keys each namespace spreads a counter's writes (its `shards` option):
+    `{"plays": 32}`, or the loaded `NamespaceRegistry` itself; a namespace left out has one key per counter.
+    A write then goes to `namespace:counter#k`, k chosen by its idempotency token (`schemas.shard_key`), so a
+    retry lands on the same partition and one hot counter spreads over many.
     """
 
     def __init__(self, bootstrap_servers: str, *, topic: str = DEFAULT_TOPIC, batch_size: int = 1,
                  linger_ms: float = 5.0, delivery_timeout_ms: int = 30_000,
-                 config: Mapping[str, Any] | None = None, track_failures: bool = True) -> None:
+                 config: Mapping[str, Any] | None = None, track_failures: bool = True,
+                 shards: Mapping[str, int] | NamespaceRegistry | None = None) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        self.shards = _shard_counts(shards)
         self.topic = topic
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000.0
@@ -142,7 +167,7 @@ class CounterProducer:
         """Queue one validated mutation; the future resolves on broker acknowledgement."""
         if self._closed:
             raise RuntimeError("CounterProducer is closed")
-        key = mutation.key.encode()
+        key = self.key_of(mutation)
         partition = partition_for(key, self._partitions())
         if self.batch_size == 1:
             future: Future[None] = Future()
@@ -161,6 +186,11 @@ class CounterProducer:
         if full:
             self._send_batch(partition, pending)
         return future
+
+    def key_of(self, mutation: Mutation) -> bytes:
+        """The record key `send` gives `mutation`: `namespace:counter`, or its shard's key (`schemas.shard_key`)."""
+        shards = self.shards.get(mutation.namespace, 1) if self.shards else 1
+        return (mutation.key if shards == 1 else mutation.sharded_key(shards)).encode()
 
     def flush(self, timeout: float = 30.0) -> None:
         """Send everything buffered and wait for acknowledgements; raise DeliveryError on any failure."""
@@ -223,7 +253,7 @@ class CounterProducer:
     def _send_batch(self, partition: int, pending: _Pending) -> None:
         ms = pending.mutations
         value = encode_mutation(ms[0]) if len(ms) == 1 else encode_batch(ms)
-        self._produce(ms[0].key.encode(), value, partition, pending.future, len(ms))
+        self._produce(self.key_of(ms[0]), value, partition, pending.future, len(ms))
 
     def _produce(self, key: bytes, value: bytes, partition: int, future: Future[None], count: int) -> None:
         def on_delivery(err: KafkaError | None, _msg: object) -> None:

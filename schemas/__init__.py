@@ -41,7 +41,7 @@ from schemas.dimensions import (
     validate_item,
 )
 from schemas.json_records import mutation_from_json
-from schemas.model import MICROS, Mutation, MutationOp, counter_key
+from schemas.model import MAX_SHARDS, MICROS, Mutation, MutationOp, counter_key, shard_key, shard_of
 from schemas.validation import (
     INT64_MAX,
     INT64_MIN,
@@ -73,6 +73,7 @@ __all__ = [
     "MAX_EVENT_TIME",
     "MAX_ITEM_KEY_BYTES",
     "MAX_NAMESPACE_LEN",
+    "MAX_SHARDS",
     "MAX_TOKEN_BYTES",
     "MICROS",
     "MIN_EVENT_TIME",
@@ -102,6 +103,8 @@ __all__ = [
     "mutation_from_json",
     "parse_generation_time",
     "record_of_bodies",
+    "shard_key",
+    "shard_of",
     "signal_body",
     "split_combination",
     "subset_combinations",

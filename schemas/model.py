@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import zlib
 from enum import StrEnum
 from typing import NamedTuple
 
 MICROS = 1_000_000
 """Microseconds per second: event times are epoch microseconds everywhere (Avro `event_time`)."""
+
+MAX_SHARDS = 256
+"""The most Kafka keys one counter's writes may be spread over (a namespace's `shards`)."""
 
 
 class MutationOp(StrEnum):
@@ -43,11 +47,37 @@ class Mutation(NamedTuple):
 
     @property
     def key(self) -> str:
-        """The Kafka record key, `namespace:counter_name` (namespaces never contain ':')."""
+        """The Kafka record key of an unsharded counter, `namespace:counter_name` (namespaces never contain ':')."""
         return counter_key(self.namespace, self.counter_name)
+
+    def sharded_key(self, shards: int) -> str:
+        """The Kafka record key in a namespace of `shards` shards (`shard_key`): `key` when it has one."""
+        return shard_key(self.namespace, self.counter_name, self.event_id, shards)
 
 
 def counter_key(namespace: str, counter: str) -> str:
     """`namespace:counter`: how the service names a counter on Kafka (record keys, rollup-signal partitioning).
     Namespaces never contain ':', so the form is unambiguous."""
     return f"{namespace}:{counter}"
+
+
+def shard_of(token: str | None, shards: int) -> int:
+    """Which of a counter's `shards` a write goes to: the CRC-32 (IEEE, as zlib, java.util.zip.CRC32 and Go's
+    crc32.ChecksumIEEE compute it) of its idempotency token's UTF-8 bytes, modulo `shards`. A retry carries the
+    same token, so it lands on the same shard (and partition); a write without a token goes to shard 0."""
+    if shards <= 1 or token is None:
+        return 0
+    return zlib.crc32(token.encode("utf-8", "surrogatepass")) % shards
+
+
+def shard_key(namespace: str, counter: str, token: str | None, shards: int) -> str:
+    """The Kafka record key of a write to `counter` in a namespace whose counters are spread over `shards` keys
+    (its `shards` option): `namespace:counter#k` with k = `shard_of(token, shards)`, or `counter_key` with one
+    shard (the default, so unsharded keys never change).
+
+    Keys only spread load over partitions: nothing downstream reads a key to find the counter (the persist path
+    reads the record's value), so exactness never depends on them and outside clients may key as they like.
+    The form is not meant to be parsed: counter names may themselves contain '#'."""
+    if shards <= 1:
+        return f"{namespace}:{counter}"
+    return f"{namespace}:{counter}#{shard_of(token, shards)}"
