@@ -6,6 +6,10 @@ A crash anywhere before the ack replays the batch, which the event identity make
 
 A write with dimensions is admitted here but expanded by the persist path (agents.dimensions): its events in the
 base counter and every combination depend on the namespace's max_combinations and on the combination registry.
+
+In a UNIQUE namespace every add carries an ``item`` (what is counted, e.g. a user id), stored as the event's
+``event_item_key`` with delta 1: a retry of the same token and item is one event, two items under one token are
+two events. A write without an item, with another delta or with an event_item_key of its own is dead-lettered.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ class PreparedBatch:
 class _Admission:
     """Per namespace, what admission needs on the hot path: the accept window in µs (computed once)."""
 
-    __slots__ = ("accept_us", "dimensions", "ns", "refusal", "skew_us")
+    __slots__ = ("accept_us", "dimensions", "ns", "refusal", "skew_us", "unique")
 
     def __init__(self, ns: Namespace | None, name: str) -> None:
         self.ns = ns
@@ -96,6 +100,7 @@ class _Admission:
         self.accept_us = int(ns.accept_limit_s * MICROS) if ns else 0
         self.skew_us = int(ns.max_clock_skew_s * MICROS) if ns else 0
         self.dimensions = bool(ns and ns.dimensions)  # its clears reach the combinations
+        self.unique = bool(ns and ns.counts_unique)  # every add carries an item, the event's item key
 
 
 def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
@@ -149,19 +154,22 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
             if (admission.refusal is None and arrived - admission.accept_us <= event_time
                     <= arrived + admission.skew_us):
                 is_clear = op is MutationOp.CLEAR
-                if dimensions or item:
+                if dimensions or item or admission.unique:
                     ns: Namespace = admission.ns  # type: ignore[assignment]  # None only with a refusal
-                    extra = extras_refusal(ns, dimensions, item, is_clear)
-                    if extra is None:
+                    extra = extras_refusal(ns, dimensions, item, is_clear, delta=delta, item_key=item_key)
+                    if extra is not None:
+                        value_out = (value or b"") if single else _reencode(m, event_time, event_id)
+                        out.dead.append(_dead(rec, value_out, f"field '{extra[0]}': {extra[1]}", timestamp_us))
+                        continue
+                    if item:  # a UNIQUE namespace's add: its item is the event's item key, the event counts one
+                        item_key, delta = item, 1
+                    if dimensions:
                         value_out = (value or b"") if single else _reencode(m, event_time, event_id)
                         out.dimensioned.append(dimensioned_write(
                             namespace, counter, dimensions, event_time, event_id, item_key, delta,
                             ns.dimensions.max_combinations, _dead(rec, value_out, "", timestamp_us),
                             arrived - admission.accept_us))
                         continue
-                    value_out = (value or b"") if single else _reencode(m, event_time, event_id)
-                    out.dead.append(_dead(rec, value_out, f"field '{extra[0]}': {extra[1]}", timestamp_us))
-                    continue
                 rows_append((namespace, counter, event_time, event_id, item_key, 0 if is_clear else delta, is_clear))
                 key = (namespace, counter)
                 if event_time > last_write.get(key, -1):

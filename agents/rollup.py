@@ -13,10 +13,11 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from agents.sketches import maintain_sketches
 from agents.windows import BucketWork, maintain_buckets
 from control_plane import Namespace, NamespaceRegistry
 from control_plane.admission import rollup_boundary
-from sinks import BucketStore, EventStore, RollupCache, RollupStore, apply_aggregate
+from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore, apply_aggregate
 
 log = logging.getLogger(__name__)
 
@@ -41,22 +42,24 @@ def global_watermark(marks: Mapping[int, int], partitions: int) -> int:
 
 async def rollup_counter(ns: Namespace, counter: str, *, events: EventStore, rollups: RollupStore,
                          cache: RollupCache, watermark_us: int, now_us: int | None = None,
-                         buckets: BucketStore | None = None) -> RollupResult:
+                         buckets: BucketStore | None = None, sketches: SketchStore | None = None) -> RollupResult:
     """Roll one counter up to the latest immutable boundary and refresh its cache value."""
     [result] = await rollup_counters(ns, [counter], events=events, rollups=rollups, cache=cache,
-                                     watermark_us=watermark_us, now_us=now_us, buckets=buckets)
+                                     watermark_us=watermark_us, now_us=now_us, buckets=buckets, sketches=sketches)
     return result
 
 
 async def rollup_counters(ns: Namespace, counters: Sequence[str], *, events: EventStore, rollups: RollupStore,
                           cache: RollupCache, watermark_us: int, now_us: int | None = None,
-                          buckets: BucketStore | None = None) -> list[RollupResult]:
+                          buckets: BucketStore | None = None, sketches: SketchStore | None = None
+                          ) -> list[RollupResult]:
     """Roll counters of one namespace up to the latest immutable boundary and refresh their cache values.
 
     Three store calls for the whole batch (states, aggregates, forward-only writes) rather than three per
     counter: on SQLite each call is a hand-off to the store's thread, which cost more than the query. With a
     bucket store and a namespace that keeps windows, the batch's minute/hour/day buckets are recomputed up to
-    the same boundary first (agents.windows), so a rollup_ts always certifies its buckets.
+    the same boundary first (agents.windows), so a rollup_ts always certifies its buckets; with a sketch store and
+    a UNIQUE namespace, their sketches next (agents.sketches), so it certifies the sketches too.
     Returns one result per distinct counter, in order.
     """
     now_us = time.time_ns() // 1000 if now_us is None else now_us
@@ -77,9 +80,11 @@ async def rollup_counters(ns: Namespace, counters: Sequence[str], *, events: Eve
     if todo:
         aggs = await events.aggregate_many(ns.name, [(c, rollup_ts, boundary) for c, _, rollup_ts, _ in todo])
         if buckets is not None and ns.windows:
-            await maintain_buckets(ns, [BucketWork(c, rollup_ts, boundary, agg.last_clear_us)
-                                        for (c, _, rollup_ts, _), agg in zip(todo, aggs, strict=True)],
-                                   events=events, buckets=buckets, now_us=now_us)
+            work = [BucketWork(c, rollup_ts, boundary, agg.last_clear_us)
+                    for (c, _, rollup_ts, _), agg in zip(todo, aggs, strict=True)]
+            await maintain_buckets(ns, work, events=events, buckets=buckets, now_us=now_us)
+            if sketches is not None and ns.counts_unique:
+                await maintain_sketches(ns, work, events=events, sketches=sketches, buckets=buckets, now_us=now_us)
         new_counts = [apply_aggregate(count, agg) for (_, count, _, _), agg in zip(todo, aggs, strict=True)]
         applied = await rollups.write_rollups(ns.name, [(c, n, boundary) for (c, *_), n in
                                                         zip(todo, new_counts, strict=True)])
@@ -118,7 +123,8 @@ class BackPressure:
 
 async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, events: EventStore,
                       rollups: RollupStore, cache: RollupCache, watermark: Callable[[], Awaitable[int]],
-                      pressure: BackPressure, buckets: BucketStore | None = None) -> list[RollupResult]:
+                      pressure: BackPressure, buckets: BucketStore | None = None,
+                      sketches: SketchStore | None = None) -> list[RollupResult]:
     """Roll up a coalesced set of counters, `rollup_batch_count` at a time per namespace."""
     by_ns: dict[str, list[str]] = defaultdict(list)
     for ns_name, counter in keys:
@@ -138,6 +144,7 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
             mark = await watermark()
             started = time.monotonic()
             results.extend(await rollup_counters(ns, counters[i:i + step], events=events, rollups=rollups,
-                                                 cache=cache, watermark_us=mark, buckets=buckets))
+                                                 cache=cache, watermark_us=mark, buckets=buckets,
+                                                 sketches=sketches))
             pressure.last_batch_s = time.monotonic() - started
     return results

@@ -28,7 +28,16 @@ from control_plane import default_config_path as default_namespaces
 from producers.asyncio_producer import AsyncProducer
 from schemas import DecodeError, decode_signals
 from schemas.dead_letter import DeadLetter
-from sinks import BucketStore, EventStore, RollupCache, RollupStore, open_cache, open_namespace_stores
+from sinks import (
+    BucketStore,
+    EventStore,
+    RollupCache,
+    RollupStore,
+    SketchStore,
+    open_cache,
+    open_namespace_sketch_store,
+    open_namespace_stores,
+)
 from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
 from streams.settings import Settings
@@ -62,6 +71,7 @@ class Pipeline:
     arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat seen (µs)
     combinations: Combinations = field(default_factory=Combinations)  # dimension combinations known here
     persist_consumer: PersistConsumer | None = None
+    sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
 
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
@@ -99,6 +109,8 @@ def build(settings: Settings) -> Pipeline:
     counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))  # type: ignore[arg-type]
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
+    sketches = (open_namespace_sketch_store(buckets, registry) if any(ns.counts_unique for ns in registry.values())
+                else None)
     app = create_app(settings, app_id=settings.worker_id)
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id=f"{settings.worker_id}-producer", timeout_s=10.0)
     topics = declare_topics(app, settings)
@@ -110,7 +122,7 @@ def build(settings: Settings) -> Pipeline:
         tracker=WatermarkTracker(skew),
         mutation_partitions=counts[settings.mutations_topic],
         rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure(), kafka=kafka,
-        signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]))
+        signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]), sketches=sketches)
     # One coalescing window for the worker: the shortest a namespace asks for; its size is bounded by the
     # smallest capacity_bytes (a queued signal costs about SIGNAL_BYTES in memory). The rollup topic's
     # partitions are the queues (num_queues maps to COUNTER_ROLLUPS_PARTITIONS).
@@ -187,7 +199,8 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
     @app.timer(settings.retention_interval_s)
     async def retention() -> None:
         """Drop whole event slices older than delete_after that every counter has rolled past, and time buckets
-        past their granularity's retention (never newer buckets, other granularities or the totals)."""
+        (and a UNIQUE namespace's sketches) past their granularity's retention (never newer buckets, other
+        granularities or the totals)."""
         now_us = time.time_ns() // 1000
         for ns in p.registry.values():
             if ns.counter_type is CounterType.BEST_EFFORT:
@@ -202,6 +215,9 @@ def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                 cutoff = expiry_cutoff(g, now_us, ns.windows.retention_s(name))
                 if cutoff is not None and await p.buckets.drop_expired(ns.name, g, cutoff):
                     log.info("retention: dropped %s buckets of namespace %s before %d", name, ns.name, cutoff)
+                if cutoff is not None and p.sketches is not None and ns.counts_unique \
+                        and await p.sketches.drop_expired(ns.name, g, cutoff):
+                    log.info("retention: dropped %s sketches of namespace %s before %d", name, ns.name, cutoff)
 
     @app.page("/ready")
     async def ready(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:
@@ -253,7 +269,7 @@ async def _persist(p: Pipeline, records: list[KafkaRecord]) -> list[Key]:
 async def _rollup(p: Pipeline, keys: set[Key]) -> None:
     started = time.monotonic()
     results = await rollup_many(keys, p.registry, events=p.events, rollups=p.rollups, cache=p.cache,
-                                watermark=p.watermark, pressure=p.pressure, buckets=p.buckets)
+                                watermark=p.watermark, pressure=p.pressure, buckets=p.buckets, sketches=p.sketches)
     pending = [r.key for r in results if r.pending]
     for r in results:
         metrics.ROLLUPS.labels(r.key[0], "applied" if r.applied else "unchanged").inc()

@@ -35,15 +35,21 @@ def rollup_boundary(now_us: int, watermark_us: int, ns: Namespace) -> int:
 
 
 def extras_refusal(ns: Namespace, dimensions: tuple[tuple[str, str], ...], item: str,
-                   clear: bool = False) -> tuple[str, str] | None:
+                   clear: bool = False, *, delta: int = 1, item_key: str = "") -> tuple[str, str] | None:
     """``(field, reason)`` when a write's dimensions or item are not accepted by the namespace, else None.
 
-    Shared by the API (a 422 naming the field) and the persist path (a dead letter with the reason): an item
-    outside a UNIQUE namespace (none exist yet), dimensions on a BEST_EFFORT namespace, on a clear, on a
-    namespace that declares none, or with a key it does not declare (``dimensions.<key>``)."""
-    if item:
+    Shared by the API (a 422 naming the field) and the persist path (a dead letter with the reason): in a UNIQUE
+    namespace an add without an item, with a delta other than 1, or with an event_item_key (the item is the event's
+    item key there), and a clear with an item; an item outside a UNIQUE namespace; dimensions on a BEST_EFFORT
+    namespace, on a clear, on a namespace that declares none, or with a key it does not declare
+    (``dimensions.<key>``)."""
+    if ns.unique is not None:
+        refusal = unique_refusal(ns, item, clear, delta, item_key)
+        if refusal is not None:
+            return refusal
+    elif item:
         return "item", (f"namespace {ns.name!r} is {ns.counter_type.value}: only UNIQUE namespaces count items "
-                        "(none are configured yet); send the write without item")
+                        "(aggregation: UNIQUE); send the write without item")
     if not dimensions:
         return None
     if clear:
@@ -53,6 +59,24 @@ def extras_refusal(ns: Namespace, dimensions: tuple[tuple[str, str], ...], item:
         return "dimensions", (f"namespace {ns.name!r} is BEST_EFFORT: its counts live in memcached only and keep "
                               "no dimension combinations")
     return ns.dimensions.refusal(ns.name, dimensions)
+
+
+def unique_refusal(ns: Namespace, item: str, clear: bool, delta: int, item_key: str) -> tuple[str, str] | None:
+    """``(field, reason)`` when a write cannot be counted by a UNIQUE namespace, else None."""
+    if clear:
+        if item:
+            return "item", ("a clear erases every item counted before it: send it without item")
+        return None
+    if not item:
+        return "item", (f"is required: namespace {ns.name!r} counts distinct items (aggregation UNIQUE), so every "
+                        "write names the item it counts (e.g. a user id)")
+    if item_key:
+        return "event_item_key", ("in a UNIQUE namespace the item is the event's item key (a retry of the same "
+                                  "token and item is one event, two items under one token are two): send item alone")
+    if delta != 1:
+        return "delta", (f"must be 1 or absent in namespace {ns.name!r} (aggregation UNIQUE): a write counts one item, "
+                         f"got {delta}")
+    return None
 
 
 def bound_reason(namespace: str, counter: str, known: int, max_combinations: int, full: str) -> str:

@@ -31,7 +31,7 @@ from query_api.responses import SERVICE_ERRORS, error_response
 from query_api.routes import inspect, ops, reads, ui, writes
 from query_api.service import CounterService
 from query_api.signals import ReadSignals
-from sinks import open_cache, open_namespace_stores
+from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
 from sinks.best_effort import open_counters
 from streams.settings import Settings, load_settings
 from streams.signals import SignalSender
@@ -42,13 +42,15 @@ def build_service(settings: Settings) -> CounterService:
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
+    unique = any(ns.counts_unique for ns in registry.values())
+    sketches = open_namespace_sketch_store(buckets, registry) if unique else None  # unique counts' sketches
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=5.0)
     producer = GroupCommitProducer(kafka, topic=settings.mutations_topic)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))
     return CounterService(
         registry, producer=producer, signals=signals,
-        events=events, rollups=rollups, buckets=buckets, counters=open_counters(cache_spec),
+        events=events, rollups=rollups, buckets=buckets, sketches=sketches, counters=open_counters(cache_spec),
         read_signal_lag_s=settings.read_signal_lag_s,
         # An in-process cache cannot see the worker's rollups: keep its entries short-lived.
         cache=open_cache(cache_spec, default_ttl_s=None if cache_spec else 1.0))
@@ -79,6 +81,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await service.rollups.close()
         if service.buckets is not None:
             await service.buckets.close()
+        if service.sketches is not None:
+            await service.sketches.close()
         await service.cache.close()
         await service.counters.close()
 

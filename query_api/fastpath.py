@@ -1,7 +1,7 @@
 """The hottest calls, decided without the framework: a plain, valid GetCount, AddCount or AddAndGetCount.
 
 FastAPI's routing, dependency injection and model validation cost most of a cached GetCount. `fast_call`
-recognises the common case (known namespace without API keys, exactly the expected fields, valid values)
+recognises the common case (known SUM namespace without API keys, exactly the expected fields, valid values)
 and returns what serves it: the service call's awaitable and the function rendering its result as the
 route's response body. For anything else it returns None and the request goes to the FastAPI route, so
 errors and edge cases have exactly one implementation. `query_api.http_protocol` calls it straight from the
@@ -44,7 +44,7 @@ def fast_call(service: CounterService, path: bytes, body: bytes) -> FastCall | N
     if not isinstance(req, dict) or not isinstance(req.get("namespace"), str):
         return None
     ns = service.registry.get(req["namespace"])
-    if ns is None or ns.requires_auth:
+    if ns is None or ns.requires_auth or ns.unique is not None:  # UNIQUE: estimates and items, on the routes
         return None
     counter: Any = req.get("counter_name")  # request JSON: a str once validated below
     try:

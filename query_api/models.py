@@ -73,15 +73,16 @@ DimensionMap = dict[str, str]
 
 
 class AddCountRequest(CounterRef):
-    delta: Delta
+    delta: Delta | None = Field(None, description="required, except in a UNIQUE namespace: there 1 or absent (a "
+                                                  "write counts its item once)")
     idempotency_token: IdempotencyToken | None = None
     event_item_key: str = ""
     dimensions: DimensionMap | None = Field(
         None, examples=[{"country": "US", "device": "tv"}],
         description="keys the namespace declares (dimensions.keys); the write is counted in the counter and in "
                     "every combination of these dimensions")
-    item: str | None = Field(None, description="what a UNIQUE namespace counts (e.g. a user id); refused by the "
-                                               "other counter types")
+    item: str | None = Field(None, description="what a UNIQUE namespace counts (e.g. a user id): required there, "
+                                               "refused elsewhere")
 
     @field_validator("event_item_key")
     @classmethod
@@ -210,8 +211,47 @@ class BatchAddCountResponse(BaseModel):
 
 
 class BatchGetCountResponse(BaseModel):
-    results: list[CountResponse | DimensionCountResponse]
+    results: list[CountResponse | DimensionCountResponse | UniqueCountResponse | UniqueDimensionCountResponse]
 
 
 class ErrorResponse(BaseModel):
     detail: str
+
+
+# -- unique counts (aggregation UNIQUE): estimates from HLL sketches, with bounds --------------------------------
+
+
+class UniqueEstimate(BaseModel):
+    """A distinct count from HLL sketches (a UNIQUE namespace): `count` is the estimate rounded."""
+
+    estimate: float = Field(..., description="the estimated number of distinct items")
+    lower_bound: float = Field(..., description="lower bound of the estimate at 95% (2 standard deviations)")
+    upper_bound: float = Field(..., description="upper bound of the estimate at 95% (2 standard deviations)")
+
+
+class UniqueCountResponse(UniqueEstimate, CountResponse):
+    """GetCount in a UNIQUE namespace: the counter's distinct items since its latest clear."""
+
+
+class UniqueWindowCountResponse(UniqueEstimate, WindowCountResponse):
+    """GetCount with a window in a UNIQUE namespace: the window's distinct items."""
+
+
+class UniqueDimensionCountResponse(UniqueEstimate, DimensionCountResponse):
+    """GetCount with a dimensions filter in a UNIQUE namespace: the distinct items of the writes carrying them."""
+
+
+class UniqueDimensionWindowCountResponse(UniqueEstimate, DimensionWindowCountResponse):
+    pass
+
+
+class UniqueGroup(UniqueEstimate, Group):
+    pass
+
+
+class UniqueGroupedCountResponse(UniqueEstimate, GroupedCountResponse):
+    """GetCount with group_by in a UNIQUE namespace: one estimate per value, and the filter's own (an item written
+    with several values is in several groups, so the groups need not add up to it)."""
+
+    # a list of the subclass: pydantic validates it as such, mypy sees lists as invariant
+    groups: list[UniqueGroup] = Field(..., description="ordered by value")  # type: ignore[assignment]

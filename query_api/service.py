@@ -6,6 +6,9 @@ BEST_EFFORT goes to memcached only. EVENTUAL and ACCURATE writes are acknowledge
 Dimensions (schemas.dimensions): a write's dimensions are checked against the namespace here (422 naming the
 field) and counted by the persist path in every combination; a read with a `dimensions` filter reads the one
 combination counter, a `group_by` lists the counter's combinations in the registry and reads each.
+
+UNIQUE namespaces (aggregation UNIQUE): every add carries an `item` and counts it once (`delta_of`, `extras`); their
+reads are estimates from sketches (query_api.unique).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from schemas import (
     validate_item_key,
     validate_token,
 )
-from sinks import BucketStore, EventStore, RollupCache, RollupStore
+from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore
 from sinks.best_effort import BestEffortCounters
 from sinks.combinations import all_combinations
 from sinks.windows import WindowError
@@ -118,7 +121,7 @@ class Written:
 class CounterService:
     def __init__(self, registry: NamespaceRegistry, *, producer: GroupCommitProducer, signals: ReadSignals,
                  events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
-                 buckets: BucketStore | None = None,
+                 buckets: BucketStore | None = None, sketches: SketchStore | None = None,
                  read_your_write_timeout_s: float = 5.0,
                  read_signal_lag_s: float = 5.0) -> None:
         self.registry = registry
@@ -127,6 +130,7 @@ class CounterService:
         self.events = events
         self.rollups = rollups
         self.buckets = buckets
+        self.sketches = sketches  # unique counts (query_api.unique); None when no namespace is UNIQUE
         self.cache = cache
         self.counters = counters
         self.read_your_write_timeout_s = read_your_write_timeout_s
@@ -151,7 +155,7 @@ class CounterService:
         generation time and item key are validated here (ValidationError naming the field). A write without
         a generation time happens now, which admission always accepts. Dimensions and item are checked against
         the namespace (Rejected naming the field); the max_combinations bound is `check_bound`'s."""
-        dims, item = self.extras(ns, dimensions, item, op)
+        dims, item = self.extras(ns, dimensions, item, op, delta=delta, item_key=item_key)
         now = time.time_ns() // 1000
         if generation_time is None:
             event_time = now
@@ -167,18 +171,33 @@ class CounterService:
                         dims, item)
 
     @staticmethod
+    def delta_of(ns: Namespace, delta: int | None) -> int:
+        """An add's delta: required in a SUM namespace; in a UNIQUE one absent or 1 (a write counts one item).
+        Rejected naming `delta` otherwise."""
+        if ns.unique is not None:
+            if delta is not None and delta != 1:
+                raise Rejected("delta", f"must be 1 or absent in namespace {ns.name!r} (aggregation UNIQUE): a write "
+                                        f"counts one item, got {delta}")
+            return 1
+        if delta is None:
+            raise Rejected("delta", "is required (only a UNIQUE namespace's writes may leave it out)")
+        return delta
+
+    @staticmethod
     def extras(ns: Namespace, dimensions: Mapping[str, Any] | None, item: str | None,
-               op: MutationOp = MutationOp.ADD) -> tuple[Dimensions, str]:
+               op: MutationOp = MutationOp.ADD, *, delta: int | None = 1, item_key: str = "") -> tuple[Dimensions, str]:
         """A write's dimensions (sorted pairs) and item, valid for the namespace; Rejected naming the field (an
-        undeclared key: `dimensions.<key>`) otherwise."""
-        if not dimensions and not item:
+        undeclared key: `dimensions.<key>`; in a UNIQUE namespace a missing `item`, a `delta` other than 1, an
+        `event_item_key`) otherwise."""
+        if not dimensions and not item and ns.unique is None:
             return (), ""
         try:
             dims = validate_dimensions(dimensions)
             valid_item = validate_item(item or "")
         except ValidationError as exc:
             raise Rejected(exc.field, exc.reason) from None
-        refusal = extras_refusal(ns, dims, valid_item, op is MutationOp.CLEAR)
+        refusal = extras_refusal(ns, dims, valid_item, op is MutationOp.CLEAR, delta=1 if delta is None else delta,
+                                 item_key=item_key)
         if refusal is not None:
             raise Rejected(*refusal)
         return dims, valid_item
@@ -208,8 +227,8 @@ class CounterService:
     async def write(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                     generation_time: str | int | float | None, item_key: str = "",
                     dimensions: Mapping[str, Any] | None = None, item: str | None = None) -> Written:
-        if dimensions or item:  # refused on BEST_EFFORT; checked against the bound
-            dims, _ = self.extras(ns, dimensions, item, op)
+        if dimensions or item or ns.unique is not None:  # refused on BEST_EFFORT; checked against the bound
+            dims, _ = self.extras(ns, dimensions, item, op, delta=delta, item_key=item_key)
             await self.check_bound(ns, counter, dims)
         if ns.counter_type is CounterType.BEST_EFFORT:  # tokens are accepted and ignored, as documented
             if op is MutationOp.CLEAR:

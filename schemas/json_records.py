@@ -3,9 +3,10 @@
 AddCount:   {"namespace", "counter_name", "delta", "idempotency_token": {"token", "generation_time"}}
 ClearCount: the same with "op": "clear" and no delta (or delta 0).
 Optional: "op" ("add" | "clear", any case), "event_item_key", "dimensions" (a map of key -> value, e.g.
-{"country": "US", "device": "tv"}; see schemas.dimensions) and "item" (what a UNIQUE namespace counts). Any other
-key is rejected with its name, because a misspelt "idempotency_token" silently ignored would turn retries into
-double counts. A null optional field means the same as an absent one.
+{"country": "US", "device": "tv"}; see schemas.dimensions) and "item" (what a UNIQUE namespace counts; an add with
+an item may leave "delta" out: it counts the item once). Any other key is rejected with its name, because a
+misspelt "idempotency_token" silently ignored would turn retries into double counts. A null optional field means
+the same as an absent one.
 """
 
 from __future__ import annotations
@@ -93,8 +94,11 @@ def mutation_from_json(obj: Mapping[str, Any]) -> Mutation:
     op = _parse_op(obj.get("op"))
     namespace = validate_namespace(_required(obj, "namespace"))
     counter_name = validate_counter_name(_required(obj, "counter_name"))
+    raw_item = obj.get("item")
+    item = "" if raw_item is None else validate_item(raw_item)
     if op is MutationOp.ADD:
-        delta = validate_delta(_required(obj, "delta"))
+        # an add with an item (a UNIQUE namespace's) counts that item once: its delta may be left out
+        delta = 1 if item and obj.get("delta") is None else validate_delta(_required(obj, "delta"))
     else:
         raw = obj.get("delta")
         delta = 0 if raw is None else validate_delta(raw)
@@ -107,8 +111,6 @@ def mutation_from_json(obj: Mapping[str, Any]) -> Mutation:
     if dimensions and op is MutationOp.CLEAR:
         raise ValidationError("dimensions", "a clear applies to the counter and all its combinations: "
                                             "send it without dimensions")
-    raw_item = obj.get("item")
-    item = "" if raw_item is None else validate_item(raw_item)
     return Mutation(namespace, counter_name, delta, event_time, event_id, item_key, op, dimensions, item)
 
 

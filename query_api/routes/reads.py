@@ -15,6 +15,11 @@ from query_api.models import (
     GetCountSeriesRequest,
     GroupedCountResponse,
     SeriesResponse,
+    UniqueCountResponse,
+    UniqueDimensionCountResponse,
+    UniqueDimensionWindowCountResponse,
+    UniqueGroupedCountResponse,
+    UniqueWindowCountResponse,
     WindowCountResponse,
 )
 from query_api.responses import (
@@ -26,10 +31,12 @@ from query_api.responses import (
     window_response,
 )
 from query_api.service import Rejected
+from query_api.unique import get_unique, unique_get_count, unique_response, unique_series
 from schemas import combination
 
 GetCountResponse = (CountResponse | WindowCountResponse | DimensionCountResponse | DimensionWindowCountResponse
-                    | GroupedCountResponse)
+                    | GroupedCountResponse | UniqueCountResponse | UniqueWindowCountResponse
+                    | UniqueDimensionCountResponse | UniqueDimensionWindowCountResponse | UniqueGroupedCountResponse)
 
 router = APIRouter(prefix="/v1", tags=["reads"])
 
@@ -42,11 +49,16 @@ async def get_count(body: GetCountRequest, service: Service, key: CallerKey) -> 
 
     With `dimensions` (any subset of the namespace's keys, e.g. `{"country": "US"}`), the count of the writes
     carrying them (one combination counter: exact, one read, windows included). With `group_by` (a declared key
-    not in the filter), one count per value of it among those writes (`groups`), and the filter's total."""
+    not in the filter), one count per value of it among those writes (`groups`), and the filter's total.
+
+    In a UNIQUE namespace, the distinct items instead: `estimate` with `lower_bound` and `upper_bound` (95%), `count`
+    the estimate rounded, for the total, a window, a filter or each group."""
     ns = service.namespace(body.namespace)
     authorize(ns, key, "read")
     dims, group_by = service.dimension_filter(ns, body.dimensions, body.group_by)
     spec = body.window.as_spec() if body.window is not None else None
+    if ns.counts_unique:
+        return await unique_get_count(service, ns, body.counter_name, dims, group_by, spec)
     if group_by is not None:
         return grouped_response(await service.get_groups(ns, body.counter_name, dims, group_by, spec))
     if dims:
@@ -61,7 +73,8 @@ async def get_count(body: GetCountRequest, service: Service, key: CallerKey) -> 
 
 @router.post("/BatchGetCount", response_model=BatchGetCountResponse, responses=ERRORS)
 async def batch_get_count(body: BatchGetCountRequest, service: Service, key: CallerKey) -> BatchGetCountResponse:
-    """Many GetCounts of totals in one call (a `dimensions` filter each; no group_by)."""
+    """Many GetCounts of totals in one call (a `dimensions` filter each; no group_by); UNIQUE namespaces' answers
+    carry their estimates and bounds, as GetCount's."""
     namespaces = [service.namespace(r.namespace) for r in body.requests]
     for ns in {n.name: n for n in namespaces}.values():
         authorize(ns, key, "read")
@@ -76,6 +89,9 @@ async def batch_get_count(body: BatchGetCountRequest, service: Service, key: Cal
         names.append((r.counter_name, dims))
     results: list[CountResponse] = []
     for (counter, dims), ns in zip(names, namespaces, strict=True):
+        if ns.counts_unique:
+            results.append(unique_response(await get_unique(service, ns, combination(counter, dims)), counter, dims))
+            continue
         c = await service.get(ns, combination(counter, dims))
         results.append(dimension_response(c, counter, dims) if dims else count_response(c))
     return BatchGetCountResponse(results=results)
@@ -84,8 +100,12 @@ async def batch_get_count(body: BatchGetCountRequest, service: Service, key: Cal
 @router.post("/GetCountSeries", response_model=SeriesResponse, responses=ERRORS)
 async def get_count_series(body: GetCountSeriesRequest, service: Service, key: CallerKey) -> SeriesResponse:
     """A counter's minute, hour or day buckets over [start, end): in order, zero-filled, with `as_of`. At most
-    1,440 buckets per call (422 naming `end` beyond that: ask for a shorter range or a coarser granularity)."""
+    1,440 buckets per call (422 naming `end` beyond that: ask for a shorter range or a coarser granularity). In a
+    UNIQUE namespace each bucket's count is its distinct items (its sketch's estimate, rounded)."""
     ns = service.namespace(body.namespace)
     authorize(ns, key, "read")
+    if ns.counts_unique:
+        result, as_of = await unique_series(service, ns, body.counter_name, body.granularity, body.start, body.end)
+        return series_response(ns, body.counter_name, result, as_of)
     result, as_of = await service.get_series(ns, body.counter_name, body.granularity, body.start, body.end)
     return series_response(ns, body.counter_name, result, as_of)

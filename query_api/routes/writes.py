@@ -14,9 +14,11 @@ from query_api.models import (
     ClearCountRequest,
     CountResponse,
     ErrorResponse,
+    UniqueCountResponse,
 )
 from query_api.responses import add_response, count_response
 from query_api.service import Rejected, Written
+from query_api.unique import add_and_get_unique, unique_response
 from schemas import Mutation, MutationOp
 
 router = APIRouter(prefix="/v1", tags=["writes"])
@@ -24,23 +26,32 @@ router = APIRouter(prefix="/v1", tags=["writes"])
 
 @router.post("/AddCount", response_model=AddCountResponse, responses=ERRORS)
 async def add_count(body: AddCountRequest, service: Service, key: CallerKey) -> AddCountResponse:
-    """Adjust a counter by `delta` (positive or negative). Durable once answered (rolled-up types)."""
+    """Adjust a counter by `delta` (positive or negative). Durable once answered (rolled-up types). In a UNIQUE
+    namespace, count `item` (required; `delta` 1 or absent)."""
     ns = service.namespace(body.namespace)
     authorize(ns, key, "write")
     token = body.idempotency_token
-    return add_response(await service.write(ns, body.counter_name, body.delta, MutationOp.ADD,
+    return add_response(await service.write(ns, body.counter_name, service.delta_of(ns, body.delta), MutationOp.ADD,
                                             token.token if token else None,
                                             token.generation_time if token else None, body.event_item_key,
                                             body.dimensions, body.item))
 
 
-@router.post("/AddAndGetCount", response_model=CountResponse, responses={**ERRORS, 504: {"model": ErrorResponse}})
-async def add_and_get_count(body: AddCountRequest, service: Service, key: CallerKey) -> CountResponse:
-    """AddCount, then the count including this delta (read-your-write), or 504 after a bounded wait."""
+@router.post("/AddAndGetCount", response_model=CountResponse | UniqueCountResponse,
+             responses={**ERRORS, 504: {"model": ErrorResponse}})
+async def add_and_get_count(body: AddCountRequest, service: Service,
+                            key: CallerKey) -> CountResponse | UniqueCountResponse:
+    """AddCount, then the count including this delta (read-your-write), or 504 after a bounded wait. In a UNIQUE
+    namespace, the estimate including this item."""
     ns = service.namespace(body.namespace)
     authorize(ns, key, "write", "read")
     token = body.idempotency_token
-    return count_response(await service.add_and_get(ns, body.counter_name, body.delta,
+    if ns.counts_unique:
+        return unique_response(await add_and_get_unique(service, ns, body.counter_name,
+                                                        token.token if token else None,
+                                                        token.generation_time if token else None,
+                                                        body.dimensions, body.item, body.delta, body.event_item_key))
+    return count_response(await service.add_and_get(ns, body.counter_name, service.delta_of(ns, body.delta),
                                                      token.token if token else None,
                                                      token.generation_time if token else None, body.event_item_key,
                                                      body.dimensions, body.item))
@@ -68,29 +79,30 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
     namespaces = [service.namespace(r.namespace) for r in body.requests]
     for ns in {n.name: n for n in namespaces}.values():
         authorize(ns, key, "write")
-    prepared: list[tuple[AddCountRequest, Mutation | None]] = []
+    prepared: list[tuple[AddCountRequest, int, Mutation | None]] = []
     durable = []
     for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):
         try:
-            dims, _ = service.extras(ns, r.dimensions, r.item)
+            delta = service.delta_of(ns, r.delta)
+            dims, _ = service.extras(ns, r.dimensions, r.item, delta=delta, item_key=r.event_item_key)
             if dims:
                 await service.check_bound(ns, r.counter_name, dims)
         except Rejected as exc:
             raise Rejected(f"requests.{i}.{exc.field}", exc.reason) from None
         if ns.counter_type is CounterType.BEST_EFFORT:
-            prepared.append((r, None))
+            prepared.append((r, delta, None))
             continue
         t = r.idempotency_token
-        m = service.mutation(ns, r.counter_name, r.delta, MutationOp.ADD, t.token if t else None,
+        m = service.mutation(ns, r.counter_name, delta, MutationOp.ADD, t.token if t else None,
                              t.generation_time if t else None, r.event_item_key, r.dimensions, r.item)
-        prepared.append((r, m))
+        prepared.append((r, delta, m))
         durable.append(m)
     if durable:
         await service.send_durably(durable)
     results = []
-    for (r, mutation), ns in zip(prepared, namespaces, strict=True):
+    for (r, delta, mutation), ns in zip(prepared, namespaces, strict=True):
         if mutation is None:
-            results.append(add_response(await service.write(ns, r.counter_name, r.delta, MutationOp.ADD, None, None)))
+            results.append(add_response(await service.write(ns, r.counter_name, delta, MutationOp.ADD, None, None)))
         else:
             results.append(add_response(Written(ns, r.counter_name, mutation.event_id, mutation.event_time)))
     return BatchAddCountResponse(results=results)
