@@ -55,15 +55,16 @@ export const FEATURES = {
       const fields = await responseFields("/v1/GetCount");
       if (!["estimate", "unique", "lower", "upper"].some((f) => fields.has(f))) return unavailable("the API has no unique counts yet");
       const u = ns.config?.unique ?? ns.config?.unique_counts;
-      if (ns.counter_type !== "UNIQUE" && !u) return unavailable("it does not count unique items");
+      if (ns.config?.aggregation !== "UNIQUE" && !u) return unavailable("it does not count unique items");
       return AVAILABLE;
     },
     async load(ns, counter, {window} = {}) {
       const r = await post("/v1/GetCount", {namespace: ns.name, counter_name: counter, ...(window ? {window} : {})});
       const u = r.unique && typeof r.unique === "object" ? r.unique : r;
       const bounds = first(u, ["bounds", "error_bounds"]) || {};
-      return {estimate: first(u, ["estimate", "count"]), lower: first(u, ["lower", "lower_bound"]) ?? bounds.lower,
-              upper: first(u, ["upper", "upper_bound"]) ?? bounds.upper, as_of: r.as_of};
+      // count: the estimate rounded; the bounds widened to whole items
+      return {estimate: first(u, ["count", "estimate"]), lower: Math.floor(first(u, ["lower", "lower_bound"]) ?? bounds.lower),
+              upper: Math.ceil(first(u, ["upper", "upper_bound"]) ?? bounds.upper), as_of: r.as_of};
     },
   },
 
