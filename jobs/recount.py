@@ -25,6 +25,9 @@ Its time buckets too, when the namespace keeps windows (DESIGN invariant 7), wit
   like a rollup. Buckets are never written at B <= R: a value at B stamped below R would hide events of (B, R]
   from a reader of as_of R, and no later rollup step would revisit it.
 
+A UNIQUE namespace's sketches (``agents.sketches``) are rebuilt with the buckets, at B, from the same events: a
+replay that restored events inside rolled-up windows gets them into the estimates too.
+
 `RecountJob` walks a namespace's counters (or a given list) in name order and saves, at least once a second,
 the last counter done, the tallies and the counters to retry in <data dir>/recount/<namespace>-<digest>.json:
 stopped, it returns; run again with the same options, it resumes after that counter.
@@ -40,6 +43,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from agents.sketches import maintain_sketches
 from agents.windows import BucketWork, maintain_buckets
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import rollup_boundary
@@ -47,7 +51,7 @@ from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.runtime import Runtime
 from jobs.state import fmt_time, read_json, write_json_atomic
 from schemas import MAX_EVENT_TIME, parse_generation_time
-from sinks import BucketStore, EventStore, RollupCache, RollupStore, apply_aggregate
+from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore, apply_aggregate
 from sinks.windows import CHAIN, BucketRange, BucketRow, BucketSum, Granularity, StoredBucket, align_down, masked
 
 Key = tuple[str, str]
@@ -219,8 +223,10 @@ class _CounterBuckets:
 async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, rollups: RollupStore,
                           cache: RollupCache | None, watermark_us: int, since_us: int | None = None,
                           dry_run: bool = False, now_us: int | None = None,
-                          buckets: BucketStore | None = None) -> CounterRecount:
-    """One attempt at recounting one counter and, with a bucket store, its time buckets (see the module doc)."""
+                          buckets: BucketStore | None = None, sketches: SketchStore | None = None) -> CounterRecount:
+    """One attempt at recounting one counter and, with a bucket store, its time buckets (see the module doc); with
+    a sketch store, a UNIQUE namespace's sketches are rebuilt with the buckets (not compared: a union of immutable
+    events cannot drift, it can only miss events a replay restored)."""
     name = ns.name
     now_us = time.time_ns() // 1000 if now_us is None else now_us
     boundary = rollup_boundary(now_us, watermark_us, ns)
@@ -281,6 +287,9 @@ async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, ro
         if at_boundary is None:
             at_boundary = await windows.recompute(boundary)
         await windows.apply(at_boundary, boundary, result.buckets)
+        if sketches is not None and ns.counts_unique:  # with the buckets, at B, as the worker's rollup step
+            await maintain_sketches(ns, [BucketWork(counter, start, boundary)], events=events, sketches=sketches,
+                                    buckets=windows.store, now_us=now_us)
     await rollups.write_rollup(name, counter, recomputed, boundary)
     fresh = await rollups.get(name, counter)
     if fresh is None:  # deleted under our feet
@@ -344,13 +353,14 @@ class Recounter:
     dry_run: bool = False
     retry_interval_s: float = 0.25
     buckets: BucketStore | None = None  # recount the namespaces' time buckets too
+    sketches: SketchStore | None = None  # and a UNIQUE namespace's sketches
     pending: dict[Key, CounterRecount] = field(default_factory=dict)  # behind/raced, to retry
 
     async def once(self, namespace: str, counter: str) -> CounterRecount:
         ns = self.registry[namespace]
         result = await recount_counter(ns, counter, events=self.events, rollups=self.rollups, cache=self.cache,
                                        watermark_us=await self.watermark(), since_us=self.since_us,
-                                       dry_run=self.dry_run, buckets=self.buckets)
+                                       dry_run=self.dry_run, buckets=self.buckets, sketches=self.sketches)
         if result.action in RETRY:
             self.pending[(namespace, counter)] = result
         else:
@@ -379,7 +389,7 @@ def recounter_of(runtime: Runtime, *, since_us: int | None = None, dry_run: bool
     """A `Recounter` over the runtime's stores (time buckets included) and cache, bounded by its persist
     watermark."""
     return Recounter(runtime.registry, runtime.events, runtime.rollups, runtime.cache, runtime.watermark,
-                     since_us=since_us, dry_run=dry_run, buckets=runtime.buckets)
+                     since_us=since_us, dry_run=dry_run, buckets=runtime.buckets, sketches=runtime.sketches)
 
 
 # -- the job behind `counter recount` ---------------------------------------------------------------

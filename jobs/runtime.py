@@ -9,7 +9,16 @@ from dataclasses import dataclass
 from agents.rollup import global_watermark
 from control_plane import NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
-from sinks import BucketStore, EventStore, RollupCache, RollupStore, open_cache, open_namespace_stores
+from sinks import (
+    BucketStore,
+    EventStore,
+    RollupCache,
+    RollupStore,
+    SketchStore,
+    open_cache,
+    open_namespace_sketch_store,
+    open_namespace_stores,
+)
 from streams.settings import Settings, SettingsError
 from streams.topics import partition_count
 
@@ -24,6 +33,7 @@ class Runtime:
     cache: RollupCache | None
     cache_note: str  # what a recount's cache refresh reaches, for the summary
     mutation_partitions: int
+    sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
 
     async def watermark(self) -> int:
         """The global persist watermark (µs): every mutation appended before it is in the event store."""
@@ -34,6 +44,8 @@ class Runtime:
         await self.events.close()
         await self.rollups.close()
         await self.buckets.close()
+        if self.sketches is not None:
+            await self.sketches.close()
         if self.cache is not None:
             await self.cache.close()
 
@@ -60,5 +72,7 @@ def open_runtime(settings: Settings) -> Runtime:
     partitions = partition_count(settings.kafka_bootstrap, settings.mutations_topic)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
+    sketches = (open_namespace_sketch_store(buckets, registry) if any(ns.counts_unique for ns in registry.values())
+                else None)
     cache, note = shared_cache(settings)
-    return Runtime(settings, registry, events, rollups, buckets, cache, note, partitions)
+    return Runtime(settings, registry, events, rollups, buckets, cache, note, partitions, sketches)
