@@ -16,6 +16,7 @@ EXAMPLES = """examples:
   counter produce my_dataset counter123 -- -1 --token evt-42 --generation-time 2024-10-05T14:48:00Z
   counter produce my_dataset counter456 --clear
   counter produce plays title_1 1 --dimension country=US --dimension device=tv
+  counter produce visitors home --item user-42 --dimension country=US
   counter produce --file mutations.jsonl --batch-size 500
 
 A JSONL line has the AddCount body of the Netflix post, plus "op": "clear" for a clear and "dimensions":
@@ -40,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--token", help="idempotency token (default: generated)")
     p.add_argument("--generation-time", help="ISO-8601 or epoch (s/ms/µs); default now")
     p.add_argument("--item-key", default="", help="event_item_key (default empty)")
+    p.add_argument("--item", default="", help="the item a UNIQUE namespace counts (e.g. a user id); DELTA may then "
+                                              "be left out (it is 1)")
     p.add_argument("--dimension", action="append", default=[], metavar="KEY=VALUE",
                    help="a dimension of the write (repeat for several, e.g. --dimension country=US "
                         "--dimension device=tv); keys the namespace declares")
@@ -78,15 +81,18 @@ def run(args: argparse.Namespace) -> int:
 def _from_args(args: argparse.Namespace) -> Mutation:
     if args.clear and args.delta not in (None, 0):
         fail("--clear takes no DELTA")
-    if not args.clear and args.delta is None:
-        fail("DELTA is required for an add (or pass --clear)")
+    if not args.clear and args.delta is None and not args.item:
+        fail("DELTA is required for an add (or pass --clear, or --item in a UNIQUE namespace)")
+    if args.clear and args.item:
+        fail("--clear takes no --item: a clear erases every item counted before it")
     op = MutationOp.CLEAR if args.clear else MutationOp.ADD
     dimensions = _dimensions(args.dimension)
     if dimensions and args.clear:
         fail("--clear takes no --dimension: a clear applies to the counter and all its combinations")
     try:
-        return CounterProducer.mutation(op, args.namespace, args.counter_name, args.delta or 0, args.token,
-                                        args.generation_time, args.item_key, dimensions)
+        delta = args.delta if args.delta is not None else (1 if args.item else 0)
+        return CounterProducer.mutation(op, args.namespace, args.counter_name, delta, args.token,
+                                        args.generation_time, args.item_key, dimensions, args.item)
     except (ValidationError, ValueError) as exc:
         fail(str(exc))
 

@@ -349,3 +349,21 @@ def test_the_api_checks_name_the_field(stack: Stack) -> None:
     assert service.extras(U, None, None, MutationOp.CLEAR) == ((), "")
     assert extras_refusal(UA, (), "x", delta=1) is None
     assert estimate(b"\x02\x01\x07\x0c\x03\x08\x00\x00") == (0.0, 0.0, 0.0)  # an empty compact sketch
+
+
+def test_counter_produce_takes_an_item_and_then_no_delta() -> None:
+    import argparse
+
+    from counter_cli.produce_cmd import _from_args
+
+    def args(**kw: Any) -> argparse.Namespace:
+        base = {"namespace": "visitors", "counter_name": "home", "delta": None, "clear": False, "token": "t",
+                "generation_time": None, "item_key": "", "dimension": ["country=US"], "item": "user-42"}
+        return argparse.Namespace(**{**base, **kw})
+
+    m = _from_args(args())
+    assert (m.delta, m.item, m.dimensions, m.op) == (1, "user-42", (("country", "US"),), MutationOp.ADD)
+    assert _from_args(args(delta=1)).delta == 1
+    for bad in (args(item=""), args(clear=True, dimension=[])):
+        with pytest.raises(SystemExit):
+            _from_args(bad)
