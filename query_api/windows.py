@@ -13,13 +13,15 @@ an API answers with 422.
   `counter audit --by` prints the same series).
 
 Both read the counter's latest clear and mask with it: a bucket that ended at or before the clear reads 0.
-Two store calls per request (the clear, then the buckets in one batched read).
+Two store calls per request (the clear, then the buckets in one batched read). ``tiled_counts`` is the same
+reading for many counters at once, still two store calls, over a tiling or a signed cover of it
+(``sinks.windows.signed_cover``): Top-K's exact counts of its candidates.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from control_plane import Namespace, parse_duration
@@ -30,6 +32,8 @@ from sinks.windows import (
     CHAIN,
     Granularity,
     Segment,
+    SignedSegment,
+    Tiling,
     TooManyBuckets,
     WindowError,
     fill_series,
@@ -42,13 +46,16 @@ from sinks.windows import (
 __all__ = [
     "DEFAULT_MAX_BUCKETS",
     "Series",
+    "TiledCount",
     "TooManyBuckets",
     "WindowCount",
     "WindowError",
     "granularity_of",
     "parse_window",
     "series",
+    "tiled_counts",
     "window_count",
+    "window_tiling",
 ]
 
 DEFAULT_MAX_BUCKETS = 1440  # a day of minutes, two months of hours, four years of days
@@ -65,6 +72,16 @@ class WindowCount:
     end_us: int
     segments: tuple[Segment, ...]
     upto_us: int = 0  # the latest boundary the buckets read were computed at: they are exact up to it
+
+
+@dataclass(frozen=True, slots=True)
+class TiledCount:
+    """One counter's count over a tiling or cover, the latest boundary its buckets read were computed at (0: none
+    read), and how many rows were read (buckets, and its clear if it has one)."""
+
+    count: int
+    upto_us: int
+    rows: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,24 +137,72 @@ def parse_window(spec: Mapping[str, object], now_us: int, *, field: str = "windo
     return start, end
 
 
-async def window_count(buckets: BucketStore, ns: Namespace, counter: str, start_us: int, end_us: int, *,
-                       now_us: int | None = None) -> WindowCount:
-    """The count of ``[start_us, end_us)`` from the coarsest retained buckets that tile it (see the module doc)."""
-    now = time.time_ns() // 1000 if now_us is None else now_us
+def window_tiling(ns: Namespace, start_us: int, end_us: int, now_us: int) -> Tiling:
+    """The coarsest retained buckets of the namespace tiling ``[start_us, end_us)`` at ``now_us`` (edges aligned
+    outwards; see ``sinks.windows.tile``); WindowError naming ``window`` when there is none."""
     chain = tuple(Granularity(g) for g in ns.windows.granularities)
     if not chain:
         raise WindowError(f"namespace {ns.name!r} keeps no time windows", field="window")
     try:
-        tiling = tile(start_us, end_us, chain, _floors(ns, chain, now))
+        return tile(start_us, end_us, chain, _floors(ns, chain, now_us))
     except WindowError as exc:
         raise WindowError(exc.reason, field=exc.field or "window") from None
-    clear = (await buckets.clears(ns.name, [counter])).get(counter)
-    found = await buckets.read_buckets_many(ns.name, [(counter, s.granularity, s.start_us, s.end_us)
-                                                      for s in tiling.segments])
-    count = sum(masked(seg.granularity, start, value, clear)
-                for seg, rows in zip(tiling.segments, found, strict=True) for start, value, _upto in rows)
-    upto = max((row[2] for rows in found for row in rows), default=0)
-    return WindowCount(count, tiling.start_us, tiling.end_us, tiling.segments, upto)
+
+
+async def tiled_counts(buckets: BucketStore, ns: Namespace, counters: Sequence[str], parts: Sequence[SignedSegment],
+                       known: Sequence[Mapping[tuple[Granularity, int], int]] | None = None) -> list[TiledCount]:
+    """Each counter's count over the buckets of ``parts`` (a tiling's segments, each +1, or a signed cover), in
+    order: its stored buckets there, masked by its latest clear, each counted with its part's sign. Two store
+    calls for the whole batch (the clears, then every counter's runs of buckets).
+
+    ``known`` (per counter): stored values of some of its buckets the caller already holds, by ``(granularity,
+    start)`` (0 for a bucket known not to exist); only the others are read, as runs of consecutive buckets. Known
+    values are masked and signed like read ones. ``rows`` counts the buckets read and the clears found."""
+    if not counters:
+        return []
+    clears = await buckets.clears(ns.name, counters)
+    ranges: list[tuple[str, Granularity, int, int]] = []
+    owners: list[tuple[int, int]] = []  # (counter index, sign)
+    for i, counter in enumerate(counters):
+        mine = known[i] if known is not None else {}
+        for sign, seg in parts:
+            g, width = seg.granularity, seg.granularity.width_us
+            start = seg.start_us
+            while start < seg.end_us:  # runs of buckets not known
+                if (g, start) in mine:
+                    start += width
+                    continue
+                end = start + width
+                while end < seg.end_us and (g, end) not in mine:
+                    end += width
+                ranges.append((counter, g, start, end))
+                owners.append((i, sign))
+                start = end
+    found = await buckets.read_buckets_many(ns.name, ranges) if ranges else []
+    counts = [0] * len(counters)
+    uptos = [0] * len(counters)
+    rows = [int(c in clears) for c in counters]
+    for (i, sign), (_c, g, _lo, _hi), got in zip(owners, ranges, found, strict=True):
+        clear = clears.get(counters[i])
+        counts[i] += sign * sum(masked(g, start, value, clear) for start, value, _upto in got)
+        uptos[i] = max([uptos[i], *(upto for _s, _v, upto in got)])
+        rows[i] += len(got)
+    if known is not None:
+        signs = {(seg.granularity, start): sign for sign, seg in parts
+                 for start in range(seg.start_us, seg.end_us, seg.granularity.width_us)}
+        for i, mine in enumerate(known):
+            clear = clears.get(counters[i])
+            counts[i] += sum(signs[(g, start)] * masked(g, start, value, clear) for (g, start), value in mine.items())
+    return [TiledCount(n, u, r) for n, u, r in zip(counts, uptos, rows, strict=True)]
+
+
+async def window_count(buckets: BucketStore, ns: Namespace, counter: str, start_us: int, end_us: int, *,
+                       now_us: int | None = None) -> WindowCount:
+    """The count of ``[start_us, end_us)`` from the coarsest retained buckets that tile it (see the module doc)."""
+    now = time.time_ns() // 1000 if now_us is None else now_us
+    tiling = window_tiling(ns, start_us, end_us, now)
+    [counted] = await tiled_counts(buckets, ns, [counter], [SignedSegment(1, seg) for seg in tiling.segments])
+    return WindowCount(counted.count, tiling.start_us, tiling.end_us, tiling.segments, counted.upto_us)
 
 
 async def series(buckets: BucketStore, ns: Namespace, counter: str, granularity: Granularity | str, start_us: int,

@@ -182,12 +182,13 @@ class BucketStore(Protocol):
         ...
 
     async def read_ranks_many(self, namespace: str, pages: Sequence[RankPage]) -> list[list[RankEntry]]:
-        """Per ``(signature, granularity, start_us, after, limit)``, in order: up to ``limit`` entries ``(base
-        counter, stored value)`` of that rank list, by value descending, then base counter ascending (code
-        point order), strictly after ``after`` (the previous page's last entry; None: from the top). A page
-        shorter than ``limit`` is the last. Values are as stored (unmasked). Every stored bucket has its entry;
-        a backend without transactions (Cassandra) may also hold stale entries of values since replaced, left
-        by racing writers, so a reader verifies what it finds against the buckets. A batch in one call."""
+        """Per page ``(signature, granularity, start_us, after, limit[, ascending])`` (``sinks.windows.RankPage``),
+        in order: up to ``limit`` entries ``(base counter, stored value)`` of that rank list, by value descending,
+        then base counter ascending (code point order), strictly after ``after`` (the previous page's last entry;
+        None: from the top); ``ascending`` reads the same order backwards, from the list's end. A page shorter
+        than ``limit`` is the last. Values are as stored (unmasked). Every stored bucket has its entry; a backend
+        without transactions (Cassandra) may also hold stale entries of values since replaced, left by racing
+        writers or crashes, so a reader verifies what it finds against the buckets. A batch in one call."""
         ...
 
     async def bump_clears(self, namespace: str, items: Sequence[tuple[str, int]]) -> None:

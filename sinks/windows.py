@@ -16,7 +16,7 @@ and both storage backends share them, so every process cuts time the same way.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from itertools import pairwise
 from typing import NamedTuple
@@ -30,6 +30,7 @@ __all__ = [
     "RankEntry",
     "RankPage",
     "Segment",
+    "SignedSegment",
     "StoredBucket",
     "Tiling",
     "TooManyBuckets",
@@ -45,6 +46,7 @@ __all__ = [
     "masked",
     "retained_from",
     "series_range",
+    "signed_cover",
     "slice_bounds",
     "tile",
 ]
@@ -93,16 +95,27 @@ BucketRow = tuple[str, Granularity, int, int, int]
 StoredBucket = tuple[int, int, int]
 # (counter, granularity, from_start_us, to_start_us): the buckets whose start lies in [from, to).
 BucketRange = tuple[str, Granularity, int, int]
-# (signature, granularity, start_us, after, limit): a page of the rank list of the buckets (granularity, start_us)
-# of the counters with that dimension signature ("" for base counters, "country=BR" for their `country=BR`
-# combinations: schemas.dimension_signature); ``after`` is the (value, base counter) of the previous page's last
-# entry, or None for the first page. See ``BucketStore.read_ranks_many``.
-RankPage = tuple[str, Granularity, int, tuple[int, str] | None, int]
 # (base counter, stored value): an entry of a rank list, as read back.
 RankEntry = tuple[str, int]
 # (bucket_start_us, sum of adds strictly after the latest clear in the bucket, that clear or None, events):
 # what ``EventStore.bucket_sums_many`` reports per bucket holding events.
 BucketSum = tuple[int, int, int | None, int]
+
+
+class RankPage(NamedTuple):
+    """A page of the rank list of the buckets ``(granularity, start_us)`` of the counters with dimension signature
+    ``signature`` ("" for base counters, "country=BR" for their `country=BR` combinations:
+    ``schemas.dimension_signature``): up to ``limit`` entries after ``after``, the ``(value, base counter)`` of the
+    previous page's last entry (None: from the start). The list's order is value descending, then name ascending;
+    ``ascending`` reads it from its end (value ascending, then name descending). See
+    ``BucketStore.read_ranks_many``; a plain 5-tuple is a descending page."""
+
+    signature: str
+    granularity: Granularity
+    start_us: int
+    after: tuple[int, str] | None
+    limit: int
+    ascending: bool = False
 
 
 class WindowError(ValueError):
@@ -262,6 +275,88 @@ def tile(start_us: int, end_us: int, granularities: Sequence[Granularity],
             return Tiling(lo, hi, segments)
     oldest = ", ".join(f"{g}s since {floors[g]}" for g in chain)
     raise WindowError(f"the window ends before the oldest retained bucket ({oldest})")
+
+
+class SignedSegment(NamedTuple):
+    """A run of buckets counted with ``sign`` (+1 or -1) in a signed cover."""
+
+    sign: int
+    segment: Segment
+
+
+def signed_cover(tiling: Tiling, floors: Mapping[Granularity, int | None], *,
+                 cost_of: Callable[[Granularity, int], int] | None = None) -> tuple[SignedSegment, ...]:
+    """The fewest buckets whose signed sum covers ``tiling``'s range exactly: an edge that fills most of a coarser
+    bucket is that bucket minus the finer buckets outside the range (the last hour from 13:10 to 14:11 is the
+    hour 13:00 minus ten minutes, plus the hour 14:00, rather than 61 minutes). The counts match because a coarser
+    bucket always holds the masked sum of its finer ones (invariant 7; a clear inside it recomputes it).
+
+    Only retained buckets of the granularities ``floors`` lists are used (``floors`` as for :func:`tile`: the
+    namespace's granularities, each with its oldest retained bucket or None); ``cost_of(g, start)`` weighs a
+    bucket (default 1; a caller may make buckets that cannot hold anything yet cheaper). Never worse than the
+    tiling itself, which is one of the candidates. Segments come in time order per sign, positive ones first."""
+    chain = tuple(g for g in CHAIN if g in floors)
+    if not chain:
+        raise ValueError("signed_cover needs the floors of the namespace's granularities")
+    weigh = cost_of or (lambda _g, _s: 1)
+    inf = float("inf")
+
+    def usable(g: Granularity, start: int) -> bool:
+        return _kept(start, g, floors)
+
+    def run(g: Granularity, lo: int, hi: int) -> tuple[float, list[tuple[int, Granularity, int]]]:
+        starts = range(lo, hi, g.width_us)
+        if any(not usable(g, s) for s in starts):
+            return inf, []
+        return float(sum(weigh(g, s) for s in starts)), [(1, g, s) for s in starts]
+
+    def neg(parts: list[tuple[int, Granularity, int]]) -> list[tuple[int, Granularity, int]]:
+        return [(-sign, g, s) for sign, g, s in parts]
+
+    def best(lo: int, hi: int, level: int) -> tuple[float, list[tuple[int, Granularity, int]]]:
+        """[lo, hi) with chain[:level + 1] (lo, hi aligned to chain[0])."""
+        if lo >= hi:
+            return 0.0, []
+        g = chain[level]
+        if level == 0:
+            return run(g, lo, hi)
+        w = g.width_us
+        a, b = align_up(lo, g), align_down(hi, g)
+        options = []
+        if a > b:  # inside one bucket of g: finer buckets, or the bucket minus its two outer parts
+            options.append(best(lo, hi, level - 1))
+            if usable(g, b):
+                left, right = best(b, lo, level - 1), best(hi, a, level - 1)
+                options.append((weigh(g, b) + left[0] + right[0], [(1, g, b), *neg(left[1]), *neg(right[1])]))
+            return min(options, key=lambda o: o[0])
+        middle = run(g, a, b)
+        left_in = best(lo, a, level - 1)
+        left = left_in
+        if lo < a and usable(g, a - w):
+            out = best(a - w, lo, level - 1)
+            if weigh(g, a - w) + out[0] < left_in[0]:
+                left = (weigh(g, a - w) + out[0], [(1, g, a - w), *neg(out[1])])
+        right_in = best(b, hi, level - 1)
+        right = right_in
+        if b < hi and usable(g, b):
+            out = best(hi, b + w, level - 1)
+            if weigh(g, b) + out[0] < right_in[0]:
+                right = (weigh(g, b) + out[0], [(1, g, b), *neg(out[1])])
+        return left[0] + middle[0] + right[0], [*left[1], *middle[1], *right[1]]
+
+    cost, parts = best(tiling.start_us, tiling.end_us, len(chain) - 1)
+    plain = [SignedSegment(1, seg) for seg in tiling.segments]
+    if cost == inf or cost >= sum(weigh(s.granularity, t) for s in tiling.segments
+                                  for t in range(s.start_us, s.end_us, s.granularity.width_us)):
+        return tuple(plain)
+    out: list[SignedSegment] = []
+    for sign, g, start in sorted(parts, key=lambda p: (-p[0], p[2], p[1].width_us)):
+        last = out[-1] if out else None
+        if last is not None and last.sign == sign and last.segment.granularity == g and last.segment.end_us == start:
+            out[-1] = SignedSegment(sign, Segment(g, last.segment.start_us, start + g.width_us))
+        else:
+            out.append(SignedSegment(sign, Segment(g, start, start + g.width_us)))
+    return tuple(out)
 
 
 def cover(lo: int, hi: int, chain: Sequence[Granularity]) -> tuple[Segment, ...]:

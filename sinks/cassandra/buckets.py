@@ -145,20 +145,21 @@ class CassandraBucketStore:
         (two statements, the second's rows used only as far as the first leaves room)."""
         stmts: list[Stmt] = []
         owners: list[int] = []
-        for i, (signature, g, start, after, limit) in enumerate(pages):
-            if limit <= 0:
+        normal = [RankPage(*p) for p in pages]
+        for i, p in enumerate(normal):
+            if p.limit <= 0:
                 continue
-            key = (namespace, signature, Granularity(g).value, start)
-            if after is None:
-                stmts.append(self._cql.rank_first(*key, limit))
+            key = (namespace, p.signature, Granularity(p.granularity).value, p.start_us)
+            if p.after is None:
+                stmts.append(self._cql.rank_first(*key, p.limit, ascending=p.ascending))
                 owners.append(i)
             else:
-                stmts += [self._cql.rank_tie(*key, after[0], after[1], limit),
-                          self._cql.rank_below(*key, after[0], limit)]
+                stmts += [self._cql.rank_tie(*key, p.after[0], p.after[1], p.limit, ascending=p.ascending),
+                          self._cql.rank_beyond(*key, p.after[0], p.limit, ascending=p.ascending)]
                 owners += [i, i]
         out: list[list[RankEntry]] = [[] for _ in pages]
         for i, found in zip(owners, await self._x.run_all(stmts) if stmts else [], strict=True):
-            room = pages[i][4] - len(out[i])
+            room = normal[i].limit - len(out[i])
             out[i].extend((str(base), int(value or 0)) for base, value in list(found or ())[:room])
         return out
 

@@ -617,6 +617,7 @@ class RollupCql:
 _BUCKET_PK = "namespace = ? AND counter_name = ? AND granularity = ? AND slice = ?"
 _BUCKET_SLICE = "namespace = ? AND granularity = ? AND slice = ?"
 _RANK_PK = "namespace = ? AND signature = ? AND granularity = ? AND start_us = ?"
+_RANK_REVERSED = "ORDER BY bucket_count ASC, counter_name DESC"
 
 
 class WindowCql:
@@ -703,21 +704,36 @@ class WindowCql:
                     "AND bucket_count = ? AND counter_name = ?",
                     (computed_upto_us, namespace, signature, granularity, start_us, value, base))
 
-    def rank_first(self, namespace: str, signature: str, granularity: str, start_us: int, limit: int) -> Stmt:
+    def rank_first(self, namespace: str, signature: str, granularity: str, start_us: int, limit: int, *,
+                   ascending: bool = False) -> Stmt:
+        """The first entries of a rank list, or with ``ascending`` its last ones (a reversed query)."""
+        if ascending:
+            return Stmt("wrank.last", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
+                        f"WHERE {_RANK_PK} {_RANK_REVERSED} LIMIT ?",
+                        (namespace, signature, granularity, start_us, limit))
         return Stmt("wrank.first", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
                     f"WHERE {_RANK_PK} LIMIT ?", (namespace, signature, granularity, start_us, limit))
 
     def rank_tie(self, namespace: str, signature: str, granularity: str, start_us: int, value: int, after: str,
-                 limit: int) -> Stmt:
-        """The rest of a tie: the entries of ``value`` after the name ``after``."""
+                 limit: int, *, ascending: bool = False) -> Stmt:
+        """The rest of a tie: the entries of ``value`` after the name ``after`` (before it, reading backwards)."""
+        if ascending:
+            return Stmt("wrank.tie_back", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
+                        f"WHERE {_RANK_PK} AND bucket_count = ? AND counter_name < ? {_RANK_REVERSED} LIMIT ?",
+                        (namespace, signature, granularity, start_us, value, after, limit))
         return Stmt("wrank.tie", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
                     f"WHERE {_RANK_PK} AND bucket_count = ? AND counter_name > ? LIMIT ?",
                     (namespace, signature, granularity, start_us, value, after, limit))
 
-    def rank_below(self, namespace: str, signature: str, granularity: str, start_us: int, value: int,
-                   limit: int) -> Stmt:
-        """The entries of values below ``value`` (a single slice of the clustering: the names within a value run
-        ascending while values descend, so no one multi-column relation pages across a tie)."""
+    def rank_beyond(self, namespace: str, signature: str, granularity: str, start_us: int, value: int,
+                    limit: int, *, ascending: bool = False) -> Stmt:
+        """The entries of values below ``value`` (above it, reading backwards): a single slice of the clustering.
+        Names within a value run ascending while values descend, so no one multi-column relation pages across
+        a tie: a later page is the rest of the tie and this."""
+        if ascending:
+            return Stmt("wrank.above", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
+                        f"WHERE {_RANK_PK} AND bucket_count > ? {_RANK_REVERSED} LIMIT ?",
+                        (namespace, signature, granularity, start_us, value, limit))
         return Stmt("wrank.below", f"SELECT counter_name, bucket_count FROM {self.ks}.window_ranks "
                     f"WHERE {_RANK_PK} AND bucket_count < ? LIMIT ?",
                     (namespace, signature, granularity, start_us, value, limit))

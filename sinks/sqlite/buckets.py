@@ -87,6 +87,13 @@ _RANKS_TIE = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RAN
               "ORDER BY counter LIMIT ?")
 _RANKS_BELOW = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} AND value < ? "
                 "ORDER BY value DESC, counter LIMIT ?")
+# the same from the list's end (the index read backwards)
+_RANKS_LAST = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} "
+               "ORDER BY value, counter DESC LIMIT ?")
+_RANKS_TIE_BACK = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} AND value = ? "
+                   "AND counter < ? ORDER BY counter DESC LIMIT ?")
+_RANKS_ABOVE = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} AND value > ? "
+                "ORDER BY value, counter DESC LIMIT ?")
 _FORGET_SLICE = "DELETE FROM bucket_slices WHERE namespace = ? AND granularity = ? AND slice = ?"
 
 
@@ -121,22 +128,22 @@ class SqliteBucketStore:
         return await self._db.run(lambda conn: self._db.read(conn, read))
 
     async def read_ranks_many(self, namespace: str, pages: Sequence[RankPage]) -> list[list[RankEntry]]:
-        def page(conn: sqlite3.Connection, signature: str, g: str, start: int, after: tuple[int, str] | None,
-                 limit: int) -> list[RankEntry]:
-            key = (namespace, signature, g, start)
-            if after is None:
-                rows = conn.execute(_RANKS_FIRST, (*key, limit)).fetchall()
+        def page(conn: sqlite3.Connection, p: RankPage) -> list[RankEntry]:
+            key = (namespace, p.signature, Granularity(p.granularity).value, p.start_us)
+            first, tie, rest = (_RANKS_LAST, _RANKS_TIE_BACK, _RANKS_ABOVE) if p.ascending else (
+                _RANKS_FIRST, _RANKS_TIE, _RANKS_BELOW)
+            if p.after is None:
+                rows = conn.execute(first, (*key, p.limit)).fetchall()
             else:
-                value, base = after
-                name = f"{base} {signature}" if signature else base
-                rows = conn.execute(_RANKS_TIE, (*key, value, name, limit)).fetchall()
-                if len(rows) < limit:
-                    rows += conn.execute(_RANKS_BELOW, (*key, value, limit - len(rows))).fetchall()
+                value, base = p.after
+                name = f"{base} {p.signature}" if p.signature else base
+                rows = conn.execute(tie, (*key, value, name, p.limit)).fetchall()
+                if len(rows) < p.limit:
+                    rows += conn.execute(rest, (*key, value, p.limit - len(rows))).fetchall()
             return [(counter.partition(" ")[0], value) for counter, value in rows]
 
         def read(conn: sqlite3.Connection) -> list[list[RankEntry]]:
-            return [page(conn, signature, Granularity(g).value, start, after, limit) if limit > 0 else []
-                    for signature, g, start, after, limit in pages]
+            return [page(conn, p) if p.limit > 0 else [] for p in (RankPage(*q) for q in pages)]
         if not pages:
             return []
         return await self._db.run(lambda conn: self._db.read(conn, read))

@@ -32,7 +32,7 @@ from sinks import (
 )
 from sinks import Stores as OpenedStores
 from sinks.sqlite.events import _AGGREGATE, _BUCKET_SUMS
-from sinks.windows import Granularity
+from sinks.windows import Granularity, RankPage
 
 T = TypeVar("T")
 
@@ -462,11 +462,13 @@ def _ranks(stores: Stores, signature: str, g: Granularity, start: int, ns: str |
     return entries
 
 
-def _paged(stores: Stores, signature: str, g: Granularity, start: int, limit: int) -> list[tuple[str, int]]:
+def _paged(stores: Stores, signature: str, g: Granularity, start: int, limit: int,
+           ascending: bool = False) -> list[tuple[str, int]]:
     out: list[tuple[str, int]] = []
     after = None
     while True:
-        [page] = stores.run(stores.buckets.read_ranks_many(stores.namespace, [(signature, g, start, after, limit)]))
+        [page] = stores.run(stores.buckets.read_ranks_many(stores.namespace, [
+            RankPage(signature, g, start, after, limit, ascending)]))
         assert len(page) <= limit
         out += page
         if len(page) < limit:
@@ -501,13 +503,19 @@ def test_rank_lists_follow_the_buckets(stores: Stores) -> None:
         assert _ranks(stores, *empty) == [], empty
     assert _ranks(stores, "", MINUTE, t, f"{ns}_x") == [("a", 99)]
     assert _ranks(stores, "country=BR", MINUTE, t, f"{ns}_x") == [("q", 1)]
-    for limit in (1, 2, 3, 7, 8, 9):  # pages end inside ties and between them
+    for limit in (1, 2, 3, 7, 8, 9):  # pages end inside ties and between them, either way
         assert _paged(stores, "", MINUTE, t, limit) == expected, limit
+        assert _paged(stores, "", MINUTE, t, limit, ascending=True) == expected[::-1], limit
     # several pages in one call, in order; a zero limit reads nothing
     got = stores.run(bs.read_ranks_many(ns, [("", MINUTE, t, (5, "a"), 2), ("country=US", MINUTE, t, None, 5),
                                              ("", MINUTE, t, (7, "Z"), 1), ("", MINUTE, t, None, 0),
                                              ("", MINUTE, t, (-2, "b"), 5)]))
     assert got == [[("ab", 5), ("é", 5)], [("a", 4)], [("a-b", 7)], [], []]
+    back = stores.run(bs.read_ranks_many(ns, [RankPage("", MINUTE, t, None, 3, True),
+                                              RankPage("", MINUTE, t, (5, "é"), 2, True),
+                                              RankPage("country=BR", MINUTE, t, (-20, "b"), 2, True),
+                                              RankPage("", MINUTE, t, (7, "Z"), 4, True)]))
+    assert back == [[("b", -2), ("z9", 0), ("m", 1)], [("ab", 5), ("a", 5)], [("é", 50), ("ab", 50)], []]
     assert stores.run(bs.read_ranks_many(ns, [])) == []
 
 
@@ -830,7 +838,7 @@ def test_sqlite_buckets_of_layout_1_are_ranked_after_the_upgrade(tmp_path: Path)
 def test_sqlite_rank_pages_seek_the_rank_index(tmp_path: Path) -> None:
     """A page of a rank list is an index seek, wherever it starts: its cost does not grow with the list's length."""
     from sinks import SqliteBucketStore
-    from sinks.sqlite.buckets import _RANKS_BELOW, _RANKS_FIRST, _RANKS_TIE
+    from sinks.sqlite.buckets import _RANKS_ABOVE, _RANKS_BELOW, _RANKS_FIRST, _RANKS_LAST, _RANKS_TIE, _RANKS_TIE_BACK
 
     path = tmp_path / "buckets.sqlite3"
     bs = SqliteBucketStore(path)
@@ -840,7 +848,8 @@ def test_sqlite_rank_pages_seek_the_rank_index(tmp_path: Path) -> None:
     try:
         key = ("ns", "country=BR", "minute", DAY0)
         for sql, args in ((_RANKS_FIRST, (*key, 10)), (_RANKS_TIE, (*key, 7, "c7 country=BR", 10)),
-                          (_RANKS_BELOW, (*key, 7, 10))):
+                          (_RANKS_BELOW, (*key, 7, 10)), (_RANKS_LAST, (*key, 10)),
+                          (_RANKS_TIE_BACK, (*key, 7, "c7 country=BR", 10)), (_RANKS_ABOVE, (*key, 7, 10))):
             plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
             assert plan and all(line.startswith("SEARCH buckets USING INDEX bucket_ranks") for line in plan), plan
             assert "TEMP B-TREE" not in " ".join(plan), plan  # no sort: the index's order

@@ -243,10 +243,22 @@ def test_rank_statements_are_stamped_with_the_boundary_and_page_by_slices():
     assert remove.params == (2000, "ns", "", "hour", 0, 5, "t")
     first = W.rank_first("ns", "", "day", 0, 10)
     tie = W.rank_tie("ns", "", "day", 0, 5, "t", 10)
-    below = W.rank_below("ns", "", "day", 0, 5, 10)
+    below = W.rank_beyond("ns", "", "day", 0, 5, 10)
     assert first.cql.endswith("AND start_us = ? LIMIT ?")
     assert tie.cql.endswith("AND bucket_count = ? AND counter_name > ? LIMIT ?")
     assert below.cql.endswith("AND bucket_count < ? LIMIT ?")  # one clustering slice each, no multi-column relation
+    backwards = [W.rank_first("ns", "", "day", 0, 10, ascending=True),
+                 W.rank_tie("ns", "", "day", 0, 5, "t", 10, ascending=True),
+                 W.rank_beyond("ns", "", "day", 0, 5, 10, ascending=True)]
+    assert [s.cql.split("WHERE ")[1] for s in backwards] == [
+        "namespace = ? AND signature = ? AND granularity = ? AND start_us = ? "
+        "ORDER BY bucket_count ASC, counter_name DESC LIMIT ?",
+        "namespace = ? AND signature = ? AND granularity = ? AND start_us = ? AND bucket_count = ? "
+        "AND counter_name < ? ORDER BY bucket_count ASC, counter_name DESC LIMIT ?",
+        "namespace = ? AND signature = ? AND granularity = ? AND start_us = ? AND bucket_count > ? "
+        "ORDER BY bucket_count ASC, counter_name DESC LIMIT ?"]  # the clustering reversed, as Cassandra requires
+    for s in backwards:
+        assert markers(s.cql) == len(s.params)
     for s in (add, remove, first, tie, below, W.rank_drop("ns", "", "day", 0, 5),
               W.rank_list_add("ns", "day", 0, "", 0, 0), W.rank_lists("ns", "day", 0),
               W.rank_list_remove("ns", "day", 0, "", 0), W.rank_lists_forget("ns", "day", 0)):

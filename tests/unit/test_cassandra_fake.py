@@ -389,6 +389,23 @@ class FakeCassandra:
         assert limit > 0
         return [(b, v) for v, b in self._rank_live((ns, sig, g, start)) if v < value][:limit]
 
+    def _reversed(self, stmt, pk):
+        assert stmt.cql.endswith("ORDER BY bucket_count ASC, counter_name DESC LIMIT ?"), stmt.cql
+        return [(b, v) for v, b in reversed(self._rank_live(pk))]
+
+    def _wrank_last(self, stmt, ns, sig, g, start, limit):
+        assert limit > 0
+        return self._reversed(stmt, (ns, sig, g, start))[:limit]
+
+    def _wrank_tie_back(self, stmt, ns, sig, g, start, value, before, limit):
+        assert limit > 0
+        return [(b, v) for b, v in self._reversed(stmt, (ns, sig, g, start))
+                if v == value and b.encode() < before.encode()][:limit]
+
+    def _wrank_above(self, stmt, ns, sig, g, start, value, limit):
+        assert limit > 0
+        return [(b, v) for b, v in self._reversed(stmt, (ns, sig, g, start)) if v > value][:limit]
+
     def _wranklists_add(self, stmt, ns, g, slice_no, sig, start, ttl):
         assert start // _SLICE_US[g] == slice_no, "a rank list is listed in its own bucket slice"
         self.rank_lists[(ns, g, slice_no)][(sig, start)] = ttl

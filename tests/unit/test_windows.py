@@ -20,6 +20,7 @@ from sinks.windows import (
     is_masked,
     masked,
     retained_from,
+    signed_cover,
     slice_bounds,
     tile,
 )
@@ -233,3 +234,69 @@ def test_tiling_covers_exactly_the_aligned_range_with_the_coarsest_retained_buck
     for g in chain[:-1]:
         per_parent = g.parent.width_us // g.width_us  # type: ignore[union-attr]
         assert sum(s.buckets for s in tiling.segments if s.granularity is g) <= 2 * (per_parent - 1)
+
+
+# -- signed covers (Top-K) --------------------------------------------------------------------------
+
+
+def _signed_sum_is_the_range(parts, lo: int, hi: int) -> None:
+    """Every instant of [lo, hi) is counted once, every other instant not at all: checked at every edge (the sum
+    of indicator functions is constant between consecutive edges)."""
+    edges = sorted({lo, hi, *(p.segment.start_us for p in parts), *(p.segment.end_us for p in parts)})
+    for t in edges:
+        total = sum(p.sign for p in parts if p.segment.start_us <= t < p.segment.end_us)
+        assert total == (1 if lo <= t < hi else 0), (t, parts)
+
+
+def test_the_last_hour_is_hours_minus_minutes_not_61_minutes():
+    now = align_down(NOW, HOUR_G) + 10 * MIN + 3 * S
+    f = floors(now)
+    tiling = tile(now - HOUR, now, CHAIN, f)
+    assert tiling.buckets == 50 + 11
+    parts = signed_cover(tiling, f)  # the previous hour less its first 10 minutes, then 11 minutes
+    assert [(p.sign, p.segment.granularity, p.segment.buckets) for p in parts] == [
+        (1, HOUR_G, 1), (1, MINUTE_G, 11), (-1, MINUTE_G, 10)]
+    _signed_sum_is_the_range(parts, tiling.start_us, tiling.end_us)
+    # minutes after now weigh nothing: the current hour is its bucket, less the (empty) rest of it
+    cheap = signed_cover(tiling, f, cost_of=lambda _g, start: 0 if start > now else 1)
+    assert [(p.sign, p.segment.granularity, p.segment.buckets) for p in cheap] == [
+        (1, HOUR_G, 2), (-1, MINUTE_G, 10), (-1, MINUTE_G, 49)]
+    _signed_sum_is_the_range(cheap, tiling.start_us, tiling.end_us)
+
+
+def test_covers_never_use_buckets_out_of_retention_and_keep_aligned_whole_buckets():
+    f = floors()
+    day = tile(align_down(NOW, DAY_G) - DAY, align_down(NOW, DAY_G), CHAIN, f)
+    assert signed_cover(day, f) == tuple((1, seg) for seg in day.segments)  # a whole day stays a day
+    # an hour whose first minutes are past the minutes' retention cannot be one hour minus them
+    old = f[MINUTE_G]
+    assert old is not None
+    edge = tile(old + 5 * MIN, old + 2 * HOUR, CHAIN, f)
+    parts = signed_cover(edge, f)
+    assert all(p.segment.start_us >= (f[p.segment.granularity] or 0) for p in parts)
+    _signed_sum_is_the_range(parts, edge.start_us, edge.end_us)
+
+
+@given(data=st.data(), chain=chains, now=st.integers(10**15, 2 * 10**15))
+def test_signed_covers_count_exactly_the_tiled_range_with_no_more_buckets(data, chain, now):
+    retention = data.draw(retentions(chain))
+    kept = {g: retained_from(g, now, r) for g, r in retention.items()}
+    start = data.draw(st.integers(now - 200 * DAY, now))
+    end = data.draw(st.integers(start + 1, start + 100 * DAY))
+    try:
+        tiling = tile(start, end, chain, kept)
+    except WindowError:
+        return
+    weights = data.draw(st.sampled_from(["flat", "future free"]))
+    parts = signed_cover(tiling, kept, cost_of=None if weights == "flat" else (lambda _g, s: 0 if s > now else 1))
+    _signed_sum_is_the_range(parts, tiling.start_us, tiling.end_us)
+    for p in parts:
+        g = p.segment.granularity
+        assert g in chain and p.sign in (1, -1) and p.segment.start_us % g.width_us == 0
+        assert p.segment.end_us % g.width_us == 0 and p.segment.end_us > p.segment.start_us
+        assert kept[g] is None or p.segment.start_us >= kept[g]
+    buckets = [(p.segment.granularity, t) for p in parts
+               for t in range(p.segment.start_us, p.segment.end_us, p.segment.granularity.width_us)]
+    assert len(set(buckets)) == len(buckets)  # no bucket twice
+    if weights == "flat":
+        assert len(buckets) <= tiling.buckets

@@ -1,0 +1,234 @@
+"""Top-K: the k counters of one dimension filter with the highest counts in a window, exact for the rolled-up counts,
+without reading every counter of the namespace.
+
+The window is tiled into buckets as a windowed GetCount tiles it (``query_api.windows.window_tiling``: days, then
+hours, then minutes at the edges), then covered with fewer buckets where an edge fills most of a coarser one: the
+last hour from 13:10 to 14:11 is the hour 13:00 minus its first ten minutes, plus the hour 14:00 (minus its
+minutes after 14:10, which nothing has reached yet), instead of 61 minutes (``sinks.windows.signed_cover``; a
+coarser bucket always holds the masked sum of its finer ones). Every bucket of the cover is a *rank list*: the
+entries ``(counter, value)`` of the filter's counters that have that bucket, sorted by value
+(``BucketStore.read_ranks_many``, maintained with the buckets). A counter's window count is the signed sum of its
+entries over the lists (masked by its latest clear), 0 where it has none. Fagin's Threshold Algorithm finds the
+top k over such lists:
+
+* **sorted access**: rounds of pages, one batched store call a round: added lists from their top, subtracted ones
+  from their bottom (most negative first);
+* **random access**: a candidate's exact count over the window: its buckets in the cover, masked by its latest
+  clear and signed (``query_api.windows.tiled_counts``, the reading of a windowed GetCount), a batch at a time;
+  buckets of lists already read to their end are known without a read (the counter's entry there, or none);
+* **threshold**: a counter not seen yet counts at most ``T``, the sum over the open lists of what the next entry
+  can add: ``max(value, 0)`` of the last value read in an added list (a clear can mask a negative bucket up to 0),
+  ``max(-value, 0)`` in a subtracted one. A list read to its end, or past its last positive contribution, adds
+  nothing more. The answer is final once the k-th best exact count beats ``T``, or ties it while losing nothing to
+  an unseen name (equal values are read in name order, so an unseen counter at exactly ``T`` sorts after the
+  last name read in each added list), or ``T`` is 0.
+
+Candidates are verified lazily, as in Fagin's combined algorithm: a candidate's upper bound is what its entries
+read can add plus ``T``'s share of the lists it was not read in; it is verified only while that bound could still
+place it in the top k, and sorted access goes on while the lists are above what the k-th seems to count. Only
+counters whose count in the window is positive are ranked (ties by name). The counts are rolled-up counts: an
+ACCURATE namespace's live events after the last rollup are not included. A stale entry (Cassandra, after racing
+writers) costs a verification, never a wrong count: a counter read twice in one list has that bucket read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from control_plane import Namespace
+from query_api.windows import tiled_counts, window_tiling
+from schemas import Dimensions
+from schemas.dimensions import dimension_signature
+from sinks import BucketStore
+from sinks.windows import Granularity, RankPage, WindowError, retained_from, signed_cover
+
+__all__ = ["MAX_K", "MAX_LISTS", "TopK", "top_k"]
+
+MAX_K = 100
+MAX_LISTS = 1500  # buckets covering one window: four years of days with their edges
+FIRST_PAGE_MIN = 8  # entries of each list read in the first round, at least (k when larger)
+MAX_PAGE = 1000  # entries of one list read in one round, at most
+GROW_AFTER = 2  # rounds read with the first page size; then each round's pages double
+
+
+@dataclass(frozen=True, slots=True)
+class TopK:
+    """``items``: ``(counter, count)`` of the top counters, count descending, ties by name ascending; the window
+    ``[start_us, end_us)`` actually covered; ``upto_us``: the latest boundary among the buckets read (0: every count
+    came from rank lists read to their end)."""
+
+    items: tuple[tuple[str, int], ...]
+    start_us: int
+    end_us: int
+    upto_us: int
+    lists: int  # rank lists (buckets) the window was covered with
+    rounds: int  # rounds of sorted access
+    rank_rows: int  # entries read by sorted access
+    bucket_rows: int  # rows read by random access (the candidates' buckets and clears)
+    candidates: int  # counters whose exact count was read
+
+    @property
+    def rows_read(self) -> int:
+        return self.rank_rows + self.bucket_rows
+
+
+@dataclass(slots=True)
+class _List:
+    sign: int  # +1: an added bucket, read from its top; -1: a subtracted one, read from its bottom
+    granularity: Granularity
+    start_us: int
+    last: tuple[int, str] | None = None  # (value, counter) of the last entry read
+    open: bool = True
+    ended: bool = False  # read to its end: a counter not read in it has no bucket there
+
+    def gain(self, value: int) -> int:
+        """The most a bucket of this value adds to a count through this list (masking can make it 0)."""
+        return max(self.sign * value, 0)
+
+    @property
+    def bound(self) -> int:
+        """The most a counter not read in this list yet adds through it."""
+        return self.gain(self.last[0]) if self.open and self.last is not None else 0
+
+
+@dataclass(slots=True)
+class _Search:
+    k: int
+    lists: list[_List]
+    seen: dict[str, dict[int, int]] = field(default_factory=dict)  # counter -> list -> its largest gain read there
+    values: dict[str, dict[int, int]] = field(default_factory=dict)  # counter -> list -> value read (estimates)
+    twice: set[tuple[str, int]] = field(default_factory=set)  # (counter, list) read more than once (stale entries)
+    exact: dict[str, int] = field(default_factory=dict)  # verified counts
+    upto: int = 0
+
+    def read(self, i: int, entries: Iterable[tuple[str, int]], limit: int) -> int:
+        """Take a page of list ``i``; returns how many entries it held."""
+        lst, n = self.lists[i], 0
+        for counter, value in entries:
+            n += 1
+            gains = self.seen.setdefault(counter, {})
+            if i in gains:
+                self.twice.add((counter, i))
+            gains[i] = max(lst.gain(value), gains.get(i, 0))
+            self.values.setdefault(counter, {})[i] = value
+            lst.last = (value, counter)
+        if n < limit:
+            lst.open, lst.ended = False, True
+        elif lst.last is not None and lst.bound == 0:  # the rest of the list adds nothing
+            lst.open = False
+        return n
+
+    def known(self, counter: str) -> dict[tuple[Granularity, int], int]:
+        """The counter's buckets known from lists read to their end: its one entry there, or 0 without one (a
+        counter read twice in a list may have a stale entry there: its bucket is read instead)."""
+        mine = self.values.get(counter, {})
+        return {(lst.granularity, lst.start_us): mine.get(i, 0) for i, lst in enumerate(self.lists)
+                if lst.ended and (counter, i) not in self.twice}
+
+    def to_read(self) -> list[int]:
+        """The lists to read next: every open one at first, then those whose bound is at least their mean (the
+        ones that can lower the threshold most; the others are read once these have come down)."""
+        open_ = [i for i, lst in enumerate(self.lists) if lst.open]
+        if open_ and all(self.lists[i].last is not None for i in open_):
+            mean = sum(self.lists[i].bound for i in open_) / len(open_)
+            return [i for i in open_ if self.lists[i].bound >= mean]
+        return open_
+
+    def threshold(self) -> int:
+        return sum(lst.bound for lst in self.lists)
+
+    def upper_bound(self, counter: str) -> int:
+        gains = self.seen[counter]
+        return sum(gains.get(i, lst.bound) for i, lst in enumerate(self.lists))
+
+    def estimate(self) -> int:
+        """What the k-th best seems to count: verified counts, else the values read (masking or unread buckets
+        can make a count differ: an estimate to decide when to verify, never a bound)."""
+        values = sorted((self.exact[c] if c in self.exact else
+                         sum(self.lists[i].sign * v for i, v in self.values[c].items()) for c in self.seen),
+                        reverse=True)
+        return values[self.k - 1] if len(values) >= self.k else 0
+
+    def ranked(self) -> list[tuple[str, int]]:
+        return sorted(((c, n) for c, n in self.exact.items() if n > 0), key=lambda e: (-e[1], e[0]))
+
+    def kth(self) -> tuple[str, int] | None:
+        ranked = self.ranked()
+        return ranked[self.k - 1] if len(ranked) >= self.k else None
+
+    def to_verify(self) -> list[str]:
+        """Unverified candidates that could still make the top k, best bound first."""
+        kth = self.kth()
+        bounds = [(self.upper_bound(c), c) for c in self.seen if c not in self.exact]
+        hopeful = [(b, c) for b, c in bounds if b > 0 and (kth is None or b > kth[1] or (b == kth[1] and c < kth[0]))]
+        hopeful.sort(key=lambda e: (-e[0], e[1]))
+        return [c for _b, c in hopeful]
+
+    def unseen_settled(self) -> bool:
+        """No counter not read in any list yet can displace the k-th (see the module doc)."""
+        t = self.threshold()
+        if t == 0:
+            return True
+        kth = self.kth()
+        if kth is None:
+            return False
+        name, count = kth
+        if count != t:
+            return count > t
+        # a tie at T: an unseen counter sits at the last value read in every list that still adds, after its last
+        # name in the added ones (subtracted lists are read backwards: no such order there)
+        adding = [lst for lst in self.lists if lst.bound > 0]
+        return all(lst.sign > 0 for lst in adding) and max(lst.last[1] for lst in adding if lst.last) >= name
+
+
+async def top_k(buckets: BucketStore, ns: Namespace, k: int, start_us: int, end_us: int,
+                dimensions: Dimensions = (), *, now_us: int | None = None) -> TopK:
+    """The ``k`` counters with the highest positive counts in ``[start_us, end_us)`` among the counters with the
+    given ``dimensions`` (none: the base counters), exact for the rolled-up counts (see the module doc).
+    WindowError naming ``window`` when the namespace cannot answer the window."""
+    if not 1 <= k <= MAX_K:
+        raise ValueError(f"k must be 1..{MAX_K}, got {k}")
+    now = time.time_ns() // 1000 if now_us is None else now_us
+    tiling = window_tiling(ns, start_us, end_us, now)
+    floors = {Granularity(g): retained_from(Granularity(g), now, ns.windows.retention_s(g))
+              for g in ns.windows.granularities}
+    # buckets starting after now hold nothing yet: free to subtract (they are still read, and verified)
+    parts = signed_cover(tiling, floors, cost_of=lambda _g, start: 0 if start > now else 1)
+    search = _Search(k, [_List(sign, seg.granularity, start) for sign, seg in parts
+                         for start in range(seg.start_us, seg.end_us, seg.granularity.width_us)])
+    if len(search.lists) > MAX_LISTS:
+        raise WindowError(f"the window is covered by {len(search.lists)} buckets, more than {MAX_LISTS}: ask for a "
+                          "shorter window", field="window")
+    signature = dimension_signature(dimensions)
+    rounds = rank_rows = bucket_rows = 0
+    page = max(k, FIRST_PAGE_MIN)
+    while True:
+        todo = search.to_read()
+        if todo:
+            lists = [search.lists[i] for i in todo]
+            found = await buckets.read_ranks_many(ns.name, [
+                RankPage(signature, lst.granularity, lst.start_us, lst.last, page, lst.sign < 0) for lst in lists])
+            rounds += 1
+            for i, entries in zip(todo, found, strict=True):
+                rank_rows += search.read(i, entries, page)
+            if rounds >= GROW_AFTER:
+                page = min(page * 2, MAX_PAGE)
+            if search.threshold() > search.estimate():
+                continue  # keep reading: the lists are still above what the k-th seems to count
+        # random access, lazily: the best-bounded candidates, then (once no unread counter can place) every one
+        # that still could
+        while batch := search.to_verify()[:k]:
+            names = [f"{c} {signature}" if signature else c for c in batch]
+            counts = await tiled_counts(buckets, ns, names, parts, [search.known(c) for c in batch])
+            for counter, counted in zip(batch, counts, strict=True):
+                search.exact[counter] = counted.count
+                search.upto = max(search.upto, counted.upto_us)
+                bucket_rows += counted.rows
+            if not search.unseen_settled():
+                break
+        if search.unseen_settled() and not search.to_verify():
+            break
+    return TopK(tuple(search.ranked()[:k]), tiling.start_us, tiling.end_us, search.upto, len(search.lists), rounds,
+                rank_rows, bucket_rows, len(search.exact))
