@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from query_api.topk import MAX_K
 from schemas import (
     INT64_MAX,
     INT64_MIN,
@@ -112,6 +113,24 @@ class GetCountRequest(CounterRef):
                                  description="a declared dimension key (not in `dimensions`): one count per value")
 
 
+class GetTopKRequest(BaseModel):
+    """The k counters with the highest counts in a window, among the counters with `dimensions` (none: all the
+    namespace's counters; `{"country": "BR"}`: their Brazilian writes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    namespace: str = Field(..., examples=["plays"])
+    k: Annotated[StrictInt, Field(ge=1, le=MAX_K)] = Field(10, description=f"how many counters, 1..{MAX_K}")
+    window: WindowSpec = Field(..., description="the window counted (required): `last` or `start`/`end`")
+    dimensions: DimensionMap | None = Field(
+        None, examples=[{"country": "BR"}],
+        description="rank the counts of the writes with these dimensions (any subset of the namespace's keys)")
+
+    @field_validator("namespace")
+    @classmethod
+    def _ns(cls, v: str) -> str:
+        return _check(validate_namespace, v)
+
+
 class GetCountSeriesRequest(CounterRef):
     granularity: str = Field(..., examples=["hour"], description="minute, hour or day (as the namespace keeps)")
     start: str | int | float = Field(..., examples=["2026-11-22T00:00:00Z"])
@@ -204,6 +223,29 @@ class SeriesResponse(BaseModel):
     end: datetime
     buckets: list[Bucket] = Field(..., description="every bucket of [start, end), in order, zero-filled")
     as_of: datetime | None = Field(None, description="the buckets are exact up to this time")
+
+
+class TopKItem(BaseModel):
+    counter_name: str
+    count: int
+
+
+class TopKResponse(BaseModel):
+    """GetTopK: the counters with the highest positive counts in `window`, count descending, ties by name. Exact for
+    the rolled-up counts (an ACCURATE namespace's live events after its last rollup are not included)."""
+
+    namespace: str
+    counter_type: str
+    k: int
+    dimensions: DimensionMap = Field(..., description="the filter ranked ({} for all counters)")
+    window: Window
+    items: list[TopKItem] = Field(..., description="at most k, count descending, ties by name; counters whose count "
+                                                   "in the window is 0 or less are not ranked")
+    as_of: datetime | None = Field(None, description="every count in items is exact up to this time (the oldest "
+                                                     "rollup among them)")
+    rows_read: int = Field(..., description="rank-list entries and buckets read to answer (not the namespace's "
+                                            "counters: what the answer cost)")
+    candidates: int = Field(..., description="counters whose exact count was read")
 
 
 class BatchAddCountResponse(BaseModel):

@@ -17,6 +17,8 @@ from query_api.models import (
     Group,
     GroupedCountResponse,
     SeriesResponse,
+    TopKItem,
+    TopKResponse,
     Window,
     WindowCountResponse,
 )
@@ -26,6 +28,7 @@ from query_api.service import (
     Grouped,
     NamespaceNotFound,
     NotCountedYet,
+    Ranked,
     Rejected,
     WindowedCount,
     Written,
@@ -108,6 +111,13 @@ def series_response(ns: Namespace, counter: str, s: Series, as_of: int | None) -
                           granularity=s.granularity.value, start=_at(s.start_us), end=_at(s.end_us),
                           buckets=[Bucket(start=_at(start), count=count) for start, count in s.buckets],
                           as_of=_as_of(as_of))
+
+
+def top_k_response(r: Ranked) -> TopKResponse:
+    return TopKResponse(namespace=r.ns.name, counter_type=r.ns.counter_type.value, k=r.k,
+                        dimensions=dict(r.dimensions), window=Window(start=_at(r.top.start_us), end=_at(r.top.end_us)),
+                        items=[TopKItem(counter_name=c, count=n) for c, n in r.top.items], as_of=_as_of(r.as_of),
+                        rows_read=r.top.rows_read, candidates=r.top.candidates)
 
 
 def add_json(w: Written) -> bytes:

@@ -26,6 +26,7 @@ from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
 from query_api.signals import ReadSignals
+from query_api.topk import TopK, top_k
 from query_api.windows import Series, parse_window, series, window_count
 from schemas import (
     MICROS,
@@ -107,6 +108,17 @@ class Grouped:
     as_of: int | None
     start_us: int | None = None
     end_us: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    """GetTopK: `top.items` are (counter, count) of base counters; `as_of` the oldest rollup among them."""
+
+    ns: Namespace
+    k: int
+    dimensions: Dimensions
+    top: TopK
+    as_of: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,6 +378,31 @@ class CounterService:
                               now_us=now)
         _, rollup_ts = await self.rollup_of(ns, counter)
         return result, max(rollup_ts, result.upto_us) or None
+
+    async def get_top_k(self, ns: Namespace, k: int, window: Mapping[str, object],
+                        dimensions: Mapping[str, Any] | None = None) -> Ranked:
+        """GetTopK: the k counters (of the `dimensions` filter) with the highest counts in the window, from the rank
+        lists of its buckets (query_api.topk). `as_of`: the oldest rollup_ts among the counters returned (their
+        counts are exact up to it); a read of a lagging one signals it, as GetCount does."""
+        self._windowed(ns)
+        if ns.counts_unique:
+            raise Rejected("namespace", f"namespace {ns.name!r} counts distinct items (UNIQUE): GetTopK ranks counts, "
+                                        "not estimates of distinct items")
+        dims, _ = self.dimension_filter(ns, dimensions, None)
+        now = time.time_ns() // 1000
+        start, end = parse_window(window, now)
+        # buckets: the app always opens them (None only for a service built without windows, in tests)
+        top = await top_k(self.buckets, ns, k, start, end, dims, now_us=now)  # type: ignore[arg-type]
+        names = [combination(counter, dims) for counter, _ in top.items]
+        states = await self.rollups.get_many([(ns.name, name) for name in names])
+        marks = []
+        for name in names:
+            state = states.get((ns.name, name))
+            rollup_ts = state.rollup_ts if state is not None else 0
+            self.signal_if_stale(ns, name, rollup_ts)
+            marks.append(rollup_ts)
+        as_of = min(marks) if marks and all(marks) else None
+        return Ranked(ns, k, dims, top, as_of)
 
     async def add_and_get(self, ns: Namespace, counter: str, delta: int, token: str | None,
                           generation_time: str | int | float | None, item_key: str = "",

@@ -192,15 +192,16 @@ async def top_k(buckets: BucketStore, ns: Namespace, k: int, start_us: int, end_
         raise ValueError(f"k must be 1..{MAX_K}, got {k}")
     now = time.time_ns() // 1000 if now_us is None else now_us
     tiling = window_tiling(ns, start_us, end_us, now)
+    if tiling.buckets > MAX_LISTS:
+        raise WindowError(f"the window is tiled into {tiling.buckets} buckets, more than {MAX_LISTS}: ask for a "
+                          "shorter window", field="window")
     floors = {Granularity(g): retained_from(Granularity(g), now, ns.windows.retention_s(g))
               for g in ns.windows.granularities}
-    # buckets starting after now hold nothing yet: free to subtract (they are still read, and verified)
+    # buckets starting after now hold nothing yet: free to subtract (they are still read, and verified); the cover
+    # adds at most a day's hours and an hour's minutes to the tiling's buckets
     parts = signed_cover(tiling, floors, cost_of=lambda _g, start: 0 if start > now else 1)
     search = _Search(k, [_List(sign, seg.granularity, start) for sign, seg in parts
                          for start in range(seg.start_us, seg.end_us, seg.granularity.width_us)])
-    if len(search.lists) > MAX_LISTS:
-        raise WindowError(f"the window is covered by {len(search.lists)} buckets, more than {MAX_LISTS}: ask for a "
-                          "shorter window", field="window")
     signature = dimension_signature(dimensions)
     rounds = rank_rows = bucket_rows = 0
     page = max(k, FIRST_PAGE_MIN)

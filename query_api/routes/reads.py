@@ -1,4 +1,4 @@
-"""GetCount (the total, or a time window), BatchGetCount and GetCountSeries."""
+"""GetCount (the total, or a time window), BatchGetCount, GetCountSeries and GetTopK."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from query_api.models import (
     DimensionWindowCountResponse,
     GetCountRequest,
     GetCountSeriesRequest,
+    GetTopKRequest,
     GroupedCountResponse,
     SeriesResponse,
+    TopKResponse,
     UniqueCountResponse,
     UniqueDimensionCountResponse,
     UniqueDimensionWindowCountResponse,
@@ -28,6 +30,7 @@ from query_api.responses import (
     dimension_window_response,
     grouped_response,
     series_response,
+    top_k_response,
     window_response,
 )
 from query_api.service import Rejected
@@ -109,3 +112,16 @@ async def get_count_series(body: GetCountSeriesRequest, service: Service, key: C
         return series_response(ns, body.counter_name, result, as_of)
     result, as_of = await service.get_series(ns, body.counter_name, body.granularity, body.start, body.end)
     return series_response(ns, body.counter_name, result, as_of)
+
+
+@router.post("/GetTopK", response_model=TopKResponse, responses=ERRORS)
+async def get_top_k(body: GetTopKRequest, service: Service, key: CallerKey) -> TopKResponse:
+    """The `k` (1..100, default 10) counters with the highest counts in `window` (required: `{"last": "1h"}` or
+    `{"start", "end"}`), count descending, ties by name: of all the namespace's counters, or with `dimensions` of
+    the writes carrying them (`{"country": "BR"}`: the most played titles in Brazil). Exact for the rolled-up
+    counts, read from rank lists kept with the time buckets (never a scan of the namespace's counters); `as_of`
+    is the oldest rollup among the counters returned; ACCURATE live events are not included. Counters whose count
+    in the window is 0 or less are not ranked. Not for UNIQUE namespaces (their counts are estimates)."""
+    ns = service.namespace(body.namespace)
+    authorize(ns, key, "read")
+    return top_k_response(await service.get_top_k(ns, body.k, body.window.as_spec(), body.dimensions))
