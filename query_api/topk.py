@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from control_plane import Namespace
 from query_api.windows import tiled_counts, window_tiling
-from schemas import Dimensions
+from schemas import MICROS, Dimensions
 from schemas.dimensions import dimension_signature
 from sinks import BucketStore
 from sinks.windows import Granularity, RankPage, WindowError, retained_from, signed_cover
@@ -139,9 +139,9 @@ class _Search:
     def threshold(self) -> int:
         return sum(lst.bound for lst in self.lists)
 
-    def upper_bound(self, counter: str) -> int:
-        gains = self.seen[counter]
-        return sum(gains.get(i, lst.bound) for i, lst in enumerate(self.lists))
+    def upper_bound(self, counter: str, threshold: int, bounds: list[int]) -> int:
+        """``threshold`` and ``bounds``: the current threshold and each list's bound (computed once per pass)."""
+        return threshold + sum(gain - bounds[i] for i, gain in self.seen[counter].items())
 
     def estimate(self) -> int:
         """What the k-th best seems to count: verified counts, else the values read (masking or unread buckets
@@ -161,7 +161,9 @@ class _Search:
     def to_verify(self) -> list[str]:
         """Unverified candidates that could still make the top k, best bound first."""
         kth = self.kth()
-        bounds = [(self.upper_bound(c), c) for c in self.seen if c not in self.exact]
+        per_list = [lst.bound for lst in self.lists]
+        t = sum(per_list)
+        bounds = [(self.upper_bound(c, t, per_list), c) for c in self.seen if c not in self.exact]
         hopeful = [(b, c) for b, c in bounds if b > 0 and (kth is None or b > kth[1] or (b == kth[1] and c < kth[0]))]
         hopeful.sort(key=lambda e: (-e[0], e[1]))
         return [c for _b, c in hopeful]
@@ -197,11 +199,17 @@ async def top_k(buckets: BucketStore, ns: Namespace, k: int, start_us: int, end_
                           "shorter window", field="window")
     floors = {Granularity(g): retained_from(Granularity(g), now, ns.windows.retention_s(g))
               for g in ns.windows.granularities}
-    # buckets starting after now hold nothing yet: free to subtract (they are still read, and verified); the cover
-    # adds at most a day's hours and an hour's minutes to the tiling's buckets
-    parts = signed_cover(tiling, floors, cost_of=lambda _g, start: 0 if start > now else 1)
+    # Buckets starting at or after the horizon hold nothing yet: no rollup has reached them (a boundary trails its
+    # worker's clock by accept_limit, and an event is at most max_clock_skew ahead; the service's clocks agree within
+    # that). They are free to subtract and known empty, never read. The cover adds at most a day's hours and an
+    # hour's minutes to the tiling's buckets.
+    horizon = now + int((ns.accept_limit_s + ns.max_clock_skew_s) * MICROS)
+    parts = signed_cover(tiling, floors, cost_of=lambda _g, start: 0 if start >= horizon else 1)
     search = _Search(k, [_List(sign, seg.granularity, start) for sign, seg in parts
                          for start in range(seg.start_us, seg.end_us, seg.granularity.width_us)])
+    for lst in search.lists:
+        if lst.start_us >= horizon:
+            lst.open, lst.ended = False, True
     signature = dimension_signature(dimensions)
     rounds = rank_rows = bucket_rows = 0
     page = max(k, FIRST_PAGE_MIN)
