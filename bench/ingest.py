@@ -11,6 +11,11 @@ Two ceilings of the persist path are measured in the same run on the same record
 read against them: decoding alone (the records' Avro, on one core, nothing stored) and storing alone (the
 decoded events written to a fresh SQLite event store in the worker's batch size, nothing decoded). The
 pipeline cannot persist faster than either.
+
+``--compare-windows`` runs twice in one invocation: plain counters in a namespace that keeps minute, hour and day
+buckets, and so their rank lists (Top-K reads them; they are maintained in the statements that write the buckets),
+and the same writes in a namespace that keeps none; it reports the persisted rate and the convergence of both, and
+how many rank-list entries the first run maintained.
 """
 
 from __future__ import annotations
@@ -32,7 +37,9 @@ from bench.common import NAMESPACES, console, exact_counters, local_stack, progr
 from control_plane import load_namespaces
 from producers import CounterProducer
 from schemas import MICROS, Mutation, MutationOp, decode_mutations, encode_mutation
-from sinks import EventRow, open_namespace_stores
+from sinks import BUCKETS_FILE, EventRow, open_namespace_stores
+from sinks.sqlite.buckets import SqliteBucketStore
+from sinks.windows import CHAIN, RankPage, align_down
 
 NS = "my_dataset"
 NS_NO_WINDOWS = "my_dataset_no_windows"  # bench/namespaces.yaml: the same, without time buckets
@@ -149,6 +156,20 @@ def ceilings(values: list[bytes], data_dir: Path) -> tuple[float, float]:
     return decode_rate, asyncio.run(store())
 
 
+def rank_entries(data_dir: Path, ns: str, since_us: int, until_us: int) -> int:
+    """Entries of the namespace's rank lists (base counters) of every bucket between the two times, read through the
+    bucket store as Top-K reads them: one per bucket the rollups wrote."""
+    async def count() -> int:
+        store = SqliteBucketStore(data_dir / BUCKETS_FILE)
+        try:
+            pages = [RankPage("", g, start, None, 10**9) for g in CHAIN
+                     for start in range(align_down(since_us, g), until_us, g.width_us)]
+            return sum(len(entries) for entries in await store.read_ranks_many(ns, pages))
+        finally:
+            await store.close()
+    return asyncio.run(count())
+
+
 def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS) -> dict:
     """Phase 1 (capacity): N mutations wait in Kafka, then one worker starts and drains them: the persisted
     rate is the pipeline's, not the producer's. Phase 2 (convergence): with the worker running, N/4 more at
@@ -157,6 +178,7 @@ def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS)
             local_stack(Path(tmp), workers=0, api=False) as stack:
         bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
         expected: dict[str, int] = {}
+        started_us = time.time_ns() // 1000
         with progress_bar("producing backlog", n, "mut") as update:
             produce_s, records = produce(bootstrap, n, counters, batch_size, expected, update, seed=1, fmt=fmt,
                                          ns=ns)
@@ -197,6 +219,7 @@ def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS)
                 raise SystemExit("not converged within 600 s")
             time.sleep(0.2)
         converged_s = time.perf_counter() - last_write
+        ranked = rank_entries(Path(tmp), ns, started_us, time.time_ns() // 1000 + 60 * MICROS)
     result = {
         "mutations": n, "counters": counters, "batch_size": batch_size, "format": fmt, "namespace": ns,
         "records": records,
@@ -205,7 +228,7 @@ def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS)
         "persisted_to_raw_ratio": persist_rate / raw_rate,
         "decode_only_mutations_per_s": decode_rate, "store_only_rows_per_s": store_rate,
         "streaming_mutations": extra, "streaming_produce_rate_per_s": extra / stream_s,
-        "convergence_after_last_write_s": converged_s,
+        "convergence_after_last_write_s": converged_s, "rank_entries": ranked,
         "persisted_over_time": samples, "exact_counters_over_time": convergence,
     }
     console.print(f"  persisted           {persist_rate:>12,.0f} mutations/s end to end (backlog drained by 1 worker)")
@@ -218,6 +241,7 @@ def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS)
                   f"({store_rate / raw_rate:.1%} of raw)")
     console.print(f"  converged           {converged_s:>12.2f} s after the last of {extra:,} writes at "
                   f"{extra / stream_s:,.0f}/s")
+    console.print(f"  rank-list entries   {ranked:>12,} (one per minute/hour/day bucket written)")
     return result
 
 
@@ -231,8 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", choices=("avro", "json"), default="avro",
                         help="record format with --batch-size 1 (default avro single-object)")
     parser.add_argument("--compare-windows", action="store_true",
-                        help="run twice in this invocation, a namespace with minute/hour/day buckets and one "
-                             "without, and report both")
+                        help="run twice in this invocation, a namespace with minute/hour/day buckets (and their "
+                             "Top-K rank lists) and one without, and report both")
     args = parser.parse_args(argv)
     if not args.compare_windows:
         write_result("ingest", run(args.mutations, args.counters, args.batch_size, args.format))
@@ -243,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
         runs[label] = run(args.mutations, args.counters, args.batch_size, args.format, ns)
     with_w, without = runs["with_windows"], runs["without_windows"]
     ratio = with_w["persisted_per_s"] / without["persisted_per_s"]
-    console.print(f"persisted with buckets {with_w['persisted_per_s']:,.0f}/s, without "
+    console.print(f"persisted with buckets and rank lists {with_w['persisted_per_s']:,.0f}/s, without "
                   f"{without['persisted_per_s']:,.0f}/s ({ratio:.0%}); converged after "
                   f"{with_w['convergence_after_last_write_s']:.2f} s vs "
-                  f"{without['convergence_after_last_write_s']:.2f} s")
+                  f"{without['convergence_after_last_write_s']:.2f} s; {with_w['rank_entries']:,} rank-list entries "
+                  f"maintained (without: {without['rank_entries']:,})")
     write_result("ingest_windows", {**runs, "persisted_ratio_with_to_without": ratio})
     return 0
 

@@ -13,6 +13,7 @@ BENCHMARKS = {
     "history": ("bench.history", "rollup time with 10M old events vs 10 events"),
     "windows": ("bench.windows", "a 30-day windowed GetCount vs a plain GetCount over HTTP"),
     "write": ("bench.write", "durable AddCount/AddAndGetCount over HTTP vs a raw acks=all produce"),
+    "topk": ("bench.topk", "GetTopK p50/p99 at concurrency 32 over 10,000 counters vs a plain GetCount"),
     "hot": ("bench.hot", "one hot counter with shards 1 and N vs 1,000 counters: partition skew, per-worker "
                          "share, persisted rate, convergence"),
 }
@@ -20,7 +21,7 @@ BENCHMARKS = {
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "bench", help="run a benchmark (ingest, read, best-effort, history, windows, write, hot)",
+        "bench", help="run a benchmark (ingest, read, best-effort, history, windows, write, hot, topk)",
         description="Benchmarks start their own local stack in a temporary directory, show progress, print "
                     "their figures next to a baseline measured in the same run, and write JSON results to "
                     "bench/results/. " + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()) + ".",
