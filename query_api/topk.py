@@ -216,12 +216,14 @@ async def top_k(buckets: BucketStore, ns: Namespace, k: int, start_us: int, end_
     while True:
         todo = search.to_read()
         if todo:
-            lists = [search.lists[i] for i in todo]
+            # a subtracted list's first page is its smallest entry: if it is not negative, the list adds nothing
+            limits = [1 if search.lists[i].sign < 0 and search.lists[i].last is None else page for i in todo]
             found = await buckets.read_ranks_many(ns.name, [
-                RankPage(signature, lst.granularity, lst.start_us, lst.last, page, lst.sign < 0) for lst in lists])
+                RankPage(signature, search.lists[i].granularity, search.lists[i].start_us, search.lists[i].last, limit,
+                         search.lists[i].sign < 0) for i, limit in zip(todo, limits, strict=True)])
             rounds += 1
-            for i, entries in zip(todo, found, strict=True):
-                rank_rows += search.read(i, entries, page)
+            for i, entries, limit in zip(todo, found, limits, strict=True):
+                rank_rows += search.read(i, entries, limit)
             if rounds >= GROW_AFTER:
                 page = min(page * 2, MAX_PAGE)
             if search.threshold() > search.estimate():
