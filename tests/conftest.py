@@ -6,6 +6,7 @@ Kafka); otherwise the local Tansu broker and memcached are launched on free port
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Iterator
@@ -15,6 +16,15 @@ import pytest
 
 from infra.broker import LocalBroker
 from infra.memcached import LocalMemcached
+
+
+@pytest.fixture(autouse=True)
+def _loggers_enabled() -> None:
+    """Re-enable loggers another test's logging.config disabled (import-linter's CLI and Faust configure logging
+    with disable_existing_loggers), so a test reading caplog sees its module's records whatever ran before it."""
+    for logger in logging.root.manager.loggerDict.values():
+        if isinstance(logger, logging.Logger) and logger.disabled:
+            logger.disabled = False
 
 
 @pytest.fixture(scope="session")

@@ -446,3 +446,6 @@ def test_unique_panel(world: World, browser: Browser, page: Any, capsys: pytest.
     estimate = got.get("estimate", (got.get("unique") or {}).get("estimate"))
     assert page.locator("#unique-estimate").inner_text() == f"≈ {round(estimate):,}"
     assert 80 <= estimate <= 120, got
+    # GetTopK refuses a UNIQUE namespace: its page says Top-K is not available instead of showing a 422
+    browser.open(page, "#/ns/visitors")
+    _panel_unavailable(page, "topK")

@@ -383,13 +383,8 @@ def test_a_raising_callback_does_not_stop_the_replies_behind_it(caplog: pytest.L
             await h.answer(b"1\r\n2\r\n")
             assert await behind == 2
 
-    logger = logging.getLogger(client_module.__name__)
-    disabled, logger.disabled = logger.disabled, False  # another test's logging.config may have disabled it
-    try:
-        with caplog.at_level(logging.ERROR, logger=client_module.__name__):
-            run(scenario())
-    finally:
-        logger.disabled = disabled
+    with caplog.at_level(logging.ERROR, logger=client_module.__name__):
+        run(scenario())
     assert "memcached reply callback failed" in caplog.text
 
 

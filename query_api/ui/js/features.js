@@ -74,6 +74,9 @@ export const FEATURES = {
     async check(ns) {
       if (!(await hasEndpoint("/v1/GetTopK"))) return unavailable("the API has no GetTopK yet");
       if (!rolledUp(ns)) return unavailable("BEST_EFFORT namespaces keep no windows");
+      // GetTopK refuses these (422): unique counts are estimates without rank lists, and a ranking needs buckets
+      if (ns.config?.aggregation === "UNIQUE") return unavailable("it counts unique items, which are not ranked");
+      if (!(ns.config?.windows?.granularities || []).length) return unavailable("it keeps no time windows");
       const t = ns.config?.top_k ?? ns.config?.topk;
       if (t === null || t === false || (t && t.enabled === false)) return unavailable("it keeps no Top-K");
       return AVAILABLE;
