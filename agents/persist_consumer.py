@@ -3,8 +3,9 @@
 Why not a Faust agent: Faust's stream and event machinery costs about 180-270 µs per record here, so a topic of
 one mutation per record (what users' own clients send) persisted at ~3K/s, while aiokafka's `getmany` reads the
 same records at hundreds of thousands per second. Faust still hosts the worker (the rollup agent, timers, web
-views); this consumer runs inside it as a task, in its own consumer group (`<worker id>.persist`: Faust's group
-speaks its own assignment protocol, which a plain Kafka consumer cannot join).
+views); this consumer runs inside it as a service of the app (agents.worker.PersistService), in its own
+consumer group (`<worker id>.persist`: Faust's group speaks its own assignment protocol, which a plain Kafka
+consumer cannot join).
 
 Per batch: decode in one pass and store in one transaction. Every `checkpoint_ms` (and before a handover or a
 stop) the counters the batches since the last checkpoint touched are signalled for rollup, and only once the
