@@ -132,7 +132,7 @@ def build(settings: Settings) -> Pipeline:
     max_signals = max(1, min(settings.rollup_max_signals, capacity // SIGNAL_BYTES))
     # A window is counted in records; the persist path packs up to SIGNALS_PER_RECORD signals in one, reads
     # send one each. A hundredth of the signal bound keeps a window of batches within a few times the bound.
-    _attach(pipeline, coalesce_s, max(1, max_signals // 100))
+    declare_agents(pipeline, coalesce_s, max(1, max_signals // 100))
     return pipeline
 
 
@@ -158,7 +158,17 @@ def _cache_spec(settings: Settings) -> str | None:
     return None  # "memory"/"auto" in a worker process: the API owns the shared cache choice
 
 
-def _attach(p: Pipeline, coalesce_s: float, max_records: int) -> None:
+def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
+    """Everything the worker runs, declared on its Faust app in one place (the app is built from settings, so
+    they cannot be module-level decorators as in Faust's examples):
+
+    - `PersistService`: the persist path, bulk consumption of counter-mutations (agents.persist_consumer);
+    - agent `rollup`: coalesced rollup signals -> rollups, time buckets and sketches (agents.rollup);
+    - timer `heartbeat`: watermarks earned, and the next heartbeat down each owned partition (agents.watermark);
+    - timer `sweep`: re-signals counters whose rollup is stale;
+    - timer `retention`: drops expired event slices, buckets and sketches;
+    - pages `/ready` and `/metrics`.
+    """
     # Signalling more often than the rollup queues coalesce only repeats signals: at most half a window.
     app, settings = p.app, p.settings
 
