@@ -8,6 +8,13 @@ same run on the same broker, is what a Kafka client alone does: aiokafka `send_a
 shape that no worker reads. AddAndGetCount (read-your-write: acknowledged, persisted by the worker, read back)
 is measured at the middle concurrency. Every phase runs once per round; figures are medians over the rounds.
 At the end the benchmark waits until every acknowledged write is counted in the rollup store, exactly.
+
+Two ceilings, measured in the same rounds, say where the gap to the raw produce comes from: the HTTP floor (a
+no-op uvloop + httptools server, `bench.http_floor`) at each concurrency, what one HTTP exchange costs the load
+generator and the kernel; and, at the middle concurrency, EVENTUAL AddCount with the pipeline paused (the
+workers frozen with SIGSTOP for the phase, at most 5 s so their group sessions survive): the API's own path,
+HTTP plus group commit plus the broker's produce, without the persist pipeline sharing the cores. The writes
+of the paused phase are counted like the others once the workers resume.
 """
 
 from __future__ import annotations
@@ -23,14 +30,16 @@ from pathlib import Path
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from bench.common import console, local_stack, progress_bar, wait_exact, write_result
+from bench.common import console, http_floor, local_stack, progress_bar, wait_exact, write_result
 from bench.loadgen import Call, LoadResult, closed_loop, http_load, http_post
 from bench.rounds import median_ratio, medians, run_rounds
+from infra.stack import LocalStack
 from producers import CounterProducer
 from schemas import MutationOp, encode_mutation
 from streams.topics import TopicSpec, ensure_topics
 
 RAW_TOPIC = "bench-raw-produce"
+PAUSED_MAX_S = 5.0  # a paused worker misses its heartbeats: stay under the group session timeout (10 s)
 NAMESPACES = {"eventual": "my_dataset", "accurate": "my_dataset_accurate"}
 
 
@@ -59,9 +68,27 @@ def raw_produce_load(bootstrap: str, values: list[tuple[bytes, bytes]], *, concu
     return asyncio.run(run())
 
 
+def paused_pipeline(stack: LocalStack, load: Callable[..., LoadResult],
+                    caught_up: Callable[[], bool]) -> Callable[..., LoadResult]:
+    """`load` run with every worker frozen (SIGSTOP), for at most PAUSED_MAX_S; after it the workers resume and
+    `caught_up()` waits until they counted the backlog, so the next phase does not pay for this one."""
+    def run(**kw: object) -> LoadResult:
+        for worker in stack.workers:
+            worker.pause()
+        try:
+            return load(**{**kw, "duration_s": min(PAUSED_MAX_S, float(kw["duration_s"]))})  # type: ignore[arg-type]
+        finally:
+            for worker in stack.workers:
+                worker.resume()
+            if not caught_up():
+                console.print("[red]the workers did not count the paused phase's writes in time[/red]")
+    return run
+
+
 def run(duration: float, concurrencies: list[int], counters: int, rounds: int) -> dict:
     middle = concurrencies[len(concurrencies) // 2]
-    with tempfile.TemporaryDirectory(prefix="bench-write-") as tmp, local_stack(Path(tmp)) as stack:
+    with (tempfile.TemporaryDirectory(prefix="bench-write-") as tmp, local_stack(Path(tmp)) as stack,
+          http_floor(Path(tmp)) as floor):
         api = stack.apis[0]
         bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
         ensure_topics(bootstrap, [TopicSpec(RAW_TOPIC, 8, 1, {"message.timestamp.type": "LogAppendTime"})])
@@ -79,25 +106,38 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int) -
             http_load(api.host, api.port, bodies["eventual"], concurrency=middle, duration_s=2, on_progress=update,
                       acked=acked["eventual"])
             raw_produce_load(bootstrap, raw, concurrency=middle, duration_s=1)
+
+        def expected() -> dict[tuple[str, str], int]:
+            """Every acknowledged write so far, per counter."""
+            out = {("my_dataset_accurate", n): a for n, a in zip(names, acked["accurate"], strict=True) if a}
+            for n, added, got in zip(names, acked["eventual"], acked_get, strict=True):
+                if added + got:
+                    out[("my_dataset", n)] = added + got
+            return out
+
         phases: dict = {}
         for c in concurrencies:
             phases[f"raw_produce_c{c}"] = (f"raw aiokafka produce, c={c}", lambda c=c, **kw: raw_produce_load(
                 bootstrap, raw, concurrency=c, **kw))
+            phases[f"http_floor_c{c}"] = (f"HTTP floor (no-op), c={c}", lambda c=c, **kw: http_load(
+                floor.host, floor.port, bodies["eventual"], concurrency=c, **kw))
             for kind in NAMESPACES:
                 phases[f"addcount_{kind}_c{c}"] = (f"AddCount {kind.upper()}, c={c}", lambda c=c, kind=kind, **kw:
                                                    http_load(api.host, api.port, bodies[kind], concurrency=c,
                                                              acked=acked[kind], **kw))
+            if c == middle:
+                phases[f"addcount_paused_c{c}"] = (f"AddCount EVENTUAL, paused, c={c}", paused_pipeline(
+                    stack, lambda c=c, **kw: http_load(api.host, api.port, bodies["eventual"], concurrency=c,
+                                                       acked=acked["eventual"], **kw),
+                    caught_up=lambda: wait_exact(Path(tmp), expected(), allow_more=True, timeout_s=120)))
         phases[f"addandget_c{middle}"] = (f"AddAndGetCount EVENTUAL, c={middle}", lambda **kw: http_load(
             api.host, api.port, add_and_get, concurrency=middle, acked=acked_get, **kw))
         console.print(f"durable writes, {duration:g} s per phase, {rounds} interleaved rounds:")
         per_round = run_rounds(phases, rounds=rounds, duration_s=duration)
-        expected = {("my_dataset_accurate", n): a for n, a in zip(names, acked["accurate"], strict=True) if a}
-        for n, added, got in zip(names, acked["eventual"], acked_get, strict=True):
-            if added + got:
-                expected[("my_dataset", n)] = added + got
+        acknowledged = expected()
         errors = sum(r["errors"] for rs in per_round.values() for r in rs)
         started = time.monotonic()
-        exact = wait_exact(Path(tmp), expected, allow_more=errors > 0)
+        exact = wait_exact(Path(tmp), acknowledged, allow_more=errors > 0)
         counted_s = time.monotonic() - started
     results = {key: medians(values) for key, values in per_round.items()}
     console.print(f"medians of {rounds} rounds (ratio: throughput / raw produce at the same concurrency, "
@@ -106,22 +146,29 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int) -
         base = results[f"raw_produce_c{c}"]
         console.print(f"  c={c:<4} raw produce {base['throughput_per_s']:>8,.0f}/s p50 {base['p50_ms']:6.2f} ms "
                       f"p99 {base['p99_ms']:6.2f} ms")
-        for kind in NAMESPACES:
+        kinds = [*NAMESPACES, "paused"] if c == middle else list(NAMESPACES)
+        floor_r = results[f"http_floor_c{c}"]
+        floor_r["ratio_to_raw_produce"] = median_ratio(per_round, f"http_floor_c{c}", f"raw_produce_c{c}")
+        console.print(f"         HTTP floor  {floor_r['throughput_per_s']:>8,.0f}/s p50 {floor_r['p50_ms']:6.2f} ms "
+                      f"p99 {floor_r['p99_ms']:6.2f} ms  = {floor_r['ratio_to_raw_produce']:.0%} of raw (a ceiling)")
+        for kind in kinds:
             key = f"addcount_{kind}_c{c}"
             r = results[key]
             r["ratio_to_raw_produce"] = median_ratio(per_round, key, f"raw_produce_c{c}")
             r["p50_to_raw"] = r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
             r["p99_to_raw"] = r["p99_ms"] / base["p99_ms"] if base["p99_ms"] else float("nan")
+            r["ratio_to_http_floor"] = median_ratio(per_round, key, f"http_floor_c{c}")
             console.print(f"         AddCount {kind:<9}{r['throughput_per_s']:>8,.0f}/s p50 {r['p50_ms']:6.2f} ms "
                           f"p99 {r['p99_ms']:6.2f} ms  = {r['ratio_to_raw_produce']:.0%} of raw, p50 "
-                          f"{r['p50_to_raw']:.2f}x, p99 {r['p99_to_raw']:.2f}x")
+                          f"{r['p50_to_raw']:.2f}x, p99 {r['p99_to_raw']:.2f}x, "
+                          f"{r['ratio_to_http_floor']:.0%} of the floor")
     g = results[f"addandget_c{middle}"]
     console.print(f"  AddAndGetCount c={middle}: {g['throughput_per_s']:,.0f}/s p50 {g['p50_ms']:.2f} ms "
                   f"p99 {g['p99_ms']:.2f} ms")
-    console.print(f"  every acknowledged write counted: {exact} ({sum(expected.values()):,} writes over "
-                  f"{len(expected):,} counters, {counted_s:.1f} s after the last round; {errors} errors)")
+    console.print(f"  every acknowledged write counted: {exact} ({sum(acknowledged.values()):,} writes over "
+                  f"{len(acknowledged):,} counters, {counted_s:.1f} s after the last round; {errors} errors)")
     return {"duration_s": duration, "concurrencies": concurrencies, "counters": counters, "rounds": rounds,
-            "results": results, "acknowledged_writes": sum(expected.values()), "all_counted": exact,
+            "results": results, "acknowledged_writes": sum(acknowledged.values()), "all_counted": exact,
             "errors": errors}
 
 

@@ -25,6 +25,7 @@ from producers import DeliveryError, new_token
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
+from query_api.live_reads import LiveReads
 from query_api.signals import ReadSignals
 from query_api.topk import TopK, top_k
 from query_api.windows import Series, parse_window, series, window_count
@@ -48,7 +49,6 @@ from sinks.best_effort import BestEffortCounters
 from sinks.combinations import all_combinations
 from sinks.windows import WindowError
 
-LIVE_SCAN_PAGE = 1000
 BOUND_REFRESH_S = 5.0  # how long the API trusts what it read of a counter's full combinations
 GROUP_READS = 64  # group_by: counts read at once
 
@@ -147,6 +147,7 @@ class CounterService:
         self.counters = counters
         self.read_your_write_timeout_s = read_your_write_timeout_s
         self.arrivals = Arrivals(events, timeout_s=read_your_write_timeout_s)
+        self.live = LiveReads(events)  # the events after a rollup, read for every reader of a pass at once
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
         self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
 
@@ -313,32 +314,12 @@ class CounterService:
 
     async def live_count(self, ns: Namespace, counter: str, rollup_count: int, rollup_ts: int) -> int:
         """Rollup plus the persisted events after it; a clear among them resets the sum."""
-        return await self._plus_live(ns, counter, rollup_count, rollup_ts, self._live_horizon(ns))
+        return await self.live.plus_live(ns.name, counter, rollup_count, rollup_ts, self._live_horizon(ns))
 
     @staticmethod
     def _live_horizon(ns: Namespace) -> int:
         """The newest event time a live read looks at: the latest admissible, with a minute to spare."""
         return time.time_ns() // 1000 + int((ns.max_clock_skew_s + 60) * MICROS)
-
-    async def _plus_live(self, ns: Namespace, counter: str, count: int, after_us: int, upto_us: int) -> int:
-        """`count` plus the persisted events in (after_us, upto_us], read in bounded pages; a clear among them
-        replaces the count with the adds after it (an add at the very time of a clear is erased by it)."""
-        if upto_us <= after_us:
-            return count
-        delta, cleared, clear_time = 0, False, -1
-        cursor = None
-        while True:
-            page = await self.events.scan(ns.name, counter, after_us, upto_us, after=cursor, limit=LIVE_SCAN_PAGE)
-            for _ns, _c, event_time, _id, _key, d, is_clear in page:
-                if is_clear:
-                    delta, cleared, clear_time = 0, True, event_time
-                elif event_time > clear_time:
-                    delta += d
-            if len(page) < LIVE_SCAN_PAGE:
-                break
-            last = page[-1]
-            cursor = (last[2], last[3], last[4])
-        return delta if cleared else count + delta
 
     # -- time windows -----------------------------------------------------------------------------------
 
@@ -362,8 +343,8 @@ class CounterService:
         as_of = max(rollup_ts, counted.upto_us)
         count = counted.count
         if ns.counter_type is CounterType.ACCURATE:  # the window's events after the buckets' boundary
-            count = await self._plus_live(ns, counter, count, max(as_of, counted.start_us - 1),
-                                          min(counted.end_us - 1, self._live_horizon(ns)))
+            count = await self.live.plus_live(ns.name, counter, count, max(as_of, counted.start_us - 1),
+                                              min(counted.end_us - 1, self._live_horizon(ns)))
         return WindowedCount(ns, counter, count, counted.start_us, counted.end_us, as_of or None)
 
     async def get_series(self, ns: Namespace, counter: str, granularity: str, start: str | int | float,

@@ -39,12 +39,14 @@ from query_api.models import (
     UniqueWindowCountResponse,
     Window,
 )
-from query_api.service import GROUP_READS, LIVE_SCAN_PAGE, CounterService
+from query_api.service import GROUP_READS, CounterService
 from query_api.windows import DEFAULT_MAX_BUCKETS, Series, granularity_of, parse_window
 from schemas import MICROS, Dimensions, MutationOp, ValidationError, combination, parse_generation_time
 from sinks import EventStore, SketchStore
 from sinks.sketches import Estimate, Union, estimate
 from sinks.windows import Granularity, WindowError, is_masked, retained_from, series_range, tile
+
+LIVE_SCAN_PAGE = 1000  # events per page of a live item scan
 
 __all__ = ["UniqueCount", "UniqueGrouped", "UniqueResponse", "add_and_get_unique", "get_unique", "get_unique_groups",
            "live_items", "sketch_union", "unique_get_count", "unique_grouped_response", "unique_response",

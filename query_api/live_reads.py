@@ -1,0 +1,65 @@
+"""Live counts read together: every live read of one loop pass answered by one `aggregate_many` per namespace.
+
+Why: an ACCURATE GetCount, an ACCURATE window and every AddAndGetCount add the persisted events after the
+counter's rollup to it. Read one at a time, each was its own hand-off to the store (on SQLite, to its thread)
+and a paged scan of the events; the read-your-writes that one arrivals round releases together then queued
+behind each other (measured: 6 ms at the median and 22-30 ms at p99 of a 32-way AddAndGetCount went to this
+read). Gathered per pass, they cost one store call, which sums in the store: the very aggregate the rollups
+use, so a live count and the rollup that later absorbs the same events agree by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from sinks import EventStore
+from sinks.model import apply_aggregate
+
+log = logging.getLogger(__name__)
+
+MAX_WINDOWS_PER_CALL = 512  # one store call's share of a very busy pass: bounds how long it holds the store
+
+_Read = tuple[str, int, int, int, asyncio.Future[int]]  # counter, count, after_us, upto_us, answer
+
+
+class LiveReads:
+    """`plus_live(...)`: `count` plus the persisted events of (after_us, upto_us]; a clear among them replaces
+    the count with the adds after it (an add at the very time of a clear is erased by it). Use from one loop."""
+
+    def __init__(self, events: EventStore) -> None:
+        self.events = events
+        self._pending: dict[str, list[_Read]] = {}
+        self._reading: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
+
+    def plus_live(self, namespace: str, counter: str, count: int, after_us: int, upto_us: int) -> asyncio.Future[int]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        if upto_us <= after_us:  # nothing can be after the rollup: no read
+            future.set_result(count)
+            return future
+        if not self._pending:
+            loop.call_soon(self._flush)  # at the end of this pass, with every read the pass asked for
+        self._pending.setdefault(namespace, []).append((counter, count, after_us, upto_us, future))
+        return future
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, {}
+        for namespace, reads in pending.items():
+            for i in range(0, len(reads), MAX_WINDOWS_PER_CALL):
+                task = asyncio.ensure_future(self._read(namespace, reads[i:i + MAX_WINDOWS_PER_CALL]))
+                self._reading.add(task)
+                task.add_done_callback(self._reading.discard)
+
+    async def _read(self, namespace: str, reads: list[_Read]) -> None:
+        try:
+            windows = [(counter, after, upto) for counter, _, after, upto, _ in reads]
+            aggregates = await self.events.aggregate_many(namespace, windows)
+        except Exception as exc:  # every reader of the batch gets the store's error (a 503 in the API)
+            for *_, future in reads:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, count, _, _, future), aggregate in zip(reads, aggregates, strict=True):
+            if not future.done():  # a reader that went away (client disconnect) was cancelled
+                future.set_result(apply_aggregate(count, aggregate))
