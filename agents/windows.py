@@ -5,7 +5,11 @@ accept limit), every bucket that can have changed is **recomputed**, never incre
 forward-only with ``computed_upto = B``:
 
 1. minutes: every minute meeting ``(rollup_ts, B]`` is summed from its events, whole (from the minute's start
-   to ``B``): the adds strictly after the latest clear inside the minute (``EventStore.bucket_sums_many``);
+   to ``B``): the adds strictly after the latest clear inside the minute (``EventStore.bucket_sums_many``). The
+   minute holding ``rollup_ts`` is the one exception: when its stored sum was computed up to exactly
+   ``rollup_ts``, the sum continues from it with the minute's events of ``(rollup_ts, B]`` (restarting after a
+   clear among them). It is the same value, since the events up to ``rollup_ts`` are immutable, read at the
+   cost of the new events instead of every event of the minute;
 2. hours: every hour holding such a minute is the masked sum of its minutes (those before the recomputed
    range read back from the store); days likewise from hours. Only the namespace's granularities are kept.
 3. the counter's latest clear is bumped before the buckets are written, so masking at read time (a bucket that
@@ -82,15 +86,23 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
     events_floor = now - int(ns.retention.delete_after_s * _US)
     minute = Granularity.MINUTE
 
-    # 1. minutes, from the events of every minute meeting (rollup_ts, B], each summed whole
+    # 1. minutes, from the events of every minute meeting (rollup_ts, B], each summed whole; the minute holding
+    #    rollup_ts continues from its stored sum when that sum was computed up to exactly rollup_ts
     known_from = {w.counter: align_up(max(align_down(w.rollup_ts + 1, minute), events_floor), minute) for w in work}
     todo = [w for w in work if known_from[w.counter] <= w.boundary]
-    windows = [(w.counter, known_from[w.counter] - 1, w.boundary) for w in todo]
+    partial = await _stored_partial_minutes(ns.name, todo, known_from, buckets)
+    windows = [(w.counter, w.rollup_ts if w.counter in partial else known_from[w.counter] - 1, w.boundary)
+               for w in todo]
     sums = await events.bucket_sums_many(ns.name, windows, minute.width_us) if windows else []
     computed: dict[Granularity, dict[tuple[str, int], int]] = {g: {} for g in chain}
     new_clears: dict[str, int] = {w.counter: w.last_clear_us for w in work if w.last_clear_us is not None}
     for w, per_minute in zip(todo, sums, strict=True):
+        before = partial.get(w.counter)
+        if before is not None:  # the minute's sum up to rollup_ts, whatever (rollup_ts, B] adds to it below
+            computed[minute][(w.counter, known_from[w.counter])] = before
         for start, value, clear, _events in per_minute:
+            if before is not None and start == known_from[w.counter] and clear is None:
+                value += before  # no clear after rollup_ts in the minute: its earlier adds still count
             computed[minute][(w.counter, start)] = value
             if clear is not None and clear > new_clears.get(w.counter, clear - 1):
                 new_clears[w.counter] = clear
@@ -133,6 +145,25 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
     for (_c, g, *_rest), ok in zip(rows, applied, strict=True):
         written[g] = written.get(g, 0) + ok
     return Maintenance({g: len(computed[g]) for g in chain}, written, skipped, len(new_clears))
+
+
+async def _stored_partial_minutes(namespace: str, work: list[BucketWork], known_from: Mapping[str, int],
+                                  buckets: BucketStore) -> dict[str, int]:
+    """Per counter whose rollup_ts lies inside its first minute to recompute: that minute's stored sum, if it
+    was computed up to exactly rollup_ts (as the previous step wrote it). The events up to rollup_ts are
+    immutable, so that sum plus the minute's events of (rollup_ts, B] is the whole-minute sum, read without
+    reading the minute's earlier events again: a busy counter's rollup then costs its new events, not every
+    event of the current minute (measured: the rollups after a burst took 1.7 s longer with minute buckets).
+    Counters without such a row (a first rollup, a minute past retention, a replay's step) are summed whole."""
+    minute = Granularity.MINUTE
+    inside = [w for w in work if known_from[w.counter] <= w.rollup_ts]
+    if not inside:
+        return {}
+    ranges: list[BucketRange] = [(w.counter, minute, known_from[w.counter], known_from[w.counter] + 1)
+                                 for w in inside]
+    stored = await buckets.read_buckets_many(namespace, ranges)
+    return {w.counter: rows[0][1] for w, rows in zip(inside, stored, strict=True)
+            if rows and rows[0][0] == known_from[w.counter] and rows[0][2] == w.rollup_ts}
 
 
 def _merge(work: Iterable[BucketWork]) -> list[BucketWork]:

@@ -311,3 +311,43 @@ def test_after_any_rollup_steps_the_buckets_since_the_last_clear_sum_to_the_tota
         for c in env.rollup:
             assert_matches_oracle(env, rows, c, env.rollup[c][1])
         env.close()
+
+
+def test_the_minute_holding_rollup_ts_continues_from_its_stored_sum(tmp_path: Path) -> None:
+    """A step reads the events after rollup_ts only, when the minute holding it was stored up to exactly
+    rollup_ts: the same value as a whole-minute sum (a clear among the new events restarts it), read at the cost
+    of the new events. Without such a row (here: a step that starts elsewhere) the minute is read whole."""
+    env = Env(tmp_path)
+    windows: list[tuple[str, int, int]] = []
+    read_windows = env.events.bucket_sums_many
+
+    async def spy(namespace, wins, width_us):
+        windows.extend(wins)
+        return await read_windows(namespace, wins, width_us)
+
+    env.events.bucket_sums_many = spy  # type: ignore[method-assign]
+    m = DAY0 + 10 * M
+    rows = [ev(m + 1 * S, "a", 1), ev(m + 2 * S, "b", 1), ev(m + 10 * S, "c", 5)]
+    env.write(rows)
+    env.step(["c"], m + 5 * S)
+    assert env.stored("c", MINUTE) == {m: 2}
+
+    rows.append(ev(m + 20 * S, "d", 3))
+    env.write(rows[-1:])
+    windows.clear()
+    env.step(["c"], m + 30 * S)
+    assert windows == [("c", m + 5 * S, m + 30 * S)]  # from rollup_ts, not from the minute's start
+    assert env.stored("c", MINUTE) == {m: 10}
+    assert_matches_oracle(env, rows, "c", m + 30 * S)
+
+    rows += [ev(m + 40 * S, "clear", 0, clear=True), ev(m + 40 * S, "same-time", 7), ev(m + 45 * S, "e", 4)]
+    env.write(rows[-3:])
+    env.step(["c"], m + 50 * S)
+    assert env.stored("c", MINUTE) == {m: 4}  # the clear erased the stored 10 and the add at its very time
+    assert_matches_oracle(env, rows, "c", m + 50 * S)
+
+    windows.clear()
+    env.step(["c"], m + 55 * S, rollup_from=m + 52 * S)  # the stored sum is up to m + 50 s, not m + 52 s
+    assert windows == [("c", m - 1, m + 55 * S)]
+    assert env.stored("c", MINUTE) == {m: 4}
+    env.close()
