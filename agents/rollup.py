@@ -82,7 +82,7 @@ async def rollup_counters(ns: Namespace, counters: Sequence[str], *, events: Eve
         if buckets is not None and ns.windows:
             work = [BucketWork(c, rollup_ts, boundary, agg.last_clear_us)
                     for (c, _, rollup_ts, _), agg in zip(todo, aggs, strict=True)]
-            await maintain_buckets(ns, work, events=events, buckets=buckets, now_us=now_us)
+            await maintain_buckets(ns, work, events=events, buckets=buckets, now_us=now_us, continue_minutes=True)
             if sketches is not None and ns.counts_unique:
                 await maintain_sketches(ns, work, events=events, sketches=sketches, buckets=buckets, now_us=now_us)
         new_counts = [apply_aggregate(count, agg) for (_, count, _, _), agg in zip(todo, aggs, strict=True)]

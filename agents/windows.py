@@ -5,11 +5,12 @@ accept limit), every bucket that can have changed is **recomputed**, never incre
 forward-only with ``computed_upto = B``:
 
 1. minutes: every minute meeting ``(rollup_ts, B]`` is summed from its events, whole (from the minute's start
-   to ``B``): the adds strictly after the latest clear inside the minute (``EventStore.bucket_sums_many``). The
-   minute holding ``rollup_ts`` is the one exception: when its stored sum was computed up to exactly
-   ``rollup_ts``, the sum continues from it with the minute's events of ``(rollup_ts, B]`` (restarting after a
-   clear among them). It is the same value, since the events up to ``rollup_ts`` are immutable, read at the
-   cost of the new events instead of every event of the minute;
+   to ``B``): the adds strictly after the latest clear inside the minute (``EventStore.bucket_sums_many``). In
+   the worker's rollups the minute holding ``rollup_ts`` is the one exception: when its stored sum was computed
+   up to exactly ``rollup_ts``, the sum continues from it with the minute's events of ``(rollup_ts, B]``
+   (restarting after a clear among them). It is the same value, since the events up to ``rollup_ts`` are
+   immutable, read at the cost of the new events instead of every event of the minute (a recount, which checks
+   the stored buckets against the events, always sums whole);
 2. hours: every hour holding such a minute is the masked sum of its minutes (those before the recomputed
    range read back from the store); days likewise from hours. Only the namespace's granularities are kept.
 3. the counter's latest clear is bumped before the buckets are written, so masking at read time (a bucket that
@@ -71,8 +72,13 @@ class Maintenance:
 
 
 async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str, int, int, int | None]], *,
-                           events: EventStore, buckets: BucketStore, now_us: int | None = None) -> Maintenance:
+                           events: EventStore, buckets: BucketStore, now_us: int | None = None,
+                           continue_minutes: bool = False) -> Maintenance:
     """Recompute the buckets of a batch of counters of ``ns`` for their rollup steps (see the module doc).
+
+    ``continue_minutes``: the minute holding a step's rollup_ts may continue from its stored sum (the worker's
+    rollups). Off, every minute is summed whole from its events: a recount compares the stored buckets with
+    what the events say, so it must not start from a stored one.
 
     A handful of store calls for the whole batch, never one per counter or bucket: the minutes' sums, the
     stored clears, the stored children of the touched hours and days, the clears' bump and the writes.
@@ -90,7 +96,7 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
     #    rollup_ts continues from its stored sum when that sum was computed up to exactly rollup_ts
     known_from = {w.counter: align_up(max(align_down(w.rollup_ts + 1, minute), events_floor), minute) for w in work}
     todo = [w for w in work if known_from[w.counter] <= w.boundary]
-    partial = await _stored_partial_minutes(ns.name, todo, known_from, buckets)
+    partial = await _stored_partial_minutes(ns.name, todo, known_from, buckets) if continue_minutes else {}
     windows = [(w.counter, w.rollup_ts if w.counter in partial else known_from[w.counter] - 1, w.boundary)
                for w in todo]
     sums = await events.bucket_sums_many(ns.name, windows, minute.width_us) if windows else []

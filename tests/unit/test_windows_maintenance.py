@@ -63,7 +63,7 @@ class Env:
             self.run(self.events.write_events(rows[i:i + 97]))
 
     def step(self, counters: Sequence[str], boundary: int, *, rollup_from: int | None = None,
-             now_us: int | None = None) -> Maintenance:
+             now_us: int | None = None, continue_minutes: bool = True) -> Maintenance:
         """One rollup step to ``boundary`` for ``counters``: the aggregate moves the total (as agents.rollup
         does) and the buckets are maintained from the same windows."""
         work = []
@@ -74,7 +74,8 @@ class Env:
             if boundary > ts:
                 self.rollup[c] = (apply_aggregate(count, agg), boundary)
         return self.run(maintain_buckets(self.ns, work, events=self.events, buckets=self.buckets,
-                                         now_us=boundary + SETTLE if now_us is None else now_us))
+                                         now_us=boundary + SETTLE if now_us is None else now_us,
+                                         continue_minutes=continue_minutes))
 
     def stored(self, counter: str, g: Granularity) -> dict[int, int]:
         [rows] = self.run(self.buckets.read_buckets_many(self.ns.name, [(counter, g, 0, 2**62)]))
@@ -350,4 +351,11 @@ def test_the_minute_holding_rollup_ts_continues_from_its_stored_sum(tmp_path: Pa
     env.step(["c"], m + 55 * S, rollup_from=m + 52 * S)  # the stored sum is up to m + 50 s, not m + 52 s
     assert windows == [("c", m - 1, m + 55 * S)]
     assert env.stored("c", MINUTE) == {m: 4}
+
+    rows.append(ev(m + 57 * S, "f", 2))
+    env.write(rows[-1:])
+    windows.clear()
+    env.step(["c"], m + 59 * S, continue_minutes=False)  # a recount's steps: every minute summed whole
+    assert windows == [("c", m - 1, m + 59 * S)]
+    assert env.stored("c", MINUTE) == {m: 6}
     env.close()
