@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from agents.windows import BucketWork
+from agents.windows import BucketWork, merge_steps, retention_floor
 from control_plane import Namespace
 from sinks import BucketStore, EventStore, SketchStore
 from sinks.sketches import SketchRow, Union, sketch_of
@@ -40,7 +40,6 @@ __all__ = ["SketchMaintenance", "maintain_sketches"]
 log = logging.getLogger(__name__)
 
 _US = 1_000_000
-_NEVER = -(2**63)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,11 +64,11 @@ async def maintain_sketches(ns: Namespace, items: Iterable[BucketWork | tuple[st
         return SketchMaintenance()
     lg_k = ns.unique.lg_k
     chain = tuple(g for g in CHAIN if ns.windows.enabled(g))
-    work = _merge(BucketWork(*item) for item in items)
+    work = merge_steps(BucketWork(*item) for item in items)
     if not chain or not work:
         return SketchMaintenance()
     now = time.time_ns() // 1000 if now_us is None else now_us
-    store_floor = {g: _floor(now, ns.windows.retention_s(g)) for g in chain}
+    store_floor = {g: retention_floor(now, ns.windows.retention_s(g)) for g in chain}
     events_floor = now - int(ns.retention.delete_after_s * _US)
     minute = Granularity.MINUTE
 
@@ -124,22 +123,3 @@ async def maintain_sketches(ns: Namespace, items: Iterable[BucketWork | tuple[st
     for (_c, g, *_rest), ok in zip(rows, applied, strict=True):
         written[g] = written.get(g, 0) + ok
     return SketchMaintenance({g: len(computed[g]) for g in chain}, written, skipped)
-
-
-def _merge(work: Iterable[BucketWork]) -> list[BucketWork]:
-    """One step per counter (as agents.windows does): the same counter twice covers the union of its steps."""
-    merged: dict[str, BucketWork] = {}
-    for w in work:
-        if w.boundary <= w.rollup_ts:
-            continue
-        seen = merged.get(w.counter)
-        if seen is not None:
-            clears = [c for c in (seen.last_clear_us, w.last_clear_us) if c is not None]
-            w = BucketWork(w.counter, min(seen.rollup_ts, w.rollup_ts), max(seen.boundary, w.boundary),
-                           max(clears) if clears else None)
-        merged[w.counter] = w
-    return list(merged.values())
-
-
-def _floor(now_us: int, retention_s: float | None) -> int:
-    return _NEVER if retention_s is None else now_us - int(retention_s * _US)

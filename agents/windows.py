@@ -41,7 +41,7 @@ from control_plane import Namespace
 from sinks import BucketStore, EventStore
 from sinks.windows import CHAIN, BucketRange, BucketRow, Granularity, align_down, align_up, masked
 
-__all__ = ["BucketWork", "Maintenance", "maintain_buckets"]
+__all__ = ["BucketWork", "Maintenance", "maintain_buckets", "merge_steps", "retention_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +84,11 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
     stored clears, the stored children of the touched hours and days, the clears' bump and the writes.
     """
     chain = tuple(g for g in CHAIN if ns.windows.enabled(g))
-    work = _merge(BucketWork(*item) for item in items)
+    work = merge_steps(BucketWork(*item) for item in items)
     if not chain or not work:
         return Maintenance()
     now = time.time_ns() // 1000 if now_us is None else now_us
-    store_floor = {g: _floor(now, ns.windows.retention_s(g)) for g in chain}  # buckets ending after it are kept
+    store_floor = {g: retention_floor(now, ns.windows.retention_s(g)) for g in chain}  # buckets ending after it kept
     events_floor = now - int(ns.retention.delete_after_s * _US)
     minute = Granularity.MINUTE
 
@@ -172,8 +172,8 @@ async def _stored_partial_minutes(namespace: str, work: list[BucketWork], known_
             if rows and rows[0][0] == known_from[w.counter] and rows[0][2] == w.rollup_ts}
 
 
-def _merge(work: Iterable[BucketWork]) -> list[BucketWork]:
-    """One step per counter: the same counter twice covers the union of its steps."""
+def merge_steps(work: Iterable[BucketWork]) -> list[BucketWork]:
+    """One step per counter: the same counter twice covers the union of its steps (buckets and sketches)."""
     merged: dict[str, BucketWork] = {}
     for w in work:
         if w.boundary <= w.rollup_ts:
@@ -187,5 +187,6 @@ def _merge(work: Iterable[BucketWork]) -> list[BucketWork]:
     return list(merged.values())
 
 
-def _floor(now_us: int, retention_s: float | None) -> int:
+def retention_floor(now_us: int, retention_s: float | None) -> int:
+    """Buckets (and sketches) ending after this time are within a retention of `retention_s` (None: forever)."""
     return _NEVER if retention_s is None else now_us - int(retention_s * _US)
