@@ -1,0 +1,96 @@
+"""The broker's cost of one fetch at the tail of a partition, as the partition grows (a diagnostic).
+
+    counter bench broker-fetch [--batches 0,5000,15000] [--fetches 20]
+
+The pipeline's worker always reads at the tail of the mutations topic. On a broker with an offset index (Apache
+Kafka) that costs the same however long the partition is. This measures it on the broker the stack runs: a
+partition is filled with one batch per record (as one-write-per-call clients produce) up to each length, then
+the newest record is produced and fetched `--fetches` times, and the broker process's CPU time per
+produce-and-fetch is read from /proc, next to the same figure on the empty partition (the baseline).
+Local broker only (it reads the broker's /proc entry).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from bench.common import console, progress_bar, write_result
+from infra.stack import LocalStack
+from streams.topics import TopicSpec, ensure_topics
+
+TOPIC = "bench-broker-fetch"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(bootstrap: str, pid: int, lengths: list[int], fetches: int) -> list[dict[str, float]]:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_max_wait_ms=10,
+                                fetch_min_bytes=1)
+    await producer.start()
+    await consumer.start()
+    tp = TopicPartition(TOPIC, 0)
+    consumer.assign([tp])
+    rows = []
+    try:
+        written = 0
+        for length in lengths:
+            with progress_bar(f"filling to {length:,} batches", length - written, "batch") as update:
+                start = written
+                while written < length:
+                    await producer.send_and_wait(TOPIC, b"x" * 50, partition=0)  # its own batch
+                    written += 1
+                    if written % 100 == 0:
+                        update(written - start)
+            end = (await consumer.end_offsets([tp]))[tp]
+            latencies = []
+            used = cpu_seconds(pid)
+            for i in range(fetches):
+                await producer.send_and_wait(TOPIC, b"y", partition=0)
+                consumer.seek(tp, end + i)
+                started = time.perf_counter()
+                await consumer.getmany(tp, timeout_ms=10_000)
+                latencies.append(time.perf_counter() - started)
+            written += fetches
+            cpu_ms = (cpu_seconds(pid) - used) / fetches * 1e3
+            rows.append({"batches": end, "broker_cpu_ms_per_fetch": cpu_ms,
+                         "fetch_p50_ms": statistics.median(latencies) * 1e3})
+            base = rows[0]["broker_cpu_ms_per_fetch"] or float("nan")
+            console.print(f"  {end:>7,} batches: broker CPU {cpu_ms:8.2f} ms per produce + tail fetch "
+                          f"({cpu_ms / base:6.1f}x the empty partition), fetch p50 {rows[-1]['fetch_p50_ms']:7.1f} ms")
+    finally:
+        await consumer.stop()
+        await producer.stop()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="counter bench broker-fetch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="0,5000,15000", help="partition lengths to measure at (ascending)")
+    parser.add_argument("--fetches", type=int, default=20, help="tail fetches per length (default 20)")
+    args = parser.parse_args(argv)
+    lengths = sorted(int(n) for n in args.batches.split(","))
+    with tempfile.TemporaryDirectory(prefix="bench-broker-fetch-") as tmp, LocalStack(Path(tmp)) as stack:
+        bootstrap = stack.start_broker()
+        assert stack.broker is not None and stack.broker.pid is not None
+        ensure_topics(bootstrap, [TopicSpec(TOPIC, 1, 1, {})])
+        console.print("broker CPU per tail fetch as the partition grows (one batch per record):")
+        rows = asyncio.run(measure(bootstrap, stack.broker.pid, lengths, args.fetches))
+    write_result("broker_fetch", {"fetches": args.fetches, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
