@@ -27,9 +27,8 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import pairwise
 
-from agents.windows import BucketWork, merge_steps, retention_floor
+from agents.windows import BucketWork, merge_steps, recompute_parents, retention_floor
 from control_plane import Namespace
 from sinks import BucketStore, EventStore, SketchStore
 from sinks.sketches import SketchRow, Union, sketch_of
@@ -91,25 +90,17 @@ async def maintain_sketches(ns: Namespace, items: Iterable[BucketWork | tuple[st
     boundary = {w.counter: w.boundary for w in work}
 
     # 2. hours from minutes, days from hours: unions of the touched parents whose children are all at hand
-    skipped: dict[Granularity, int] = {}
-    for child, parent in pairwise(chain):
-        children: dict[tuple[str, int], dict[int, bytes]] = {}  # (counter, parent start) -> recomputed children
-        for (c, start), sketch in computed[child].items():
-            children.setdefault((c, align_down(start, parent)), {})[start] = sketch
-        ready = sorted(k for k in children if k[1] >= min(known_from[k[0]], store_floor[child]))
-        if len(ready) < len(children):
-            skipped[parent] = len(children) - len(ready)
-        ranges: list[BucketRange] = [(c, child, p, min(p + parent.width_us, known_from[c])) for c, p in ready]
-        stored = await sketches.read_sketches_many(ns.name, ranges) if ranges else []
-        for (c, p), found_children in zip(ready, stored, strict=True):
-            parts = {start: sketch for start, sketch, _upto in found_children}
-            parts.update(children[(c, p)])
-            union = Union(lg_k)
-            for start, sketch in parts.items():
-                if not is_masked(child, start, clear_of.get(c)):
-                    union.add_sketch(sketch)
-            computed[parent][(c, p)] = union.sketch()
-        known_from = {c: align_up(k, parent) for c, k in known_from.items()}
+    def union_of(counter: str, child: Granularity, children: Mapping[int, bytes]) -> bytes:
+        union = Union(lg_k)
+        for start, sketch in children.items():
+            if not is_masked(child, start, clear_of.get(counter)):
+                union.add_sketch(sketch)
+        return union.sketch()
+
+    async def read_children(ranges: list[BucketRange]) -> list[list[tuple[int, bytes, int]]]:
+        return await sketches.read_sketches_many(ns.name, ranges)
+
+    skipped = await recompute_parents(chain, computed, known_from, store_floor, read_children, union_of)
     if skipped:
         log.warning("namespace %r: %s left as stored: their finer sketches or events are past retention",
                     ns.name, ", ".join(f"{n} {g} sketch(es)" for g, n in skipped.items()))

@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from control_plane import Namespace
 from sinks import BucketStore, EventStore
 from sinks.windows import CHAIN, BucketRange, BucketRow, Granularity, align_down, align_up, masked
 
-__all__ = ["BucketWork", "Maintenance", "maintain_buckets", "merge_steps", "retention_floor"]
+__all__ = ["BucketWork", "Maintenance", "maintain_buckets", "merge_steps", "recompute_parents", "retention_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -120,22 +120,13 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
     boundary = {w.counter: w.boundary for w in work}
 
     # 2. hours from minutes, days from hours: the touched parents whose children are all at hand
-    skipped: dict[Granularity, int] = {}
-    for child, parent in pairwise(chain):
-        children: dict[tuple[str, int], dict[int, int]] = {}  # (counter, parent start) -> recomputed children
-        for (c, start), value in computed[child].items():
-            children.setdefault((c, align_down(start, parent)), {})[start] = value
-        # children before known_from come from the store: they must still be there
-        ready = sorted(k for k in children if k[1] >= min(known_from[k[0]], store_floor[child]))
-        if len(ready) < len(children):
-            skipped[parent] = len(children) - len(ready)
-        ranges: list[BucketRange] = [(c, child, p, min(p + parent.width_us, known_from[c])) for c, p in ready]
-        stored = await buckets.read_buckets_many(ns.name, ranges) if ranges else []
-        for (c, p), parent_rows in zip(ready, stored, strict=True):
-            values = {start: value for start, value, _upto in parent_rows}
-            values.update(children[(c, p)])
-            computed[parent][(c, p)] = sum(masked(child, s, v, clear_of.get(c)) for s, v in values.items())
-        known_from = {c: align_up(k, parent) for c, k in known_from.items()}
+    def add_up(counter: str, child: Granularity, children: Mapping[int, int]) -> int:
+        return sum(masked(child, start, value, clear_of.get(counter)) for start, value in children.items())
+
+    async def read_children(ranges: list[BucketRange]) -> list[list[tuple[int, int, int]]]:
+        return await buckets.read_buckets_many(ns.name, ranges)
+
+    skipped = await recompute_parents(chain, computed, known_from, store_floor, read_children, add_up)
     if skipped:
         log.warning("namespace %r: %s left as stored: their finer buckets or events are past retention",
                     ns.name, ", ".join(f"{n} {g}(s)" for g, n in skipped.items()))
@@ -170,6 +161,37 @@ async def _stored_partial_minutes(namespace: str, work: list[BucketWork], known_
     stored = await buckets.read_buckets_many(namespace, ranges)
     return {w.counter: rows[0][1] for w, rows in zip(inside, stored, strict=True)
             if rows and rows[0][0] == known_from[w.counter] and rows[0][2] == w.rollup_ts}
+
+
+V = TypeVar("V")
+
+
+async def recompute_parents(chain: tuple[Granularity, ...], computed: dict[Granularity, dict[tuple[str, int], V]],
+                            known_from: Mapping[str, int], store_floor: Mapping[Granularity, int],
+                            read: Callable[[list[BucketRange]], Awaitable[list[list[tuple[int, V, int]]]]],
+                            combine: Callable[[str, Granularity, dict[int, V]], V]) -> dict[Granularity, int]:
+    """Step 2 of the maintenance, for bucket sums and unique sketches alike: every parent (hour, day) of a
+    recomputed child is recomputed from all its children (the recomputed ones, the others read back from the
+    store with `read`), combined by `combine(counter, child granularity, {child start: value})`. A parent whose
+    stored children may be gone (before `known_from`, past the child's retention) is left as stored; returns how
+    many were, per granularity. `computed` gains the parents."""
+    skipped: dict[Granularity, int] = {}
+    for child, parent in pairwise(chain):
+        children: dict[tuple[str, int], dict[int, V]] = {}  # (counter, parent start) -> recomputed children
+        for (c, start), value in computed[child].items():
+            children.setdefault((c, align_down(start, parent)), {})[start] = value
+        # children before known_from come from the store: they must still be there
+        ready = sorted(k for k in children if k[1] >= min(known_from[k[0]], store_floor[child]))
+        if len(ready) < len(children):
+            skipped[parent] = len(children) - len(ready)
+        ranges: list[BucketRange] = [(c, child, p, min(p + parent.width_us, known_from[c])) for c, p in ready]
+        stored = await read(ranges) if ranges else []
+        for (c, p), parent_rows in zip(ready, stored, strict=True):
+            values = {start: value for start, value, _upto in parent_rows}
+            values.update(children[(c, p)])
+            computed[parent][(c, p)] = combine(c, child, values)
+        known_from = {c: align_up(k, parent) for c, k in known_from.items()}
+    return skipped
 
 
 def merge_steps(work: Iterable[BucketWork]) -> list[BucketWork]:
