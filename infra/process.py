@@ -51,6 +51,15 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc; True where there is no /proc to ask)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("T", "t")
+
+
 def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
     """Poll `condition` until it holds or `timeout` seconds pass; return whether it held."""
     deadline = time.monotonic() + timeout
@@ -174,9 +183,12 @@ class ManagedProcess:
         return f"exit code {code}"
 
     def pause(self) -> None:
-        """Freeze the process (SIGSTOP): it keeps its port but answers nothing, like a hung host."""
+        """Freeze the process (SIGSTOP): it keeps its port but answers nothing, like a hung host. Returns once
+        the kernel reports it stopped: SIGSTOP is delivered asynchronously, and a request sent in between could
+        still be answered by one of its threads."""
         if self.running():
             os.kill(self.popen.pid, signal.SIGSTOP)
+            wait_until(lambda: _stopped(self.popen.pid), timeout=2.0, interval=0.001)
 
     def resume(self) -> None:
         if self.running():

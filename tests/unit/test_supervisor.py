@@ -186,3 +186,22 @@ def test_a_child_whose_parent_died_before_prctl_exits_at_once():
     """)
     result = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parents[2], timeout=30)
     assert result.returncode == 0
+
+
+def state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_pause_returns_once_the_child_is_stopped_and_resume_wakes_it(tmp_path):
+    """SIGSTOP is delivered asynchronously: pause() waits until the kernel reports the child stopped, so a
+    request sent right after it cannot be answered by the 'paused' process (a flaky hung-memcached test)."""
+    child = Sleeper(tmp_path).start(timeout=10)
+    try:
+        for _ in range(20):
+            child.pause()
+            assert state(child.pid) in ("T", "t")  # at once, no waiting here
+            child.resume()
+            wait_for(lambda: state(child.pid) not in ("T", "t"), 5, message="the child to run again")
+    finally:
+        child.stop()
