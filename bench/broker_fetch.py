@@ -23,6 +23,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.common import console, progress_bar, write_result
+from infra.process import proc_stat
 from infra.stack import LocalStack
 from streams.topics import TopicSpec, ensure_topics
 
@@ -30,7 +31,10 @@ TOPIC = "bench-broker-fetch"
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    """User plus system CPU time of the process so far."""
+    fields = proc_stat(pid)
+    if fields is None:
+        raise SystemExit(f"no /proc entry for the broker (pid {pid}): this diagnostic needs the local broker on Linux")
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -66,9 +70,10 @@ async def measure(bootstrap: str, pid: int, lengths: list[int], fetches: int) ->
             cpu_ms = (cpu_seconds(pid) - used) / fetches * 1e3
             rows.append({"batches": end, "broker_cpu_ms_per_fetch": cpu_ms,
                          "fetch_p50_ms": statistics.median(latencies) * 1e3})
-            base = rows[0]["broker_cpu_ms_per_fetch"] or float("nan")
-            console.print(f"  {end:>7,} batches: broker CPU {cpu_ms:8.2f} ms per produce + tail fetch "
-                          f"({cpu_ms / base:6.1f}x the empty partition), fetch p50 {rows[-1]['fetch_p50_ms']:7.1f} ms")
+            base = rows[0]["broker_cpu_ms_per_fetch"]  # 0 when too few fetches to cross one clock tick (10 ms)
+            ratio = f"{cpu_ms / base:6.1f}x the first length" if base else "first length below one clock tick"
+            console.print(f"  {end:>7,} batches: broker CPU {cpu_ms:8.2f} ms per produce + tail fetch ({ratio}), "
+                          f"fetch p50 {rows[-1]['fetch_p50_ms']:7.1f} ms")
     finally:
         await consumer.stop()
         await producer.stop()

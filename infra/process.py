@@ -51,13 +51,19 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _stopped(pid: int) -> bool:
-    """Whether the process is stopped by a signal (state T in /proc; True where there is no /proc to ask)."""
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None when there is no such
+    process (or no /proc). Linux only, like the rest of the local stack's process handling."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return True
-    return state in ("T", "t")
+        return None
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T; True when /proc cannot tell)."""
+    fields = proc_stat(pid)
+    return fields is None or fields[0] in ("T", "t")
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:

@@ -11,12 +11,9 @@ use, so a live count and the rollup that later absorbs the same events agree by 
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from sinks import EventStore
 from sinks.model import apply_aggregate
-
-log = logging.getLogger(__name__)
 
 MAX_WINDOWS_PER_CALL = 512  # one store call's share of a very busy pass: bounds how long it holds the store
 

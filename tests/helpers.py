@@ -10,6 +10,14 @@ from collections.abc import Callable
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
+from infra.process import proc_stat
+
+
+def gone(pid: int) -> bool:
+    """No such process, or a zombie nobody has reaped yet (a killed parent's children are reparented)."""
+    fields = proc_stat(pid)
+    return fields is None or fields[0] == "Z"
+
 
 def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.05,
              message: str | Callable[[], str] = "") -> object:

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from infra.process import free_port, http_ok, port_open
-from tests.helpers import wait_for
+from tests.helpers import gone, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +32,6 @@ COUNTER = [sys.executable, "-m", "counter_cli.main"]
 NAMESPACES = ROOT / "tests" / "data" / "pipeline_namespaces.yaml"
 CHILDREN = {"broker", "memcached", "worker-0", "api-0"}
 START_TIMEOUT_S = 90
-
-
-def gone(pid: int) -> bool:
-    """No such process, or a zombie: a killed parent's children are reparented and may not be reaped at once."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 def children_of(pid: int) -> list[int]:

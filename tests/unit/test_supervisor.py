@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from infra import parent_death
-from infra.process import ManagedProcess
+from infra.process import ManagedProcess, proc_stat
 from infra.supervisor import Backoff, Supervisor
-from tests.helpers import wait_for
+from tests.helpers import gone, wait_for
 
 SLEEPER = [sys.executable, "-c", "import time; print('hello from the child', flush=True); time.sleep(60)"]
 
@@ -30,15 +30,6 @@ class Sleeper(ManagedProcess):
 
     def ready(self) -> bool:
         return self.becomes_ready and self.running()
-
-
-def gone(pid: int) -> bool:
-    """No such process, or a zombie nobody has reaped yet (a killed parent's child is reparented)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
 
 
 class Events:
@@ -189,8 +180,9 @@ def test_a_child_whose_parent_died_before_prctl_exits_at_once():
 
 
 def state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
+    fields = proc_stat(pid)
+    assert fields is not None, f"pid {pid} is gone"
+    return fields[0]
 
 
 def test_pause_returns_once_the_child_is_stopped_and_resume_wakes_it(tmp_path):
