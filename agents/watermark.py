@@ -17,16 +17,14 @@ from collections.abc import Iterable
 
 from schemas import MICROS
 from schemas.dead_letter import AnyHeaders
+from schemas.record_headers import has_header
 
 HEARTBEAT_HEADER = "counter.heartbeat"
 
 
 def is_heartbeat(headers: AnyHeaders) -> bool:
     """Whether a record's headers (list of pairs or mapping, str or bytes names) mark a heartbeat."""
-    if not headers:
-        return False
-    names = headers.keys() if isinstance(headers, dict) else (h[0] for h in headers)
-    return any(n == HEARTBEAT_HEADER or n == b"counter.heartbeat" for n in names)
+    return has_header(headers, HEARTBEAT_HEADER)
 
 
 class WatermarkTracker:

@@ -179,7 +179,8 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         checkpoint=lambda keys: _retrying("signal", lambda: p.send_signals(keys)),
         checkpoint_ms=max(1, min(settings.persist_checkpoint_ms, int(coalesce_s * 500))),
         max_records=settings.persist_batch_max, batch_bytes=settings.persist_batch_bytes,
-        wait_ms=settings.persist_batch_within_ms, min_bytes=settings.persist_fetch_min_bytes,
+        wait_ms=settings.persist_batch_within_ms, prompt_wait_ms=settings.persist_prompt_within_ms,
+        prompt_for_s=settings.persist_prompt_for_s, min_bytes=settings.persist_fetch_min_bytes,
         session_timeout_ms=int(settings.group_session_timeout_s * 1000),
         rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_revoked=p.forget_partitions)
 

@@ -18,6 +18,10 @@ workers share the load. The record key is null: no single counter names it.
 
 Records go out through `AsyncProducer` (confluent-kafka; one thread hop per record, none per write).
 
+A write whose client waits until it is persisted (AddAndGetCount) marks its record with the read-your-write
+header (`schemas.record_headers`): the persist consumer then fetches promptly, and otherwise gathers larger
+batches, which cost the worker and the broker less per write.
+
 Durability is unchanged: acks=all with the idempotent producer. A record is acknowledged or failed as a
 whole, so a request's mutations (a batch request's too: they travel in one record) are never half-sent.
 """
@@ -32,6 +36,7 @@ from collections.abc import Sequence
 from producers.asyncio_producer import AsyncProducer
 from producers.client import DeliveryError
 from schemas import Mutation, is_v2, mutation_body, record_of_bodies, v2_body
+from schemas.record_headers import READ_YOUR_WRITE_HEADERS
 
 log = logging.getLogger(__name__)
 
@@ -41,15 +46,17 @@ MAX_RECORD_BYTES = 900_000  # below the broker's default message.max.bytes (1 MB
 
 class _Pending:
     """The bodies of this pass of the loop, and the future they all wait on. `v2`: some mutation has dimensions
-    or an item, so the record is a v2 one (its v1 bodies get the v2 defaults when it is produced)."""
+    or an item, so the record is a v2 one (its v1 bodies get the v2 defaults when it is produced).
+    `read_your_write`: some client waits until its write is persisted."""
 
-    __slots__ = ("bodies", "future", "size", "v2")
+    __slots__ = ("bodies", "future", "read_your_write", "size", "v2")
 
     def __init__(self, future: asyncio.Future[None]) -> None:
         self.bodies: list[bytes] = []
         self.size = 0
         self.future = future
         self.v2: list[bool] | None = None  # per body, once a v2 body joined
+        self.read_your_write = False
 
 
 class GroupCommitProducer:
@@ -106,8 +113,9 @@ class GroupCommitProducer:
 
     # -- writes ------------------------------------------------------------------------------------------
 
-    def send(self, mutations: Sequence[Mutation]) -> asyncio.Future[None]:
-        """Queue mutations for this pass's record (all of them in that one record)."""
+    def send(self, mutations: Sequence[Mutation], *, read_your_write: bool = False) -> asyncio.Future[None]:
+        """Queue mutations for this pass's record (all of them in that one record). `read_your_write`: the
+        caller will wait until they are persisted, so the record asks the persist consumer to hurry."""
         loop = self._loop
         assert loop is not None, "start() first"
         if not self._partitions or self._closed:
@@ -139,6 +147,7 @@ class GroupCommitProducer:
             pending.v2.extend(kinds or [False] * len(bodies))
         pending.bodies.extend(bodies)
         pending.size += size
+        pending.read_your_write |= read_your_write
         return pending.future
 
     def _flush_pass(self) -> None:
@@ -156,7 +165,8 @@ class GroupCommitProducer:
         else:  # the plain bodies take the v2 defaults (an empty map, an empty item)
             value = record_of_bodies([b if v2 else v2_body(b) for b, v2 in zip(batch.bodies, batch.v2, strict=True)],
                                      v2=True)
-        record = self.kafka.produce(self.topic, value, None, partition=partition)
+        record = self.kafka.produce(self.topic, value, None, partition=partition,
+                                    headers=READ_YOUR_WRITE_HEADERS if batch.read_your_write else None)
         self._in_flight += 1
         self.records_sent += 1
         record.add_done_callback(functools.partial(self._acknowledged, batch.future))

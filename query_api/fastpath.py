@@ -82,7 +82,8 @@ def _durable(service: CounterService, ns: Namespace, path: bytes, req: dict[str,
         return None
     try:
         written, acknowledged = service.write_durable(  # ignore below: a checked token dict is never falsy
-            ns, counter, delta, MutationOp.ADD, token and token["token"], token and token.get("generation_time"))  # type: ignore[arg-type]
+            ns, counter, delta, MutationOp.ADD, token and token["token"], token and token.get("generation_time"),  # type: ignore[arg-type]
+            read_your_write=path != ADD_COUNT)
     except ValidationError:  # nothing was sent: the route answers with the field named
         return None
     if path == ADD_COUNT:

@@ -255,12 +255,15 @@ class CounterService:
 
     def write_durable(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                       generation_time: str | int | float | None, item_key: str = "",
-                      dimensions: Mapping[str, Any] | None = None, item: str | None = None,
-                      ) -> tuple[Written, asyncio.Future[None]]:
+                      dimensions: Mapping[str, Any] | None = None, item: str | None = None, *,
+                      read_your_write: bool = False) -> tuple[Written, asyncio.Future[None]]:
         """A durable (EVENTUAL/ACCURATE) write, group-committed: what to answer, and the future of the broker's
-        acknowledgement (failing with DeliveryError). Plain, so the fast path can answer from a callback."""
+        acknowledgement (failing with DeliveryError). Plain, so the fast path can answer from a callback.
+        `read_your_write`: the caller will wait for it to be persisted (`count_after`), so it is persisted
+        promptly."""
         m = self.mutation(ns, counter, delta, op, token, generation_time, item_key, dimensions, item)
-        return Written(ns, counter, m.event_id, m.event_time), self.producer.send([m])
+        written = Written(ns, counter, m.event_id, m.event_time)
+        return written, self.producer.send([m], read_your_write=read_your_write)
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
         """A BEST_EFFORT add (memcached only): the new count. An awaitable rather than a coroutine, so the fast
@@ -398,7 +401,7 @@ class CounterService:
             dims, _ = self.extras(ns, dimensions, item)
             await self.check_bound(ns, counter, dims)
         written, acknowledged = self.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
-                                                   item_key, dimensions, item)
+                                                   item_key, dimensions, item, read_your_write=True)
         return await self.count_after(written, acknowledged, item_key)
 
     async def count_after(self, written: Written, acknowledged: asyncio.Future[None], item_key: str = "") -> Count:

@@ -54,9 +54,14 @@ class Settings(BaseSettings):
     persist_checkpoint_ms: int = Field(250, ge=1, description="how often the counters persisted batches touched "
                                        "are signalled for rollup and the batches' offsets committed (at most half "
                                        "the shortest coalesce_ms)")
-    persist_batch_within_ms: int = Field(10, ge=1, description="longest wait for records before a persist batch "
-                                         "goes with what it has (the broker's fetch wait: the local broker answers a "
-                                         "waiting fetch only when it times out, so this bounds the persist latency)")
+    persist_batch_within_ms: int = Field(200, ge=1, description="longest wait for records before a persist batch "
+                                         "goes with what it has, while no client waits on its write (the broker's "
+                                         "fetch wait: the local broker answers a waiting fetch only when it times "
+                                         "out, so this bounds the persist latency of writes nobody waits on)")
+    persist_prompt_within_ms: int = Field(10, ge=1, description="the same wait while read-your-write writes "
+                                          "(AddAndGetCount) arrive: it bounds their persist latency")
+    persist_prompt_for_s: float = Field(2.0, ge=0, description="how long after a read-your-write write the persist "
+                                        "consumer keeps the prompt wait")
     persist_fetch_min_bytes: int = Field(64 << 10, ge=1, description="the broker answers a persist fetch once it "
                                          "holds this many bytes, or after persist_batch_within_ms")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")

@@ -18,6 +18,7 @@ from producers.asyncio_producer import AsyncProducer
 from producers.client import DeliveryError
 from producers.group_commit import RETRY_RULE, GroupCommitProducer
 from schemas import Mutation, MutationOp, counter_key, decode_mutations, decode_signals
+from schemas.record_headers import READ_YOUR_WRITE_HEADER, has_header
 from streams.signals import SIGNALS_PER_RECORD, SignalSender
 from streams.topics import signal_partition
 from tests.helpers import make_topic, read_all
@@ -78,6 +79,27 @@ def test_concurrent_writes_of_one_loop_pass_become_one_record(kafka_bootstrap: s
     assert len({id(f) for f in futures}) == 1  # every write shares the record's acknowledgement
     [(_partition, key, received)] = records_of(kafka_bootstrap, topic_name)
     assert received == ms and key is None
+
+
+def test_a_pass_holding_a_read_your_write_write_marks_its_record_and_only_that_one(kafka_bootstrap: str,
+                                                                                   topic_name: str) -> None:
+    """AddAndGetCount's writes ask the persist consumer to hurry (agents.persist_consumer); plain writes do not."""
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+
+    async def scenario() -> None:
+        kafka, gc = await group_commit(kafka_bootstrap, topic_name)
+        await gc.send([mutation(0)])  # a plain pass
+        await asyncio.gather(gc.send([mutation(1)]), gc.send([mutation(2)], read_your_write=True),
+                             gc.send([mutation(3)]))  # one pass, one of its writes waited on
+        await gc.send([mutation(4)])  # plain again: the mark does not stick
+        await gc.stop()
+        await kafka.stop()
+
+    run(scenario)
+    records = read_all(kafka_bootstrap, topic_name)
+    marked = {tuple(m.event_id for m in decode_mutations(r.value)): has_header(r.headers, READ_YOUR_WRITE_HEADER)
+              for r in records if r.value}
+    assert marked == {("tok-0",): False, ("tok-1", "tok-2", "tok-3"): True, ("tok-4",): False}
 
 
 def test_a_lone_write_is_sent_at_the_end_of_its_pass(kafka_bootstrap: str, topic_name: str) -> None:

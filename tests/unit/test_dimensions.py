@@ -508,7 +508,8 @@ class _FakeKafka:
     async def partitions(self, topic: str) -> int:
         return 3
 
-    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int) -> asyncio.Future[None]:
+    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int,
+                headers: Any = None) -> asyncio.Future[None]:
         self.records.append(value)
         future = asyncio.get_running_loop().create_future()
         future.set_result(None)

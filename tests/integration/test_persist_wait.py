@@ -1,0 +1,84 @@
+"""The persist consumer's adaptive fetch wait against the real broker: after a record marked read-your-write its
+fetches wait briefly (the next record is persisted well within the long wait), and once no such record came for
+`prompt_for_s` they wait long again. The FetchRequests aiokafka builds are watched, so this also proves the lean
+on aiokafka's Fetcher (agents.persist_consumer.set_fetch_wait) on the installed version."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import aiokafka.consumer.fetcher as fetcher_module
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from agents.persist_consumer import PersistConsumer
+from schemas.record_headers import READ_YOUR_WRITE_HEADERS
+from tests.helpers import make_topic
+
+pytestmark = pytest.mark.integration
+
+LONG_MS, PROMPT_MS, PROMPT_FOR_S = 3000, 10, 1.0
+
+
+async def until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def test_a_read_your_write_record_makes_the_next_fetches_prompt_until_prompt_for_s_passes(
+        kafka_bootstrap: str, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_topic(kafka_bootstrap, topic_name, 1)
+    waits: list[int] = []  # max_wait of every FetchRequest aiokafka builds, in order
+    real = fetcher_module.FetchRequest
+
+    def spy(max_wait: int, *args: Any, **kw: Any) -> Any:
+        waits.append(max_wait)
+        return real(max_wait, *args, **kw)
+
+    monkeypatch.setattr(fetcher_module, "FetchRequest", spy)
+    persisted: dict[bytes, float] = {}
+
+    async def persist(records: Any) -> list[tuple[str, str]]:
+        persisted.update((r.value, time.monotonic()) for r in records)
+        return []
+
+    async def checkpoint(_keys: Any) -> None:
+        return None
+
+    async def scenario() -> None:
+        pc = PersistConsumer(bootstrap=kafka_bootstrap, topic=topic_name, group_id=f"{topic_name}.persist",
+                             persist=persist, checkpoint=checkpoint, checkpoint_ms=50, wait_ms=LONG_MS,
+                             prompt_wait_ms=PROMPT_MS, prompt_for_s=PROMPT_FOR_S)
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        await pc.start()
+        task = asyncio.ensure_future(pc.run())
+        try:
+            await until(lambda: pc.assignment() == {0}, 30, "the partition's assignment")
+            await producer.send_and_wait(topic_name, b"plain", partition=0)
+            await until(lambda: b"plain" in persisted, 30, "the plain record")
+            assert pc.fetch_wait_ms == LONG_MS and set(waits) == {LONG_MS}  # nobody waited: long fetches only
+
+            await producer.send_and_wait(topic_name, b"waited-on", partition=0, headers=READ_YOUR_WRITE_HEADERS)
+            await until(lambda: b"waited-on" in persisted, 30, "the read-your-write record")
+            assert pc.fetch_wait_ms == PROMPT_MS
+            sent = time.monotonic()
+            await producer.send_and_wait(topic_name, b"next", partition=0)
+            await until(lambda: b"next" in persisted, 30, "the record after it")
+            assert persisted[b"next"] - sent < LONG_MS / 2000, "persisted as slowly as with the long wait"
+            assert PROMPT_MS in waits
+
+            prompt_at = len(waits)
+            await until(lambda: pc.fetch_wait_ms == LONG_MS, 10 + PROMPT_FOR_S, "the long wait again")
+            await until(lambda: LONG_MS in waits[prompt_at:], 10, "a long fetch after the prompt ones")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await pc.stop()
+            await producer.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
