@@ -15,9 +15,10 @@ delivery plus idempotent events gives exact counts. Checkpointing every few batc
 costs the rollups at most `checkpoint_ms` of latency and saves a signal record per rollup partition and an
 offset commit per batch (under load the batches come every few milliseconds).
 
-How long a fetch waits for records adapts to who is waiting. A client waiting on its write (AddAndGetCount) marks
-its record with the read-your-write header; for `prompt_for_s` after such a record the consumer fetches with
-the short `prompt_wait_ms`, and otherwise with `wait_ms`, gathering larger batches. Measured here with the API
+How long a fetch waits for records adapts to who is waiting. A client waiting until the worker has persisted
+its write (AddAndGetCount with dimensions or items; the API stores plain ones itself) marks its record with the
+read-your-write header; for `prompt_for_s` after such a record the consumer fetches with the short
+`prompt_wait_ms`, and otherwise with `wait_ms`, gathering larger batches. Measured here with the API
 at concurrency 32 (bench/RESULTS.md), a 200 ms wait instead of 10 ms cut the worker's and the broker's CPU per
 write by about a third (fewer, larger transactions; fewer fetches, which the local broker pays by the length of
 the partition): EVENTUAL AddCount, which nobody waits to see persisted, ran faster by the same margin.

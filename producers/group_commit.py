@@ -18,7 +18,7 @@ workers share the load. The record key is null: no single counter names it.
 
 Records go out through `AsyncProducer` (confluent-kafka; one thread hop per record, none per write).
 
-A write whose client waits until it is persisted (AddAndGetCount) marks its record with the read-your-write
+A write whose client waits until the worker has persisted it marks its record with the read-your-write
 header (`schemas.record_headers`): the persist consumer then fetches promptly, and otherwise gathers larger
 batches, which cost the worker and the broker less per write.
 

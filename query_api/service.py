@@ -25,6 +25,7 @@ from producers import DeliveryError, new_token
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
+from query_api.early_persist import EarlyPersist, admissible, eligible
 from query_api.live_reads import LiveReads
 from query_api.signals import ReadSignals
 from query_api.topk import TopK, top_k
@@ -147,6 +148,7 @@ class CounterService:
         self.counters = counters
         self.read_your_write_timeout_s = read_your_write_timeout_s
         self.arrivals = Arrivals(events, timeout_s=read_your_write_timeout_s)
+        self.early = EarlyPersist(events)
         self.live = LiveReads(events)  # the events after a rollup, read for every reader of a pass at once
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
         self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
@@ -262,8 +264,10 @@ class CounterService:
         `read_your_write`: the caller will wait for it to be persisted (`count_after`), so it is persisted
         promptly."""
         m = self.mutation(ns, counter, delta, op, token, generation_time, item_key, dimensions, item)
-        written = Written(ns, counter, m.event_id, m.event_time)
-        return written, self.producer.send([m], read_your_write=read_your_write)
+        acknowledged = self.producer.send([m], read_your_write=read_your_write)
+        if eligible(ns):
+            self.early.note(m, acknowledged)  # a later AddAndGetCount of the counter stores it with its own
+        return Written(ns, counter, m.event_id, m.event_time), acknowledged
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
         """A BEST_EFFORT add (memcached only): the new count. An awaitable rather than a coroutine, so the fast
@@ -401,18 +405,38 @@ class CounterService:
             dims, _ = self.extras(ns, dimensions, item)
             await self.check_bound(ns, counter, dims)
         written, acknowledged = self.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
-                                                   item_key, dimensions, item, read_your_write=True)
+                                                   item_key, dimensions, item, read_your_write=not eligible(ns))
         return await self.count_after(written, acknowledged, item_key)
 
     async def count_after(self, written: Written, acknowledged: asyncio.Future[None], item_key: str = "") -> Count:
-        """The count once a durable write is acknowledged and persisted: AddAndGetCount's read-your-write."""
+        """The count once a durable write is acknowledged and persisted: AddAndGetCount's read-your-write. In an
+        eligible namespace this process stores the event itself, with its recent writes of the counter before it
+        (query_api.early_persist), instead of waiting for the worker."""
         await self.acknowledged(acknowledged)
         ns, counter = written.ns, written.counter
         # a durable write always has its event time and token (write_durable sets them)
-        await self.wait_persisted(ns, counter, written.event_time, written.token, item_key)  # type: ignore[arg-type]
+        event_time, token = written.event_time, written.token
+        assert event_time is not None and token is not None, "a durable write has its event time and token"
+        if not await self.stored_early(ns, counter, event_time, token):
+            await self.wait_persisted(ns, counter, event_time, token, item_key)
         count, rollup_ts = await self.rollup_of(ns, counter)
         self.signal_if_stale(ns, counter, rollup_ts)
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
+
+    async def stored_early(self, ns: Namespace, counter: str, event_time: int, token: str) -> bool:
+        """Store an acknowledged write's event now, with this process's recent writes of the counter, if the
+        namespace is eligible and the worker is sure to admit it; False to wait for the worker instead."""
+        now_us = time.time_ns() // 1000
+        if not (eligible(ns) and admissible(ns, event_time, now_us)):
+            return False
+        rows = self.early.rows(ns, counter, now_us)
+        if not any(row[2] == event_time and row[3] == token for row in rows):
+            return False  # sent longer than recent_s ago: the worker's to store
+        try:
+            await self.early.store(rows)
+        except Exception:  # logged by EarlyPersist; the worker will store them
+            return False
+        return True
 
     async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
         if not await self.arrivals.wait(ns.name, (counter, event_time, token, item_key)):

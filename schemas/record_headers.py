@@ -1,8 +1,8 @@
 """Kafka record headers the service's own records carry, and the one test for them.
 
-`READ_YOUR_WRITE_HEADER` marks a counter-mutations record that holds a write a client is waiting on until it is
-persisted (AddAndGetCount): the persist consumer then fetches with its short wait for a while (see
-`agents.persist_consumer`), and gathers larger, cheaper batches the rest of the time.
+`READ_YOUR_WRITE_HEADER` marks a counter-mutations record that holds a write a client is waiting on until the
+worker has persisted it (AddAndGetCount with dimensions or items): the persist consumer then fetches with its
+short wait for a while (see `agents.persist_consumer`), and gathers larger, cheaper batches the rest of the time.
 """
 
 from __future__ import annotations

@@ -59,7 +59,8 @@ class Settings(BaseSettings):
                                          "fetch wait: the local broker answers a waiting fetch only when it times "
                                          "out, so this bounds the persist latency of writes nobody waits on)")
     persist_prompt_within_ms: int = Field(10, ge=1, description="the same wait while read-your-write writes "
-                                          "(AddAndGetCount) arrive: it bounds their persist latency")
+                                          "arrive (AddAndGetCount with dimensions or items): it bounds their "
+                                          "persist latency")
     persist_prompt_for_s: float = Field(2.0, ge=0, description="how long after a read-your-write write the persist "
                                         "consumer keeps the prompt wait")
     persist_fetch_min_bytes: int = Field(64 << 10, ge=1, description="the broker answers a persist fetch once it "

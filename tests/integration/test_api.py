@@ -111,6 +111,27 @@ def test_accurate_reads_include_persisted_events_before_rollup(stack):
     wait_for(lambda: get_count(stack, "my_dataset_accurate", counter) == 3, 30, message="accurate 3")
 
 
+def test_add_and_get_answers_with_the_worker_paused_and_the_worker_then_counts_each_write_once(stack):
+    """A plain AddAndGetCount stores its own event once acknowledged (query_api.early_persist): it answers while
+    the worker is frozen (waiting for the worker would time out), and the worker's copies add nothing."""
+    counter = f"ryw-{uuid.uuid4().hex[:8]}"
+    first = fresh(POST_ADD, counter_name=counter, delta=4)
+    [worker] = stack.workers
+    worker.pause()
+    try:
+        started = time.monotonic()
+        assert post(stack, "/v1/AddAndGetCount", first).json()["count"] == 4
+        assert post(stack, "/v1/AddAndGetCount", fresh(POST_ADD, counter_name=counter, delta=6)).json()["count"] == 10
+        assert post(stack, "/v1/AddAndGetCount", first).json()["count"] == 10  # a retry: counted once
+        assert post(stack, "/v1/AddAndGetCount", {"namespace": "my_dataset", "counter_name": counter,
+                                                  "delta": -1}).json()["count"] == 9  # the fast path's shape
+        assert time.monotonic() - started < 3, "answered only after a wait for the worker"
+    finally:
+        worker.resume()
+    wait_for(lambda: stack.converged("my_dataset", {counter: 9}), 30, interval=0.2, message="rolled up to 9")
+    assert get_count(stack, "my_dataset", counter) == 9
+
+
 def test_best_effort_negative_totals_clear_and_64_bit_edges(stack):
     ns, counter = "my_dataset_best_effort", f"be-{uuid.uuid4().hex[:8]}"
 

@@ -1,0 +1,130 @@
+"""query_api.early_persist: which writes the API may store itself, that they are exactly the worker's events, that a
+counter's recent writes come along, and that a loop pass's stores share one transaction (real SQLite store)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from agents.persist import RawRecord, prepare
+from control_plane import default_config_path, load_namespaces
+from query_api.early_persist import EarlyPersist, admissible, eligible, event_row
+from schemas import Mutation, MutationOp, encode_mutation
+from sinks import Partitioning, SqliteEventStore
+from sinks.model import EventRow
+
+REGISTRY = load_namespaces(default_config_path())
+NS = REGISTRY["my_dataset"]  # accept_limit 5 s, max_clock_skew 1 s
+S = 1_000_000
+PART = Partitioning(buckets_per_id=4, seconds_per_bucket=10, seconds_per_slice=60)
+
+
+class CountingStore(SqliteEventStore):
+    """The real store, recording each write_events call and failing on demand."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.writes: list[int] = []
+        self.fail = False
+
+    async def write_events(self, rows: Sequence[EventRow]) -> int:
+        self.writes.append(len(rows))
+        if self.fail:
+            raise ConnectionError("store unreachable")
+        return await super().write_events(rows)
+
+
+@pytest.fixture
+def events(tmp_path):
+    store = CountingStore(tmp_path / "events.sqlite3", lambda ns: PART)
+    yield store
+    asyncio.run(store.close())
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def mutation(counter: str, delta: int, token: str, at: int, op: MutationOp = MutationOp.ADD) -> Mutation:
+    return Mutation(NS.name, counter, delta if op is MutationOp.ADD else 0, at, token, "", op)
+
+
+def acknowledged(ok: bool = True) -> asyncio.Future[None]:
+    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    future.set_result(None) if ok else future.set_exception(ConnectionError("no broker"))
+    return future
+
+
+def test_admissible_keeps_a_margin_of_two_clock_skews_inside_accept_limit() -> None:
+    now = 1_700_000_000 * S
+    assert admissible(NS, now, now)
+    assert admissible(NS, now - 3 * S, now)  # 3 s + 2 x 1 s = accept_limit 5 s
+    assert not admissible(NS, now - 3 * S - 1, now)
+    assert admissible(NS, now + S, now) and not admissible(NS, now + S + 1, now)  # from the future: max skew
+
+
+def test_only_namespaces_whose_writes_are_plain_events_are_eligible() -> None:
+    assert eligible(REGISTRY["my_dataset"]) and eligible(REGISTRY["my_dataset_accurate"])
+    assert not eligible(REGISTRY["plays"])  # dimensions: the worker expands clears to combinations
+    assert not eligible(REGISTRY["visitors"])  # UNIQUE: adds carry items
+
+
+def test_the_row_is_the_event_the_worker_stores_from_the_record() -> None:
+    at = now_us()
+    ms = [mutation("c", 7, "t-add", at), mutation("c", 0, "t-clear", at + 1, MutationOp.CLEAR),
+          Mutation(NS.name, "c", -3, at + 2, "t-key", "k")]
+    records = [RawRecord("counter-mutations", 0, i, at // 1000 + 5, None, encode_mutation(m))
+               for i, m in enumerate(ms)]
+    assert [event_row(m) for m in ms] == prepare(records, REGISTRY).rows
+
+
+def test_rows_are_the_counters_acknowledged_admissible_writes_of_the_last_recent_s(events) -> None:
+    async def scenario() -> None:
+        early = EarlyPersist(events, recent_s=0.2)
+        at = now_us()
+        early.note(mutation("c", 1, "old", at - 4 * S), acknowledged())  # beyond the admission margin
+        early.note(mutation("c", 2, "failed", at), acknowledged(ok=False))
+        in_flight: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        early.note(mutation("c", 3, "in-flight", at), in_flight)
+        early.note(mutation("c", 0, "clear", at, MutationOp.CLEAR), acknowledged())
+        early.note(mutation("other", 5, "other", at), acknowledged())
+        assert [r[3] for r in early.rows(NS, "c")] == ["clear"]
+        in_flight.set_result(None)
+        assert [r[3] for r in early.rows(NS, "c")] == ["in-flight", "clear"]
+        await asyncio.sleep(0.25)
+        early.note(mutation("new", 1, "new", now_us()), acknowledged())  # noting forgets what is older
+        assert early.rows(NS, "c") == [] and early.rows(NS, "other") == []
+        assert [r[3] for r in early.rows(NS, "new")] == ["new"]
+    asyncio.run(scenario())
+
+
+def test_one_transaction_per_pass_and_the_next_ones_gather_while_it_runs(events) -> None:
+    async def scenario() -> None:
+        early = EarlyPersist(events)
+        at = now_us()
+        first = [early.store([event_row(mutation(f"c{i}", i, f"t{i}", at))]) for i in range(5)]
+        await asyncio.gather(*first)
+        assert events.writes == [5]
+        second = [early.store([event_row(mutation("c0", 1, f"u{i}", at + i))]) for i in range(3)]
+        second.append(early.store([event_row(mutation("c0", 1, "u0", at))]))  # the same event again
+        await asyncio.gather(*second)
+        assert events.writes == [5, 4]
+        assert (await events.aggregate(NS.name, "c0", at - 1, at + 10)).delta == 3  # idempotent: u0 once
+    asyncio.run(scenario())
+
+
+def test_a_store_error_reaches_every_waiter_of_the_transaction_and_the_next_one_works(events) -> None:
+    async def scenario() -> None:
+        early = EarlyPersist(events)
+        at = now_us()
+        events.fail = True
+        failed = await asyncio.gather(*(early.store([event_row(mutation("c", 1, f"t{i}", at))]) for i in range(3)),
+                                      return_exceptions=True)
+        assert all(isinstance(f, ConnectionError) for f in failed)
+        events.fail = False
+        await early.store([event_row(mutation("c", 1, "t0", at))])
+        assert events.writes == [3, 1] and (await events.aggregate(NS.name, "c", at - 1, at)).delta == 1
+    asyncio.run(scenario())
