@@ -75,8 +75,10 @@ class EarlyPersist:
     def __init__(self, events: EventStore, *, recent_s: float = 2.0) -> None:
         self.events = events
         self.recent_s = recent_s
-        self._recent: dict[Key, list[tuple[float, EventRow, asyncio.Future[None]]]] = {}
-        self._noted: deque[tuple[float, Key]] = deque()  # in sending order, to forget what is older than recent_s
+        # per counter, its writes in sending order; `_noted` holds every write's (time, counter) in the same order,
+        # so forgetting the oldest is one popleft from each (this runs on every durable write: keep it O(1))
+        self._recent: dict[Key, deque[tuple[Mutation, asyncio.Future[None]]]] = {}
+        self._noted: deque[tuple[float, Key]] = deque()
         self._pending: list[tuple[list[EventRow], asyncio.Future[None]]] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -84,23 +86,26 @@ class EarlyPersist:
         """Remember a durable write being sent (its future: the broker's acknowledgement)."""
         now = time.monotonic()
         key = (m.namespace, m.counter_name)
-        self._recent.setdefault(key, []).append((now, event_row(m), acknowledged))
-        self._noted.append((now, key))
+        writes = self._recent.get(key)
+        if writes is None:
+            writes = self._recent[key] = deque()
+        writes.append((m, acknowledged))
+        noted = self._noted
+        noted.append((now, key))
         horizon = now - self.recent_s
-        while self._noted and self._noted[0][0] < horizon:
-            _, old = self._noted.popleft()
-            kept = [w for w in self._recent.get(old, ()) if w[0] >= horizon]
-            if kept:
-                self._recent[old] = kept
-            else:
-                self._recent.pop(old, None)
+        while noted[0][0] < horizon:
+            _, old = noted.popleft()
+            oldest = self._recent[old]
+            oldest.popleft()
+            if not oldest:
+                del self._recent[old]
 
     def rows(self, ns: Namespace, counter: str, now_us: int | None = None) -> list[EventRow]:
         """The counter's recent writes that are acknowledged and that the worker is sure to admit."""
         now_us = time.time_ns() // 1000 if now_us is None else now_us
-        return [row for _, row, ack in self._recent.get((ns.name, counter), ())
+        return [event_row(m) for m, ack in self._recent.get((ns.name, counter), ())
                 if ack.done() and not ack.cancelled() and ack.exception() is None
-                and admissible(ns, row[2], now_us)]
+                and m.event_time is not None and admissible(ns, m.event_time, now_us)]
 
     def store(self, rows: list[EventRow]) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
