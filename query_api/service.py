@@ -277,7 +277,12 @@ class CounterService:
     async def send_durably(self, mutations: Sequence[Mutation]) -> None:
         """Return once the broker acknowledged every mutation (one record: all or none); BrokerUnavailable
         otherwise."""
-        await self.acknowledged(self.producer.send(mutations))
+        acknowledged = self.producer.send(mutations)
+        for m in mutations:
+            ns = self.registry.get(m.namespace)
+            if ns is not None and eligible(ns):
+                self.early.note(m, acknowledged)  # as write_durable does
+        await self.acknowledged(acknowledged)
 
     @staticmethod
     async def acknowledged(future: asyncio.Future[None]) -> None:

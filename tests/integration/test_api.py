@@ -125,11 +125,15 @@ def test_add_and_get_answers_with_the_worker_paused_and_the_worker_then_counts_e
         assert post(stack, "/v1/AddAndGetCount", first).json()["count"] == 10  # a retry: counted once
         assert post(stack, "/v1/AddAndGetCount", {"namespace": "my_dataset", "counter_name": counter,
                                                   "delta": -1}).json()["count"] == 9  # the fast path's shape
+        batch = [fresh(POST_ADD, counter_name=counter, delta=20), fresh(POST_ADD, counter_name=counter, delta=-2)]
+        assert post(stack, "/v1/BatchAddCount", {"requests": batch}).status_code == 200
+        assert post(stack, "/v1/AddAndGetCount", fresh(POST_ADD, counter_name=counter,
+                                                       delta=1)).json()["count"] == 28  # the batch's writes too
         assert time.monotonic() - started < 3, "answered only after a wait for the worker"
     finally:
         worker.resume()
-    wait_for(lambda: stack.converged("my_dataset", {counter: 9}), 30, interval=0.2, message="rolled up to 9")
-    assert get_count(stack, "my_dataset", counter) == 9
+    wait_for(lambda: stack.converged("my_dataset", {counter: 28}), 30, interval=0.2, message="rolled up to 28")
+    assert get_count(stack, "my_dataset", counter) == 28
 
 
 def test_best_effort_negative_totals_clear_and_64_bit_edges(stack):
