@@ -19,8 +19,8 @@ not plain adds (dimensions, items) or not admissible this way wait for the worke
 A client's earlier writes of the same counter come along. A ClearCount or an AddCount that this process had
 acknowledged shortly before may not be persisted by the worker yet; a count with the new delta but without the
 clear before it would surprise the client. So `note` keeps, per counter, the rows of this process's durable
-writes of the last `recent_s`, and `store_counter` stores every acknowledged, admissible one with the new one, in
-the same transaction (all idempotent). Writes through another API process, or older than `recent_s`, are
+writes of the last `recent_s`; `rows` gives those acknowledged and admissible, the new one among them, and `store`
+writes them in one transaction (all idempotent). Writes through another API process, or older than `recent_s`, are
 the worker's to persist, as they always were.
 
 Only namespaces where every durable write is one plain event qualify (`eligible`: no dimensions, whose clears
@@ -38,6 +38,7 @@ import time
 from collections import deque
 
 from control_plane import Namespace
+from control_plane.admission import admission_error
 from schemas import MICROS, Mutation, MutationOp
 from sinks import EventRow, EventStore
 
@@ -45,11 +46,12 @@ log = logging.getLogger(__name__)
 
 
 def admissible(ns: Namespace, event_time_us: int, now_us: int | None = None) -> bool:
-    """Whether the worker is sure to admit an event of this time from a record acknowledged by now."""
+    """Whether the worker is sure to admit an event of this time from a record acknowledged by now: its own rule
+    (control_plane.admission) as if the record reached Kafka two max_clock_skew after now, and no later than one
+    skew ahead of now."""
     now_us = time.time_ns() // 1000 if now_us is None else now_us
     skew_us = int(ns.max_clock_skew_s * MICROS)
-    return now_us - event_time_us + 2 * skew_us <= int(ns.accept_limit_s * MICROS) \
-        and event_time_us <= now_us + skew_us
+    return admission_error(event_time_us, now_us + 2 * skew_us, ns) is None and event_time_us <= now_us + skew_us
 
 
 def eligible(ns: Namespace) -> bool:
@@ -68,9 +70,9 @@ Key = tuple[str, str]
 
 
 class EarlyPersist:
-    """`note` each durable write of an eligible namespace when it is sent; `store_counter` stores a counter's
-    recent acknowledged writes (group-committed per loop pass), or fails with the store's error (the caller then
-    waits for the worker)."""
+    """`note` each durable write of an eligible namespace when it is sent; `rows` are a counter's recent writes
+    that may be stored; `store(rows)` stores them (group-committed per loop pass), or fails with the store's error
+    (the caller then waits for the worker)."""
 
     def __init__(self, events: EventStore, *, recent_s: float = 2.0) -> None:
         self.events = events

@@ -25,7 +25,7 @@ from producers import DeliveryError, new_token
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
-from query_api.early_persist import EarlyPersist, admissible, eligible
+from query_api.early_persist import EarlyPersist, eligible
 from query_api.live_reads import LiveReads
 from query_api.signals import ReadSignals
 from query_api.topk import TopK, top_k
@@ -431,12 +431,11 @@ class CounterService:
     async def stored_early(self, ns: Namespace, counter: str, event_time: int, token: str) -> bool:
         """Store an acknowledged write's event now, with this process's recent writes of the counter, if the
         namespace is eligible and the worker is sure to admit it; False to wait for the worker instead."""
-        now_us = time.time_ns() // 1000
-        if not (eligible(ns) and admissible(ns, event_time, now_us)):
+        if not eligible(ns):
             return False
-        rows = self.early.rows(ns, counter, now_us)
+        rows = self.early.rows(ns, counter)  # acknowledged and admissible only
         if not any(row[2] == event_time and row[3] == token for row in rows):
-            return False  # sent longer than recent_s ago: the worker's to store
+            return False  # not admissible, or sent longer than recent_s ago: the worker's to store
         try:
             await self.early.store(rows)
         except Exception:  # logged by EarlyPersist; the worker will store them
