@@ -15,13 +15,18 @@ delivery plus idempotent events gives exact counts. Checkpointing every few batc
 costs the rollups at most `checkpoint_ms` of latency and saves a signal record per rollup partition and an
 offset commit per batch (under load the batches come every few milliseconds).
 
-How long a fetch waits for records adapts to who is waiting. A client waiting until the worker has persisted
-its write (AddAndGetCount with dimensions or items; the API stores plain ones itself) marks its record with the
-read-your-write header; for `prompt_for_s` after such a record the consumer fetches with the short
-`prompt_wait_ms`, and otherwise with `wait_ms`, gathering larger batches. Measured here with the API
-at concurrency 32 (bench/RESULTS.md), a 200 ms wait instead of 10 ms cut the worker's and the broker's CPU per
-write by about a third (fewer, larger transactions; fewer fetches, which the local broker pays by the length of
-the partition): EVENTUAL AddCount, which nobody waits to see persisted, ran faster by the same margin.
+How long a fetch waits for records adapts to what the recent records need (`FetchPace`). The wait bounds the
+persist latency of a write (the local broker answers a waiting fetch only when the wait is out; Kafka once
+`min_bytes` are there), and a longer one gathers larger batches, which cost the worker and the broker less per
+write. So each namespace names the longest wait its writes tolerate (`namespace_waits`: EVENTUAL reads come from
+rollups that wait out `coalesce_ms` anyway, ACCURATE reads add the persisted events live), and a client waiting
+until the worker has persisted its write (AddAndGetCount with dimensions or items; the API stores plain ones
+itself) marks its record with the read-your-write header, which asks for `prompt_wait_ms`. The next fetches wait
+the shortest of what the records of the last `prompt_for_s` asked for; `wait_ms` with none (idle, or only
+namespaces this worker does not know), so the first write after a quiet spell is not held for a long wait.
+Measured here with the API at concurrency 32 (bench/RESULTS.md): a 200 ms wait instead of 10 ms cut the worker's
+and the broker's CPU per write by about a third (fewer, larger transactions; fewer fetches, which the local broker
+pays by the length of the partition), and 1 s for EVENTUAL traffic by as much again.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from operator import attrgetter
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
@@ -81,20 +86,42 @@ def read_your_write_in(records: Iterable[KafkaRecord]) -> bool:
     return any(has_header(h, READ_YOUR_WRITE_HEADER) for h in filter(None, map(_HEADERS, records)))
 
 
+class FetchPace:
+    """The persist fetch wait that recent records ask for: each ask holds its wait for `hold_s`, and the wait is the
+    shortest one held, or `idle_ms` when none is."""
+
+    __slots__ = ("_held", "hold_s", "idle_ms")
+
+    def __init__(self, idle_ms: int, hold_s: float) -> None:
+        self.idle_ms = idle_ms
+        self.hold_s = hold_s
+        self._held: dict[int, float] = {}  # wait in ms -> monotonic time until which it holds
+
+    def ask(self, wait_ms: int, now: float) -> None:
+        self._held[wait_ms] = now + self.hold_s
+
+    def wait_ms(self, now: float) -> int:
+        for wait_ms in [w for w, until in self._held.items() if until <= now]:
+            del self._held[wait_ms]
+        return min(self._held, default=self.idle_ms)
+
+
 class PersistConsumer:
     """Reads `topic` in bulk and hands each batch to `persist`; every `checkpoint_ms` hands the touched counters
     to `checkpoint` and then commits the offsets of the batches it covers.
 
     `batch_bytes` bounds a batch by its values' size (one transaction); `max_records` by its record count.
     The broker answers a fetch once it holds `min_bytes` or after `wait_ms`: under a trickle of records a batch
-    gathers for `wait_ms` instead of costing a fetch, a transaction and the broker's per-request work each.
-    For `prompt_for_s` after a record with the read-your-write header the wait is `prompt_wait_ms` instead.
+    gathers for its wait instead of costing a fetch, a transaction and the broker's per-request work each. The
+    wait is `FetchPace`'s: for `prompt_for_s` after a batch, the shortest of `prompt_wait_ms` (a record carried the
+    read-your-write header) and `namespace_waits[ns]` for the namespaces it persisted; `wait_ms` otherwise.
     `on_revoked(partitions)` lets the owner forget per-partition state (the arrival floor) on a handover.
     """
 
     def __init__(self, *, bootstrap: str, topic: str, group_id: str, persist: Persist, checkpoint: Checkpoint,
                  checkpoint_ms: int = 100, max_records: int = 20_000, batch_bytes: int = 8 << 20, wait_ms: int = 200,
-                 prompt_wait_ms: int = 10, prompt_for_s: float = 2.0, min_bytes: int = 64 << 10,
+                 prompt_wait_ms: int = 10, prompt_for_s: float = 2.0, namespace_waits: Mapping[str, int] | None = None,
+                 min_bytes: int = 64 << 10,
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 5_000,
                  on_revoked: Callable[[set[int]], None] = lambda _partitions: None) -> None:
         self.topic = topic
@@ -108,8 +135,8 @@ class PersistConsumer:
         self.batch_bytes = batch_bytes
         self.wait_ms = wait_ms
         self.prompt_wait_ms = min(prompt_wait_ms, wait_ms)
-        self.prompt_for_s = prompt_for_s
-        self._prompt_until = 0.0
+        self.namespace_waits = dict(namespace_waits or {})
+        self.pace = FetchPace(wait_ms, prompt_for_s)
         self._lean_warned = False
         self.fetch_wait_ms = wait_ms  # what the next fetches wait at the broker
         self.on_revoked = on_revoked
@@ -154,31 +181,46 @@ class PersistConsumer:
             wait_ms = self.fetch_wait_ms if not self._offsets else max(0, min(self.fetch_wait_ms, int(due * 1000)))
             wanted = max(100, min(self.max_records, int(self.batch_bytes / self._record_size)))
             batch = await consumer.getmany(timeout_ms=wait_ms, max_records=wanted)
-            self._pace(consumer, batch)  # before any await: aiokafka builds the next fetch once this one is taken
+            self._note_fetched(batch)
+            self._pace(consumer)  # before any await: aiokafka builds the next fetch once this one is taken
             async with self.batch_lock:
                 if batch:
                     await self._handle(batch)
+                    self._pace(consumer)  # what the namespaces just persisted ask for, from the fetch after next
                 if self._offsets and time.monotonic() >= self._checkpointed + self.checkpoint_s:
                     await self.checkpoint_now()
 
-    def _pace(self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list]) -> None:
-        """The short fetch wait while read-your-write records keep coming, the long one otherwise."""
+    def _note_fetched(self, batch: dict[TopicPartition, list]) -> None:
+        """A record waited on (the read-your-write header) asks for the prompt wait."""
+        if batch and any(read_your_write_in(records) for records in batch.values()):
+            self.pace.ask(self.prompt_wait_ms, time.monotonic())
+
+    def _note_persisted(self, touched: set[Key]) -> None:
+        """Each namespace just persisted asks for its wait."""
         now = time.monotonic()
-        if any(read_your_write_in(records) for records in batch.values()):
-            self._prompt_until = now + self.prompt_for_s
-        wanted = self.prompt_wait_ms if now < self._prompt_until else self.wait_ms
-        if wanted != self.fetch_wait_ms and set_fetch_wait(consumer, wanted):
+        for namespace in {namespace for namespace, _counter in touched}:
+            if (wait_ms := self.namespace_waits.get(namespace)) is not None:
+                self.pace.ask(wait_ms, now)
+
+    def _pace(self, consumer: AIOKafkaConsumer) -> None:
+        """Set the wait the recent records ask for on the consumer's next fetches."""
+        wanted = self.pace.wait_ms(time.monotonic())
+        if wanted == self.fetch_wait_ms:
+            return
+        if set_fetch_wait(consumer, wanted):
             self.fetch_wait_ms = wanted
-        elif wanted != self.fetch_wait_ms and not self._lean_warned:
+        elif not self._lean_warned:
             self._lean_warned = True
-            log.warning("this aiokafka cannot change a consumer's fetch wait: read-your-write waits up to %d ms",
-                        self.wait_ms)
+            log.warning("this aiokafka cannot change a consumer's fetch wait: every fetch waits up to %d ms",
+                        self.fetch_wait_ms)
 
     async def _handle(self, batch: dict[TopicPartition, list]) -> None:
         records = [r for recs in batch.values() for r in recs]  # aiokafka's ConsumerRecords: KafkaRecords and more
         size = sum(r.serialized_value_size for r in records if r.serialized_value_size > 0)
         self._record_size = 0.8 * self._record_size + 0.2 * max(16.0, size / len(records))
-        self._touched.update(await self.persist(records))
+        touched = set(await self.persist(records))
+        self._touched |= touched
+        self._note_persisted(touched)
         for tp, recs in batch.items():
             self._offsets[tp] = recs[-1].offset + 1
 

@@ -158,6 +158,20 @@ def _cache_spec(settings: Settings) -> str | None:
     return None  # "memory"/"auto" in a worker process: the API owns the shared cache choice
 
 
+def persist_waits(registry: NamespaceRegistry, settings: Settings, coalesce_s: float) -> dict[str, int]:
+    """The longest persist fetch wait (ms) the writes of each durable namespace tolerate (agents.persist_consumer).
+
+    An ACCURATE read adds the persisted events live, so its writes get `persist_batch_within_ms`. An EVENTUAL read
+    sees a write once a rollup has counted it, and rollups wait out the worker's `coalesce_s` anyway: half of that
+    window, within [persist_batch_within_ms, persist_eventual_within_ms], delays what readers see by little and
+    lets the batches grow.
+    """
+    short = settings.persist_batch_within_ms
+    eventual = max(short, min(settings.persist_eventual_within_ms, int(coalesce_s * 500)))
+    return {ns.name: eventual if ns.counter_type is CounterType.EVENTUAL else short
+            for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT}
+
+
 def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
     """Everything the worker runs, declared on its Faust app in one place (the app is built from settings, so
     they cannot be module-level decorators as in Faust's examples):
@@ -180,7 +194,8 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         checkpoint_ms=max(1, min(settings.persist_checkpoint_ms, int(coalesce_s * 500))),
         max_records=settings.persist_batch_max, batch_bytes=settings.persist_batch_bytes,
         wait_ms=settings.persist_batch_within_ms, prompt_wait_ms=settings.persist_prompt_within_ms,
-        prompt_for_s=settings.persist_prompt_for_s, min_bytes=settings.persist_fetch_min_bytes,
+        prompt_for_s=settings.persist_prompt_for_s, namespace_waits=persist_waits(p.registry, settings, coalesce_s),
+        min_bytes=settings.persist_fetch_min_bytes,
         session_timeout_ms=int(settings.group_session_timeout_s * 1000),
         rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_revoked=p.forget_partitions)
 

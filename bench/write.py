@@ -1,12 +1,16 @@
 """Durable writes over HTTP (EVENTUAL and ACCURATE AddCount, AddAndGetCount) next to a raw produce.
 
-    python -m bench.write [--duration 5] [--concurrencies 1,32,256] [--counters 1000] [--rounds 3]
+    python -m bench.write [--duration 5] [--concurrencies 1,32,256] [--counters 1000] [--rounds 3] [--namespaces F]
 
-What a user sees: one AddCount per HTTP request, answered once the broker acknowledged it. The baseline, in the
-same run on the same broker, is what a Kafka client alone does: aiokafka `send_and_wait` of one record per call
-(acks=all; the same CountMutation record the API produces) at the same concurrency, to a topic of the same
-shape that no worker reads. AddAndGetCount (read-your-write: acknowledged, persisted by the worker, read back)
-is measured at the middle concurrency. Every phase runs once per round; figures are medians over the rounds.
+What a user sees: one AddCount per HTTP request, answered once the broker acknowledged it, in the namespaces a
+fresh `counter up` serves (the shipped example file: `my_dataset` EVENTUAL, `my_dataset_accurate` ACCURATE, the
+post's LOW presets, a 10 s rollup coalescing window); `--namespaces bench/namespaces.yaml` runs them with the
+other benchmarks' 500 ms window instead, which makes the worker roll every counter up 20 times as often.
+
+The baseline, in the same run on the same broker, is what a Kafka client alone does: aiokafka `send_and_wait` of
+one record per call (acks=all; the same CountMutation record the API produces) at the same concurrency, to a
+topic of the same shape that no worker reads. AddAndGetCount (read-your-write: acknowledged, persisted, read
+back) is measured at the middle concurrency. Every phase runs once per round; figures are medians over the rounds.
 At the end the benchmark waits until every acknowledged write is counted in the rollup store, exactly.
 
 Two ceilings, measured in the same rounds, say where the gap to the raw produce comes from: the HTTP floor (a
@@ -33,6 +37,7 @@ from aiokafka.errors import KafkaError
 from bench.common import console, http_floor, local_stack, progress_bar, wait_exact, write_result
 from bench.loadgen import Call, LoadResult, closed_loop, http_load, http_post
 from bench.rounds import median_ratio, medians, run_rounds
+from control_plane import default_config_path
 from infra.stack import LocalStack
 from producers import CounterProducer
 from schemas import MutationOp, encode_mutation
@@ -85,10 +90,10 @@ def paused_pipeline(stack: LocalStack, load: Callable[..., LoadResult],
     return run
 
 
-def run(duration: float, concurrencies: list[int], counters: int, rounds: int) -> dict:
+def run(duration: float, concurrencies: list[int], counters: int, rounds: int, namespaces: Path) -> dict:
     middle = concurrencies[len(concurrencies) // 2]
-    with (tempfile.TemporaryDirectory(prefix="bench-write-") as tmp, local_stack(Path(tmp)) as stack,
-          http_floor(Path(tmp)) as floor):
+    with (tempfile.TemporaryDirectory(prefix="bench-write-") as tmp,
+          local_stack(Path(tmp), COUNTER_NAMESPACES=str(namespaces)) as stack, http_floor(Path(tmp)) as floor):
         api = stack.apis[0]
         bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
         ensure_topics(bootstrap, [TopicSpec(RAW_TOPIC, 8, 1, {"message.timestamp.type": "LogAppendTime"})])
@@ -168,8 +173,8 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int) -
     console.print(f"  every acknowledged write counted: {exact} ({sum(acknowledged.values()):,} writes over "
                   f"{len(acknowledged):,} counters, {counted_s:.1f} s after the last round; {errors} errors)")
     return {"duration_s": duration, "concurrencies": concurrencies, "counters": counters, "rounds": rounds,
-            "results": results, "acknowledged_writes": sum(acknowledged.values()), "all_counted": exact,
-            "errors": errors}
+            "namespaces": str(namespaces), "results": results, "acknowledged_writes": sum(acknowledged.values()),
+            "all_counted": exact, "errors": errors}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,9 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrencies", default="1,32,256", help="comma-separated (default 1,32,256)")
     parser.add_argument("--counters", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported (default 3)")
+    parser.add_argument("--namespaces", type=Path, default=default_config_path(),
+                        help="namespace file (default: the shipped example, what `counter up` serves)")
     args = parser.parse_args(argv)
     concurrencies = [int(c) for c in args.concurrencies.split(",")]
-    result = run(args.duration, concurrencies, args.counters, args.rounds)
+    result = run(args.duration, concurrencies, args.counters, args.rounds, args.namespaces)
     write_result("write", result)
     return 0 if result["all_counted"] else 1
 

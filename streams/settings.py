@@ -55,14 +55,19 @@ class Settings(BaseSettings):
                                        "are signalled for rollup and the batches' offsets committed (at most half "
                                        "the shortest coalesce_ms)")
     persist_batch_within_ms: int = Field(200, ge=1, description="longest wait for records before a persist batch "
-                                         "goes with what it has, while no client waits on its write (the broker's "
-                                         "fetch wait: the local broker answers a waiting fetch only when it times "
-                                         "out, so this bounds the persist latency of writes nobody waits on)")
+                                         "goes with what it has (the broker's fetch wait; the local broker answers "
+                                         "a waiting fetch only when it times out): while ACCURATE writes arrive, "
+                                         "whose reads add the persisted events live, and when idle")
+    persist_eventual_within_ms: int = Field(1000, ge=1, description="the same wait while only EVENTUAL writes "
+                                            "arrive, whose reads come from rollups that wait out coalesce_ms anyway: "
+                                            "at most half their namespace's coalesce_ms, never below "
+                                            "persist_batch_within_ms; longer gathers larger batches (less CPU per "
+                                            "write)")
     persist_prompt_within_ms: int = Field(10, ge=1, description="the same wait while read-your-write writes "
                                           "arrive (AddAndGetCount with dimensions or items): it bounds their "
                                           "persist latency")
-    persist_prompt_for_s: float = Field(2.0, ge=0, description="how long after a read-your-write write the persist "
-                                        "consumer keeps the prompt wait")
+    persist_prompt_for_s: float = Field(2.0, ge=0, description="how long after records that asked for a shorter "
+                                        "wait (read-your-write, ACCURATE, EVENTUAL) the persist consumer keeps it")
     persist_fetch_min_bytes: int = Field(64 << 10, ge=1, description="the broker answers a persist fetch once it "
                                          "holds this many bytes, or after persist_batch_within_ms")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")

@@ -1,12 +1,15 @@
 """The persist consumer's adaptive fetch wait against the real broker: after a record marked read-your-write its
 fetches wait briefly (the next record is persisted well within the long wait), and once no such record came for
-`prompt_for_s` they wait long again. The FetchRequests aiokafka builds are watched, so this also proves the lean
-on aiokafka's Fetcher (agents.persist_consumer.set_fetch_wait) on the installed version."""
+`prompt_for_s` they wait long again; records of a namespace that tolerates a longer wait lengthen it for as long.
+The FetchRequests aiokafka builds are watched, so this also proves the lean on aiokafka's Fetcher
+(agents.persist_consumer.set_fetch_wait) on the installed version."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiokafka.consumer.fetcher as fetcher_module
@@ -29,10 +32,9 @@ async def until(condition: Any, timeout: float, what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_a_read_your_write_record_makes_the_next_fetches_prompt_until_prompt_for_s_passes(
-        kafka_bootstrap: str, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    make_topic(kafka_bootstrap, topic_name, 1)
-    waits: list[int] = []  # max_wait of every FetchRequest aiokafka builds, in order
+def spy_on_fetch_waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The max_wait of every FetchRequest aiokafka builds from now on, in order."""
+    waits: list[int] = []
     real = fetcher_module.FetchRequest
 
     def spy(max_wait: int, *args: Any, **kw: Any) -> Any:
@@ -40,25 +42,45 @@ def test_a_read_your_write_record_makes_the_next_fetches_prompt_until_prompt_for
         return real(max_wait, *args, **kw)
 
     monkeypatch.setattr(fetcher_module, "FetchRequest", spy)
+    return waits
+
+
+async def checkpoint(_keys: Any) -> None:
+    return None
+
+
+@contextlib.asynccontextmanager
+async def consuming(pc: PersistConsumer, bootstrap: str) -> AsyncIterator[AIOKafkaProducer]:
+    """`pc` running and owning the topic's one partition; yields a producer to write to it."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    await producer.start()
+    await pc.start()
+    task = asyncio.ensure_future(pc.run())
+    try:
+        await until(lambda: pc.assignment() == {0}, 30, "the partition's assignment")
+        yield producer
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await pc.stop()
+        await producer.stop()
+
+
+def test_a_read_your_write_record_makes_the_next_fetches_prompt_until_prompt_for_s_passes(
+        kafka_bootstrap: str, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    make_topic(kafka_bootstrap, topic_name, 1)
+    waits = spy_on_fetch_waits(monkeypatch)
     persisted: dict[bytes, float] = {}
 
     async def persist(records: Any) -> list[tuple[str, str]]:
         persisted.update((r.value, time.monotonic()) for r in records)
         return []
 
-    async def checkpoint(_keys: Any) -> None:
-        return None
-
     async def scenario() -> None:
         pc = PersistConsumer(bootstrap=kafka_bootstrap, topic=topic_name, group_id=f"{topic_name}.persist",
                              persist=persist, checkpoint=checkpoint, checkpoint_ms=50, wait_ms=LONG_MS,
                              prompt_wait_ms=PROMPT_MS, prompt_for_s=PROMPT_FOR_S)
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
-        await producer.start()
-        await pc.start()
-        task = asyncio.ensure_future(pc.run())
-        try:
-            await until(lambda: pc.assignment() == {0}, 30, "the partition's assignment")
+        async with consuming(pc, kafka_bootstrap) as producer:
             await producer.send_and_wait(topic_name, b"plain", partition=0)
             await until(lambda: b"plain" in persisted, 30, "the plain record")
             assert pc.fetch_wait_ms == LONG_MS and set(waits) == {LONG_MS}  # nobody waited: long fetches only
@@ -75,10 +97,36 @@ def test_a_read_your_write_record_makes_the_next_fetches_prompt_until_prompt_for
             prompt_at = len(waits)
             await until(lambda: pc.fetch_wait_ms == LONG_MS, 10 + PROMPT_FOR_S, "the long wait again")
             await until(lambda: LONG_MS in waits[prompt_at:], 10, "a long fetch after the prompt ones")
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            await pc.stop()
-            await producer.stop()
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_records_of_a_namespace_that_tolerates_a_longer_wait_lengthen_the_fetches_for_prompt_for_s(
+        kafka_bootstrap: str, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An EVENTUAL namespace's writes (agents.worker.persist_waits) gather larger batches; when they stop the
+    consumer returns to the idle wait, so the next lone write is not held for the long one."""
+    idle_ms, bulk_ms, hold_s = 100, 1500, 1.0
+    make_topic(kafka_bootstrap, topic_name, 1)
+    waits = spy_on_fetch_waits(monkeypatch)
+    persisted: set[bytes] = set()
+
+    async def persist(records: Any) -> list[tuple[str, str]]:  # every record is a write of namespace "bulk"
+        persisted.update(r.value for r in records)
+        return [("bulk", r.value.decode()) for r in records]
+
+    async def scenario() -> None:
+        pc = PersistConsumer(bootstrap=kafka_bootstrap, topic=topic_name, group_id=f"{topic_name}.persist",
+                             persist=persist, checkpoint=checkpoint, checkpoint_ms=50, wait_ms=idle_ms,
+                             prompt_wait_ms=PROMPT_MS, prompt_for_s=hold_s, namespace_waits={"bulk": bulk_ms})
+        async with consuming(pc, kafka_bootstrap) as producer:
+            await until(lambda: waits, 10, "a first fetch")
+            assert set(waits) == {idle_ms}  # idle: the short default
+            await producer.send_and_wait(topic_name, b"c1", partition=0)
+            await until(lambda: b"c1" in persisted, 30, "the first write")
+            assert pc.fetch_wait_ms == bulk_ms
+            await until(lambda: bulk_ms in waits, 10, "a fetch with the namespace's wait")
+            bulk_at = waits.index(bulk_ms)
+            await until(lambda: idle_ms in waits[bulk_at:], 10 + hold_s, "the idle wait once hold_s passed")
+            assert pc.fetch_wait_ms == idle_ms
 
     asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -1,5 +1,6 @@
-"""The persist consumer's fetch wait: prompt while read-your-write records arrive, long otherwise; and the aiokafka
-internal it leans on (`Fetcher._fetch_max_wait_ms`), checked against the installed aiokafka."""
+"""The persist consumer's fetch wait: the shortest that recent records ask for (prompt for read-your-write, per
+namespace otherwise, the idle default with none); each namespace's wait; and the aiokafka internal it leans on
+(`Fetcher._fetch_max_wait_ms`), checked against the installed aiokafka."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ from typing import Any
 import aiokafka
 from aiokafka.consumer.fetcher import Fetcher
 
-from agents.persist_consumer import PersistConsumer, read_your_write_in, set_fetch_wait
+from agents.persist_consumer import FetchPace, PersistConsumer, read_your_write_in, set_fetch_wait
 from agents.watermark import HEARTBEAT_HEADER
+from agents.worker import persist_waits
+from control_plane import parse_namespaces
 from schemas.record_headers import READ_YOUR_WRITE_HEADER, READ_YOUR_WRITE_HEADERS, has_header
+from streams.settings import Settings
 
 
 def record(headers: Any = ()) -> SimpleNamespace:
@@ -48,19 +52,38 @@ def test_a_batch_asks_for_promptness_only_when_a_record_carries_the_header() -> 
     assert not read_your_write_in([record(), record([(HEARTBEAT_HEADER, b"1")]), record(None)])
 
 
-def test_the_wait_is_prompt_after_a_read_your_write_record_and_long_again_after_prompt_for_s() -> None:
-    pc = persist_consumer(wait_ms=200, prompt_wait_ms=10, prompt_for_s=60)
+def test_the_pace_is_the_shortest_wait_asked_for_within_hold_s_and_the_idle_one_after() -> None:
+    pace = FetchPace(idle_ms=200, hold_s=2.0)
+    assert pace.wait_ms(now=0.0) == 200  # nothing asked: idle
+    pace.ask(1000, now=0.0)
+    assert pace.wait_ms(now=1.0) == 1000  # longer than idle while only it is held
+    pace.ask(10, now=1.0)
+    assert pace.wait_ms(now=1.5) == 10  # the shortest held wins
+    assert pace.wait_ms(now=2.5) == 10  # 1000 expired at 2.0; 10 holds until 3.0
+    pace.ask(1000, now=2.9)
+    assert pace.wait_ms(now=3.0) == 1000  # 10 expired: the fresher long ask is what is left
+    assert pace.wait_ms(now=4.8) == 1000 and pace.wait_ms(now=4.9) == 200
+
+
+def test_the_consumer_waits_what_its_records_and_namespaces_ask_for() -> None:
+    pc = persist_consumer(wait_ms=200, prompt_wait_ms=10, prompt_for_s=60,
+                          namespace_waits={"eventual": 1000, "accurate": 200})
     consumer = consumer_with_fetcher(200)
-    pc._pace(consumer, {"tp": [record()]})
-    assert (pc.fetch_wait_ms, consumer._fetcher._fetch_max_wait_ms) == (200, 200)  # nobody waits: long
-    pc._pace(consumer, {"tp": [record(), record(READ_YOUR_WRITE_HEADERS)]})
-    assert (pc.fetch_wait_ms, consumer._fetcher._fetch_max_wait_ms) == (10, 10)
-    pc._pace(consumer, {})  # an empty fetch within prompt_for_s: still prompt
-    pc._pace(consumer, {"tp": [record()]})
-    assert consumer._fetcher._fetch_max_wait_ms == 10
-    pc._prompt_until -= 61  # prompt_for_s has passed without another such record
-    pc._pace(consumer, {"tp": [record()]})
-    assert (pc.fetch_wait_ms, consumer._fetcher._fetch_max_wait_ms) == (200, 200)
+    pc._note_fetched({"tp": [record()]})
+    pc._pace(consumer)
+    assert (pc.fetch_wait_ms, consumer._fetcher._fetch_max_wait_ms) == (200, 200)  # idle: the default
+    pc._note_persisted({("eventual", "a"), ("unknown", "b")})
+    pc._pace(consumer)
+    assert (pc.fetch_wait_ms, consumer._fetcher._fetch_max_wait_ms) == (1000, 1000)  # EVENTUAL only: long
+    pc._note_persisted({("eventual", "a"), ("accurate", "c")})
+    pc._pace(consumer)
+    assert consumer._fetcher._fetch_max_wait_ms == 200  # ACCURATE reads see persisted events: shorter
+    pc._note_fetched({"tp": [record(), record(READ_YOUR_WRITE_HEADERS)]})
+    pc._pace(consumer)
+    assert (pc.fetch_wait_ms, consumer._fetcher._fetch_max_wait_ms) == (10, 10)  # a client waits: prompt
+    pc._note_fetched({})
+    pc._pace(consumer)
+    assert consumer._fetcher._fetch_max_wait_ms == 10  # an empty fetch within prompt_for_s: still prompt
 
 
 def test_the_prompt_wait_is_never_longer_than_the_wait() -> None:
@@ -72,7 +95,8 @@ def test_without_the_internal_the_wait_stays_and_a_warning_is_logged_once(caplog
     unstarted = SimpleNamespace(_fetcher=None)
     assert not set_fetch_wait(unstarted, 10)  # type: ignore[arg-type]
     for _ in range(3):
-        pc._pace(unstarted, {"tp": [record(READ_YOUR_WRITE_HEADERS)]})
+        pc._note_fetched({"tp": [record(READ_YOUR_WRITE_HEADERS)]})
+        pc._pace(unstarted)  # type: ignore[arg-type]
     assert pc.fetch_wait_ms == 200
     assert sum("cannot change a consumer's fetch wait" in r.getMessage() for r in caplog.records) == 1
 
@@ -84,3 +108,12 @@ def test_the_aiokafka_internal_set_fetch_wait_leans_on_is_still_there() -> None:
     assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in inspect.getsource(Fetcher.__init__)
     builder = inspect.getsource(Fetcher._get_actions_per_node)
     assert "FetchRequest(" in builder and "self._fetch_max_wait_ms" in builder
+
+
+def test_eventual_namespaces_wait_up_to_half_the_coalesce_window_and_accurate_ones_the_short_wait() -> None:
+    registry = parse_namespaces({"namespaces": {"ev": {"counter_type": "EVENTUAL"}, "acc": {"counter_type": "ACCURATE"},
+                                                "be": {"counter_type": "BEST_EFFORT", "ttl": "1h"}}})
+    settings = Settings(persist_batch_within_ms=200, persist_eventual_within_ms=1000)
+    assert persist_waits(registry, settings, coalesce_s=10.0) == {"ev": 1000, "acc": 200}  # capped
+    assert persist_waits(registry, settings, coalesce_s=1.0) == {"ev": 500, "acc": 200}  # half the window
+    assert persist_waits(registry, settings, coalesce_s=0.2) == {"ev": 200, "acc": 200}  # never below the short one
