@@ -120,6 +120,10 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
                     out[("my_dataset", n)] = added + got
             return out
 
+        def addcount(kind: str, c: int) -> Callable[..., LoadResult]:
+            """AddCount in the namespace of `kind` at concurrency `c`, counting what was acknowledged."""
+            return lambda **kw: http_load(api.host, api.port, bodies[kind], concurrency=c, acked=acked[kind], **kw)
+
         phases: dict = {}
         for c in concurrencies:
             phases[f"raw_produce_c{c}"] = (f"raw aiokafka produce, c={c}", lambda c=c, **kw: raw_produce_load(
@@ -127,13 +131,10 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
             phases[f"http_floor_c{c}"] = (f"HTTP floor (no-op), c={c}", lambda c=c, **kw: http_load(
                 floor.host, floor.port, bodies["eventual"], concurrency=c, **kw))
             for kind in NAMESPACES:
-                phases[f"addcount_{kind}_c{c}"] = (f"AddCount {kind.upper()}, c={c}", lambda c=c, kind=kind, **kw:
-                                                   http_load(api.host, api.port, bodies[kind], concurrency=c,
-                                                             acked=acked[kind], **kw))
+                phases[f"addcount_{kind}_c{c}"] = (f"AddCount {kind.upper()}, c={c}", addcount(kind, c))
             if c == middle:
                 phases[f"addcount_paused_c{c}"] = (f"AddCount EVENTUAL, paused, c={c}", paused_pipeline(
-                    stack, lambda c=c, **kw: http_load(api.host, api.port, bodies["eventual"], concurrency=c,
-                                                       acked=acked["eventual"], **kw),
+                    stack, addcount("eventual", c),
                     caught_up=lambda: wait_exact(Path(tmp), expected(), allow_more=True, timeout_s=120)))
         phases[f"addandget_c{middle}"] = (f"AddAndGetCount EVENTUAL, c={middle}", lambda **kw: http_load(
             api.host, api.port, add_and_get, concurrency=middle, acked=acked_get, **kw))
