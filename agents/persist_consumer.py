@@ -26,7 +26,7 @@ the shortest of what the records of the last `prompt_for_s` asked for; `wait_ms`
 namespaces this worker does not know), so the first write after a quiet spell is not held for a long wait.
 Measured here with the API at concurrency 32 (bench/RESULTS.md): a 200 ms wait instead of 10 ms cut the worker's
 and the broker's CPU per write by about a third (fewer, larger transactions; fewer fetches, which the local broker
-pays by the length of the partition), and 1 s for EVENTUAL traffic by as much again.
+pays by the length of the partition), and 1 s for EVENTUAL traffic cut them by about half again.
 """
 
 from __future__ import annotations

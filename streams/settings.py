@@ -60,14 +60,15 @@ class Settings(BaseSettings):
                                          "whose reads add the persisted events live, and when idle")
     persist_eventual_within_ms: int = Field(1000, ge=1, description="the same wait while only EVENTUAL writes "
                                             "arrive, whose reads come from rollups that wait out coalesce_ms anyway: "
-                                            "at most half their namespace's coalesce_ms, never below "
-                                            "persist_batch_within_ms; longer gathers larger batches (less CPU per "
-                                            "write)")
+                                            "at most half the worker's rollup window (the shortest coalesce_ms), "
+                                            "never below persist_batch_within_ms; longer gathers larger batches "
+                                            "(less CPU per write)")
     persist_prompt_within_ms: int = Field(10, ge=1, description="the same wait while read-your-write writes "
                                           "arrive (AddAndGetCount with dimensions or items): it bounds their "
                                           "persist latency")
-    persist_prompt_for_s: float = Field(2.0, ge=0, description="how long after records that asked for a shorter "
-                                        "wait (read-your-write, ACCURATE, EVENTUAL) the persist consumer keeps it")
+    persist_prompt_for_s: float = Field(2.0, ge=0, description="how long the persist consumer keeps the wait "
+                                        "that records asked for (read-your-write, ACCURATE, EVENTUAL) after the last "
+                                        "of them")
     persist_fetch_min_bytes: int = Field(64 << 10, ge=1, description="the broker answers a persist fetch once it "
                                          "holds this many bytes, or after persist_batch_within_ms")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
