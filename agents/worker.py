@@ -23,8 +23,8 @@ from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
 from agents.rollup import BackPressure, Key, global_watermark, rollup_many
-from agents.watermark import HEARTBEAT_HEADER, WatermarkTracker
-from control_plane import CounterType, NamespaceRegistry, load_namespaces
+from agents.watermark import HEARTBEAT_HEADER, HeartbeatPace, WatermarkTracker
+from control_plane import CounterType, Namespace, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
 from producers.asyncio_producer import AsyncProducer
 from schemas import DecodeError, decode_signals
@@ -73,6 +73,7 @@ class Pipeline:
     combinations: Combinations = field(default_factory=Combinations)  # dimension combinations known here
     persist_consumer: PersistConsumer | None = None
     sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
+    heartbeats: HeartbeatPace = field(default_factory=lambda: HeartbeatPace(0.0))  # 0: at every tick
 
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
@@ -128,6 +129,7 @@ def build(settings: Settings) -> Pipeline:
     # smallest capacity_bytes (a queued signal costs about SIGNAL_BYTES in memory). The rollup topic's
     # partitions are the queues (num_queues maps to COUNTER_ROLLUPS_PARTITIONS).
     coalesce_s = min((ns.queue.coalesce_ms for ns in rolled), default=1000) / 1000.0
+    pipeline.heartbeats = HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s))
     capacity = min((ns.queue.capacity_bytes for ns in rolled), default=16 << 20)
     max_signals = max(1, min(settings.rollup_max_signals, capacity // SIGNAL_BYTES))
     # A window is counted in records; the persist path packs up to SIGNALS_PER_RECORD signals in one, reads
@@ -158,6 +160,21 @@ def _cache_spec(settings: Settings) -> str | None:
     return None  # "memory"/"auto" in a worker process: the API owns the shared cache choice
 
 
+def idle_heartbeat_s(rolled: list[Namespace], settings: Settings, coalesce_s: float) -> float:
+    """How often an idle worker sends heartbeats (agents.watermark.HeartbeatPace): `watermark_idle_interval_ms`
+    where the rollup window hides the lag it adds, else every `watermark_interval_ms`.
+
+    A write's rollup needs the watermark past its time + accept_limit + max_clock_skew, and the first rollup runs
+    a coalescing window after the write is persisted; heartbeats every I seconds keep the watermark within about
+    2I of now, so I at most half of what the window leaves over costs the first rollup nothing.
+    """
+    tick = settings.watermark_interval_ms / 1000
+    if not rolled:
+        return tick
+    slack = coalesce_s - max(ns.accept_limit_s for ns in rolled) - max(ns.max_clock_skew_s for ns in rolled)
+    return max(tick, min(settings.watermark_idle_interval_ms / 1000, slack / 2))
+
+
 def persist_waits(registry: NamespaceRegistry, settings: Settings, coalesce_s: float) -> dict[str, int]:
     """The longest persist fetch wait (ms) the writes of each durable namespace tolerate (agents.persist_consumer).
 
@@ -178,7 +195,8 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
 
     - `PersistService`: the persist path, bulk consumption of counter-mutations (agents.persist_consumer);
     - agent `rollup`: coalesced rollup signals -> rollups, time buckets and sketches (agents.rollup);
-    - timer `heartbeat`: watermarks earned, and the next heartbeat down each owned partition (agents.watermark);
+    - timer `heartbeat`: watermarks earned, and the next heartbeat down each owned partition, less often when
+      idle (agents.watermark);
     - timer `sweep`: re-signals counters whose rollup is stale;
     - timer `retention`: drops expired event slices, buckets and sketches;
     - pages `/ready` and `/metrics`.
@@ -218,13 +236,17 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
 
     @app.timer(settings.watermark_interval_ms / 1000)
     async def heartbeat() -> None:
-        """Publish the watermarks earned so far, and send the next heartbeat down each owned partition."""
+        """Publish the watermarks earned so far, and send the next heartbeat down each owned partition (when due)."""
         owned = p.owned_mutation_partitions()
         if not owned:
             return
         marks = p.tracker.marks(owned)
         if marks:
             await p.rollups.set_watermarks(settings.mutations_topic, marks)
+        now = time.monotonic()
+        if not p.heartbeats.due(now):
+            return  # idle: the next heartbeats go out idle_s after the last ones
+        p.heartbeats.sent(now)
         await asyncio.gather(*(p.kafka.produce(settings.mutations_topic, b"", partition=partition,
                                                headers=[(HEARTBEAT_HEADER, b"1")]) for partition in owned))
 
@@ -295,6 +317,8 @@ async def _persist(p: Pipeline, records: list[KafkaRecord]) -> list[Key]:
                         signals=None, combinations=p.combinations)
     for partition, timestamp_us in batch.heartbeats:
         p.tracker.heartbeat_persisted(partition, timestamp_us)
+    if batch.records > len(batch.heartbeats):
+        p.heartbeats.writes_persisted(time.monotonic())
     metrics.RECORDS_CONSUMED.inc(batch.records)
     per_ns: dict[str, int] = {}
     for row in batch.rows:

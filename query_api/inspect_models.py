@@ -100,8 +100,9 @@ class PipelineRates(BaseModel):
     persisted_records_per_s: float | None = Field(None, description="records the persist group committed")
     rollup_signals_per_s: float | None = None
     dead_letters_per_s: float | None = None
-    heartbeat_records_per_s: float = Field(..., description="the workers' heartbeats among those records "
-                                           "(partitions x 1000 / COUNTER_WATERMARK_INTERVAL_MS)")
+    heartbeat_records_per_s: float = Field(..., description="the workers' heartbeats among those records while "
+                                           "writes flow (partitions x 1000 / COUNTER_WATERMARK_INTERVAL_MS; fewer "
+                                           "when idle, see COUNTER_WATERMARK_IDLE_INTERVAL_MS)")
     api_requests_per_s: dict[str, float] = Field(..., description="this API process, per endpoint")
 
 

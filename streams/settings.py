@@ -72,6 +72,12 @@ class Settings(BaseSettings):
     persist_fetch_min_bytes: int = Field(64 << 10, ge=1, description="the broker answers a persist fetch once it "
                                          "holds this many bytes, or after persist_batch_within_ms")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
+    watermark_idle_interval_ms: int = Field(2000, ge=10, description="how often heartbeats go down the mutations "
+                                            "partitions once only heartbeats were persisted for that long (a local "
+                                            "broker's fetches cost by the length of the partitions they read); "
+                                            "only as far as the rollup window hides it: at most half of "
+                                            "coalesce_ms - accept_limit - max_clock_skew, never below "
+                                            "watermark_interval_ms")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
     read_signal_lag_s: float = Field(
         5.0, ge=0, description="a GetCount signals a rollup when the counter's rollup lags the newest possible "

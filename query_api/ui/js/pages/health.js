@@ -27,7 +27,7 @@ function tiles(p) {
       warn: p.persist_lag_records > WARN.persist, hint: "mutation records not yet committed by the persist group"}),
     tile("dead letters", count(p.dlq?.size), {id: "tile-dlq", warn: p.dlq?.size > 0, hint: `records in ${p.topics.dlq}`}),
     tile("mutation records in", rate(r.mutation_records_per_s), {id: "tile-ingest",
-      hint: `records appended to ${p.topics.mutations}, about ${r.heartbeat_records_per_s}/s of them heartbeats`}),
+      hint: `records appended to ${p.topics.mutations}, up to ${r.heartbeat_records_per_s}/s of them heartbeats`}),
     tile("records persisted", rate(r.persisted_records_per_s), {id: "tile-persisted"}),
     tile("API requests (this process)", rate(Object.values(r.api_requests_per_s).reduce((a, b) => a + b, 0)),
       {id: "tile-requests"}));
