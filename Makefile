@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 PYTEST_ARGS ?=
+# pytest-xdist processes; each starts its own broker and memcached, and takes whole test files (--dist loadfile),
+# so a file's module fixtures (a running stack) are built once. PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: run test lint venv install-run install-test memcached chromium clean bench constraints
 
@@ -60,7 +63,7 @@ test: install-test memcached chromium
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/mypy
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .counter .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from rich.console import Console
+from rich.text import Text
 
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
 from streams.settings import Settings, SettingsError, load_settings
@@ -18,7 +19,9 @@ console = Console(stderr=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print `error: message` and exit. The message is plain text (a `[...]` in it is not markup) and is never
+    wrapped, so the paths and values it names can be copied and searched for."""
+    console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     sys.exit(code)
 
 
