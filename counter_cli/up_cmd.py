@@ -75,6 +75,14 @@ class StopSignals:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
 
+    def running(self) -> None:
+        """Started: from here a signal asks the supervision loop to stop. A signal that came while starting
+        interrupts now, even if its Interrupted was lost: Python ignores an exception raised in some places, such
+        as the at-fork hooks around a child's start (logging's lock release), and starting then went on."""
+        self.interrupting = False
+        if self.received is not None:
+            raise Interrupted(self.received)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
         self.requested.set()
@@ -96,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         except (ServiceError, TopicError) as exc:
             console.print(f"[bold red]error:[/] {exc}", highlight=False)
             return 1
-        signals.interrupting = False  # from here a signal is a request to stop, also while printing below
+        signals.running()  # from here a signal is a request to stop, also while printing below
         _write_endpoints(settings, {**endpoints, "processes": stack.pids()})
         console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} from {ns_path})",
                       soft_wrap=True)
