@@ -26,8 +26,12 @@ the worker's to persist, as they always were.
 Only namespaces where every durable write is one plain event qualify (`eligible`: no dimensions, whose clears
 the worker expands to combinations, and not UNIQUE, whose adds carry items).
 
-The writes of one loop pass share one store transaction; while one is in flight the next ones gather (as in
-group commit), so a burst costs a few transactions, not one each.
+The writes of one loop pass share one store call, with their counts: the store writes them in one transaction
+and then reads each counter's persisted events after its rollup (`EventStore.write_and_aggregate`), so an
+AddAndGetCount costs one trip to the store, not a write and a live read. While one call is in flight the next
+ones gather (as in group commit), so a burst costs a few calls, not one each. The rollup may be read before the
+store: no rollup passes an event the worker has not persisted, so this event is after whichever rollup was read,
+and the events a later rollup absorbed are still in the window read.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from control_plane import Namespace
 from control_plane.admission import admission_error
 from schemas import MICROS, Mutation, MutationOp
 from sinks import EventRow, EventStore
+from sinks.model import apply_aggregate
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +74,13 @@ def event_row(m: Mutation) -> EventRow:
 Key = tuple[str, str]
 
 
+_Count = tuple[str, str, int, int, int]  # namespace, counter, rollup count, after_us (its rollup_ts), upto_us
+
+
 class EarlyPersist:
     """`note` each durable write of an eligible namespace when it is sent; `rows` are a counter's recent writes
-    that may be stored; `store(rows)` stores them (group-committed per loop pass), or fails with the store's error
-    (the caller then waits for the worker)."""
+    that may be stored; `store_and_count(rows, ...)` stores them and answers the counter's count including them
+    (group-committed per loop pass), or fails with the store's error (the caller then waits for the worker)."""
 
     def __init__(self, events: EventStore, *, recent_s: float = 2.0) -> None:
         self.events = events
@@ -81,7 +89,7 @@ class EarlyPersist:
         # so forgetting the oldest is one popleft from each (this runs on every durable write: keep it O(1))
         self._recent: dict[Key, deque[tuple[Mutation, asyncio.Future[None]]]] = {}
         self._noted: deque[tuple[float, Key]] = deque()
-        self._pending: list[tuple[list[EventRow], asyncio.Future[None]]] = []
+        self._pending: list[tuple[list[EventRow], _Count, asyncio.Future[int]]] = []
         self._task: asyncio.Task[None] | None = None
 
     def note(self, m: Mutation, acknowledged: asyncio.Future[None]) -> None:
@@ -109,25 +117,36 @@ class EarlyPersist:
                 if ack.done() and not ack.cancelled() and ack.exception() is None
                 and m.event_time is not None and admissible(ns, m.event_time, now_us)]
 
-    def store(self, rows: list[EventRow]) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((rows, future))
+    def store_and_count(self, rows: list[EventRow], namespace: str, counter: str, count: int, after_us: int,
+                        upto_us: int) -> asyncio.Future[int]:
+        """Store `rows`, then answer `count` (the counter's rollup as of `after_us`) plus its persisted events of
+        (after_us, upto_us], the rows among them; a clear among them replaces the count with the adds after it."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending.append((rows, (namespace, counter, count, after_us, upto_us), future))
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._run())
         return future
 
     async def _run(self) -> None:
-        await asyncio.sleep(0)  # the rest of this pass's writes join the first transaction
+        await asyncio.sleep(0)  # the rest of this pass's writes join the first call
         while self._pending:
             batch, self._pending = self._pending, []
-            try:
-                await self.events.write_events([row for rows, _ in batch for row in rows])
-            except Exception as exc:  # each waiter falls back to waiting for the worker
-                log.warning("storing %d read-your-write event(s) early failed: %s", len(batch), exc)
-                for _, f in batch:
-                    if not f.done():
-                        f.set_exception(exc)
-                continue
-            for _, f in batch:
-                if not f.done():
-                    f.set_result(None)
+            by_namespace: dict[str, list[tuple[_Count, asyncio.Future[int]]]] = {}
+            for _, read, future in batch:
+                by_namespace.setdefault(read[0], []).append((read, future))
+            rows = [row for rows, _, _ in batch for row in rows]
+            for namespace, reads in by_namespace.items():  # the first call stores every row
+                try:
+                    aggregates = await self.events.write_and_aggregate(
+                        rows, namespace, [(counter, after, upto) for (_, counter, _, after, upto), _ in reads])
+                except Exception as exc:  # these waiters fall back to waiting for the worker; the rows, if
+                    # not stored, go with the next namespace's call
+                    log.warning("storing %d read-your-write event(s) early failed: %s", len(rows), exc)
+                    for _, f in reads:
+                        if not f.done():
+                            f.set_exception(exc)
+                    continue
+                rows = []
+                for ((_, _, count, _, _), future), aggregate in zip(reads, aggregates, strict=True):
+                    if not future.done():  # a reader that went away (client disconnect) was cancelled
+                        future.set_result(apply_aggregate(count, aggregate))

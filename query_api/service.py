@@ -415,32 +415,37 @@ class CounterService:
 
     async def count_after(self, written: Written, acknowledged: asyncio.Future[None], item_key: str = "") -> Count:
         """The count once a durable write is acknowledged and persisted: AddAndGetCount's read-your-write. In an
-        eligible namespace this process stores the event itself, with its recent writes of the counter before it
-        (query_api.early_persist), instead of waiting for the worker."""
+        eligible namespace this process stores the event itself, with its recent writes of the counter before it,
+        and reads the count in the same store call (query_api.early_persist), instead of waiting for the worker."""
         await self.acknowledged(acknowledged)
         ns, counter = written.ns, written.counter
         # a durable write always has its event time and token (write_durable sets them)
         event_time, token = written.event_time, written.token
         assert event_time is not None and token is not None, "a durable write has its event time and token"
-        if not await self.stored_early(ns, counter, event_time, token):
-            await self.wait_persisted(ns, counter, event_time, token, item_key)
+        early = await self.counted_early(ns, counter, event_time, token)
+        if early is not None:
+            return early
+        await self.wait_persisted(ns, counter, event_time, token, item_key)
         count, rollup_ts = await self.rollup_of(ns, counter)
         self.signal_if_stale(ns, counter, rollup_ts)
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
 
-    async def stored_early(self, ns: Namespace, counter: str, event_time: int, token: str) -> bool:
-        """Store an acknowledged write's event now, with this process's recent writes of the counter, if the
-        namespace is eligible and the worker is sure to admit it; False to wait for the worker instead."""
+    async def counted_early(self, ns: Namespace, counter: str, event_time: int, token: str) -> Count | None:
+        """Store an acknowledged write's event now, with this process's recent writes of the counter, and count
+        the counter with them, if the namespace is eligible and the worker is sure to admit the event; None to
+        wait for the worker instead."""
         if not eligible(ns):
-            return False
+            return None
         rows = self.early.rows(ns, counter)  # acknowledged and admissible only
         if not any(row[2] == event_time and row[3] == token for row in rows):
-            return False  # not admissible, or sent longer than recent_s ago: the worker's to store
+            return None  # not admissible, or sent longer than recent_s ago: the worker's to store
+        count, rollup_ts = await self.rollup_of(ns, counter)
+        self.signal_if_stale(ns, counter, rollup_ts)
         try:
-            await self.early.store(rows)
+            live = await self.early.store_and_count(rows, ns.name, counter, count, rollup_ts, self._live_horizon(ns))
         except Exception:  # logged by EarlyPersist; the worker will store them
-            return False
-        return True
+            return None
+        return Count(ns, counter, live, rollup_ts or None)
 
     async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
         if not await self.arrivals.wait(ns.name, (counter, event_time, token, item_key)):

@@ -40,6 +40,12 @@ class EventStore(Protocol):
         """``aggregate`` of each ``(counter, after_us, upto_us)``, in order: a rollup batch in one call."""
         ...
 
+    async def write_and_aggregate(self, rows: Sequence[EventRow], namespace: str,
+                                  windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
+        """``write_events(rows)``, then ``aggregate_many(namespace, windows)``, whose windows include the rows: a
+        write and the counts that must include it in one call (AddAndGetCount's own event and its count)."""
+        ...
+
     async def bucket_sums_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
                                width_us: int) -> list[list[BucketSum]]:
         """Per ``(counter, after_us, upto_us)``, in order: the buckets of ``width_us`` (aligned to the epoch)

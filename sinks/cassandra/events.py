@@ -123,6 +123,12 @@ class CassandraEventStore:
         concurrency, so running several at once would only queue behind the same bound."""
         return [await self.aggregate(namespace, c, after, upto) for c, after, upto in windows]
 
+    async def write_and_aggregate(self, rows: Sequence[EventRow], namespace: str,
+                                  windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
+        """The write, then the reads: at a quorum consistency (the default, LOCAL_QUORUM) they see the write."""
+        await self.write_events(rows)
+        return await self.aggregate_many(namespace, windows)
+
     async def bucket_sums_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
                                width_us: int) -> list[list[BucketSum]]:
         """The windows' bucket-index rows in one fan-out, then every event partition of every window in another;

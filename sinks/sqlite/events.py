@@ -182,12 +182,26 @@ class SqliteEventStore:
         return await self._db.run(self._read, self._aggregate, namespace, counter, after_us, upto_us)
 
     async def aggregate_many(self, namespace: str, windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
+        if not windows:
+            return []
+        return await self._db.run(self._aggregate_many, namespace, windows)
+
+    async def write_and_aggregate(self, rows: Sequence[EventRow], namespace: str,
+                                  windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
+        """One trip to the store's thread: the write's transaction, then the reads' snapshot (the write lock is
+        not held while reading)."""
+        def both(conn: sqlite3.Connection) -> list[Aggregate]:
+            if rows:
+                self._write(conn, rows)
+            return self._aggregate_many(conn, namespace, windows) if windows else []
+        return await self._db.run(both)
+
+    def _aggregate_many(self, conn: sqlite3.Connection, namespace: str,
+                        windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
         def read_all(conn: sqlite3.Connection) -> list[Aggregate]:
             return [self._aggregate(conn, namespace, counter, after, upto) if upto > after else EMPTY_AGGREGATE
                     for counter, after, upto in windows]
-        if not windows:
-            return []
-        return await self._db.run(self._read, read_all)
+        return self._read(conn, read_all)
 
     async def bucket_sums_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
                                width_us: int) -> list[list[BucketSum]]:

@@ -134,6 +134,11 @@ def test_add_and_get_answers_with_the_worker_paused_and_the_worker_then_counts_e
         worker.resume()
     wait_for(lambda: stack.converged("my_dataset", {counter: 28}), 30, interval=0.2, message="rolled up to 28")
     assert get_count(stack, "my_dataset", counter) == 28
+    worker.pause()
+    try:  # over a rollup: the rollup (read before the store) plus the events stored after it
+        assert post(stack, "/v1/AddAndGetCount", fresh(POST_ADD, counter_name=counter, delta=2)).json()["count"] == 30
+    finally:
+        worker.resume()
 
 
 def test_best_effort_negative_totals_clear_and_64_bit_edges(stack):

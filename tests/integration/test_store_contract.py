@@ -203,6 +203,19 @@ def test_aggregate_many_equals_one_aggregate_per_window(stores: Stores) -> None:
     assert stores.run(es.aggregate_many(ns, [])) == []
 
 
+def test_write_and_aggregate_counts_the_rows_it_writes_once(stores: Stores) -> None:
+    ns, es = stores.namespace, stores.events
+    stores.run(es.write_events([ev(ns, BASE + 1, "old", 4)]))
+    rows = [ev(ns, BASE + 2, "a", 5), ev(ns, BASE + 3, "b", 7, counter="d"), ev(ns, BASE + 1, "old", 100)]
+    windows = [("c", 0, BASE + 10), ("d", 0, BASE + 10), ("c", BASE + 1, BASE + 10), ("e", 0, BASE + 10)]
+    aggs = stores.run(es.write_and_aggregate(rows, ns, windows))
+    assert [(a.delta, a.events) for a in aggs] == [(9, 2), (7, 1), (5, 1), (0, 0)]  # "old" kept its first delta
+    assert stores.run(es.write_and_aggregate(rows, ns, windows)) == aggs  # idempotent
+    assert stores.run(es.write_and_aggregate([], ns, windows[:1])) == aggs[:1]
+    assert stores.run(es.write_and_aggregate([ev(ns, BASE + 4, "f", 1)], ns, [])) == []
+    assert stores.run(es.aggregate(ns, "c", 0, BASE + 10)).delta == 10
+
+
 def test_counters_page_through_distinct_names_in_order(stores: Stores) -> None:
     """`counters` (what `counter recount --all` walks): distinct names with events, ascending, paged."""
     ns, es = stores.namespace, stores.events

@@ -1,5 +1,6 @@
 """query_api.early_persist: which writes the API may store itself, that they are exactly the worker's events, that a
-counter's recent writes come along, and that a loop pass's stores share one transaction (real SQLite store)."""
+counter's recent writes come along, and that a loop pass's stores and counts share one store call (real SQLite
+store)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from control_plane import default_config_path, load_namespaces
 from query_api.early_persist import EarlyPersist, admissible, eligible, event_row
 from schemas import Mutation, MutationOp, encode_mutation
 from sinks import Partitioning, SqliteEventStore
-from sinks.model import EventRow
+from sinks.model import Aggregate, EventRow
 
 REGISTRY = load_namespaces(default_config_path())
 NS = REGISTRY["my_dataset"]  # accept_limit 5 s, max_clock_skew 1 s
@@ -23,18 +24,19 @@ PART = Partitioning(buckets_per_id=4, seconds_per_bucket=10, seconds_per_slice=6
 
 
 class CountingStore(SqliteEventStore):
-    """The real store, recording each write_events call and failing on demand."""
+    """The real store, recording each write_and_aggregate call (rows, namespace, windows) and failing on demand."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self.writes: list[int] = []
+        self.calls: list[tuple[int, str, int]] = []
         self.fail = False
 
-    async def write_events(self, rows: Sequence[EventRow]) -> int:
-        self.writes.append(len(rows))
+    async def write_and_aggregate(self, rows: Sequence[EventRow], namespace: str,
+                                  windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
+        self.calls.append((len(rows), namespace, len(windows)))
         if self.fail:
             raise ConnectionError("store unreachable")
-        return await super().write_events(rows)
+        return await super().write_and_aggregate(rows, namespace, windows)
 
 
 @pytest.fixture
@@ -48,8 +50,9 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
-def mutation(counter: str, delta: int, token: str, at: int, op: MutationOp = MutationOp.ADD) -> Mutation:
-    return Mutation(NS.name, counter, delta if op is MutationOp.ADD else 0, at, token, "", op)
+def mutation(counter: str, delta: int, token: str, at: int, op: MutationOp = MutationOp.ADD,
+             namespace: str = NS.name) -> Mutation:
+    return Mutation(namespace, counter, delta if op is MutationOp.ADD else 0, at, token, "", op)
 
 
 def acknowledged(ok: bool = True) -> asyncio.Future[None]:
@@ -101,30 +104,51 @@ def test_rows_are_the_counters_acknowledged_admissible_writes_of_the_last_recent
     asyncio.run(scenario())
 
 
-def test_one_transaction_per_pass_and_the_next_ones_gather_while_it_runs(events) -> None:
+def test_one_store_call_per_pass_and_the_next_ones_gather_while_it_runs(events) -> None:
     async def scenario() -> None:
         early = EarlyPersist(events)
         at = now_us()
-        first = [early.store([event_row(mutation(f"c{i}", i, f"t{i}", at))]) for i in range(5)]
-        await asyncio.gather(*first)
-        assert events.writes == [5]
-        second = [early.store([event_row(mutation("c0", 1, f"u{i}", at + i))]) for i in range(3)]
-        second.append(early.store([event_row(mutation("c0", 1, "u0", at))]))  # the same event again
-        await asyncio.gather(*second)
-        assert events.writes == [5, 4]
-        assert (await events.aggregate(NS.name, "c0", at - 1, at + 10)).delta == 3  # idempotent: u0 once
+
+        def store(m: Mutation, rollup: int = 100) -> asyncio.Future[int]:
+            return early.store_and_count([event_row(m)], m.namespace, m.counter_name, rollup, at - 1, at + 10)
+
+        first = [store(mutation(f"c{i}", i + 1, f"t{i}", at)) for i in range(5)]
+        assert await asyncio.gather(*first) == [101, 102, 103, 104, 105]  # the rollup plus the stored event
+        assert events.calls == [(5, NS.name, 5)]
+        second = [store(mutation("c0", 1, f"u{i}", at + i)) for i in range(3)]
+        second.append(store(mutation("c0", 1, "u0", at)))  # the same event again
+        # each count includes every row of the call (t0 of the first pass, u0-u2 once: idempotent)
+        assert await asyncio.gather(*second) == [104] * 4
+        assert events.calls == [(5, NS.name, 5), (4, NS.name, 4)]
     asyncio.run(scenario())
 
 
-def test_a_store_error_reaches_every_waiter_of_the_transaction_and_the_next_one_works(events) -> None:
+def test_the_first_namespaces_call_stores_every_row_and_a_clear_replaces_the_rollup(events) -> None:
+    other = REGISTRY["my_dataset_accurate"].name
+
+    async def scenario() -> None:
+        early = EarlyPersist(events)
+        at = now_us()
+        rows = [event_row(mutation("c", 5, "a", at)), event_row(mutation("c", 0, "k", at + 1, MutationOp.CLEAR)),
+                event_row(mutation("c", 2, "b", at + 2))]
+        counts = [early.store_and_count(rows, NS.name, "c", 100, at - 1, at + 10),
+                  early.store_and_count([event_row(mutation("d", 3, "x", at, namespace=other))], other, "d", 7,
+                                        at - 1, at + 10)]
+        assert await asyncio.gather(*counts) == [2, 10]  # after the clear only the add after it; 7 + 3
+        assert events.calls == [(4, NS.name, 1), (0, other, 1)]
+    asyncio.run(scenario())
+
+
+def test_a_store_error_reaches_every_waiter_of_the_call_and_the_next_one_works(events) -> None:
     async def scenario() -> None:
         early = EarlyPersist(events)
         at = now_us()
         events.fail = True
-        failed = await asyncio.gather(*(early.store([event_row(mutation("c", 1, f"t{i}", at))]) for i in range(3)),
+        failed = await asyncio.gather(*(early.store_and_count([event_row(mutation("c", 1, f"t{i}", at))], NS.name,
+                                                              "c", 0, at - 1, at) for i in range(3)),
                                       return_exceptions=True)
         assert all(isinstance(f, ConnectionError) for f in failed)
         events.fail = False
-        await early.store([event_row(mutation("c", 1, "t0", at))])
-        assert events.writes == [3, 1] and (await events.aggregate(NS.name, "c", at - 1, at)).delta == 1
+        assert await early.store_and_count([event_row(mutation("c", 1, "t0", at))], NS.name, "c", 0, at - 1, at) == 1
+        assert [c[0] for c in events.calls] == [3, 1] and (await events.aggregate(NS.name, "c", at - 1, at)).delta == 1
     asyncio.run(scenario())
