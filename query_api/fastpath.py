@@ -17,7 +17,6 @@ from typing import Any
 import orjson
 
 from control_plane import CounterType, Namespace
-from query_api.early_persist import eligible
 from query_api.responses import add_json, count_json, window_json
 from query_api.service import CounterService, Written
 from schemas import INT64_MAX, INT64_MIN, MutationOp, ValidationError, validate_counter_name
@@ -84,7 +83,7 @@ def _durable(service: CounterService, ns: Namespace, path: bytes, req: dict[str,
     try:
         written, acknowledged = service.write_durable(  # ignore below: a checked token dict is never falsy
             ns, counter, delta, MutationOp.ADD, token and token["token"], token and token.get("generation_time"),  # type: ignore[arg-type]
-            read_your_write=path != ADD_COUNT and not eligible(ns))  # else the API stores it (query_api.early_persist)
+            then_count=path != ADD_COUNT)
     except ValidationError:  # nothing was sent: the route answers with the field named
         return None
     if path == ADD_COUNT:

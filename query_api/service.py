@@ -258,13 +258,14 @@ class CounterService:
     def write_durable(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                       generation_time: str | int | float | None, item_key: str = "",
                       dimensions: Mapping[str, Any] | None = None, item: str | None = None, *,
-                      read_your_write: bool = False) -> tuple[Written, asyncio.Future[None]]:
+                      then_count: bool = False) -> tuple[Written, asyncio.Future[None]]:
         """A durable (EVENTUAL/ACCURATE) write, group-committed: what to answer, and the future of the broker's
         acknowledgement (failing with DeliveryError). Plain, so the fast path can answer from a callback.
-        `read_your_write`: the caller will wait for it to be persisted (`count_after`), so it is persisted
-        promptly."""
+        `then_count`: the caller answers with the count including it (AddAndGetCount, `count_after`). Where this
+        process cannot store the event itself (not `eligible`), it waits for the worker, so the record is marked
+        read-your-write and persisted promptly."""
         m = self.mutation(ns, counter, delta, op, token, generation_time, item_key, dimensions, item)
-        acknowledged = self.producer.send([m], read_your_write=read_your_write)
+        acknowledged = self.producer.send([m], read_your_write=then_count and not eligible(ns))
         if eligible(ns):
             self.early.note(m, acknowledged)  # a later AddAndGetCount of the counter stores it with its own
         return Written(ns, counter, m.event_id, m.event_time), acknowledged
@@ -410,7 +411,7 @@ class CounterService:
             dims, _ = self.extras(ns, dimensions, item)
             await self.check_bound(ns, counter, dims)
         written, acknowledged = self.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
-                                                   item_key, dimensions, item, read_your_write=not eligible(ns))
+                                                   item_key, dimensions, item, then_count=True)
         return await self.count_after(written, acknowledged, item_key)
 
     async def count_after(self, written: Written, acknowledged: asyncio.Future[None], item_key: str = "") -> Count:

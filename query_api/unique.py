@@ -203,7 +203,7 @@ async def add_and_get_unique(service: CounterService, ns: Namespace, counter: st
     dims, valid_item = service.extras(ns, dimensions, item, delta=delta, item_key=item_key)
     await service.check_bound(ns, counter, dims)
     written, acknowledged = service.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
-                                                  item_key, dimensions, item, read_your_write=True)
+                                                  item_key, dimensions, item, then_count=True)
     await service.acknowledged(acknowledged)
     # a durable write has its event time and token; in a UNIQUE namespace the event's item key is its item
     await service.wait_persisted(ns, counter, written.event_time, written.token, valid_item)  # type: ignore[arg-type]

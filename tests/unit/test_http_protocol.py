@@ -166,7 +166,7 @@ class FakeService:
     def __init__(self) -> None:
         self.registry = REGISTRY
         self.calls: list[tuple[Any, ...]] = []
-        self.read_your_write: list[bool] = []
+        self.then_count: list[bool] = []
         self.futures: list[asyncio.Future[Any]] = []
         self.write_raises: BaseException | None = None
 
@@ -189,9 +189,9 @@ class FakeService:
 
     def write_durable(self, ns: Any, counter: str, delta: int, op: MutationOp, token: str | None,
                       generation_time: Any, item_key: str = "", *,
-                      read_your_write: bool = False) -> tuple[Written, asyncio.Future[None]]:
+                      then_count: bool = False) -> tuple[Written, asyncio.Future[None]]:
         self.calls.append(("write_durable", ns.name, counter, delta, op, token, generation_time))
-        self.read_your_write.append(read_your_write)
+        self.then_count.append(then_count)
         if self.write_raises is not None:
             raise self.write_raises
         return Written(ns, counter, token or "generated-id", 1_700_000_000_000_000), self._future()
@@ -426,7 +426,7 @@ def test_durable_add_is_answered_once_acknowledged(run, recorded, ns, token) -> 
         t = token or {}
         assert service.calls == [("write_durable", ns, "c", 2, MutationOp.ADD, t.get("token"),
                                   t.get("generation_time"))]
-        assert service.read_your_write == [False]  # nobody waits to see it persisted
+        assert service.then_count == [False]  # nobody waits for its count
         await spin()
         assert c.transport.data == b"", "answered before the broker acknowledged"
         service.settle(None)
@@ -445,8 +445,7 @@ def test_add_and_get_waits_for_the_acknowledgement_and_the_count(run, recorded) 
         c = Connection(service)
         c.send(post("/v1/AddAndGetCount", {"namespace": "acc", "counter_name": "c", "delta": 5}))
         assert [call[0] for call in service.calls] == ["write_durable", "count_after"]
-        # a plain namespace: the API stores the event itself once acknowledged, so the worker need not hurry
-        assert service.read_your_write == [False]
+        assert service.then_count == [True]  # the service marks the record read-your-write if it must
         service.settle(None, index=0)  # acknowledged, not yet counted
         await spin()
         assert c.transport.data == b""
