@@ -69,11 +69,11 @@ class Pipeline:
     pressure: BackPressure
     kafka: AsyncProducer
     signals: SignalSender
+    heartbeats: HeartbeatPace  # when an idle worker sends the next heartbeats (idle_heartbeat_s)
     arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat seen (µs)
     combinations: Combinations = field(default_factory=Combinations)  # dimension combinations known here
     persist_consumer: PersistConsumer | None = None
     sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
-    heartbeats: HeartbeatPace = field(default_factory=lambda: HeartbeatPace(0.0))  # 0: at every tick
 
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
@@ -118,18 +118,18 @@ def build(settings: Settings) -> Pipeline:
     topics = declare_topics(app, settings)
     rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
     skew = max((ns.max_clock_skew_s for ns in rolled), default=1.0)
+    # One coalescing window for the worker: the shortest a namespace asks for; its size is bounded by the
+    # smallest capacity_bytes (a queued signal costs about SIGNAL_BYTES in memory). The rollup topic's
+    # partitions are the queues (num_queues maps to COUNTER_ROLLUPS_PARTITIONS).
+    coalesce_s = min((ns.queue.coalesce_ms for ns in rolled), default=1000) / 1000.0
     pipeline = Pipeline(
         settings=settings, registry=registry, events=events, rollups=rollups, buckets=buckets,
         cache=open_cache(_cache_spec(settings)), app=app, topics=topics,
         tracker=WatermarkTracker(skew),
         mutation_partitions=counts[settings.mutations_topic],
         rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure(), kafka=kafka,
-        signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]), sketches=sketches)
-    # One coalescing window for the worker: the shortest a namespace asks for; its size is bounded by the
-    # smallest capacity_bytes (a queued signal costs about SIGNAL_BYTES in memory). The rollup topic's
-    # partitions are the queues (num_queues maps to COUNTER_ROLLUPS_PARTITIONS).
-    coalesce_s = min((ns.queue.coalesce_ms for ns in rolled), default=1000) / 1000.0
-    pipeline.heartbeats = HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s))
+        signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]), sketches=sketches,
+        heartbeats=HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s)))
     capacity = min((ns.queue.capacity_bytes for ns in rolled), default=16 << 20)
     max_signals = max(1, min(settings.rollup_max_signals, capacity // SIGNAL_BYTES))
     # A window is counted in records; the persist path packs up to SIGNALS_PER_RECORD signals in one, reads
