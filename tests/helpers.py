@@ -7,10 +7,27 @@ import inspect
 import time
 from collections.abc import Callable
 
+import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from infra.process import proc_stat
+from schemas import MICROS
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+def iso(us: int) -> str:
+    """An event time (µs) as the ISO-8601 UTC text the API takes."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // MICROS)) + f".{us % MICROS:06d}Z"
+
+
+def refused(response: httpx.Response) -> list[list[object]]:
+    """The `loc` of each error of a 422 answer."""
+    assert response.status_code == 422, response.text
+    return [e["loc"] for e in response.json()["detail"]]
 
 
 def gone(pid: int) -> bool:

@@ -7,11 +7,14 @@ rollup store file and the cache, and waited for with deadlines.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import httpx
 
 from infra.process import ManagedProcess
 from infra.stack import LocalStack
@@ -138,3 +141,20 @@ class PipelineEnv:
         states = self.rollups([(namespace, c) for c in expected])
         return {c: (n, states.get((namespace, c))) for c, n in expected.items()
                 if (s := states.get((namespace, c))) is None or s.count != n or s.rollup_ts < s.last_write_ts}
+
+
+@contextlib.contextmanager
+def worker_and_api(kafka_bootstrap: str, memcached_address: str, tmp_path: Path,
+                   namespaces_yaml: str) -> Iterator[tuple[PipelineEnv, httpx.Client]]:
+    """A worker and an API on fresh topics, serving the namespaces of `namespaces_yaml`, and a client of the API;
+    all stopped on exit."""
+    config = tmp_path / "namespaces.yaml"
+    config.write_text(namespaces_yaml)
+    env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path / "data", namespaces=config).prepare()
+    try:
+        env.start_worker()
+        api = env.start_api()
+        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
+            yield env, client
+    finally:
+        env.stop()

@@ -21,9 +21,9 @@ import pytest
 from confluent_kafka import Producer
 
 from producers import CounterProducer
-from schemas import MICROS, combination, decode_mutations
-from tests.helpers import read_all, wait_for
-from tests.pipeline_harness import PipelineEnv
+from schemas import combination, decode_mutations
+from tests.helpers import iso, now_us, read_all, refused, wait_for
+from tests.pipeline_harness import PipelineEnv, worker_and_api
 
 pytestmark = pytest.mark.integration
 
@@ -56,14 +56,6 @@ class Write:
     clear: bool = False
 
 
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def iso(us: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // MICROS)) + f".{us % MICROS:06d}Z"
-
-
 def oracle(writes: list[Write]) -> dict[str, int]:
     """Every combination counter's exact count: distinct (counter name, time, token) events, a clear of the base
     counter applying to all its combinations, adds strictly after the latest clear."""
@@ -89,22 +81,9 @@ def _dims(d: dict[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(d.items()))
 
 
-def _loc(response: httpx.Response) -> list[list[object]]:
-    assert response.status_code == 422, response.text
-    return [e["loc"] for e in response.json()["detail"]]
-
-
 def test_dimensions_end_to_end(kafka_bootstrap: str, memcached_address: str, tmp_path: Path) -> None:
-    config = tmp_path / "namespaces.yaml"
-    config.write_text(NAMESPACES)
-    env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path / "data", namespaces=config).prepare()
-    try:
-        env.start_worker()
-        api = env.start_api()
-        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
-            _run(env, client)
-    finally:
-        env.stop()
+    with worker_and_api(kafka_bootstrap, memcached_address, tmp_path, NAMESPACES) as (env, client):
+        _run(env, client)
 
 
 def _run(env: PipelineEnv, client: httpx.Client) -> None:
@@ -177,24 +156,24 @@ def _run(env: PipelineEnv, client: httpx.Client) -> None:
 
     # -- refusals over HTTP name the field
     base = {"namespace": NS, "counter_name": "v", "delta": 1}
-    assert _loc(client.post("/v1/AddCount", json={**base, "dimensions": {"os": "linux"}})) == [
+    assert refused(client.post("/v1/AddCount", json={**base, "dimensions": {"os": "linux"}})) == [
         ["body", "dimensions", "os"]]
-    assert _loc(client.post("/v1/AddCount", json={**base, "dimensions": {"country": "U S"}})) == [
+    assert refused(client.post("/v1/AddCount", json={**base, "dimensions": {"country": "U S"}})) == [
         ["body", "dimensions", "country"]]
-    assert _loc(client.post("/v1/AddCount", json={**base, "item": "user-1"})) == [["body", "item"]]
-    assert _loc(client.post("/v1/AddCount", json={**base, "namespace": "plain", "dimensions": {"country": "US"}})
+    assert refused(client.post("/v1/AddCount", json={**base, "item": "user-1"})) == [["body", "item"]]
+    assert refused(client.post("/v1/AddCount", json={**base, "namespace": "plain", "dimensions": {"country": "US"}})
                 ) == [["body", "dimensions", "country"]]
-    assert _loc(client.post("/v1/AddCount", json={**base, "namespace": "fast", "dimensions": {"country": "US"}})
+    assert refused(client.post("/v1/AddCount", json={**base, "namespace": "fast", "dimensions": {"country": "US"}})
                 ) == [["body", "dimensions"]]
-    assert _loc(client.post("/v1/ClearCount", json={"namespace": NS, "counter_name": "v",
+    assert refused(client.post("/v1/ClearCount", json={"namespace": NS, "counter_name": "v",
                                                     "dimensions": {"country": "US"}})) == [["body", "dimensions"]]
-    assert _loc(client.post("/v1/BatchAddCount", json={"requests": [base, {**base, "dimensions": {"os": "x"}}]})
+    assert refused(client.post("/v1/BatchAddCount", json={"requests": [base, {**base, "dimensions": {"os": "x"}}]})
                 ) == [["body", "requests", "1", "dimensions", "os"]]
-    assert _loc(client.post("/v1/GetCount", json={"namespace": NS, "counter_name": "v",
+    assert refused(client.post("/v1/GetCount", json={"namespace": NS, "counter_name": "v",
                                                   "dimensions": {"os": "x"}})) == [["body", "dimensions", "os"]]
-    assert _loc(client.post("/v1/GetCount", json={"namespace": NS, "counter_name": "v", "group_by": "os"})
+    assert refused(client.post("/v1/GetCount", json={"namespace": NS, "counter_name": "v", "group_by": "os"})
                 ) == [["body", "group_by"]]
-    assert _loc(client.post("/v1/GetCount", json={"namespace": NS, "counter_name": "v", "group_by": "country",
+    assert refused(client.post("/v1/GetCount", json={"namespace": NS, "counter_name": "v", "group_by": "country",
                                                   "dimensions": {"country": "US"}})) == [["body", "group_by"]]
 
     # -- refusals over Kafka: dead-lettered with the reason
@@ -227,7 +206,7 @@ def _run(env: PipelineEnv, client: httpx.Client) -> None:
     r = wait_for(lambda: (x := client.post("/v1/AddCount", json={
         "namespace": NS, "counter_name": "capped", "delta": 1, "dimensions": {"country": "c9"}})).status_code == 422
         and x, 15, interval=0.5, message="the API refusing a 9th combination")
-    assert _loc(r) == [["body", "dimensions"]] and "max_combinations 8" in r.json()["detail"][0]["msg"]
+    assert refused(r) == [["body", "dimensions"]] and "max_combinations 8" in r.json()["detail"][0]["msg"]
     http_add("capped", 1, {"country": "c0"})
 
     # -- everything converges to the oracle: every filter subset, group_by, BatchGetCount, a window
@@ -287,5 +266,5 @@ def _run(env: PipelineEnv, client: httpx.Client) -> None:
     results = r.json()["results"]
     assert [x["count"] for x in results] == [expected["v"], expected["v country=FR"], expected["w country=é"]]
     assert "dimensions" not in results[0] and results[1]["dimensions"] == {"country": "FR"}
-    assert _loc(client.post("/v1/BatchGetCount", json={"requests": [
+    assert refused(client.post("/v1/BatchGetCount", json={"requests": [
         {"namespace": NS, "counter_name": "v", "group_by": "device"}]})) == [["body", "requests", "0", "group_by"]]

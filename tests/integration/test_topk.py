@@ -22,8 +22,8 @@ import pytest
 
 from producers import CounterProducer
 from schemas import MICROS, combination
-from tests.helpers import wait_for
-from tests.pipeline_harness import PipelineEnv
+from tests.helpers import iso, now_us, refused, wait_for
+from tests.pipeline_harness import PipelineEnv, worker_and_api
 
 pytestmark = pytest.mark.integration
 
@@ -65,14 +65,6 @@ class Write:
     clear: bool = False
 
 
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def iso(us: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // MICROS)) + f".{us % MICROS:06d}Z"
-
-
 def at(text: str) -> int:
     return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * MICROS)
 
@@ -109,22 +101,9 @@ def oracle(writes: list[Write], start: int, end: int, dims: dict[str, str], k: i
     return [{"counter_name": c, "count": n} for c, n in ranked[:k]]
 
 
-def _loc(response: httpx.Response) -> list[list[object]]:
-    assert response.status_code == 422, response.text
-    return [e["loc"] for e in response.json()["detail"]]
-
-
 def test_top_k_end_to_end(kafka_bootstrap: str, memcached_address: str, tmp_path: Path) -> None:
-    config = tmp_path / "namespaces.yaml"
-    config.write_text(NAMESPACES)
-    env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path / "data", namespaces=config).prepare()
-    try:
-        env.start_worker()
-        api = env.start_api()
-        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
-            _run(env, client)
-    finally:
-        env.stop()
+    with worker_and_api(kafka_bootstrap, memcached_address, tmp_path, NAMESPACES) as (env, client):
+        _run(env, client)
 
 
 def _load(env: PipelineEnv, client: httpx.Client) -> tuple[list[Write], int, int]:
@@ -244,18 +223,18 @@ def _run(env: PipelineEnv, client: httpx.Client) -> None:
 
 def _refusals(client: httpx.Client) -> None:
     base = {"namespace": NS, "k": 10, "window": {"last": "1h"}}
-    assert _loc(client.post("/v1/GetTopK", json={**base, "k": 0})) == [["body", "k"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "k": 101})) == [["body", "k"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "k": "10"})) == [["body", "k"]]
-    assert _loc(client.post("/v1/GetTopK", json={"namespace": NS, "k": 3})) == [["body", "window"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "window": {"last": "0s"}})) == [["body", "window", "last"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "window": {"last": "3000d"}})) == [["body", "window"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "dimensions": {"os": "linux"}})) == [
+    assert refused(client.post("/v1/GetTopK", json={**base, "k": 0})) == [["body", "k"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "k": 101})) == [["body", "k"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "k": "10"})) == [["body", "k"]]
+    assert refused(client.post("/v1/GetTopK", json={"namespace": NS, "k": 3})) == [["body", "window"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "window": {"last": "0s"}})) == [["body", "window", "last"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "window": {"last": "3000d"}})) == [["body", "window"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "dimensions": {"os": "linux"}})) == [
         ["body", "dimensions", "os"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "extra": 1})) == [["body", "extra"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "namespace": "flat"})) == [["body", "window"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "namespace": "fast"})) == [["body", "window"]]
-    assert _loc(client.post("/v1/GetTopK", json={**base, "namespace": "visitors"})) == [["body", "namespace"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "extra": 1})) == [["body", "extra"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "namespace": "flat"})) == [["body", "window"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "namespace": "fast"})) == [["body", "window"]]
+    assert refused(client.post("/v1/GetTopK", json={**base, "namespace": "visitors"})) == [["body", "namespace"]]
     assert client.post("/v1/GetTopK", json={**base, "namespace": "nope"}).status_code == 404
     secured = {**base, "namespace": "secured"}
     assert client.post("/v1/GetTopK", json=secured).status_code == 401

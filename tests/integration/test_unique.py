@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Producer
 
 from producers import CounterProducer
-from tests.helpers import read_all, wait_for
-from tests.pipeline_harness import PipelineEnv
+from tests.helpers import iso, now_us, read_all, refused, wait_for
+from tests.pipeline_harness import PipelineEnv, worker_and_api
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +45,6 @@ namespaces:
 NS, LIVE = "visitors", "live_visitors"
 LG_K = {NS: 12, LIVE: 14}
 COUNTRIES = ("US", "FR", "BR")
-
-
-def now_us() -> int:
-    return time.time_ns() // 1000
-
-
-def iso(us: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // 1_000_000)) + f".{us % 1_000_000:06d}Z"
 
 
 class Truth:
@@ -82,22 +74,9 @@ def within(answer: dict, truth: int, lg_k: int) -> None:
     assert answer["count"] == round(answer["estimate"])
 
 
-def _loc(response: httpx.Response) -> list[list[object]]:
-    assert response.status_code == 422, response.text
-    return [e["loc"] for e in response.json()["detail"]]
-
-
 def test_unique_counts_end_to_end(kafka_bootstrap: str, memcached_address: str, tmp_path: Path) -> None:
-    config = tmp_path / "namespaces.yaml"
-    config.write_text(NAMESPACES)
-    env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path / "data", namespaces=config).prepare()
-    try:
-        env.start_worker()
-        api = env.start_api()
-        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
-            _run(env, client)
-    finally:
-        env.stop()
+    with worker_and_api(kafka_bootstrap, memcached_address, tmp_path, NAMESPACES) as (env, client):
+        _run(env, client)
 
 
 def _run(env: PipelineEnv, client: httpx.Client) -> None:
@@ -177,19 +156,19 @@ def _run(env: PipelineEnv, client: httpx.Client) -> None:
 
     # -- refusals name the field
     base = {"namespace": NS, "counter_name": "home"}
-    assert _loc(client.post("/v1/AddCount", json=base)) == [["body", "item"]]
-    assert _loc(client.post("/v1/AddCount", json={**base, "item": "x", "delta": 2})) == [["body", "delta"]]
-    assert _loc(client.post("/v1/AddCount", json={**base, "item": "x", "event_item_key": "k"})) == [
+    assert refused(client.post("/v1/AddCount", json=base)) == [["body", "item"]]
+    assert refused(client.post("/v1/AddCount", json={**base, "item": "x", "delta": 2})) == [["body", "delta"]]
+    assert refused(client.post("/v1/AddCount", json={**base, "item": "x", "event_item_key": "k"})) == [
         ["body", "event_item_key"]]
-    assert _loc(client.post("/v1/AddCount", json={**base, "item": "x", "dimensions": {"device": "tv"}})) == [
+    assert refused(client.post("/v1/AddCount", json={**base, "item": "x", "dimensions": {"device": "tv"}})) == [
         ["body", "dimensions", "device"]]
-    assert _loc(client.post("/v1/AddAndGetCount", json=base)) == [["body", "item"]]
-    assert _loc(client.post("/v1/BatchAddCount", json={"requests": [{**base, "item": "x"}, base]})) == [
+    assert refused(client.post("/v1/AddAndGetCount", json=base)) == [["body", "item"]]
+    assert refused(client.post("/v1/BatchAddCount", json={"requests": [{**base, "item": "x"}, base]})) == [
         ["body", "requests", "1", "item"]]
-    assert _loc(client.post("/v1/AddCount", json={"namespace": "plain", "counter_name": "c", "delta": 1,
+    assert refused(client.post("/v1/AddCount", json={"namespace": "plain", "counter_name": "c", "delta": 1,
                                                   "item": "x"})) == [["body", "item"]]
-    assert _loc(client.post("/v1/AddCount", json={"namespace": "plain", "counter_name": "c"})) == [["body", "delta"]]
-    assert _loc(client.post("/v1/ClearCount", json={**base, "item": "x"})) == [["body", "item"]]
+    assert refused(client.post("/v1/AddCount", json={"namespace": "plain", "counter_name": "c"})) == [["body", "delta"]]
+    assert refused(client.post("/v1/ClearCount", json={**base, "item": "x"})) == [["body", "item"]]
     # over Kafka: dead letters with the reason
     no_item = json.dumps({"namespace": NS, "counter_name": "home", "delta": 1,
                           "idempotency_token": {"token": "bad-1", "generation_time": now_us()}}).encode()
