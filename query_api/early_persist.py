@@ -134,7 +134,7 @@ class EarlyPersist:
             by_namespace: dict[str, list[tuple[_Count, asyncio.Future[int]]]] = {}
             for _, read, future in batch:
                 by_namespace.setdefault(read[0], []).append((read, future))
-            rows = [row for rows, _, _ in batch for row in rows]
+            rows = [row for written, _, _ in batch for row in written]
             for namespace, reads in by_namespace.items():  # the first call stores every row
                 try:
                     aggregates = await self.events.write_and_aggregate(
