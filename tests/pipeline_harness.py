@@ -144,17 +144,26 @@ class PipelineEnv:
 
 
 @contextlib.contextmanager
-def worker_and_api(kafka_bootstrap: str, memcached_address: str, tmp_path: Path,
-                   namespaces_yaml: str) -> Iterator[tuple[PipelineEnv, httpx.Client]]:
-    """A worker and an API on fresh topics, serving the namespaces of `namespaces_yaml`, and a client of the API;
-    all stopped on exit."""
+def serving(kafka_bootstrap: str, memcached_address: str, tmp_path: Path,
+            namespaces_yaml: str) -> Iterator[PipelineEnv]:
+    """A PipelineEnv on fresh topics serving the namespaces of `namespaces_yaml` (written to tmp_path); whatever
+    the test starts in it is stopped on exit."""
     config = tmp_path / "namespaces.yaml"
     config.write_text(namespaces_yaml)
     env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path / "data", namespaces=config).prepare()
     try:
+        yield env
+    finally:
+        env.stop()
+
+
+@contextlib.contextmanager
+def worker_and_api(kafka_bootstrap: str, memcached_address: str, tmp_path: Path,
+                   namespaces_yaml: str) -> Iterator[tuple[PipelineEnv, httpx.Client]]:
+    """A worker and an API on fresh topics, serving the namespaces of `namespaces_yaml`, and a client of the API;
+    all stopped on exit."""
+    with serving(kafka_bootstrap, memcached_address, tmp_path, namespaces_yaml) as env:
         env.start_worker()
         api = env.start_api()
         with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
             yield env, client
-    finally:
-        env.stop()

@@ -14,7 +14,7 @@ from producers import CounterProducer
 from schemas import MutationOp
 from streams.positions import watermarks
 from tests.helpers import wait_for
-from tests.pipeline_harness import PipelineEnv
+from tests.pipeline_harness import PipelineEnv, serving
 
 pytestmark = pytest.mark.integration
 
@@ -42,10 +42,7 @@ def appended(env: PipelineEnv) -> int:
 
 def test_an_idle_worker_sends_heartbeats_once_per_idle_interval_and_at_every_tick_while_writes_arrive(
         kafka_bootstrap: str, memcached_address: str, tmp_path: Path) -> None:
-    config = tmp_path / "namespaces.yaml"
-    config.write_text(NAMESPACES)
-    env = PipelineEnv(kafka_bootstrap, memcached_address, tmp_path / "data", namespaces=config).prepare()
-    try:
+    with serving(kafka_bootstrap, memcached_address, tmp_path, NAMESPACES) as env:
         env.stack.start_worker(COUNTER_WATERMARK_INTERVAL_MS=str(TICK_MS),
                                COUNTER_WATERMARK_IDLE_INTERVAL_MS=str(IDLE_MS))
         wait_for(lambda: appended(env) >= env.partitions, 30, message="the first heartbeats")
@@ -67,5 +64,3 @@ def test_an_idle_worker_sends_heartbeats_once_per_idle_interval_and_at_every_tic
         assert busy >= 0.3 * 1000 / TICK_MS, f"{busy:.1f} heartbeats/s per partition while writes arrive"
 
         wait_for(lambda: env.converged("my_dataset", {"c": writes}), 60, message="the writes rolled up exactly")
-    finally:
-        env.stop()
