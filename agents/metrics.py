@@ -18,7 +18,8 @@ RESIGNALS = Counter("counter_rollup_resignals_total", "Counters signalled again 
                     "converged yet", ["source"], registry=REGISTRY)
 ROLLUP_LAG = Gauge("counter_rollup_lag_seconds", "now minus the boundary of the most recent rollup",
                    registry=REGISTRY)
-WATERMARK_DELAY = Gauge("counter_watermark_delay_seconds", "now minus the global persist watermark",
+WATERMARK_DELAY = Gauge("counter_watermark_delay_seconds", "now minus the global persist watermark while it is "
+                        "short of the latest write persisted; 0 once it covers every write (it then stands still)",
                         registry=REGISTRY)
 PERSIST_BATCH_SECONDS = Histogram("counter_persist_batch_seconds", "Time to persist one batch",
                                   registry=REGISTRY)

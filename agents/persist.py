@@ -67,6 +67,7 @@ class PreparedBatch:
     dead: list[DeadLetter] = field(default_factory=list)
     records: int = 0
     heartbeats: list[tuple[int, int]] = field(default_factory=list)  # (partition, timestamp µs), in order
+    written: dict[int, int] = field(default_factory=dict)  # partition -> latest arrival (µs) of a record with writes
     dimensioned: list[DimensionedWrite] = field(default_factory=list)  # expanded by the persist path
     clears: list[Clear] = field(default_factory=list)  # clears in namespaces with dimensions (to expand)
 
@@ -76,6 +77,10 @@ class PreparedBatch:
         self.dead.extend(other.dead)
         self.records += other.records
         self.heartbeats.extend(other.heartbeats)
+        written = self.written
+        for partition, arrived in other.written.items():
+            if arrived > written.get(partition, 0):
+                written[partition] = arrived
         self.dimensioned.extend(other.dimensioned)
         self.clears.extend(other.clears)
         last_write = self.last_write
@@ -122,6 +127,7 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
     last_write = out.last_write
     floor = {} if arrival_floor is None else arrival_floor
     admissions: dict[str, _Admission] = {}
+    written = out.written
     n = 0
     for rec in records:
         n += 1
@@ -136,6 +142,8 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
         arrived = floor.get(partition, 0)
         if timestamp_us > arrived:
             arrived = timestamp_us
+        if arrived > written.get(partition, 0):
+            written[partition] = arrived
         try:
             mutations = decode_mutations(value or b"")
         except DecodeError as exc:

@@ -6,10 +6,14 @@ has persisted the batch holding a heartbeat, every record appended before it is 
 partition's watermark becomes the heartbeat's timestamp (less the clock skew). A paused or lagging agent
 reads its heartbeats late, so its watermark, and every rollup behind it, waits.
 
-An idle worker sends them every `idle_s` instead (`HeartbeatPace`): a Tansu partition's fetches cost by its
-length in batches, and heartbeats every 250 ms over 8 partitions add about 115,000 batches an hour to a stack
-nobody writes to. The watermark then lags further behind, which only holds rollups back (never lets one
-through early), and the worker sets `idle_s` where the rollup window hides it.
+An idle worker sends them every `idle_s` instead (`HeartbeatPace`), and none at all once the watermark covers
+every write persisted so far (`heartbeats_needed`, `control_plane.admission.covering_watermark`): then no rollup
+waits for it. A Tansu partition's fetches cost by its length in batches, and heartbeats every 250 ms over 8
+partitions added about 115,000 batches an hour to a stack nobody writes to (every 2 s, 14,000), so an idle local
+stack grew slower by the hour. A slower or stopped watermark only holds rollups back (never lets one through
+early), and the worker sets `idle_s` where the rollup window hides it. With several workers, each publishes when
+its partitions' latest writes reached Kafka (`sinks.written_key`), and every worker keeps heartbeating until its
+own partitions' watermarks cover the latest write of any partition: a rollup needs all of them.
 
 Why not end offsets: they would do on Apache Kafka, but the local broker (Tansu) reports the base offset
 of the last batch + 1 as the high watermark, which would declare a half-read batch "caught up".
@@ -19,11 +23,12 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from schemas import MICROS
 from schemas.dead_letter import AnyHeaders
 from schemas.record_headers import has_header
+from sinks import RollupStore, written_key
 
 HEARTBEAT_HEADER = "counter.heartbeat"
 
@@ -34,12 +39,26 @@ def is_heartbeat(headers: AnyHeaders) -> bool:
 
 
 class WatermarkTracker:
-    """Per-partition watermarks from the heartbeats this worker has persisted past."""
+    """Per-partition watermarks from the heartbeats this worker has persisted past, and when the latest writes it
+    persisted reached Kafka."""
 
     def __init__(self, skew_s: float) -> None:
         self.skew_us = int(skew_s * MICROS)
         self._seen: dict[int, int] = {}
+        self._written: dict[int, int] = {}
         self._lock = threading.Lock()
+
+    def writes_persisted(self, written: Mapping[int, int]) -> None:
+        """Records with writes that reached Kafka by these times (partition -> µs) are in the store."""
+        with self._lock:
+            for partition, arrived_us in written.items():
+                if arrived_us > self._written.get(partition, 0):
+                    self._written[partition] = arrived_us
+
+    def written(self, partitions: Iterable[int]) -> dict[int, int]:
+        """When the latest persisted write of each given partition reached Kafka (µs), where there was one."""
+        with self._lock:
+            return {p: self._written[p] for p in partitions if p in self._written}
 
     def heartbeat_persisted(self, partition: int, timestamp_us: int) -> None:
         """Everything on `partition` appended before this heartbeat is now in the store."""
@@ -51,6 +70,22 @@ class WatermarkTracker:
         """Watermarks (µs) of the given partitions that have seen a heartbeat."""
         with self._lock:
             return {p: self._seen[p] - self.skew_us for p in partitions if p in self._seen}
+
+
+NO_PARTITION = -1  # where `request_heartbeats` records its asks among the partitions' latest writes
+
+
+async def request_heartbeats(rollups: RollupStore, topic: str, now_us: int) -> None:
+    """Have the workers move the watermark past the covering mark of a write at `now_us` that did not go through
+    them: a replay's writes to the store, or a recount whose counters' rollups already sit at the standing
+    watermark's boundary. Recorded as a write on no partition, which every worker's `heartbeats_needed` sees."""
+    await rollups.set_watermarks(written_key(topic), {NO_PARTITION: now_us})
+
+
+def heartbeats_needed(marks: Mapping[int, int], owned: Iterable[int], covering: int | None) -> bool:
+    """Whether the owned partitions need more heartbeats: some owned partition's watermark (`marks`) is short of
+    `covering`, the watermark that covers the latest write persisted anywhere (None: no write yet)."""
+    return covering is not None and any(marks.get(p, -1) < covering for p in owned)
 
 
 class HeartbeatPace:

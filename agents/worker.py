@@ -23,9 +23,10 @@ from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
 from agents.rollup import BackPressure, Key, global_watermark, rollup_many
-from agents.watermark import HEARTBEAT_HEADER, HeartbeatPace, WatermarkTracker
+from agents.watermark import HEARTBEAT_HEADER, HeartbeatPace, WatermarkTracker, heartbeats_needed
 from control_plane import CounterType, Namespace, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
+from control_plane.admission import covering_watermark
 from producers.asyncio_producer import AsyncProducer
 from schemas import DecodeError, decode_signals
 from schemas.dead_letter import DeadLetter
@@ -38,6 +39,7 @@ from sinks import (
     open_cache,
     open_namespace_sketch_store,
     open_namespace_stores,
+    written_key,
 )
 from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
@@ -97,11 +99,12 @@ class Pipeline:
         await asyncio.gather(*futures)
 
     async def watermark(self) -> int:
-        marks = await self.rollups.watermarks(self.settings.mutations_topic)
-        mark = global_watermark(marks, self.mutation_partitions)
-        if mark:
-            metrics.WATERMARK_DELAY.set(max(0.0, time.time() - mark / 1e6))
-        return mark
+        return global_watermark(await self.rollups.watermarks(self.settings.mutations_topic), self.mutation_partitions)
+
+    async def covering(self) -> int | None:
+        """The watermark covering the latest write persisted on any partition, by any worker (None: no write yet)."""
+        written = await self.rollups.watermarks(written_key(self.settings.mutations_topic))
+        return covering_watermark(max(written.values()), self.registry.values()) if written else None
 
 
 def build(settings: Settings) -> Pipeline:
@@ -234,15 +237,30 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                 # mypy infers no type for a lambda with a default (which binds this batch's keys)
                 await _retrying("rollup", lambda keys=keys: _rollup(p, keys))  # type: ignore[misc]
 
+    published: dict[str, dict[int, int]] = {settings.mutations_topic: {}, written_key(settings.mutations_topic): {}}
+
+    async def publish(key: str, values: dict[int, int]) -> None:
+        """Store what changed since the last tick (an idle worker then writes nothing)."""
+        changed = {q: v for q, v in values.items() if published[key].get(q) != v}
+        if changed:
+            await p.rollups.set_watermarks(key, changed)
+            published[key].update(changed)
+
     @app.timer(settings.watermark_interval_ms / 1000)
     async def heartbeat() -> None:
-        """Publish the watermarks earned so far, and send the next heartbeat down each owned partition (when due)."""
+        """Publish the watermarks earned and the writes persisted so far, and send the next heartbeat down each owned
+        partition while their watermarks do not cover the latest write persisted anywhere (when due)."""
         owned = p.owned_mutation_partitions()
         if not owned:
             return
         marks = p.tracker.marks(owned)
-        if marks:
-            await p.rollups.set_watermarks(settings.mutations_topic, marks)
+        await publish(settings.mutations_topic, marks)
+        await publish(written_key(settings.mutations_topic), p.tracker.written(owned))
+        covering = await p.covering()
+        mark = await p.watermark()
+        metrics.WATERMARK_DELAY.set(0.0 if covering is None or mark >= covering else time.time() - mark / 1e6)
+        if not heartbeats_needed(marks, owned, covering):
+            return  # every write so far can be rolled up: heartbeats would say nothing new
         now = time.monotonic()
         if not p.heartbeats.due(now):
             return  # idle: the next heartbeats go out idle_s after the last ones
@@ -317,6 +335,7 @@ async def _persist(p: Pipeline, records: list[KafkaRecord]) -> list[Key]:
                         signals=None, combinations=p.combinations)
     for partition, timestamp_us in batch.heartbeats:
         p.tracker.heartbeat_persisted(partition, timestamp_us)
+    p.tracker.writes_persisted(batch.written)
     if batch.records > len(batch.heartbeats):
         p.heartbeats.writes_persisted(time.monotonic())
     metrics.RECORDS_CONSUMED.inc(batch.records)

@@ -6,7 +6,9 @@ consumer lag can never cause a rejection.
 
 from __future__ import annotations
 
-from control_plane.model import Namespace
+from collections.abc import Iterable
+
+from control_plane.model import CounterType, Namespace
 from schemas import MICROS
 
 
@@ -32,6 +34,19 @@ def rollup_boundary(now_us: int, watermark_us: int, ns: Namespace) -> int:
     """
     horizon = min(now_us - int(ns.max_clock_skew_s * MICROS), watermark_us)
     return horizon - int(ns.accept_limit_s * MICROS) - 1
+
+
+def covering_watermark(written_us: int, namespaces: Iterable[Namespace]) -> int:
+    """The persist watermark at which every event of a record that reached Kafka by `written_us` can be rolled up.
+
+    Such an event's time is at most `written_us + max_clock_skew` (admission), and `rollup_boundary` lets a
+    rollup count it once the watermark is past that time + accept_limit. Once every partition's watermark is
+    here, no rollup waits for a later one: until the next write, heartbeats are not needed. BEST_EFFORT
+    namespaces have no rollups and are left out.
+    """
+    margin = max((int((ns.max_clock_skew_s + ns.accept_limit_s) * MICROS) for ns in namespaces
+                  if ns.counter_type is not CounterType.BEST_EFFORT), default=0)
+    return written_us + margin + 1
 
 
 def extras_refusal(ns: Namespace, dimensions: tuple[tuple[str, str], ...], item: str,

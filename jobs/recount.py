@@ -355,6 +355,7 @@ class Recounter:
     buckets: BucketStore | None = None  # recount the namespaces' time buckets too
     sketches: SketchStore | None = None  # and a UNIQUE namespace's sketches
     pending: dict[Key, CounterRecount] = field(default_factory=dict)  # behind/raced, to retry
+    ask_watermark: Callable[[], Awaitable[None]] | None = None  # wakes idle workers' heartbeats before a retry
 
     async def once(self, namespace: str, counter: str) -> CounterRecount:
         ns = self.registry[namespace]
@@ -371,6 +372,8 @@ class Recounter:
         """Retry behind/raced counters as the watermark moves, for up to `wait_s`; returns their final results."""
         deadline = time.monotonic() + wait_s
         finals: dict[Key, CounterRecount] = {}
+        if self.pending and self.ask_watermark is not None:
+            await self.ask_watermark()  # the watermark may stand still: idle workers stop their heartbeats
         while self.pending and time.monotonic() < deadline and not stop():
             await asyncio.sleep(self.retry_interval_s)
             for key in list(self.pending):
@@ -389,7 +392,8 @@ def recounter_of(runtime: Runtime, *, since_us: int | None = None, dry_run: bool
     """A `Recounter` over the runtime's stores (time buckets included) and cache, bounded by its persist
     watermark."""
     return Recounter(runtime.registry, runtime.events, runtime.rollups, runtime.cache, runtime.watermark,
-                     since_us=since_us, dry_run=dry_run, buckets=runtime.buckets, sketches=runtime.sketches)
+                     since_us=since_us, dry_run=dry_run, buckets=runtime.buckets, sketches=runtime.sketches,
+                     ask_watermark=runtime.request_heartbeats)
 
 
 # -- the job behind `counter recount` ---------------------------------------------------------------

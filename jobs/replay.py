@@ -218,6 +218,7 @@ class Replay:
         self.topic = options.topic_of(settings)
         self.name = options.name_of(settings)
         self._arrival_floor: dict[int, int] = {}  # partition -> last heartbeat seen (see agents.persist.prepare)
+        self._written = (0, 0)  # the latest arrival of a replayed write (µs), and the latest the workers were told
         self._combinations = Combinations()  # dimension combinations known to this replay (agents.dimensions)
         self.identity_topic = options.as_topic or self.topic
         self.state_path = state_path(settings, self.name)
@@ -326,6 +327,7 @@ class Replay:
                 interrupted = True     # it is harmless)
             finally:
                 progress.finish()
+                await self._tell_workers()
             return self._finish(interrupted)
         finally:
             with contextlib.suppress(Exception):
@@ -398,6 +400,18 @@ class Replay:
         self.totals["new"] += self.writer.new - before_new
         self.totals["restored"] += self.writer.restored - before_restored
         self.touched.update(batch.last_write)
+        if batch.written:
+            latest, told = self._written
+            self._written = (max(latest, *batch.written.values()), told)
+            await self._tell_workers(every_us=MICROS)
+
+    async def _tell_workers(self, every_us: int = 0) -> None:
+        """Have idle workers' heartbeats carry the watermark past the replayed writes, as past their own (their
+        rollups need it; `agents.watermark`): at most once a second, and once more at the end."""
+        latest, told = self._written
+        if latest > told + every_us:
+            await self.runtime.request_heartbeats(latest)
+            self._written = (latest, latest)
 
     async def _recount(self) -> bool:
         """Recount the counters with restored late events; returns whether it was interrupted."""

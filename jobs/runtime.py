@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from dataclasses import dataclass
 
 from agents.rollup import global_watermark
+from agents.watermark import request_heartbeats
 from control_plane import NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
 from sinks import (
@@ -39,6 +41,12 @@ class Runtime:
         """The global persist watermark (µs): every mutation appended before it is in the event store."""
         marks = await self.rollups.watermarks(self.settings.mutations_topic)
         return global_watermark(marks, self.mutation_partitions)
+
+    async def request_heartbeats(self, at_us: int | None = None) -> None:
+        """Have idle workers move the watermark past a write at `at_us` (default now) that did not go through them
+        (`agents.watermark.request_heartbeats`)."""
+        at_us = time.time_ns() // 1000 if at_us is None else at_us
+        await request_heartbeats(self.rollups, self.settings.mutations_topic, at_us)
 
     async def close(self) -> None:
         await self.events.close()

@@ -9,6 +9,7 @@ field), 401/403 API keys, 503 broker or (BEST_EFFORT) memcached unreachable, 504
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 from collections.abc import AsyncIterator
@@ -69,11 +70,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.health = PipelineHealth(s, service.registry, service.rollups)  # GET /v1/pipeline
         await service.producer.start()  # starts the shared AsyncProducer
         await service.signals.start()
+        watermark = asyncio.create_task(service.follow_watermark(s.mutations_topic))
         # Everything built so far lives as long as the process: keep it out of the collector's scans, or a
         # full collection of the imported frameworks' objects stalls every request in flight (tail latency).
         gc.collect()
         gc.freeze()
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with
+        watermark.cancel()
         await service.producer.stop()
         await service.producer.kafka.stop()
         await app.state.health.close()

@@ -51,7 +51,8 @@ class AuditResponse(BaseModel):
 class PartitionWatermark(BaseModel):
     partition: int
     watermark: datetime | None = Field(None, description="everything appended before it is persisted")
-    lag_s: float | None = Field(None, description="now - watermark")
+    lag_s: float | None = Field(None, description="now - watermark while the watermark is short of the latest write "
+                                "persisted, else 0 (idle workers send no heartbeats then: it stands still)")
     end_offset: int | None = None
     persisted_offset: int | None = Field(None, description="the persist group's committed offset")
     persist_lag_records: int | None = None
@@ -100,9 +101,10 @@ class PipelineRates(BaseModel):
     persisted_records_per_s: float | None = Field(None, description="records the persist group committed")
     rollup_signals_per_s: float | None = None
     dead_letters_per_s: float | None = None
-    heartbeat_records_per_s: float = Field(..., description="the workers' heartbeats among those records while "
-                                           "writes flow (partitions x 1000 / COUNTER_WATERMARK_INTERVAL_MS; fewer "
-                                           "when idle, see COUNTER_WATERMARK_IDLE_INTERVAL_MS)")
+    heartbeat_records_per_s: float = Field(..., description="the most heartbeats among those records, while writes "
+                                           "flow (partitions x 1000 / COUNTER_WATERMARK_INTERVAL_MS); fewer after "
+                                           "(COUNTER_WATERMARK_IDLE_INTERVAL_MS), none once the watermark covers "
+                                           "every write")
     api_requests_per_s: dict[str, float] = Field(..., description="this API process, per endpoint")
 
 

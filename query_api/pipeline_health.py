@@ -4,7 +4,9 @@ Why not scrape the workers' /metrics: the API does not know where the workers ar
 other hosts), and a worker's gauges die with it. Everything here is read where every process can see it:
 
 * persist watermark lag per partition: the watermarks the workers store (`RollupStore.watermarks`), next to the
-  mutations topic's end offsets and the persist group's (`<worker id>.persist`) committed offsets;
+  mutations topic's end offsets and the persist group's (`<worker id>.persist`) committed offsets; none (0)
+  once a watermark covers the latest write the workers persisted (`sinks.written_key`): idle workers then send
+  no heartbeats and the watermark rightly stands still;
 * rollups per namespace: the counters whose last write is ahead of their rollup (`RollupStore.stale`, the
   sweep's own query) and the time every event of the namespace is rolled up to (`min_rollup_ts`);
 * rollup queue depth: the rollups topic's end offsets less the Faust group's (`<worker id>`) commits;
@@ -26,11 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
+from control_plane.admission import covering_watermark
 from query_api import metrics
 from query_api.broker_offsets import BrokerOffsets, DeadRecord, TopicOffsets
 from schemas import MICROS, DecodeError, decode_mutations
 from schemas.dead_letter import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
-from sinks import RollupStore
+from sinks import RollupStore, written_key
 from streams.settings import Settings
 
 TTL_S = 2.0
@@ -52,6 +55,7 @@ class BrokerFigures:
 @dataclass(frozen=True, slots=True)
 class StoreFigures:
     watermarks: dict[int, int]  # partition -> µs
+    covering: int | None  # the watermark covering the latest write persisted (None: no write yet)
     pending: dict[str, int]  # namespace -> counters whose rollup is behind their last write
     pending_truncated: bool
     rolled_up_to: dict[str, int]  # namespace -> µs (0: nothing rolled up yet)
@@ -159,12 +163,14 @@ class PipelineHealth:
 
     async def _store_figures(self) -> StoreFigures:
         watermarks = await self.rollups.watermarks(self.settings.mutations_topic)
+        written = await self.rollups.watermarks(written_key(self.settings.mutations_topic))
+        covering = covering_watermark(max(written.values()), self.registry.values()) if written else None
         stale = await self.rollups.stale(STALE_LIMIT)
         pending = Counter(ns for ns, _ in stale)
         rolled: dict[str, int] = {}
         for ns in self._rolled_up_namespaces():
             rolled[ns.name] = await self.rollups.min_rollup_ts(ns.name)
-        return StoreFigures(watermarks, dict(pending), len(stale) >= STALE_LIMIT, rolled)
+        return StoreFigures(watermarks, covering, dict(pending), len(stale) >= STALE_LIMIT, rolled)
 
     def _rolled_up_namespaces(self) -> list[Namespace]:
         return [ns for ns in self.registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
@@ -196,7 +202,8 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
     lags: list[float] = []
     for p in partitions:
         mark = marks.get(p)
-        if (lag := _lag(now, mark)) is not None:
+        covered = mark is not None and (store is None or store.covering is None or mark >= store.covering)
+        if (lag := 0.0 if covered else _lag(now, mark)) is not None:
             lags.append(lag)
         watermarks.append({
             "partition": p, "watermark": _time(mark), "lag_s": lag,

@@ -14,6 +14,7 @@ reads are estimates from sketches (query_api.unique).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore
 from sinks.best_effort import BestEffortCounters
 from sinks.combinations import all_combinations
 from sinks.windows import WindowError
+
+log = logging.getLogger(__name__)
 
 BOUND_REFRESH_S = 5.0  # how long the API trusts what it read of a counter's full combinations
 GROUP_READS = 64  # group_by: counts read at once
@@ -151,6 +154,7 @@ class CounterService:
         self.early = EarlyPersist(events)
         self.live = LiveReads(events)  # the events after a rollup, read for every reader of a pass at once
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
+        self.watermark_us = 0  # the lowest persist watermark stored (`follow_watermark`); 0: not known
         self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
 
     def namespace(self, name: str) -> Namespace:
@@ -318,12 +322,26 @@ class CounterService:
 
     def signal_if_stale(self, ns: Namespace, counter: str, rollup_ts: int) -> None:
         """A read repairs a stale counter: signal a rollup when its rollup lags the newest boundary possible
-        now by more than `read_signal_lag_s`. A converged counter read in a loop then costs the workers one
-        rollup per lag period (shared by every API process) instead of one per read; written counters are
-        signalled by the persist path anyway, and the sweep repairs lost signals."""
+        now (by the persist watermark, when known) by more than `read_signal_lag_s`. A converged counter read in
+        a loop then costs the workers one rollup per lag period (shared by every API process) instead of one
+        per read, and none while the watermark stands still (idle workers send no heartbeats once every write is
+        covered: a rollup could not move); written counters are signalled by the persist path anyway, and the
+        sweep repairs lost signals."""
         now_us = time.time_ns() // 1000
-        if rollup_ts < rollup_boundary(now_us, now_us, ns) - self.read_signal_lag_us:
+        if rollup_ts < rollup_boundary(now_us, self.watermark_us or now_us, ns) - self.read_signal_lag_us:
             self.signals.emit(ns.name, counter)
+
+    async def follow_watermark(self, topic: str, every_s: float = 1.0) -> None:
+        """Keep `watermark_us` at the lowest watermark the workers stored for `topic`'s partitions (runs until
+        cancelled). A hint for `signal_if_stale`: a partition without one yet is left out, and a failed read
+        keeps the last value."""
+        while True:
+            try:
+                marks = await self.rollups.watermarks(topic)
+                self.watermark_us = min(marks.values(), default=0)
+            except Exception as exc:  # the store away for a moment: signals fall back to the last value
+                log.warning("persist watermark not read: %s", exc)
+            await asyncio.sleep(every_s)
 
     async def live_count(self, ns: Namespace, counter: str, rollup_count: int, rollup_ts: int) -> int:
         """Rollup plus the persisted events after it; a clear among them resets the sum."""

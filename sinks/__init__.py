@@ -7,7 +7,7 @@ counters).
 Everything time-like is epoch microseconds.
 """
 
-from sinks.base import BucketStore, EventStore, RollupStore, ScanCursor, SketchStore, Stores
+from sinks.base import BucketStore, EventStore, RollupStore, ScanCursor, SketchStore, Stores, written_key
 from sinks.cache import RollupCache, open_cache
 from sinks.factory import (
     BUCKETS_FILE,
@@ -56,4 +56,5 @@ __all__ = [
     "open_namespace_stores",
     "open_sketch_store",
     "open_stores",
+    "written_key",
 ]

@@ -14,6 +14,13 @@ from sinks.model import Aggregate, EventRow, RollupState
 from sinks.sketches import BucketItems, SketchRow, StoredSketch
 from sinks.windows import BucketRange, BucketRow, BucketSum, Granularity, RankEntry, RankPage, StoredBucket
 
+
+def written_key(topic: str) -> str:
+    """Where `RollupStore.set_watermarks`/`watermarks` keep, per partition of `topic`, when the latest persisted
+    write reached Kafka (µs): what the partitions' watermarks must cover before heartbeats may stop. Kafka topic
+    names have no '/', so this key never meets a topic's own watermarks."""
+    return f"{topic}/written"
+
 __all__ = ["BucketStore", "EventStore", "RollupStore", "ScanCursor", "SketchStore", "Stores"]
 
 # Position of the last event returned by ``scan``: (event_time, event_id, event_item_key).

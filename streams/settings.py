@@ -77,7 +77,7 @@ class Settings(BaseSettings):
                                             "broker's fetches cost by the length of the partitions they read); "
                                             "only as far as the rollup window hides it: at most half of "
                                             "coalesce_ms - accept_limit - max_clock_skew, never below "
-                                            "watermark_interval_ms")
+                                            "watermark_interval_ms; none once the watermark covers every write")
     sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
     read_signal_lag_s: float = Field(
         5.0, ge=0, description="a GetCount signals a rollup when the counter's rollup lags the newest possible "

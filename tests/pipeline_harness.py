@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -119,6 +122,21 @@ class PipelineEnv:
     def stop(self) -> None:
         if self._stack is not None:
             self._stack.stop()
+
+    def owned(self, worker: ManagedProcess) -> set[int] | None:
+        """The mutations partitions a worker's persist consumer owns (its /ready), None while it answers 503."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/ready", timeout=5) as response:
+                body = json.load(response)
+        except (urllib.error.URLError, OSError):
+            return None
+        prefix = f"{self.mutations_topic}:"
+        return {int(p[len(prefix):]) for p in body["partitions"] if p.startswith(prefix)}
+
+    def shared(self, a: ManagedProcess, b: ManagedProcess) -> bool:
+        """Whether the rebalance is over: each worker owns some partitions, together all, none twice."""
+        mine, theirs = self.owned(a), self.owned(b)
+        return bool(mine and theirs and not mine & theirs and mine | theirs == set(range(self.partitions)))
 
     def rollups(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
         async def read() -> dict[tuple[str, str], RollupState]:

@@ -1,6 +1,6 @@
-"""An idle worker sends heartbeats down the mutations partitions once every idle interval, not at every tick, and
-at every tick again while writes arrive; the watermark still carries every write to an exact rollup. Heartbeats
-are counted by the partitions' end offsets on the real broker."""
+"""Heartbeats down the mutations partitions go out while writes need them and stop once the watermark covers every
+write, with one worker and with two (the idle one follows the other's writes); the watermark still carries every
+write to an exact rollup. Heartbeats are counted by the partitions' end offsets on the real broker."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer
 
-from producers import CounterProducer
+from infra.process import ManagedProcess
+from producers import CounterProducer, partition_for
 from schemas import MutationOp
 from streams.positions import watermarks
 from tests.helpers import wait_for
@@ -19,7 +20,9 @@ from tests.pipeline_harness import PipelineEnv, serving
 pytestmark = pytest.mark.integration
 
 TICK_MS, IDLE_MS = 50, 500
-# coalesce 2.5 s - accept 1 s - skew 250 ms leaves 1.25 s of slack: the idle interval (500 ms) is used whole
+WORKER = {"COUNTER_WATERMARK_INTERVAL_MS": str(TICK_MS), "COUNTER_WATERMARK_IDLE_INTERVAL_MS": str(IDLE_MS)}
+# coalesce 2.5 s - accept 1 s - skew 250 ms leaves 1.25 s of slack: the idle interval (500 ms) is used whole;
+# heartbeats are needed for accept + 2 skew = 1.5 s after the last write
 NAMESPACES = """
 defaults:
   accept_limit: 1s
@@ -28,6 +31,7 @@ defaults:
 namespaces:
   my_dataset: { counter_type: EVENTUAL }
 """
+QUIET_WINDOW_S = 1.5  # three idle intervals: an idle worker still heartbeating would append in it
 
 
 def appended(env: PipelineEnv) -> int:
@@ -40,27 +44,59 @@ def appended(env: PipelineEnv) -> int:
         consumer.close()
 
 
-def test_an_idle_worker_sends_heartbeats_once_per_idle_interval_and_at_every_tick_while_writes_arrive(
+def quiet(env: PipelineEnv) -> bool:
+    """Whether nothing was appended during a measurement window."""
+    before = appended(env)
+    time.sleep(QUIET_WINDOW_S)
+    return appended(env) == before
+
+
+def write(env: PipelineEnv, counter: str, n: int, pause_s: float = 0.0) -> None:
+    with CounterProducer(env.bootstrap, topic=env.mutations_topic) as producer:
+        for _ in range(n):
+            producer.send(CounterProducer.mutation(MutationOp.ADD, "my_dataset", counter, 1))
+            producer.flush()
+            time.sleep(pause_s)
+
+
+def test_heartbeats_go_at_every_tick_while_writes_arrive_and_stop_once_the_watermark_covers_them(
         kafka_bootstrap: str, memcached_address: str, tmp_path: Path) -> None:
     with serving(kafka_bootstrap, memcached_address, tmp_path, NAMESPACES) as env:
-        env.stack.start_worker(COUNTER_WATERMARK_INTERVAL_MS=str(TICK_MS),
-                               COUNTER_WATERMARK_IDLE_INTERVAL_MS=str(IDLE_MS))
-        wait_for(lambda: appended(env) >= env.partitions, 30, message="the first heartbeats")
+        worker = env.stack.start_worker(**WORKER)
+        wait_for(lambda: env.owned(worker), 60, interval=0.2, message="the worker's partitions")
+        assert quiet(env), "heartbeats before anything was written"
 
-        before, started = appended(env), time.monotonic()
-        time.sleep(2.0)  # a measurement window: the heartbeats appended while nothing is written
-        idle = (appended(env) - before) / env.partitions / (time.monotonic() - started)
-        assert idle <= 1.5 * 1000 / IDLE_MS, f"{idle:.1f} heartbeats/s per partition while idle"
-
-        writes = 0
-        before, started = appended(env), time.monotonic()
-        with CounterProducer(env.bootstrap, topic=env.mutations_topic) as producer:
-            while time.monotonic() - started < 2.0:
-                producer.send(CounterProducer.mutation(MutationOp.ADD, "my_dataset", "c", 1))
-                producer.flush()
-                writes += 1
-                time.sleep(0.02)
+        writes, before, started = 0, appended(env), time.monotonic()
+        while time.monotonic() - started < 2.0:
+            write(env, "c", 1)
+            writes += 1
+            time.sleep(0.02)
         busy = (appended(env) - before - writes) / env.partitions / (time.monotonic() - started)
         assert busy >= 0.3 * 1000 / TICK_MS, f"{busy:.1f} heartbeats/s per partition while writes arrive"
 
         wait_for(lambda: env.converged("my_dataset", {"c": writes}), 60, message="the writes rolled up exactly")
+        wait_for(lambda: quiet(env), 30, interval=0, message="the heartbeats to stop")
+        assert quiet(env) and env.converged("my_dataset", {"c": writes})
+
+        write(env, "c", 3)  # after a quiet spell the next writes are carried to their rollup again
+        wait_for(lambda: env.converged("my_dataset", {"c": writes + 3}), 60, message="the later writes rolled up")
+        wait_for(lambda: quiet(env), 30, interval=0, message="the heartbeats to stop again")
+
+
+def test_an_idle_worker_heartbeats_while_another_workers_writes_need_its_partitions(
+        kafka_bootstrap: str, memcached_address: str, tmp_path: Path) -> None:
+    """A rollup needs every partition's watermark: the worker whose partitions get no writes learns of the
+    other's from the store, and heartbeats until they are covered (else the count would never converge)."""
+    with serving(kafka_bootstrap, memcached_address, tmp_path, NAMESPACES) as env:
+        a: ManagedProcess = env.stack.start_worker(**WORKER)
+        b: ManagedProcess = env.stack.start_worker(**WORKER)
+        wait_for(lambda: env.shared(a, b), 90, interval=0.5,
+                 message=lambda: f"two workers sharing the partitions: {env.owned(a)} and {env.owned(b)}")
+        owned_a = env.owned(a) or set()
+        counter = next(f"c{i}" for i in range(1000)
+                       if partition_for(f"my_dataset:c{i}".encode(), env.partitions) in owned_a)
+        assert quiet(env), "heartbeats before anything was written"
+
+        write(env, counter, 5)  # only a's partitions get writes; b has no reason of its own to heartbeat
+        wait_for(lambda: env.converged("my_dataset", {counter: 5}), 60, message="the writes rolled up exactly")
+        wait_for(lambda: quiet(env), 30, interval=0, message="both workers' heartbeats to stop")

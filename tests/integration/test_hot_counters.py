@@ -8,7 +8,6 @@ independent consumer to see where each record went.
 
 from __future__ import annotations
 
-import json
 import random
 import time
 import urllib.error
@@ -32,17 +31,6 @@ COLD = "my_dataset"  # one key per counter
 COUNTER = "viral"
 
 
-def owned(env: PipelineEnv, worker: ManagedProcess) -> set[int] | None:
-    """The mutations partitions a worker's persist consumer owns (its /ready), None while it answers 503."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/ready", timeout=5) as response:
-            body = json.load(response)
-    except (urllib.error.URLError, OSError):
-        return None
-    prefix = f"{env.mutations_topic}:"
-    return {int(p[len(prefix):]) for p in body["partitions"] if p.startswith(prefix)}
-
-
 def persisted(worker: ManagedProcess, namespace: str) -> float:
     body = urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/metrics", timeout=5).read().decode()
     series = f'counter_events_persisted_total{{namespace="{namespace}"}}'
@@ -57,13 +45,9 @@ def test_a_sharded_hot_counter_spreads_over_partitions_and_workers_and_stays_exa
 
     a, b = pipeline.start_worker(), pipeline.start_worker()
 
-    def settled() -> bool:  # the rebalance is over: each worker owns some partitions, together all, none twice
-        mine, theirs = owned(pipeline, a), owned(pipeline, b)
-        return bool(mine and theirs and not mine & theirs and mine | theirs == set(range(pipeline.partitions)))
-
-    wait_for(settled, 90, interval=0.5, message=lambda: f"two workers sharing the partitions: "
-                                                        f"{owned(pipeline, a)} and {owned(pipeline, b)}")
-    owned_a, owned_b = owned(pipeline, a) or set(), owned(pipeline, b) or set()
+    wait_for(lambda: pipeline.shared(a, b), 90, interval=0.5, message=lambda: f"two workers sharing the partitions: "
+             f"{pipeline.owned(a)} and {pipeline.owned(b)}")
+    owned_a, owned_b = pipeline.owned(a) or set(), pipeline.owned(b) or set()
     assert hot_partitions & owned_a and hot_partitions & owned_b, (hot_partitions, owned_a, owned_b)
 
     rng = random.Random(41)

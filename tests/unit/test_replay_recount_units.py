@@ -304,3 +304,28 @@ def test_progress_bar_shows_rate_and_eta_or_elapsed():
         text = buf.getvalue()
         assert "working" in text and "40" in text and "records/s" in text and expect in text, text
         assert bar.completed == 40 and "40 records in" in bar.summary()
+
+
+def test_a_recount_behind_a_standing_watermark_asks_the_workers_to_move_it(stores):
+    """Idle workers send no heartbeats once every write is covered, so the watermark stands at the boundary the
+    stored rollup already has: a drifted counter is behind until the recount asks for heartbeats."""
+    events, rollups = stores
+    standing = {"mark": WATERMARK}
+    _seed(events, rollups, stored=50, stored_ts=rollup_boundary(NOW, WATERMARK, EV))
+    asked: list[int] = []
+
+    async def watermark() -> int:
+        return standing["mark"]
+
+    async def ask() -> None:  # what a worker does when asked: heartbeats, and the watermark moves on
+        asked.append(standing["mark"])
+        standing["mark"] += MICROS
+
+    recounter = Recounter(REGISTRY, events, rollups, None, watermark, retry_interval_s=0, ask_watermark=ask)
+    first = run(recounter.once("ev", "c"))
+    assert first.action == "behind"
+    (final,) = run(recounter.retry(wait_s=5))
+    assert asked == [WATERMARK] and final.action == "written" and run(rollups.get("ev", "c")).count == 102
+
+    quiet = Recounter(REGISTRY, events, rollups, None, watermark, retry_interval_s=0, ask_watermark=ask)
+    assert run(quiet.retry(wait_s=5)) == [] and asked == [WATERMARK]  # nothing pending: nobody is woken

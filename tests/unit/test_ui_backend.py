@@ -128,7 +128,8 @@ def test_health_render_hides_dead_letters_of_namespaces_the_caller_cannot_read(r
     dlq = TopicOffsets("d", {0: 0}, {0: 2}, {})
     dead = [letter(1, b"locked:c", {"namespace": "locked", "counter_name": "c", "delta": 1}),
             letter(0, b"gone:c", {"namespace": "gone", "counter_name": "c", "delta": 2})]
-    snapshot = Snapshot(NOW, StoreFigures({0: NOW - 2 * MICROS}, {"open": 3}, False, {"open": NOW - 9 * MICROS}),
+    snapshot = Snapshot(NOW, StoreFigures({0: NOW - 2 * MICROS}, NOW - MICROS, {"open": 3}, False,
+                                          {"open": NOW - 9 * MICROS}),
                         BrokerFigures(offsets, queue, dlq, {0: 3}, dead), {"mutation_records": 4.0}, {}, 2.0, {})
     body = render(snapshot, registry, _settings(), lambda name: name != "locked")
     assert [w["lag_s"] for w in body["watermarks"]] == [2.0, None]  # partition 1 has no watermark yet
@@ -138,6 +139,18 @@ def test_health_render_hides_dead_letters_of_namespaces_the_caller_cannot_read(r
     hidden, shown = body["dlq"]["dead_letters"]
     assert hidden["key"] is None and "hidden" in hidden["record"] and hidden["reason"] == "why 1"
     assert shown["key"] == "gone:c" and shown["record"] == "gone:c +2 token=(no token)"
+
+
+def test_a_watermark_covering_every_write_has_no_lag_though_it_stands_still(registry):
+    """Idle workers stop their heartbeats once the watermark covers the latest write: that is not a lag."""
+    def lags(covering: int | None) -> list[float | None]:
+        store = StoreFigures({0: NOW - 600 * MICROS, 1: NOW - 700 * MICROS}, covering, {}, False, {})
+        body = render(Snapshot(NOW, store, None, {}, {}, None, {}), registry, _settings(), lambda name: True)
+        return [w["lag_s"] for w in body["watermarks"]]
+
+    assert lags(NOW - 650 * MICROS) == [0.0, 700.0]  # partition 1 is short of the latest write
+    assert lags(NOW - 800 * MICROS) == [0.0, 0.0]
+    assert lags(None) == [0.0, 0.0]  # nothing written yet: nothing to cover
 
 
 def ui_get(path: str, **headers: str) -> httpx.Response:
