@@ -37,6 +37,7 @@ import xxhash
 from sinks.base import ScanCursor
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
 from sinks.sketches import BucketItems, bucket_items_of, combine_items
+from sinks.sqlite.bulk import RowsInsert, insert_rows
 from sinks.sqlite.thread import SqliteThread
 from sinks.windows import BucketSum, combine_sums
 
@@ -64,7 +65,8 @@ CREATE TABLE IF NOT EXISTS "{t}" (
 CREATE INDEX IF NOT EXISTS "{t}_clears" ON "{t}" (namespace, counter, event_time) WHERE is_clear = 1;
 """
 
-_INSERT = 'INSERT OR IGNORE INTO "{t}" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)'
+_INSERT = 'INSERT OR IGNORE INTO "{t}" VALUES'
+_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 # One statement per slice: the latest clear via the clears index, then one primary-key range scan
 # starting at that clear (or just after after_us), summing adds strictly after the clear.
@@ -383,10 +385,8 @@ class SqliteEventStore:
             conn.execute("INSERT OR IGNORE INTO event_slices VALUES (?, ?, ?, ?, ?, ?)",
                          (table, namespace, slice_no, slice_no * part.slice_us, (slice_no + 1) * part.slice_us,
                           part.bucket_us))
-        before = conn.total_changes
-        for table, params in by_table.items():
-            conn.executemany(_INSERT.format(t=table), params)
-        return conn.total_changes - before
+        return sum(insert_rows(conn, RowsInsert(_INSERT.format(t=table), _ROW), params)
+                   for table, params in by_table.items())
 
     @staticmethod
     def _aggregate_args(s: _Slice, namespace: str, counter: str, after_us: int, upto_us: int) -> tuple:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sinks.model import RollupState, prefix_end
+from sinks.sqlite.bulk import RowsInsert, insert_rows
 from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteRollupStore"]
@@ -34,21 +35,16 @@ CREATE TABLE IF NOT EXISTS combinations (
     namespace TEXT NOT NULL, counter TEXT NOT NULL, combination TEXT NOT NULL, is_full INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, counter, combination)) WITHOUT ROWID;
 """
-_REGISTER = """
-INSERT INTO combinations (namespace, counter, combination, is_full) VALUES (?, ?, ?, 0)
-ON CONFLICT (namespace, counter, combination) DO NOTHING
-"""
-_REGISTER_FULL = """
-INSERT INTO combinations (namespace, counter, combination, is_full) VALUES (?, ?, ?, 1)
-ON CONFLICT (namespace, counter, combination) DO UPDATE SET is_full = 1 WHERE combinations.is_full = 0
-"""
+_REGISTER = RowsInsert("INSERT INTO combinations (namespace, counter, combination, is_full) VALUES", "(?, ?, ?, 0)",
+                       "ON CONFLICT (namespace, counter, combination) DO NOTHING")
+_REGISTER_FULL = RowsInsert("INSERT INTO combinations (namespace, counter, combination, is_full) VALUES",
+                            "(?, ?, ?, 1)", "ON CONFLICT (namespace, counter, combination) DO UPDATE SET is_full = 1 "
+                            "WHERE combinations.is_full = 0")
 
 _GET = "SELECT count, rollup_ts, last_write_ts FROM rollups WHERE namespace = ? AND counter = ?"
-_BUMP = """
-INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, 0, 0, ?)
-ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = excluded.last_write_ts
-WHERE excluded.last_write_ts > rollups.last_write_ts
-"""
+_BUMP = RowsInsert("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
+                   "(?, ?, 0, 0, ?)", "ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = "
+                   "excluded.last_write_ts WHERE excluded.last_write_ts > rollups.last_write_ts")
 _ROLLUP = """
 INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, ?, ?, 0)
 ON CONFLICT (namespace, counter) DO UPDATE SET count = excluded.count, rollup_ts = excluded.rollup_ts
@@ -63,11 +59,9 @@ SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts AND (namespace, counter) > (?, ?)
 ORDER BY namespace, counter LIMIT ?
 """
-_MARK = """
-INSERT INTO watermarks (topic, partition, mark_us) VALUES (?, ?, ?)
-ON CONFLICT (topic, partition) DO UPDATE SET mark_us = excluded.mark_us
-WHERE excluded.mark_us > watermarks.mark_us
-"""
+_MARK = RowsInsert("INSERT INTO watermarks (topic, partition, mark_us) VALUES", "(?, ?, ?)",
+                   "ON CONFLICT (topic, partition) DO UPDATE SET mark_us = excluded.mark_us "
+                   "WHERE excluded.mark_us > watermarks.mark_us")
 
 
 class SqliteRollupStore:
@@ -97,7 +91,7 @@ class SqliteRollupStore:
                 newest[key] = ts
         if newest:
             params = [(ns, c, ts) for (ns, c), ts in newest.items()]
-            await self._db.run(lambda conn: self._db.write(conn, lambda c: c.executemany(_BUMP, params)))
+            await self._db.run(lambda conn: self._db.write(conn, lambda c: insert_rows(c, _BUMP, params)))
 
     async def write_rollup(self, namespace: str, counter: str, count: int, rollup_ts: int) -> bool:
         def apply(conn: sqlite3.Connection) -> bool:
@@ -132,7 +126,7 @@ class SqliteRollupStore:
     async def set_watermarks(self, topic: str, marks: Mapping[int, int]) -> None:
         if marks:
             params = [(topic, int(p), int(m)) for p, m in marks.items()]
-            await self._db.run(lambda conn: self._db.write(conn, lambda c: c.executemany(_MARK, params)))
+            await self._db.run(lambda conn: self._db.write(conn, lambda c: insert_rows(c, _MARK, params)))
 
     async def watermarks(self, topic: str) -> dict[int, int]:
         return await self._db.run(lambda conn: dict(conn.execute(
@@ -150,8 +144,8 @@ class SqliteRollupStore:
                                     full: bool = False) -> None:
         if items:
             params = [(namespace, counter, combination) for counter, combination in items]
-            sql = _REGISTER_FULL if full else _REGISTER
-            await self._db.run(lambda conn: self._db.write(conn, lambda c: c.executemany(sql, params)))
+            insert = _REGISTER_FULL if full else _REGISTER
+            await self._db.run(lambda conn: self._db.write(conn, lambda c: insert_rows(c, insert, params)))
 
     async def combinations(self, namespace: str, counter: str, *, prefix: str = "", after: str | None = None,
                            limit: int = 1000, full_only: bool = False) -> list[str]:
