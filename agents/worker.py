@@ -103,8 +103,8 @@ class Pipeline:
 
     async def covering(self) -> int | None:
         """The watermark covering the latest write persisted on any partition, by any worker (None: no write yet)."""
-        written = await self.rollups.watermarks(written_key(self.settings.mutations_topic))
-        return covering_watermark(max(written.values()), self.registry.values()) if written else None
+        return covering_watermark(await self.rollups.watermarks(written_key(self.settings.mutations_topic)),
+                                  self.registry.values())
 
 
 def build(settings: Settings) -> Pipeline:

@@ -6,7 +6,7 @@ consumer lag can never cause a rejection.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from control_plane.model import CounterType, Namespace
 from schemas import MICROS
@@ -36,17 +36,19 @@ def rollup_boundary(now_us: int, watermark_us: int, ns: Namespace) -> int:
     return horizon - int(ns.accept_limit_s * MICROS) - 1
 
 
-def covering_watermark(written_us: int, namespaces: Iterable[Namespace]) -> int:
-    """The persist watermark at which every event of a record that reached Kafka by `written_us` can be rolled up.
+def covering_watermark(written: Mapping[int, int], namespaces: Iterable[Namespace]) -> int | None:
+    """The persist watermark at which every event of the latest write can be rolled up; None when nothing was written.
 
-    Such an event's time is at most `written_us + max_clock_skew` (admission), and `rollup_boundary` lets a
-    rollup count it once the watermark is past that time + accept_limit. Once every partition's watermark is
-    here, no rollup waits for a later one: until the next write, heartbeats are not needed. BEST_EFFORT
-    namespaces have no rollups and are left out.
+    `written` holds when each partition's latest persisted write reached Kafka (µs; `sinks.written_key`). Such an
+    event's time is at most that + `max_clock_skew` (admission), and `rollup_boundary` lets a rollup count it once
+    the watermark is past that time + accept_limit. Once every partition's watermark is here, no rollup waits for
+    a later one: until the next write, heartbeats are not needed. BEST_EFFORT namespaces have no rollups.
     """
+    if not written:
+        return None
     margin = max((int((ns.max_clock_skew_s + ns.accept_limit_s) * MICROS) for ns in namespaces
                   if ns.counter_type is not CounterType.BEST_EFFORT), default=0)
-    return written_us + margin + 1
+    return max(written.values()) + margin + 1
 
 
 def extras_refusal(ns: Namespace, dimensions: tuple[tuple[str, str], ...], item: str,

@@ -163,8 +163,8 @@ class PipelineHealth:
 
     async def _store_figures(self) -> StoreFigures:
         watermarks = await self.rollups.watermarks(self.settings.mutations_topic)
-        written = await self.rollups.watermarks(written_key(self.settings.mutations_topic))
-        covering = covering_watermark(max(written.values()), self.registry.values()) if written else None
+        covering = covering_watermark(await self.rollups.watermarks(written_key(self.settings.mutations_topic)),
+                                      self.registry.values())
         stale = await self.rollups.stale(STALE_LIMIT)
         pending = Counter(ns for ns, _ in stale)
         rolled: dict[str, int] = {}

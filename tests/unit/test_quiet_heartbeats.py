@@ -55,8 +55,9 @@ def test_the_tracker_keeps_each_partitions_latest_write_and_never_goes_back() ->
 
 
 def test_the_covering_watermark_lets_a_rollup_count_every_admitted_event_of_the_write() -> None:
-    covering = covering_watermark(T, REGISTRY.values())
-    assert covering == T + 4 * MICROS + 1  # acc: 3 s skew + 1 s accept; BEST_EFFORT has no rollups
+    covering = covering_watermark({0: T - MICROS, 3: T, -1: T - 5 * MICROS}, REGISTRY.values())
+    assert covering == T + 4 * MICROS + 1  # the latest write; acc: 3 s skew + 1 s accept; BEST_EFFORT has no rollups
+    assert covering_watermark({}, REGISTRY.values()) is None  # nothing written: nothing to cover
     for ns in (REGISTRY["ev"], REGISTRY["acc"]):
         latest = T + int(ns.max_clock_skew_s * MICROS)  # the latest event time admitted from a record at T
         assert admission_error(latest, T, ns) is None and admission_error(latest + 1, T, ns) is not None
