@@ -238,6 +238,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                 await _retrying("rollup", lambda keys=keys: _rollup(p, keys))  # type: ignore[misc]
 
     published: dict[str, dict[int, int]] = {settings.mutations_topic: {}, written_key(settings.mutations_topic): {}}
+    delay_due = [0.0]  # when the watermark delay gauge is next refreshed (monotonic)
 
     async def publish(key: str, values: dict[int, int]) -> None:
         """Store what changed since the last tick (an idle worker then writes nothing)."""
@@ -246,6 +247,11 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
             await p.rollups.set_watermarks(key, changed)
             published[key].update(changed)
 
+    async def report_delay() -> None:
+        """The watermark delay gauge: 0 once the global watermark covers every write (it then stands still)."""
+        covering, mark = await p.covering(), await p.watermark()
+        metrics.WATERMARK_DELAY.set(0.0 if covering is None or mark >= covering else time.time() - mark / 1e6)
+
     @app.timer(settings.watermark_interval_ms / 1000)
     async def heartbeat() -> None:
         """Publish the watermarks earned and the writes persisted so far, and send the next heartbeat down each owned
@@ -253,15 +259,17 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         owned = p.owned_mutation_partitions()
         if not owned:
             return
-        marks = p.tracker.marks(owned)
+        marks, written = p.tracker.marks(owned), p.tracker.written(owned)
         await publish(settings.mutations_topic, marks)
-        await publish(written_key(settings.mutations_topic), p.tracker.written(owned))
-        covering = await p.covering()
-        mark = await p.watermark()
-        metrics.WATERMARK_DELAY.set(0.0 if covering is None or mark >= covering else time.time() - mark / 1e6)
-        if not heartbeats_needed(marks, owned, covering):
-            return  # every write so far can be rolled up: heartbeats would say nothing new
+        await publish(written_key(settings.mutations_topic), written)
         now = time.monotonic()
+        if now >= delay_due[0]:  # once a second: two store reads, not at every tick
+            delay_due[0] = now + 1.0
+            await report_delay()
+        # While this worker's own writes need heartbeats no store read is needed; else any worker's writes may
+        if not (heartbeats_needed(marks, owned, covering_watermark(written, p.registry.values()))
+                or heartbeats_needed(marks, owned, await p.covering())):
+            return  # every write so far can be rolled up: heartbeats would say nothing new
         if not p.heartbeats.due(now):
             return  # idle: the next heartbeats go out idle_s after the last ones
         p.heartbeats.sent(now)
