@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections import Counter as Tally
 from collections.abc import Sequence
@@ -218,7 +219,8 @@ class Replay:
         self.topic = options.topic_of(settings)
         self.name = options.name_of(settings)
         self._arrival_floor: dict[int, int] = {}  # partition -> last heartbeat seen (see agents.persist.prepare)
-        self._written = (0, 0)  # the latest arrival of a replayed write (µs), and the latest the workers were told
+        self._written = 0  # the latest arrival of a replayed write (µs)
+        self._told, self._told_at = 0, -math.inf  # the latest the workers were told of, and when (monotonic)
         self._combinations = Combinations()  # dimension combinations known to this replay (agents.dimensions)
         self.identity_topic = options.as_topic or self.topic
         self.state_path = state_path(settings, self.name)
@@ -401,17 +403,16 @@ class Replay:
         self.totals["restored"] += self.writer.restored - before_restored
         self.touched.update(batch.last_write)
         if batch.written:
-            latest, told = self._written
-            self._written = (max(latest, *batch.written.values()), told)
-            await self._tell_workers(every_us=MICROS)
+            self._written = max(self._written, *batch.written.values())
+            if time.monotonic() - self._told_at >= 1.0:
+                await self._tell_workers()
 
-    async def _tell_workers(self, every_us: int = 0) -> None:
+    async def _tell_workers(self) -> None:
         """Have idle workers' heartbeats carry the watermark past the replayed writes, as past their own (their
-        rollups need it; `agents.watermark`): at most once a second, and once more at the end."""
-        latest, told = self._written
-        if latest > told + every_us:
-            await self.runtime.request_heartbeats(latest)
-            self._written = (latest, latest)
+        rollups need it; `agents.watermark`): at most once a second while replaying, and once more at the end."""
+        if self._written > self._told:
+            await self.runtime.request_heartbeats(self._written)
+            self._told, self._told_at = self._written, time.monotonic()
 
     async def _recount(self) -> bool:
         """Recount the counters with restored late events; returns whether it was interrupted."""
