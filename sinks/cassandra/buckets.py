@@ -14,6 +14,7 @@ Layout (statements in ``sinks.cassandra.cql.WindowCql``):
   store writes its index before its events), with the same TTL. A process registers each (counter, slice) once.
   So retention finds every partition of an expired slice without scanning the table: a partition delete per
   counter, then the catalog rows; a cutoff inside a slice range-deletes that slice's expired rows per counter.
+  The sketch store shares this logic (``sinks.cassandra.slices.SlicedPartitions``).
 * ``window_clears`` ((namespace, counter_name)) clear_us, written ``USING TIMESTAMP`` = the clear's time: the
   cell keeps the latest clear. Never expires: old buckets rely on it to stay masked.
 * ``window_ranks`` ((namespace, signature, granularity, start_us), bucket_count DESC, counter_name): the rank
@@ -34,28 +35,18 @@ a later boundary (racing workers, or the same bucket twice in one call).
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Callable, Sequence
 
 from schemas.dimensions import split_signature
-from sinks.cassandra.config import bucket_ttl_seconds
-from sinks.cassandra.cql import COUNTER_SHARDS, Stmt, WindowCql
+from sinks.cassandra.cql import Stmt, WindowCql
 from sinks.cassandra.session import Executor
-from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket, slice_bounds
+from sinks.cassandra.slices import Key, SlicedPartitions, later_than_stored, now_us
+from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket
 
 __all__ = ["CassandraBucketStore"]
 
-log = logging.getLogger(__name__)
 
-_NARROW_SLICES = 4  # a range over more slices than this reads the slice catalog instead of every slice
-_REGISTERED_MAX = 200_000  # (counter, slice) registrations remembered per process (then forgotten at once)
-
-Partition = tuple[str, Granularity, int]  # (counter, granularity, slice)
-
-
-def _now_us() -> int:
-    return time.time_ns() // 1000
+_RANK_LISTS_MAX = 200_000  # rank lists remembered as listed per process (then forgotten at once)
 
 
 class CassandraBucketStore:
@@ -66,14 +57,11 @@ class CassandraBucketStore:
 
     def __init__(self, executor: Executor, *,
                  retention_for: Callable[[str, Granularity], float | None] | None = None,
-                 ttl_grace_s: int = 86_400, clock_us: Callable[[], int] = _now_us) -> None:
+                 ttl_grace_s: int = 86_400, clock_us: Callable[[], int] = now_us) -> None:
         self._x = executor
         self._cql = WindowCql(executor.keyspace)
-        self._retention_for = retention_for
-        self._ttl_grace_s = ttl_grace_s
-        self._clock_us = clock_us
-        self._registered: set[tuple[str, Granularity, int, str]] = set()  # (namespace, g, slice, counter)
-        self._slices: set[tuple[str, Granularity, int]] = set()  # (namespace, g, slice) in window_slices
+        self.partitions = SlicedPartitions(executor, self._cql, what="bucket", retention_for=retention_for,
+                                           ttl_grace_s=ttl_grace_s, clock_us=clock_us)
         self._rank_lists: set[tuple[str, Granularity, int, str]] = set()  # (namespace, g, start, signature) listed
 
     # -- BucketStore ----------------------------------------------------------------------------
@@ -84,13 +72,8 @@ class CassandraBucketStore:
         keyed = [(counter, Granularity(g), start, value, upto) for counter, g, start, value, upto in rows]
         stored = await self._read_keys(namespace, keyed)
         # 1. refuse rows whose stored (or earlier-in-this-call) boundary is not earlier
-        latest = {k: u for k, (_v, u) in stored.items()}
-        chosen: list[int] = []
-        for i, (counter, g, start, _value, upto) in enumerate(keyed):
-            key = (counter, g, start)
-            if upto > latest.get(key, upto - 1):
-                latest[key] = upto
-                chosen.append(i)
+        chosen = later_than_stored([((c, g, start), upto) for c, g, start, _v, upto in keyed],
+                                   {k: u for k, (_v, u) in stored.items()})
         if not chosen:
             return [False] * len(rows)
         # 2. catalog rows for partitions this process has not registered, before the buckets they point at
@@ -115,30 +98,8 @@ class CassandraBucketStore:
         return applied
 
     async def read_buckets_many(self, namespace: str, ranges: Sequence[BucketRange]) -> list[list[StoredBucket]]:
-        """One range read per partition a range meets; a range over more than a few slices reads only the
-        slices the catalog lists (a series or a window's segment meets one or two)."""
-        wide = {Granularity(g) for _c, g, lo, hi in ranges
-                if hi > lo and (hi - 1) // Granularity(g).slice_us - lo // Granularity(g).slice_us >= _NARROW_SLICES}
-        listed: dict[Granularity, list[int]] = {}
-        for g, rows in zip(wide, await self._x.run_all([self._cql.list_slices(namespace, g.value) for g in wide]),
-                           strict=True):
-            listed[g] = sorted(int(r[0]) for r in rows or ())
-        stmts: list[Stmt] = []
-        owners: list[int] = []
-        for i, (counter, g, lo, hi) in enumerate(ranges):
-            g = Granularity(g)
-            if hi <= lo:
-                continue
-            first, last = lo // g.slice_us, (hi - 1) // g.slice_us
-            slices = ([s for s in listed[g] if first <= s <= last] if last - first >= _NARROW_SLICES
-                      else range(first, last + 1))
-            for slice_no in slices:
-                stmts.append(self._cql.range(namespace, counter, g.value, slice_no, lo, hi))
-                owners.append(i)
-        out: list[list[StoredBucket]] = [[] for _ in ranges]
-        for i, found in zip(owners, await self._x.run_all(stmts), strict=True):  # slices ascend per range
-            out[i].extend((int(s), int(v or 0), int(u or 0)) for s, v, u in (found or ()))
-        return out
+        found = await self.partitions.read_ranges(namespace, ranges, self._cql.range)
+        return [[(int(s), int(v or 0), int(u or 0)) for s, v, u in rows] for rows in found]
 
     async def read_ranks_many(self, namespace: str, pages: Sequence[RankPage]) -> list[list[RankEntry]]:
         """One statement per first page; a later page reads the rest of its tie and the values below it at once
@@ -177,100 +138,55 @@ class CassandraBucketStore:
 
     async def drop_expired(self, namespace: str, granularity: Granularity, before_us: int) -> int:
         g = Granularity(granularity)
-        last_start = before_us - g.width_us  # buckets starting at or before it ended at or before before_us
-        # Tombstones stamped now shadow every write of these buckets, even a recount's at a boundary after
-        # before_us: boundaries trail the clock by at least accept_limit.
-        stamp = self._clock_us()
-        listed = await self._x.run(self._cql.list_slices(namespace, g.value))
-        expiring = sorted(s for s in {int(r[0]) for r in listed} if s <= last_start // g.slice_us)
-        emptied = 0
-        for slice_no in expiring:
-            pages = await self._x.run_all([self._cql.registered(namespace, g.value, slice_no, shard)
-                                           for shard in range(COUNTER_SHARDS)])
-            counters = sorted({str(row[0]) for page in pages for row in (page or ())})
+
+        async def drop_ranks(slice_no: int, whole: bool, last_start: int, stamp: int) -> None:
+            """The slice's rank lists go with its buckets: all of them with a whole slice, else the expired ones."""
             lists = sorted((str(sig), int(start)) for sig, start in await self._x.run(
                 self._cql.rank_lists(namespace, g.value, slice_no)))
-            if slice_bounds(g, slice_no)[1] > before_us:  # the slice holding the cutoff: its expired rows only
-                await self._x.run_all([self._cql.drop_through(namespace, c, g.value, slice_no, last_start, stamp)
-                                       for c in counters])
-                expired = [(sig, start) for sig, start in lists if start <= last_start]
-                await self._x.run_all([self._cql.rank_drop(namespace, sig, g.value, start, stamp)
-                                       for sig, start in expired])
+            expired = lists if whole else [(sig, start) for sig, start in lists if start <= last_start]
+            await self._x.run_all([self._cql.rank_drop(namespace, sig, g.value, start, stamp)
+                                   for sig, start in expired])
+            if whole:
+                await self._x.run(self._cql.rank_lists_forget(namespace, g.value, slice_no))
+            else:
                 await self._x.run_all([self._cql.rank_list_remove(namespace, g.value, slice_no, sig, start)
                                        for sig, start in expired])
+            if whole:
+                self._rank_lists = {k for k in self._rank_lists
+                                    if k[:2] != (namespace, g) or k[2] // g.slice_us != slice_no}
+            else:
                 self._rank_lists -= {(namespace, g, start, sig) for sig, start in expired}
-                continue
-            await self._x.run_all([self._cql.drop_partition(namespace, c, g.value, slice_no, stamp) for c in counters])
-            await self._x.run_all([self._cql.rank_drop(namespace, sig, g.value, start, stamp) for sig, start in lists])
-            await self._x.run_all([self._cql.forget(namespace, g.value, slice_no, shard)
-                                   for shard in range(COUNTER_SHARDS)])
-            await self._x.run(self._cql.rank_lists_forget(namespace, g.value, slice_no))
-            await self._x.run(self._cql.remove_slice(namespace, g.value, slice_no))
-            self._slices.discard((namespace, g, slice_no))
-            self._registered = {k for k in self._registered if k[:3] != (namespace, g, slice_no)}
-            self._rank_lists = {k for k in self._rank_lists
-                                if k[:2] != (namespace, g) or k[2] // g.slice_us != slice_no}
-            emptied += 1
-        if emptied:
-            log.info("namespace %r: dropped %d expired %s slice(s) before %d", namespace, emptied, g, before_us)
-        return emptied
+        return await self.partitions.drop_expired(namespace, g, before_us, hook=drop_ranks)
 
     async def close(self) -> None:
         await self._x.close()
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _ttl(self, namespace: str, g: Granularity) -> int:
-        retention = None
-        if self._retention_for is not None:
-            try:
-                retention = self._retention_for(namespace, g)
-            except KeyError:
-                retention = None
-        return bucket_ttl_seconds(retention, g.width_us // 1_000_000, g.slice_us // 1_000_000, self._ttl_grace_s)
-
     def _write_stmt(self, namespace: str, counter: str, g: Granularity, start: int, value: int, upto: int) -> Stmt:
         return self._cql.write(namespace, counter, g.value, start // g.slice_us, start, value, upto,
-                               self._ttl(namespace, g))
+                               self.partitions.ttl(namespace, g))
 
     def _rank_stmt(self, namespace: str, counter: str, g: Granularity, start: int, value: int, upto: int) -> Stmt:
         base, signature = split_signature(counter)
-        return self._cql.rank_add(namespace, signature, g.value, start, value, base, upto, self._ttl(namespace, g))
+        return self._cql.rank_add(namespace, signature, g.value, start, value, base, upto,
+                                  self.partitions.ttl(namespace, g))
 
     async def _read_keys(self, namespace: str,
-                         rows: Sequence[tuple[str, Granularity, int, int, int]]) -> dict[tuple[str, Granularity, int],
-                                                                                         tuple[int, int]]:
+                         rows: Sequence[tuple[str, Granularity, int, int, int]]) -> dict[Key, tuple[int, int]]:
         """Stored ``(value, computed_upto)`` of the rows' buckets: one range read per partition."""
-        spans: dict[Partition, tuple[int, int]] = {}
-        for counter, g, start, _value, _upto in rows:
-            key = (counter, g, start // g.slice_us)
-            lo, hi = spans.get(key, (start, start))
-            spans[key] = (min(lo, start), max(hi, start))
-        parts = list(spans)
-        results = await self._x.run_all([self._cql.range(namespace, c, g.value, s, spans[(c, g, s)][0],
-                                                         spans[(c, g, s)][1] + 1) for c, g, s in parts])
-        out: dict[tuple[str, Granularity, int], tuple[int, int]] = {}
-        for (counter, g, _slice), found in zip(parts, results, strict=True):
-            for start, value, upto in found or ():
-                out[(counter, g, int(start))] = (int(value or 0), int(upto or 0))
-        return out
+        found = await self.partitions.stored(namespace, ((c, g, start) for c, g, start, _v, _u in rows),
+                                             self._cql.range)
+        return {key: (int(value or 0), int(upto or 0)) for key, (value, upto) in found.items()}
 
     async def _register(self, namespace: str, rows: Sequence[tuple[str, Granularity, int, int, int]]) -> None:
-        new = {(namespace, g, start // g.slice_us, counter) for counter, g, start, _v, _u in rows} - self._registered
+        """The partitions' catalog rows and the rank lists' (``window_rank_lists``), before the buckets."""
+        ttl = self.partitions.ttl
         lists = {(namespace, g, start, split_signature(counter)[1])
                  for counter, g, start, _v, _u in rows} - self._rank_lists
-        if not new and not lists:
-            return
-        slices = {k[:3] for k in new} - self._slices
-        await self._x.run_all([
-            *(self._cql.add_slice(ns, g.value, s, self._ttl(ns, g)) for ns, g, s in sorted(slices)),
-            *(self._cql.register(ns, g.value, s, c, self._ttl(ns, g)) for ns, g, s, c in sorted(new)),
-            *(self._cql.rank_list_add(ns, g.value, start // g.slice_us, sig, start, self._ttl(ns, g))
-              for ns, g, start, sig in sorted(lists))])
-        if len(self._registered) + len(new) > _REGISTERED_MAX or len(self._rank_lists) + len(lists) > _REGISTERED_MAX:
-            self._registered.clear()
-            self._slices.clear()
+        await self.partitions.register(namespace, ((c, g, start) for c, g, start, _v, _u in rows), [
+            self._cql.rank_list_add(ns, g.value, start // g.slice_us, sig, start, ttl(ns, g))
+            for ns, g, start, sig in sorted(lists)])
+        if len(self._rank_lists) + len(lists) > _RANK_LISTS_MAX:
             self._rank_lists.clear()
-        self._registered |= new
-        self._slices |= slices
         self._rank_lists |= lists

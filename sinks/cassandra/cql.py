@@ -60,6 +60,7 @@ __all__ = [
     "Part",
     "RollupCql",
     "SketchCql",
+    "SlicedCql",
     "Stmt",
     "WindowCql",
     "bucket_slices",
@@ -201,30 +202,7 @@ def _base_tables(ks: str) -> list[str]:
     mark_us bigint,
     PRIMARY KEY (topic, kafka_partition)
 )""",
-        f"""CREATE TABLE IF NOT EXISTS {ks}.window_buckets (
-    namespace text,
-    counter_name text,
-    granularity text,
-    slice bigint,
-    start_us bigint,
-    bucket_count bigint,
-    computed_upto bigint,
-    PRIMARY KEY ((namespace, counter_name, granularity, slice), start_us)
-) WITH CLUSTERING ORDER BY (start_us ASC) AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
-        f"""CREATE TABLE IF NOT EXISTS {ks}.window_slices (
-    namespace text,
-    granularity text,
-    slice bigint,
-    PRIMARY KEY ((namespace, granularity), slice)
-) WITH CLUSTERING ORDER BY (slice ASC)""",
-        f"""CREATE TABLE IF NOT EXISTS {ks}.window_counters (
-    namespace text,
-    granularity text,
-    slice bigint,
-    shard int,
-    counter_name text,
-    PRIMARY KEY ((namespace, granularity, slice, shard), counter_name)
-) WITH CLUSTERING ORDER BY (counter_name ASC)""",
+        *_sliced_tables(ks, "window_buckets", "bucket_count bigint", "window_slices", "window_counters"),
         f"""CREATE TABLE IF NOT EXISTS {ks}.window_clears (
     namespace text,
     counter_name text,
@@ -256,23 +234,31 @@ def _base_tables(ks: str) -> list[str]:
     is_full boolean,
     PRIMARY KEY ((namespace, counter_name), combination)
 ) WITH CLUSTERING ORDER BY (combination ASC)""",
-        f"""CREATE TABLE IF NOT EXISTS {ks}.window_sketches (
+        *_sliced_tables(ks, "window_sketches", "sketch blob", "sketch_slices", "sketch_counters"),
+    ]
+
+
+def _sliced_tables(ks: str, table: str, value: str, slices: str, counters: str) -> list[str]:
+    """A table partitioned by (namespace, counter_name, granularity, slice) with ``value`` beside ``computed_upto``,
+    and its catalog (``SlicedCql``): the bucket and sketch tables are laid out alike."""
+    return [
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{table} (
     namespace text,
     counter_name text,
     granularity text,
     slice bigint,
     start_us bigint,
-    sketch blob,
+    {value},
     computed_upto bigint,
     PRIMARY KEY ((namespace, counter_name, granularity, slice), start_us)
 ) WITH CLUSTERING ORDER BY (start_us ASC) AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
-        f"""CREATE TABLE IF NOT EXISTS {ks}.sketch_slices (
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{slices} (
     namespace text,
     granularity text,
     slice bigint,
     PRIMARY KEY ((namespace, granularity), slice)
 ) WITH CLUSTERING ORDER BY (slice ASC)""",
-        f"""CREATE TABLE IF NOT EXISTS {ks}.sketch_counters (
+        f"""CREATE TABLE IF NOT EXISTS {ks}.{counters} (
     namespace text,
     granularity text,
     slice bigint,
@@ -620,65 +606,83 @@ _RANK_PK = "namespace = ? AND signature = ? AND granularity = ? AND start_us = ?
 _RANK_REVERSED = "ORDER BY bucket_count ASC, counter_name DESC"
 
 
-class WindowCql:
-    """Statements of the bucket store. A bucket is written ``USING TIMESTAMP`` = the boundary it was computed
-    at, so Cassandra's last-write-wins keeps the one computed at the latest boundary (forward-only), and
-    ``USING TTL`` = its retention backstop (0: none). A counter's clear is written ``USING TIMESTAMP`` = its
-    time: the cell holds the latest."""
+class SlicedCql:
+    """Statements of a table partitioned by ``(namespace, counter_name, granularity, slice)`` and clustered by
+    ``start_us``, with its catalog: ``<slices>`` ((namespace, granularity), slice) and ``<counters>``
+    ((namespace, granularity, slice, shard), counter_name), which say which partitions exist, for retention.
+    The bucket and sketch tables are laid out alike: a row is written ``USING TIMESTAMP`` = the boundary it was
+    computed at (forward-only by last-write-wins) and ``USING TTL`` = its retention backstop (0: none).
 
-    def __init__(self, keyspace: str) -> None:
+    ``value`` is the column a row holds beside ``computed_upto``; ``ops`` the op names' prefixes (data, slices,
+    counters), on which logs, metrics and the unit tests' fake dispatch."""
+
+    def __init__(self, keyspace: str, *, table: str, value: str, slices: str, counters: str,
+                 ops: tuple[str, str, str]) -> None:
         self.ks = keyspace
+        self._table, self._value = f"{keyspace}.{table}", value
+        self._slices, self._counters = f"{keyspace}.{slices}", f"{keyspace}.{counters}"
+        self._op, self._slices_op, self._counters_op = ops
 
-    def write(self, namespace: str, counter: str, granularity: str, slice_no: int, start_us: int, value: int,
-              computed_upto_us: int, ttl_s: int) -> Stmt:
-        return Stmt("wbucket.write", f"UPDATE {self.ks}.window_buckets USING TIMESTAMP ? AND TTL ? "
-                    f"SET bucket_count = ?, computed_upto = ? WHERE {_BUCKET_PK} AND start_us = ?",
+    def write(self, namespace: str, counter: str, granularity: str, slice_no: int, start_us: int,
+              value: int | bytes, computed_upto_us: int, ttl_s: int) -> Stmt:
+        return Stmt(f"{self._op}.write", f"UPDATE {self._table} USING TIMESTAMP ? AND TTL ? "
+                    f"SET {self._value} = ?, computed_upto = ? WHERE {_BUCKET_PK} AND start_us = ?",
                     (computed_upto_us, ttl_s, value, computed_upto_us, namespace, counter, granularity, slice_no,
                      start_us))
 
     def range(self, namespace: str, counter: str, granularity: str, slice_no: int, from_us: int,
               to_us: int) -> Stmt:
-        """Buckets of one partition whose start lies in ``[from_us, to_us)``, ascending."""
-        return Stmt("wbucket.range", f"SELECT start_us, bucket_count, computed_upto FROM {self.ks}.window_buckets "
+        """Rows ``(start_us, value, computed_upto)`` of one partition whose start lies in ``[from_us, to_us)``,
+        ascending."""
+        return Stmt(f"{self._op}.range", f"SELECT start_us, {self._value}, computed_upto FROM {self._table} "
                     f"WHERE {_BUCKET_PK} AND start_us >= ? AND start_us < ?",
                     (namespace, counter, granularity, slice_no, from_us, to_us))
 
     def drop_partition(self, namespace: str, counter: str, granularity: str, slice_no: int,
                        timestamp: int) -> Stmt:
-        return Stmt("wbucket.drop", f"DELETE FROM {self.ks}.window_buckets USING TIMESTAMP ? WHERE {_BUCKET_PK}",
+        return Stmt(f"{self._op}.drop", f"DELETE FROM {self._table} USING TIMESTAMP ? WHERE {_BUCKET_PK}",
                     (timestamp, namespace, counter, granularity, slice_no))
 
     def drop_through(self, namespace: str, counter: str, granularity: str, slice_no: int, last_start_us: int,
                      timestamp: int) -> Stmt:
-        """Range delete of a partition's buckets starting at or before ``last_start_us``."""
-        return Stmt("wbucket.drop_through", f"DELETE FROM {self.ks}.window_buckets USING TIMESTAMP ? "
+        """Range delete of a partition's rows starting at or before ``last_start_us``."""
+        return Stmt(f"{self._op}.drop_through", f"DELETE FROM {self._table} USING TIMESTAMP ? "
                     f"WHERE {_BUCKET_PK} AND start_us <= ?",
                     (timestamp, namespace, counter, granularity, slice_no, last_start_us))
 
     def add_slice(self, namespace: str, granularity: str, slice_no: int, ttl_s: int) -> Stmt:
-        return Stmt("wslices.add", f"INSERT INTO {self.ks}.window_slices (namespace, granularity, slice) "
+        return Stmt(f"{self._slices_op}.add", f"INSERT INTO {self._slices} (namespace, granularity, slice) "
                     "VALUES (?, ?, ?) USING TTL ?", (namespace, granularity, slice_no, ttl_s))
 
     def list_slices(self, namespace: str, granularity: str) -> Stmt:
-        return Stmt("wslices.list", f"SELECT slice FROM {self.ks}.window_slices WHERE namespace = ? "
+        return Stmt(f"{self._slices_op}.list", f"SELECT slice FROM {self._slices} WHERE namespace = ? "
                     "AND granularity = ?", (namespace, granularity))
 
     def remove_slice(self, namespace: str, granularity: str, slice_no: int) -> Stmt:
-        return Stmt("wslices.remove", f"DELETE FROM {self.ks}.window_slices WHERE {_BUCKET_SLICE}",
+        return Stmt(f"{self._slices_op}.remove", f"DELETE FROM {self._slices} WHERE {_BUCKET_SLICE}",
                     (namespace, granularity, slice_no))
 
     def register(self, namespace: str, granularity: str, slice_no: int, counter: str, ttl_s: int) -> Stmt:
-        return Stmt("wcounters.add", f"INSERT INTO {self.ks}.window_counters (namespace, granularity, slice, shard, "
-                    "counter_name) VALUES (?, ?, ?, ?, ?) USING TTL ?",
+        return Stmt(f"{self._counters_op}.add", f"INSERT INTO {self._counters} (namespace, granularity, slice, "
+                    "shard, counter_name) VALUES (?, ?, ?, ?, ?) USING TTL ?",
                     (namespace, granularity, slice_no, counter_shard(counter), counter, ttl_s))
 
     def registered(self, namespace: str, granularity: str, slice_no: int, shard: int) -> Stmt:
-        return Stmt("wcounters.list", f"SELECT counter_name FROM {self.ks}.window_counters "
+        return Stmt(f"{self._counters_op}.list", f"SELECT counter_name FROM {self._counters} "
                     f"WHERE {_BUCKET_SLICE} AND shard = ?", (namespace, granularity, slice_no, shard))
 
     def forget(self, namespace: str, granularity: str, slice_no: int, shard: int) -> Stmt:
-        return Stmt("wcounters.forget", f"DELETE FROM {self.ks}.window_counters WHERE {_BUCKET_SLICE} AND shard = ?",
-                    (namespace, granularity, slice_no, shard))
+        return Stmt(f"{self._counters_op}.forget", f"DELETE FROM {self._counters} WHERE {_BUCKET_SLICE} "
+                    "AND shard = ?", (namespace, granularity, slice_no, shard))
+
+
+class WindowCql(SlicedCql):
+    """Statements of the bucket store: ``window_buckets`` (``bucket_count``) and its catalog, as ``SlicedCql``;
+    a counter's clear is written ``USING TIMESTAMP`` = its time (the cell holds the latest); the rank lists."""
+
+    def __init__(self, keyspace: str) -> None:
+        super().__init__(keyspace, table="window_buckets", value="bucket_count", slices="window_slices",
+                         counters="window_counters", ops=("wbucket", "wslices", "wcounters"))
 
     def bump_clear(self, namespace: str, counter: str, clear_us: int) -> Stmt:
         return Stmt("wclears.bump", f"UPDATE {self.ks}.window_clears USING TIMESTAMP ? SET clear_us = ? "
@@ -765,28 +769,13 @@ class WindowCql:
 # -- sketch store statements ------------------------------------------------------------------------
 
 
-class SketchCql:
-    """Statements of the sketch store (unique counts), laid out and stamped as the bucket store's: a sketch is
-    written ``USING TIMESTAMP`` = the boundary it was computed at (forward-only by last-write-wins) and ``USING TTL``
-    = its granularity's retention backstop (0: none); ``sketch_slices`` and ``sketch_counters`` say which
-    partitions exist, for retention."""
+class SketchCql(SlicedCql):
+    """Statements of the sketch store (unique counts): ``window_sketches`` (``sketch`` blobs) and its catalog
+    ``sketch_slices``, ``sketch_counters``, as ``SlicedCql``."""
 
     def __init__(self, keyspace: str) -> None:
-        self.ks = keyspace
-
-    def write(self, namespace: str, counter: str, granularity: str, slice_no: int, start_us: int, sketch: bytes,
-              computed_upto_us: int, ttl_s: int) -> Stmt:
-        return Stmt("wsketch.write", f"UPDATE {self.ks}.window_sketches USING TIMESTAMP ? AND TTL ? "
-                    f"SET sketch = ?, computed_upto = ? WHERE {_BUCKET_PK} AND start_us = ?",
-                    (computed_upto_us, ttl_s, sketch, computed_upto_us, namespace, counter, granularity, slice_no,
-                     start_us))
-
-    def range(self, namespace: str, counter: str, granularity: str, slice_no: int, from_us: int,
-              to_us: int) -> Stmt:
-        """Sketches of one partition whose start lies in ``[from_us, to_us)``, ascending."""
-        return Stmt("wsketch.range", f"SELECT start_us, sketch, computed_upto FROM {self.ks}.window_sketches "
-                    f"WHERE {_BUCKET_PK} AND start_us >= ? AND start_us < ?",
-                    (namespace, counter, granularity, slice_no, from_us, to_us))
+        super().__init__(keyspace, table="window_sketches", value="sketch", slices="sketch_slices",
+                         counters="sketch_counters", ops=("wsketch", "sslices", "scounters"))
 
     def marks(self, namespace: str, counter: str, granularity: str, slice_no: int, from_us: int,
               to_us: int) -> Stmt:
@@ -794,40 +783,3 @@ class SketchCql:
         return Stmt("wsketch.marks", f"SELECT start_us, computed_upto FROM {self.ks}.window_sketches "
                     f"WHERE {_BUCKET_PK} AND start_us >= ? AND start_us < ?",
                     (namespace, counter, granularity, slice_no, from_us, to_us))
-
-    def drop_partition(self, namespace: str, counter: str, granularity: str, slice_no: int,
-                       timestamp: int) -> Stmt:
-        return Stmt("wsketch.drop", f"DELETE FROM {self.ks}.window_sketches USING TIMESTAMP ? WHERE {_BUCKET_PK}",
-                    (timestamp, namespace, counter, granularity, slice_no))
-
-    def drop_through(self, namespace: str, counter: str, granularity: str, slice_no: int, last_start_us: int,
-                     timestamp: int) -> Stmt:
-        """Range delete of a partition's sketches starting at or before ``last_start_us``."""
-        return Stmt("wsketch.drop_through", f"DELETE FROM {self.ks}.window_sketches USING TIMESTAMP ? "
-                    f"WHERE {_BUCKET_PK} AND start_us <= ?",
-                    (timestamp, namespace, counter, granularity, slice_no, last_start_us))
-
-    def add_slice(self, namespace: str, granularity: str, slice_no: int, ttl_s: int) -> Stmt:
-        return Stmt("sslices.add", f"INSERT INTO {self.ks}.sketch_slices (namespace, granularity, slice) "
-                    "VALUES (?, ?, ?) USING TTL ?", (namespace, granularity, slice_no, ttl_s))
-
-    def list_slices(self, namespace: str, granularity: str) -> Stmt:
-        return Stmt("sslices.list", f"SELECT slice FROM {self.ks}.sketch_slices WHERE namespace = ? "
-                    "AND granularity = ?", (namespace, granularity))
-
-    def remove_slice(self, namespace: str, granularity: str, slice_no: int) -> Stmt:
-        return Stmt("sslices.remove", f"DELETE FROM {self.ks}.sketch_slices WHERE {_BUCKET_SLICE}",
-                    (namespace, granularity, slice_no))
-
-    def register(self, namespace: str, granularity: str, slice_no: int, counter: str, ttl_s: int) -> Stmt:
-        return Stmt("scounters.add", f"INSERT INTO {self.ks}.sketch_counters (namespace, granularity, slice, shard, "
-                    "counter_name) VALUES (?, ?, ?, ?, ?) USING TTL ?",
-                    (namespace, granularity, slice_no, counter_shard(counter), counter, ttl_s))
-
-    def registered(self, namespace: str, granularity: str, slice_no: int, shard: int) -> Stmt:
-        return Stmt("scounters.list", f"SELECT counter_name FROM {self.ks}.sketch_counters "
-                    f"WHERE {_BUCKET_SLICE} AND shard = ?", (namespace, granularity, slice_no, shard))
-
-    def forget(self, namespace: str, granularity: str, slice_no: int, shard: int) -> Stmt:
-        return Stmt("scounters.forget", f"DELETE FROM {self.ks}.sketch_counters WHERE {_BUCKET_SLICE} AND shard = ?",
-                    (namespace, granularity, slice_no, shard))

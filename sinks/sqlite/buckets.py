@@ -12,6 +12,7 @@ Layout (why):
   counter. Rewriting a bucket changes no indexed column, so the index costs only when a bucket first appears.
 * ``bucket_slices`` lists the (namespace, granularity, slice) storage slices holding buckets, mirroring the
   Cassandra partitions, so retention reports the same number of emptied slices on both backends.
+  The writes, range reads and retention are the sketch store's too (``sinks.sqlite.sliced.SlicedTable``).
 * ``bucket_clears`` keeps each counter's latest clear (max, by upsert), for masking at read time.
 * Rank lists (Top-K) are an index of the bucket table itself: ``signature``, a virtual generated column (the
   dimensions part of the counter's name: ``country=BR`` of ``title_1 country=BR``, "" for a base counter), and
@@ -31,8 +32,9 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from sinks.sqlite.sliced import SlicedTable, open_layout
 from sinks.sqlite.thread import SqliteThread
-from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket, slice_bounds
+from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket
 
 __all__ = ["SqliteBucketStore"]
 
@@ -59,26 +61,12 @@ CREATE TABLE IF NOT EXISTS bucket_clears (
     PRIMARY KEY (namespace, counter)) WITHOUT ROWID;
 """
 
-_WRITE = """
-INSERT INTO buckets (namespace, counter, granularity, start_us, value, computed_upto) VALUES (?, ?, ?, ?, ?, ?)
-ON CONFLICT (namespace, counter, granularity, start_us) DO UPDATE
-SET value = excluded.value, computed_upto = excluded.computed_upto
-WHERE excluded.computed_upto > buckets.computed_upto
-"""
-_SLICE = "INSERT OR IGNORE INTO bucket_slices (namespace, granularity, slice) VALUES (?, ?, ?)"
-_RANGE = """
-SELECT start_us, value, computed_upto FROM buckets
-WHERE namespace = ? AND counter = ? AND granularity = ? AND start_us >= ? AND start_us < ? ORDER BY start_us
-"""
 _BUMP_CLEAR = """
 INSERT INTO bucket_clears (namespace, counter, clear_us) VALUES (?, ?, ?)
 ON CONFLICT (namespace, counter) DO UPDATE SET clear_us = excluded.clear_us
 WHERE excluded.clear_us > bucket_clears.clear_us
 """
 _CLEAR = "SELECT clear_us FROM bucket_clears WHERE namespace = ? AND counter = ?"
-_EXPIRE = ("DELETE FROM buckets INDEXED BY buckets_expiry "
-           "WHERE namespace = ? AND granularity = ? AND start_us <= ?")
-_SLICES = "SELECT slice FROM bucket_slices WHERE namespace = ? AND granularity = ? AND slice <= ?"
 _RANK_LIST = "WHERE namespace = ? AND signature = ? AND granularity = ? AND start_us = ?"
 _RANKS_FIRST = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} "
                 "ORDER BY value DESC, counter LIMIT ?")
@@ -94,7 +82,6 @@ _RANKS_TIE_BACK = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks 
                    "AND counter < ? ORDER BY counter DESC LIMIT ?")
 _RANKS_ABOVE = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} AND value > ? "
                 "ORDER BY value, counter DESC LIMIT ?")
-_FORGET_SLICE = "DELETE FROM bucket_slices WHERE namespace = ? AND granularity = ? AND slice = ?"
 
 
 class SqliteBucketStore:
@@ -102,6 +89,7 @@ class SqliteBucketStore:
 
     def __init__(self, path: str | Path) -> None:
         self._db = SqliteThread(path, "sqlite-buckets", self._setup)
+        self._table = SlicedTable("buckets", "value", "bucket_slices")
 
     @property
     def path(self) -> Path:
@@ -110,19 +98,13 @@ class SqliteBucketStore:
     # -- BucketStore ----------------------------------------------------------------------------
 
     async def write_buckets(self, namespace: str, rows: Sequence[BucketRow]) -> list[bool]:
-        def apply(conn: sqlite3.Connection) -> list[bool]:
-            slices = {(g.value, start // g.slice_us) for _c, g, start, _v, _u in rows}
-            conn.executemany(_SLICE, [(namespace, g, s) for g, s in sorted(slices)])
-            return [conn.execute(_WRITE, (namespace, counter, g.value, start, value, upto)).rowcount > 0
-                    for counter, g, start, value, upto in rows]
         if not rows:
             return []
-        return await self._db.run(lambda conn: self._db.write(conn, apply))
+        return await self._db.run(lambda conn: self._db.write(conn, self._table.write, namespace, rows))
 
     async def read_buckets_many(self, namespace: str, ranges: Sequence[BucketRange]) -> list[list[StoredBucket]]:
         def read(conn: sqlite3.Connection) -> list[list[StoredBucket]]:
-            return [[(s, v, u) for s, v, u in conn.execute(_RANGE, (namespace, counter, Granularity(g).value, lo, hi))]
-                    if hi > lo else [] for counter, g, lo, hi in ranges]
+            return [[(s, v, u) for s, v, u in rows] for rows in self._table.ranges(conn, namespace, ranges)]
         if not ranges:
             return []
         return await self._db.run(lambda conn: self._db.read(conn, read))
@@ -171,15 +153,8 @@ class SqliteBucketStore:
 
     async def drop_expired(self, namespace: str, granularity: Granularity, before_us: int) -> int:
         g = Granularity(granularity)
-        last_start = before_us - g.width_us  # buckets starting at or before it ended at or before before_us
-
-        def apply(conn: sqlite3.Connection) -> int:
-            conn.execute(_EXPIRE, (namespace, g.value, last_start))
-            emptied = [s for (s,) in conn.execute(_SLICES, (namespace, g.value, last_start // g.slice_us))
-                       if slice_bounds(g, s)[1] <= before_us]
-            conn.executemany(_FORGET_SLICE, [(namespace, g.value, s) for s in emptied])
-            return len(emptied)
-        return await self._db.run(lambda conn: self._db.write(conn, apply))
+        return await self._db.run(lambda conn: self._db.write(conn, self._table.drop_expired, namespace, g,
+                                                                before_us))
 
     async def close(self) -> None:
         await self._db.close()
@@ -187,16 +162,9 @@ class SqliteBucketStore:
     # -- thread side --------------------------------------------------------------------------
 
     def _setup(self, conn: sqlite3.Connection) -> None:
-        layout = conn.execute("PRAGMA user_version").fetchone()[0]
-        if layout not in (0, *_UPGRADABLE, LAYOUT):
-            raise RuntimeError(f"{self.path} holds buckets in storage layout {layout}, this version reads layout "
-                               f"{LAYOUT}: move the file away (buckets are recomputed by a recount) or use the "
-                               "matching version")
-        for stmt in _SCHEMA.split(";"):
-            if stmt.strip():
-                conn.execute(stmt)
+        open_layout(conn, self.path, what="buckets", layout=LAYOUT, readable=_UPGRADABLE, schema=_SCHEMA,
+                    remedy="move the file away (buckets are recomputed by a recount) or use the matching version")
         columns = {row[1] for row in conn.execute("PRAGMA table_xinfo(buckets)")}
         if "signature" not in columns:  # layout 1: rank lists are new (inside setup's write transaction)
             conn.execute(f"ALTER TABLE buckets ADD COLUMN {_SIGNATURE_COLUMN}")
         conn.execute(_RANK_INDEX)
-        conn.execute(f"PRAGMA user_version = {LAYOUT}")

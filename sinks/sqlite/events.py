@@ -31,6 +31,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import xxhash
 
@@ -38,10 +39,13 @@ from sinks.base import ScanCursor
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
 from sinks.sketches import BucketItems, bucket_items_of, combine_items
 from sinks.sqlite.bulk import RowsInsert, insert_rows
+from sinks.sqlite.sliced import open_layout
 from sinks.sqlite.thread import SqliteThread
 from sinks.windows import BucketSum, combine_sums
 
 __all__ = ["SqliteEventStore"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -207,19 +211,17 @@ class SqliteEventStore:
 
     async def bucket_sums_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
                                width_us: int) -> list[list[BucketSum]]:
-        def read_all(conn: sqlite3.Connection) -> list[list[BucketSum]]:
-            return [self._bucket_sums(conn, namespace, counter, after, upto, width_us) if upto > after else []
-                    for counter, after, upto in windows]
-        if width_us <= 0:
-            raise ValueError(f"bucket width must be positive (got {width_us})")
-        if not windows:
-            return []
-        return await self._db.run(self._read, read_all)
+        return await self._per_bucket(self._bucket_sums, namespace, windows, width_us)
 
     async def bucket_items_many(self, namespace: str, windows: Sequence[tuple[str, int, int]],
                                 width_us: int) -> list[list[BucketItems]]:
-        def read_all(conn: sqlite3.Connection) -> list[list[BucketItems]]:
-            return [self._bucket_items(conn, namespace, counter, after, upto, width_us) if upto > after else []
+        return await self._per_bucket(self._bucket_items, namespace, windows, width_us)
+
+    async def _per_bucket(self, per_window: Callable[[sqlite3.Connection, str, str, int, int, int], list[T]],
+                          namespace: str, windows: Sequence[tuple[str, int, int]], width_us: int) -> list[list[T]]:
+        """``per_window(conn, namespace, counter, after, upto, width_us)`` of every window, on one snapshot."""
+        def read_all(conn: sqlite3.Connection) -> list[list[T]]:
+            return [per_window(conn, namespace, counter, after, upto, width_us) if upto > after else []
                     for counter, after, upto in windows]
         if width_us <= 0:
             raise ValueError(f"bucket width must be positive (got {width_us})")
@@ -280,13 +282,8 @@ class SqliteEventStore:
         layout = conn.execute("PRAGMA user_version").fetchone()[0]
         if layout == 0 and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'event_slices'").fetchone():
             layout = 1  # written before the layout was versioned
-        if layout not in (0, LAYOUT):
-            raise RuntimeError(f"{self.path} holds events in storage layout {layout}, this version reads layout "
-                               f"{LAYOUT}: move the file away (and recount) or use the matching version")
-        for stmt in _CATALOG.split(";"):
-            if stmt.strip():
-                conn.execute(stmt)
-        conn.execute(f"PRAGMA user_version = {LAYOUT}")
+        open_layout(conn, self.path, what="events", layout=LAYOUT, schema=_CATALOG, found=layout,
+                    remedy="move the file away (and recount) or use the matching version")
 
     def _forget(self) -> None:
         """After a rollback the caches may describe uncommitted tables: reload them next time."""

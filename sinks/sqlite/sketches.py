@@ -13,6 +13,7 @@ Layout (why):
 * Index ``sketches_expiry`` (namespace, granularity, start_us): retention deletes by time.
 * ``sketch_slices`` lists the (namespace, granularity, slice) storage slices holding sketches, mirroring the
   Cassandra partitions, so retention reports the same number of emptied slices on both backends.
+  The writes, range reads and retention are the bucket store's too (``sinks.sqlite.sliced.SlicedTable``).
 * ``PRAGMA user_version`` records the layout; a file of another layout is refused, never misread.
 """
 
@@ -23,8 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sinks.sketches import SketchRow, StoredSketch
+from sinks.sqlite.sliced import SlicedTable, open_layout
 from sinks.sqlite.thread import SqliteThread
-from sinks.windows import BucketRange, Granularity, slice_bounds
+from sinks.windows import BucketRange, Granularity
 
 __all__ = ["LAYOUT", "SqliteSketchStore"]
 
@@ -41,28 +43,13 @@ CREATE TABLE IF NOT EXISTS sketch_slices (
     PRIMARY KEY (namespace, granularity, slice)) WITHOUT ROWID;
 """
 
-_WRITE = """
-INSERT INTO sketches (namespace, counter, granularity, start_us, sketch, computed_upto) VALUES (?, ?, ?, ?, ?, ?)
-ON CONFLICT (namespace, counter, granularity, start_us) DO UPDATE
-SET sketch = excluded.sketch, computed_upto = excluded.computed_upto
-WHERE excluded.computed_upto > sketches.computed_upto
-"""
-_SLICE = "INSERT OR IGNORE INTO sketch_slices (namespace, granularity, slice) VALUES (?, ?, ?)"
-_RANGE = """
-SELECT start_us, sketch, computed_upto FROM sketches
-WHERE namespace = ? AND counter = ? AND granularity = ? AND start_us >= ? AND start_us < ? ORDER BY start_us
-"""
-_EXPIRE = ("DELETE FROM sketches INDEXED BY sketches_expiry "
-           "WHERE namespace = ? AND granularity = ? AND start_us <= ?")
-_SLICES = "SELECT slice FROM sketch_slices WHERE namespace = ? AND granularity = ? AND slice <= ?"
-_FORGET_SLICE = "DELETE FROM sketch_slices WHERE namespace = ? AND granularity = ? AND slice = ?"
-
 
 class SqliteSketchStore:
     """The embedded sketch store (one file, WAL); safe for several processes at once."""
 
     def __init__(self, path: str | Path) -> None:
         self._db = SqliteThread(path, "sqlite-sketches", self._setup)
+        self._table = SlicedTable("sketches", "sketch", "sketch_slices")
 
     @property
     def path(self) -> Path:
@@ -71,35 +58,21 @@ class SqliteSketchStore:
     # -- SketchStore ----------------------------------------------------------------------------
 
     async def write_sketches(self, namespace: str, rows: Sequence[SketchRow]) -> list[bool]:
-        def apply(conn: sqlite3.Connection) -> list[bool]:
-            slices = {(Granularity(g).value, start // Granularity(g).slice_us) for _c, g, start, _s, _u in rows}
-            conn.executemany(_SLICE, [(namespace, g, s) for g, s in sorted(slices)])
-            return [conn.execute(_WRITE, (namespace, counter, Granularity(g).value, start, sketch, upto)).rowcount > 0
-                    for counter, g, start, sketch, upto in rows]
         if not rows:
             return []
-        return await self._db.run(lambda conn: self._db.write(conn, apply))
+        return await self._db.run(lambda conn: self._db.write(conn, self._table.write, namespace, rows))
 
     async def read_sketches_many(self, namespace: str, ranges: Sequence[BucketRange]) -> list[list[StoredSketch]]:
         def read(conn: sqlite3.Connection) -> list[list[StoredSketch]]:
-            return [[(s, bytes(b), u) for s, b, u in conn.execute(_RANGE, (namespace, counter, Granularity(g).value,
-                                                                            lo, hi))]
-                    if hi > lo else [] for counter, g, lo, hi in ranges]
+            return [[(s, bytes(v), u) for s, v, u in rows] for rows in self._table.ranges(conn, namespace, ranges)]
         if not ranges:
             return []
         return await self._db.run(lambda conn: self._db.read(conn, read))
 
     async def drop_expired(self, namespace: str, granularity: Granularity, before_us: int) -> int:
         g = Granularity(granularity)
-        last_start = before_us - g.width_us  # sketches starting at or before it ended at or before before_us
-
-        def apply(conn: sqlite3.Connection) -> int:
-            conn.execute(_EXPIRE, (namespace, g.value, last_start))
-            emptied = [s for (s,) in conn.execute(_SLICES, (namespace, g.value, last_start // g.slice_us))
-                       if slice_bounds(g, s)[1] <= before_us]
-            conn.executemany(_FORGET_SLICE, [(namespace, g.value, s) for s in emptied])
-            return len(emptied)
-        return await self._db.run(lambda conn: self._db.write(conn, apply))
+        return await self._db.run(lambda conn: self._db.write(conn, self._table.drop_expired, namespace, g,
+                                                                before_us))
 
     async def close(self) -> None:
         await self._db.close()
@@ -107,12 +80,5 @@ class SqliteSketchStore:
     # -- thread side --------------------------------------------------------------------------
 
     def _setup(self, conn: sqlite3.Connection) -> None:
-        layout = conn.execute("PRAGMA user_version").fetchone()[0]
-        if layout not in (0, LAYOUT):
-            raise RuntimeError(f"{self.path} holds sketches in storage layout {layout}, this version reads layout "
-                               f"{LAYOUT}: move the file away (sketches are recomputed by a recount) or use the "
-                               "matching version")
-        for stmt in _SCHEMA.split(";"):
-            if stmt.strip():
-                conn.execute(stmt)
-        conn.execute(f"PRAGMA user_version = {LAYOUT}")
+        open_layout(conn, self.path, what="sketches", layout=LAYOUT, schema=_SCHEMA,
+                    remedy="move the file away (sketches are recomputed by a recount) or use the matching version")
