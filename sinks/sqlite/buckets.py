@@ -32,6 +32,7 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
+from sinks.sqlite.bulk import RowsInsert, insert_rows
 from sinks.sqlite.sliced import SlicedTable, open_layout
 from sinks.sqlite.thread import SqliteThread
 from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket
@@ -61,11 +62,9 @@ CREATE TABLE IF NOT EXISTS bucket_clears (
     PRIMARY KEY (namespace, counter)) WITHOUT ROWID;
 """
 
-_BUMP_CLEAR = """
-INSERT INTO bucket_clears (namespace, counter, clear_us) VALUES (?, ?, ?)
-ON CONFLICT (namespace, counter) DO UPDATE SET clear_us = excluded.clear_us
-WHERE excluded.clear_us > bucket_clears.clear_us
-"""
+_BUMP_CLEAR = RowsInsert("INSERT INTO bucket_clears (namespace, counter, clear_us) VALUES", "(?, ?, ?)",
+                         "ON CONFLICT (namespace, counter) DO UPDATE SET clear_us = excluded.clear_us "
+                         "WHERE excluded.clear_us > bucket_clears.clear_us")
 _CLEAR = "SELECT clear_us FROM bucket_clears WHERE namespace = ? AND counter = ?"
 _RANK_LIST = "WHERE namespace = ? AND signature = ? AND granularity = ? AND start_us = ?"
 _RANKS_FIRST = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} "
@@ -137,7 +136,7 @@ class SqliteBucketStore:
                 latest[counter] = clear_us
         if latest:
             params = [(namespace, c, t) for c, t in latest.items()]
-            await self._db.run(lambda conn: self._db.write(conn, lambda c: c.executemany(_BUMP_CLEAR, params)))
+            await self._db.run(lambda conn: self._db.write(conn, insert_rows, _BUMP_CLEAR, params))
 
     async def clears(self, namespace: str, counters: Sequence[str]) -> dict[str, int]:
         def read(conn: sqlite3.Connection) -> dict[str, int]:

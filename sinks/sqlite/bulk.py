@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 SIZES = (1000, 250, 64, 16, 4, 1)  # rows per statement; 1,000 x 9 columns stays below SQLite's 32,766 variables
@@ -36,9 +37,32 @@ def insert_rows(conn: sqlite3.Connection, insert: RowsInsert, rows: Sequence[Seq
     first; the rows changed. The same result as ``executemany`` of one row at a time: SQLite applies a
     statement's rows in order, a later one meeting an earlier one's conflict."""
     before = conn.total_changes
+    for _ in _run(conn, insert, rows):
+        pass
+    return conn.total_changes - before
+
+
+def insert_returning(conn: sqlite3.Connection, insert: RowsInsert, rows: Sequence[Sequence[object]]) -> list[tuple]:
+    """As `insert_rows` for an `insert` whose tail ends in ``RETURNING ...``: the rows it returned, in the order
+    SQLite applied them (only rows it changed: an upsert whose ``DO UPDATE ... WHERE`` refused returns none)."""
+    return [row for cursor in _run(conn, insert, rows) for row in cursor.fetchall()]
+
+
+def upserts_applied(conn: sqlite3.Connection, upsert: RowsInsert, rows: Sequence[Sequence[object]],
+                    keys: Sequence[tuple]) -> list[bool]:
+    """Per row, whether a conditional `upsert` applied it: `upsert` returns (``RETURNING``) the columns that make
+    `keys`, one key per row. A row given twice is applied once at most: the first one, as SQLite applies them."""
+    applied = Counter(insert_returning(conn, upsert, rows))
+    out = []
+    for key in keys:
+        out.append(applied[key] > 0)
+        applied[key] -= 1
+    return out
+
+
+def _run(conn: sqlite3.Connection, insert: RowsInsert, rows: Sequence[Sequence[object]]) -> Iterator[sqlite3.Cursor]:
     done, n = 0, len(rows)
     for size in SIZES:
         while n - done >= size:
-            conn.execute(_statement(insert, size), [v for r in rows[done:done + size] for v in r])
+            yield conn.execute(_statement(insert, size), [v for r in rows[done:done + size] for v in r])
             done += size
-    return conn.total_changes - before

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sinks.model import RollupState, prefix_end
-from sinks.sqlite.bulk import RowsInsert, insert_rows
+from sinks.sqlite.bulk import RowsInsert, insert_rows, upserts_applied
 from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteRollupStore"]
@@ -45,11 +45,13 @@ _GET = "SELECT count, rollup_ts, last_write_ts FROM rollups WHERE namespace = ? 
 _BUMP = RowsInsert("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
                    "(?, ?, 0, 0, ?)", "ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = "
                    "excluded.last_write_ts WHERE excluded.last_write_ts > rollups.last_write_ts")
-_ROLLUP = """
-INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, ?, ?, 0)
-ON CONFLICT (namespace, counter) DO UPDATE SET count = excluded.count, rollup_ts = excluded.rollup_ts
-WHERE excluded.rollup_ts > rollups.rollup_ts
-"""
+_ROLLUP_ON_CONFLICT = ("ON CONFLICT (namespace, counter) DO UPDATE SET count = excluded.count, rollup_ts = "
+                       "excluded.rollup_ts WHERE excluded.rollup_ts > rollups.rollup_ts")
+_ROLLUP = ("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, ?, ?, 0) "
+           + _ROLLUP_ON_CONFLICT)
+# many rollups at once; RETURNING names the rows applied (a refused upsert returns none)
+_ROLLUPS = RowsInsert("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
+                      "(?, ?, ?, ?, 0)", _ROLLUP_ON_CONFLICT + " RETURNING counter, count, rollup_ts")
 _STALE_FIRST = """
 SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts ORDER BY namespace, counter LIMIT ?
@@ -100,7 +102,8 @@ class SqliteRollupStore:
 
     async def write_rollups(self, namespace: str, items: Sequence[tuple[str, int, int]]) -> list[bool]:
         def apply(conn: sqlite3.Connection) -> list[bool]:
-            return [conn.execute(_ROLLUP, (namespace, counter, count, ts)).rowcount > 0 for counter, count, ts in items]
+            return upserts_applied(conn, _ROLLUPS, [(namespace, c, n, ts) for c, n, ts in items],
+                                   [(c, n, ts) for c, n, ts in items])
         if not items:
             return []
         return await self._db.run(lambda conn: self._db.write(conn, apply))

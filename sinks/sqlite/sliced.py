@@ -15,6 +15,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from sinks.sqlite.bulk import RowsInsert, insert_rows, upserts_applied
 from sinks.windows import Granularity, slice_bounds
 
 __all__ = ["SlicedTable", "open_layout"]
@@ -45,13 +46,15 @@ class SlicedTable:
     transaction."""
 
     def __init__(self, table: str, value: str, slices: str) -> None:
-        self._write = (f"INSERT INTO {table} (namespace, counter, granularity, start_us, {value}, computed_upto) "
-                       "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (namespace, counter, granularity, start_us) DO UPDATE "
-                       f"SET {value} = excluded.{value}, computed_upto = excluded.computed_upto "
-                       f"WHERE excluded.computed_upto > {table}.computed_upto")
+        # RETURNING names the rows applied: a refused upsert returns none
+        self._write = RowsInsert(
+            f"INSERT INTO {table} (namespace, counter, granularity, start_us, {value}, computed_upto) VALUES",
+            "(?, ?, ?, ?, ?, ?)", f"ON CONFLICT (namespace, counter, granularity, start_us) DO UPDATE SET {value} = "
+            f"excluded.{value}, computed_upto = excluded.computed_upto WHERE excluded.computed_upto > "
+            f"{table}.computed_upto RETURNING counter, granularity, start_us, computed_upto")
         self._range = (f"SELECT start_us, {value}, computed_upto FROM {table} WHERE namespace = ? AND counter = ? "
                        "AND granularity = ? AND start_us >= ? AND start_us < ? ORDER BY start_us")
-        self._add = f"INSERT OR IGNORE INTO {slices} (namespace, granularity, slice) VALUES (?, ?, ?)"
+        self._add = RowsInsert(f"INSERT OR IGNORE INTO {slices} (namespace, granularity, slice) VALUES", "(?, ?, ?)")
         self._expire = (f"DELETE FROM {table} INDEXED BY {table}_expiry "
                         "WHERE namespace = ? AND granularity = ? AND start_us <= ?")
         self._list = f"SELECT slice FROM {slices} WHERE namespace = ? AND granularity = ? AND slice <= ?"
@@ -62,9 +65,13 @@ class SlicedTable:
         """Rows ``(counter, granularity, start_us, value, computed_upto)``, their slices listed first: per row,
         whether it was written (False: a row computed at the same or a later boundary is stored)."""
         slices = {(Granularity(g).value, start // Granularity(g).slice_us) for _c, g, start, _v, _u in rows}
-        conn.executemany(self._add, [(namespace, g, s) for g, s in sorted(slices)])
-        return [conn.execute(self._write, (namespace, counter, Granularity(g).value, start, value, upto)).rowcount > 0
-                for counter, g, start, value, upto in rows]
+        insert_rows(conn, self._add, [(namespace, g, s) for g, s in sorted(slices)])
+        params, keys = [], []
+        for counter, g, start, value, upto in rows:
+            name = Granularity(g).value
+            params.append((namespace, counter, name, start, value, upto))
+            keys.append((counter, name, start, upto))
+        return upserts_applied(conn, self._write, params, keys)
 
     def ranges(self, conn: sqlite3.Connection, namespace: str,
                ranges: Sequence[tuple[str, Granularity, int, int]]) -> list[list[tuple]]:
