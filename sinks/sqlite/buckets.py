@@ -32,7 +32,7 @@ import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
-from sinks.sqlite.bulk import RowsInsert, insert_rows
+from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows
 from sinks.sqlite.sliced import SlicedTable, open_layout
 from sinks.sqlite.thread import SqliteThread
 from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket
@@ -62,10 +62,12 @@ CREATE TABLE IF NOT EXISTS bucket_clears (
     PRIMARY KEY (namespace, counter)) WITHOUT ROWID;
 """
 
-_BUMP_CLEAR = RowsInsert("INSERT INTO bucket_clears (namespace, counter, clear_us) VALUES", "(?, ?, ?)",
+_BUMP_CLEAR = RowsStatement("INSERT INTO bucket_clears (namespace, counter, clear_us) VALUES", "(?, ?, ?)",
                          "ON CONFLICT (namespace, counter) DO UPDATE SET clear_us = excluded.clear_us "
                          "WHERE excluded.clear_us > bucket_clears.clear_us")
-_CLEAR = "SELECT clear_us FROM bucket_clears WHERE namespace = ? AND counter = ?"
+_CLEARS = RowsStatement("WITH k (namespace, counter) AS (VALUES", "(?, ?)",
+                        ") SELECT json_group_array(json_array(counter, clear_us)) FROM k JOIN bucket_clears "
+                        "USING (namespace, counter)")
 _RANK_LIST = "WHERE namespace = ? AND signature = ? AND granularity = ? AND start_us = ?"
 _RANKS_FIRST = (f"SELECT counter, value FROM buckets INDEXED BY bucket_ranks {_RANK_LIST} "
                 "ORDER BY value DESC, counter LIMIT ?")
@@ -140,12 +142,7 @@ class SqliteBucketStore:
 
     async def clears(self, namespace: str, counters: Sequence[str]) -> dict[str, int]:
         def read(conn: sqlite3.Connection) -> dict[str, int]:
-            out: dict[str, int] = {}
-            for counter in dict.fromkeys(counters):
-                row = conn.execute(_CLEAR, (namespace, counter)).fetchone()
-                if row is not None:
-                    out[counter] = row[0]
-            return out
+            return dict(json_rows(conn, _CLEARS, [(namespace, c) for c in dict.fromkeys(counters)]))
         if not counters:
             return {}
         return await self._db.run(lambda conn: self._db.read(conn, read))

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from sinks.model import RollupState, prefix_end
-from sinks.sqlite.bulk import RowsInsert, insert_rows, upserts_applied
+from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows, upserts_applied
 from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteRollupStore"]
@@ -35,14 +35,17 @@ CREATE TABLE IF NOT EXISTS combinations (
     namespace TEXT NOT NULL, counter TEXT NOT NULL, combination TEXT NOT NULL, is_full INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, counter, combination)) WITHOUT ROWID;
 """
-_REGISTER = RowsInsert("INSERT INTO combinations (namespace, counter, combination, is_full) VALUES", "(?, ?, ?, 0)",
+_REGISTER = RowsStatement("INSERT INTO combinations (namespace, counter, combination, is_full) VALUES", "(?, ?, ?, 0)",
                        "ON CONFLICT (namespace, counter, combination) DO NOTHING")
-_REGISTER_FULL = RowsInsert("INSERT INTO combinations (namespace, counter, combination, is_full) VALUES",
+_REGISTER_FULL = RowsStatement("INSERT INTO combinations (namespace, counter, combination, is_full) VALUES",
                             "(?, ?, ?, 1)", "ON CONFLICT (namespace, counter, combination) DO UPDATE SET is_full = 1 "
                             "WHERE combinations.is_full = 0")
 
 _GET = "SELECT count, rollup_ts, last_write_ts FROM rollups WHERE namespace = ? AND counter = ?"
-_BUMP = RowsInsert("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
+_GET_MANY = RowsStatement("WITH k (namespace, counter) AS (VALUES", "(?, ?)",
+                          ") SELECT json_group_array(json_array(namespace, counter, count, rollup_ts, last_write_ts)) "
+                          "FROM k JOIN rollups USING (namespace, counter)")
+_BUMP = RowsStatement("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
                    "(?, ?, 0, 0, ?)", "ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = "
                    "excluded.last_write_ts WHERE excluded.last_write_ts > rollups.last_write_ts")
 _ROLLUP_ON_CONFLICT = ("ON CONFLICT (namespace, counter) DO UPDATE SET count = excluded.count, rollup_ts = "
@@ -50,7 +53,7 @@ _ROLLUP_ON_CONFLICT = ("ON CONFLICT (namespace, counter) DO UPDATE SET count = e
 _ROLLUP = ("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, ?, ?, 0) "
            + _ROLLUP_ON_CONFLICT)
 # many rollups at once; RETURNING names the rows applied (a refused upsert returns none)
-_ROLLUPS = RowsInsert("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
+_ROLLUPS = RowsStatement("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
                       "(?, ?, ?, ?, 0)", _ROLLUP_ON_CONFLICT + " RETURNING counter, count, rollup_ts")
 _STALE_FIRST = """
 SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
@@ -61,7 +64,7 @@ SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts AND (namespace, counter) > (?, ?)
 ORDER BY namespace, counter LIMIT ?
 """
-_MARK = RowsInsert("INSERT INTO watermarks (topic, partition, mark_us) VALUES", "(?, ?, ?)",
+_MARK = RowsStatement("INSERT INTO watermarks (topic, partition, mark_us) VALUES", "(?, ?, ?)",
                    "ON CONFLICT (topic, partition) DO UPDATE SET mark_us = excluded.mark_us "
                    "WHERE excluded.mark_us > watermarks.mark_us")
 
@@ -189,12 +192,7 @@ class SqliteRollupStore:
 
     def _get_many(self, conn: sqlite3.Connection,
                   keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
-        out: dict[tuple[str, str], RollupState] = {}
-        for namespace, counter in keys:
-            row = conn.execute(_GET, (namespace, counter)).fetchone()
-            if row:
-                out[(namespace, counter)] = RollupState(*row)
-        return out
+        return {(ns, c): RollupState(n, ts, last) for ns, c, n, ts, last in json_rows(conn, _GET_MANY, keys)}
 
     def _stale(self, conn: sqlite3.Connection, limit: int) -> list[tuple[str, str]]:
         """Round-robin over stale counters: continue after the last one returned, wrapping once."""

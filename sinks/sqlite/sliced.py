@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from sinks.sqlite.bulk import RowsInsert, insert_rows, upserts_applied
+from sinks.sqlite.bulk import RowsStatement, insert_rows, upserts_applied
 from sinks.windows import Granularity, slice_bounds
 
 __all__ = ["SlicedTable", "open_layout"]
@@ -47,14 +47,14 @@ class SlicedTable:
 
     def __init__(self, table: str, value: str, slices: str) -> None:
         # RETURNING names the rows applied: a refused upsert returns none
-        self._write = RowsInsert(
+        self._write = RowsStatement(
             f"INSERT INTO {table} (namespace, counter, granularity, start_us, {value}, computed_upto) VALUES",
             "(?, ?, ?, ?, ?, ?)", f"ON CONFLICT (namespace, counter, granularity, start_us) DO UPDATE SET {value} = "
             f"excluded.{value}, computed_upto = excluded.computed_upto WHERE excluded.computed_upto > "
             f"{table}.computed_upto RETURNING counter, granularity, start_us, computed_upto")
         self._range = (f"SELECT start_us, {value}, computed_upto FROM {table} WHERE namespace = ? AND counter = ? "
                        "AND granularity = ? AND start_us >= ? AND start_us < ? ORDER BY start_us")
-        self._add = RowsInsert(f"INSERT OR IGNORE INTO {slices} (namespace, granularity, slice) VALUES", "(?, ?, ?)")
+        self._add = RowsStatement(f"INSERT OR IGNORE INTO {slices} (namespace, granularity, slice) VALUES", "(?, ?, ?)")
         self._expire = (f"DELETE FROM {table} INDEXED BY {table}_expiry "
                         "WHERE namespace = ? AND granularity = ? AND start_us <= ?")
         self._list = f"SELECT slice FROM {slices} WHERE namespace = ? AND granularity = ? AND slice <= ?"

@@ -1,18 +1,19 @@
-"""`insert_rows` and `insert_returning`: the result of executemany, in a few statements of fixed sizes (one GIL
+"""`insert_rows` and `returned_rows`: the result of executemany, in a few statements of fixed sizes (one GIL
 hand-over each, not one per row)."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import sqlite3
 
 import pytest
 
-from sinks.sqlite.bulk import SIZES, RowsInsert, insert_returning, insert_rows
+from sinks.sqlite.bulk import SIZES, RowsStatement, bulk_statement, insert_rows, returned_rows
 
-UPSERT = RowsInsert("INSERT INTO t (k, v) VALUES", "(?, ?)",
+UPSERT = RowsStatement("INSERT INTO t (k, v) VALUES", "(?, ?)",
                     "ON CONFLICT (k) DO UPDATE SET v = excluded.v WHERE excluded.v > t.v")
-IGNORE = RowsInsert("INSERT OR IGNORE INTO t VALUES", "(?, ?)")
+IGNORE = RowsStatement("INSERT OR IGNORE INTO t VALUES", "(?, ?)")
 
 
 def table() -> sqlite3.Connection:
@@ -28,7 +29,7 @@ def rows(n: int) -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize("insert", [UPSERT, IGNORE])
 @pytest.mark.parametrize("n", [0, 1, 3, 250, 1337, 2600])
-def test_the_same_rows_and_changes_as_executemany(insert: RowsInsert, n: int) -> None:
+def test_the_same_rows_and_changes_as_executemany(insert: RowsStatement, n: int) -> None:
     bulk, many = table(), table()
     for conn in (bulk, many):
         conn.execute("INSERT INTO t VALUES ('k0', 50)")
@@ -56,7 +57,7 @@ def test_returning_names_exactly_the_rows_applied_in_order(n: int) -> None:
     for conn in (bulk, one):
         conn.execute("INSERT INTO t VALUES ('k0', 50)")
     returning = UPSERT._replace(tail=UPSERT.tail + " RETURNING k, v")
-    applied = insert_returning(bulk, returning, rows(n))
+    applied = returned_rows(bulk, returning, rows(n))
     expected = [row for row in rows(n) if one.execute(f"{UPSERT.head} {UPSERT.row} {UPSERT.tail}", row).rowcount]
     assert applied == expected
     everything = "SELECT * FROM t ORDER BY k"
@@ -99,3 +100,42 @@ def test_buckets_say_per_row_whether_they_applied_even_for_a_repeated_row(tmp_pa
     assert first == [True, False, True, True]
     assert again == [False, True]
     assert stored == [[(0, 6, 20)], [(0, 2, 11)]]
+
+
+def test_rollups_of_many_keys_are_one_lookup_by_primary_key_per_statement(tmp_path) -> None:
+    from sinks.model import RollupState
+    from sinks.sqlite.rollups import SqliteRollupStore
+
+    async def scenario() -> dict[tuple[str, str], RollupState]:
+        store = SqliteRollupStore(tmp_path / "rollups.sqlite3")
+        try:
+            await store.write_rollups("ns", [(f"c{i}", i, 10 + i) for i in range(0, 1337, 2)])
+            return await store.get_many([("ns", f"c{i}") for i in range(1337)] + [("other", "c0"), ("ns", "c0")])
+        finally:
+            await store.close()
+    assert asyncio.run(scenario()) == {("ns", f"c{i}"): RollupState(i, 10 + i, 0) for i in range(0, 1337, 2)}
+
+
+def test_clears_of_many_counters_are_one_statement(tmp_path) -> None:
+    from sinks.sqlite.buckets import SqliteBucketStore
+
+    async def scenario() -> dict[str, int]:
+        store = SqliteBucketStore(tmp_path / "buckets.sqlite3")
+        try:
+            await store.bump_clears("ns", [(f"c{i}", 100 + i) for i in range(0, 300, 3)] + [("c0", 7)])
+            await store.bump_clears("other", [("c1", 1)])
+            return await store.clears("ns", [f"c{i}" for i in range(300)] + ["c0"])
+        finally:
+            await store.close()
+    assert asyncio.run(scenario()) == {f"c{i}": 100 + i for i in range(0, 300, 3)}
+
+
+@pytest.mark.parametrize("module, stmt, table", [("rollups", "_GET_MANY", "rollups"),
+                                                 ("buckets", "_CLEARS", "bucket_clears")])
+def test_key_lookups_search_the_primary_key(module: str, stmt: str, table: str) -> None:
+    """A lookup of many keys joins them to the table by its primary key: never a scan of the table."""
+    source = importlib.import_module(f"sinks.sqlite.{module}")
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(source._SCHEMA)
+    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + bulk_statement(getattr(source, stmt), 4), ["k"] * 8)]
+    assert f"SEARCH {table} USING PRIMARY KEY (namespace=? AND counter=?)" in plan, plan
