@@ -107,27 +107,49 @@ def aggregate_statement(table: str) -> RowsStatement:
     return RowsStatement(_AGGREGATE_HEAD, _AGGREGATE_ROW, _AGGREGATE_TAIL.format(t=table))
 
 
-# Bucket sums of one slice: the events of the range by one primary-key range scan (as _SCAN_FROM), grouped by
-# bucket start (floor-aligned to ?7), each bucket's latest clear joined back to sum the adds strictly after it.
-# Parameters: namespace, counter, after_us, upto_us, time_bucket(after_us), time_bucket(upto_us), width_us.
-_BUCKET_SUMS = """
-WITH e AS (
-    SELECT event_time - ((event_time % ?7) + ?7) % ?7 AS b, event_time, delta, is_clear FROM "{t}"
-    WHERE namespace = ?1 AND counter = ?2 AND (time_bucket, event_time) > (?5, ?3)
-      AND (time_bucket, event_time) <= (?6, ?4)),
-c AS (SELECT b, MAX(event_time) AS lc FROM e WHERE is_clear = 1 GROUP BY b)
-SELECT e.b, COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (c.lc IS NULL OR e.event_time > c.lc) THEN e.delta END), 0),
-       c.lc, COUNT(*)
-FROM e LEFT JOIN c ON c.b = e.b GROUP BY e.b ORDER BY e.b
+# Bucket sums of many windows of one slice in one statement, one JSON row (as the aggregates): per window the events
+# of its range by one primary-key range scan (as _SCAN_FROM), grouped by bucket start (floor-aligned to the width),
+# each bucket's latest clear (a window function over the bucket) bounding the adds summed: [window, bucket, sum,
+# clear, events].
+# Row parameters: window index, namespace, counter, after_us, upto_us, time_bucket(after_us), time_bucket(upto_us),
+# width_us.
+_BUCKET_SUMS_TAIL = """), e AS (
+    SELECT k.i AS i, ev.event_time - ((ev.event_time % k.width) + k.width) % k.width AS b, ev.event_time AS event_time,
+           ev.delta AS delta, ev.is_clear AS is_clear
+    FROM k JOIN "{t}" AS ev
+      ON ev.namespace = k.namespace AND ev.counter = k.counter
+     AND (ev.time_bucket, ev.event_time) > (k.tb_lo, k.after_us)
+     AND (ev.time_bucket, ev.event_time) <= (k.tb_hi, k.upto_us)),
+c AS (SELECT *, MAX(CASE WHEN is_clear = 1 THEN event_time END) OVER (PARTITION BY i, b) AS lc FROM e)
+SELECT json_group_array(json_array(i, b, total, lc, n)) FROM (
+    SELECT i, b, lc, COUNT(*) AS n,
+           COALESCE(SUM(CASE WHEN is_clear = 0 AND (lc IS NULL OR event_time > lc) THEN delta END), 0) AS total
+    FROM c GROUP BY i, b)
 """
 
-# The items of a range (UNIQUE namespaces), by the same primary-key range scan; grouped per bucket in Python.
-# Parameters: namespace, counter, after_us, upto_us, time_bucket(after_us), time_bucket(upto_us).
-_BUCKET_ITEMS = """
-SELECT event_time, event_item_key, is_clear FROM "{t}"
-WHERE namespace = ?1 AND counter = ?2 AND (time_bucket, event_time) > (?5, ?3)
-  AND (time_bucket, event_time) <= (?6, ?4)
+# The items of many windows' ranges (UNIQUE namespaces) in one statement, one JSON row, by the same primary-key range
+# scans: [window, event_time, item, is_clear] per event, grouped per bucket in Python.
+# Row parameters: as _BUCKET_SUMS_TAIL's, the width unused.
+_BUCKET_ITEMS_TAIL = """)
+SELECT json_group_array(json_array(k.i, ev.event_time, ev.event_item_key, ev.is_clear))
+FROM k JOIN "{t}" AS ev
+  ON ev.namespace = k.namespace AND ev.counter = k.counter
+ AND (ev.time_bucket, ev.event_time) > (k.tb_lo, k.after_us) AND (ev.time_bucket, ev.event_time) <= (k.tb_hi, k.upto_us)
 """
+_RANGES_HEAD = "WITH k (i, namespace, counter, after_us, upto_us, tb_lo, tb_hi, width) AS (VALUES"
+
+
+@functools.lru_cache(maxsize=256)
+def bucket_sums_statement(table: str) -> RowsStatement:
+    """The bucket sums statement of one slice table (see ``_BUCKET_SUMS_TAIL``)."""
+    return RowsStatement(_RANGES_HEAD, _AGGREGATE_ROW, _BUCKET_SUMS_TAIL.format(t=table))
+
+
+@functools.lru_cache(maxsize=256)
+def bucket_items_statement(table: str) -> RowsStatement:
+    """The bucket items statement of one slice table (see ``_BUCKET_ITEMS_TAIL``)."""
+    return RowsStatement(_RANGES_HEAD, _AGGREGATE_ROW, _BUCKET_ITEMS_TAIL.format(t=table))
+
 
 _COLUMNS = "namespace, counter, event_time, event_id, event_item_key, delta, is_clear"
 # Key order (time_bucket, event_time, event_id, event_item_key) is (event_time, event_id,
@@ -232,17 +254,14 @@ class SqliteEventStore:
                                 width_us: int) -> list[list[BucketItems]]:
         return await self._per_bucket(self._bucket_items, namespace, windows, width_us)
 
-    async def _per_bucket(self, per_window: Callable[[sqlite3.Connection, str, str, int, int, int], list[T]],
-                          namespace: str, windows: Sequence[tuple[str, int, int]], width_us: int) -> list[list[T]]:
-        """``per_window(conn, namespace, counter, after, upto, width_us)`` of every window, on one snapshot."""
-        def read_all(conn: sqlite3.Connection) -> list[list[T]]:
-            return [per_window(conn, namespace, counter, after, upto, width_us) if upto > after else []
-                    for counter, after, upto in windows]
+    async def _per_bucket(self, read: Callable[[sqlite3.Connection, str, Sequence[tuple[str, int, int]], int], list[T]],
+                          namespace: str, windows: Sequence[tuple[str, int, int]], width_us: int) -> list[T]:
+        """``read(conn, namespace, windows, width_us)`` on one snapshot."""
         if width_us <= 0:
             raise ValueError(f"bucket width must be positive (got {width_us})")
         if not windows:
             return []
-        return await self._db.run(self._read, read_all)
+        return await self._db.run(self._read, read, namespace, windows, width_us)
 
     async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
                    after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:
@@ -406,8 +425,24 @@ class SqliteEventStore:
         return i, namespace, counter, after_us, upto_us, s.bucket(after_us + 1), s.bucket(upto_us), s.bucket_us
 
     @staticmethod
+    def _range_args(s: _Slice, i: int, namespace: str, counter: str, after_us: int, upto_us: int,
+                    width_us: int) -> tuple:
+        return i, namespace, counter, after_us, upto_us, s.bucket(after_us), s.bucket(upto_us), width_us
+
+    @staticmethod
     def _scan_from_args(s: _Slice, namespace: str, counter: str, after_us: int, upto_us: int, limit: int) -> tuple:
         return namespace, counter, s.bucket(after_us), after_us, s.bucket(upto_us), upto_us, limit
+
+    def _by_slice(self, conn: sqlite3.Connection, namespace: str,
+                  windows: Sequence[tuple[str, int, int]]) -> list[tuple[_Slice, list[int]]]:
+        """The slices holding some event of the windows ``(counter, after_us, upto_us]``, oldest first, each with the
+        indexes of the windows it overlaps."""
+        by_slice: dict[str, tuple[_Slice, list[int]]] = {}
+        for i, (_counter, after, upto) in enumerate(windows):
+            if upto > after:
+                for s in self._overlapping(conn, namespace, after, upto):
+                    by_slice.setdefault(s.table, (s, []))[1].append(i)
+        return sorted(by_slice.values(), key=lambda entry: entry[0].start_us)
 
     def _aggregates(self, conn: sqlite3.Connection, namespace: str,
                     windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
@@ -417,12 +452,7 @@ class SqliteEventStore:
         delta = [0] * len(windows)
         events = [0] * len(windows)
         cleared: dict[int, int] = {}  # window -> its latest clear
-        by_slice: dict[str, tuple[_Slice, list[int]]] = {}
-        for i, (_counter, after, upto) in enumerate(windows):
-            if upto > after:
-                for s in self._overlapping(conn, namespace, after, upto):
-                    by_slice.setdefault(s.table, (s, []))[1].append(i)
-        for s, members in sorted(by_slice.values(), key=lambda v: v[0].start_us, reverse=True):
+        for s, members in reversed(self._by_slice(conn, namespace, windows)):
             params = [self._aggregate_args(s, i, namespace, *windows[i]) for i in members if i not in cleared]
             for i, last_clear, (total, n) in json_rows(conn, aggregate_statement(s.table), params):
                 delta[i] += total
@@ -431,27 +461,34 @@ class SqliteEventStore:
                     cleared[i] = last_clear
         return [Aggregate(delta[i], i in cleared, cleared.get(i), events[i]) for i in range(len(windows))]
 
-    def _bucket_sums(self, conn: sqlite3.Connection, namespace: str, counter: str, after_us: int, upto_us: int,
-                     width_us: int) -> list[BucketSum]:
-        """Oldest slice first; a bucket straddling two slices (a slice width that is no multiple of the bucket
-        width) is combined from its parts, the later part's clear erasing the earlier part."""
-        out: list[BucketSum] = []
-        for s in self._overlapping(conn, namespace, after_us, upto_us):
-            args = (namespace, counter, after_us, upto_us, s.bucket(after_us), s.bucket(upto_us), width_us)
-            for row in conn.execute(_BUCKET_SUMS.format(t=s.table), args):
-                part: BucketSum = (row[0], row[1], row[2], row[3])
-                out.append(combine_sums(out.pop(), part) if out and out[-1][0] == part[0] else part)
+    def _bucket_sums(self, conn: sqlite3.Connection, namespace: str, windows: Sequence[tuple[str, int, int]],
+                     width_us: int) -> list[list[BucketSum]]:
+        """One statement per slice for all the windows it overlaps, oldest slice first; a bucket straddling two
+        slices (a slice width that is no multiple of the bucket width) is combined from its parts, the later part's
+        clear erasing the earlier part."""
+        out: list[list[BucketSum]] = [[] for _ in windows]
+        for s, members in self._by_slice(conn, namespace, windows):
+            found = json_rows(conn, bucket_sums_statement(s.table),
+                              [self._range_args(s, i, namespace, *windows[i], width_us) for i in members])
+            for i, start, total, last_clear, n in sorted(found, key=lambda r: (r[0], r[1])):
+                sums, part = out[i], (start, total, last_clear, n)
+                sums.append(combine_sums(sums.pop(), part) if sums and sums[-1][0] == start else part)
         return out
 
-    def _bucket_items(self, conn: sqlite3.Connection, namespace: str, counter: str, after_us: int, upto_us: int,
-                      width_us: int) -> list[BucketItems]:
-        """Oldest slice first; a bucket straddling two slices is combined from its parts (as ``_bucket_sums``)."""
-        out: list[BucketItems] = []
-        for s in self._overlapping(conn, namespace, after_us, upto_us):
-            args = (namespace, counter, after_us, upto_us, s.bucket(after_us), s.bucket(upto_us))
-            for part in bucket_items_of(((t, key, bool(clear)) for t, key, clear
-                                         in conn.execute(_BUCKET_ITEMS.format(t=s.table), args)), width_us):
-                out.append(combine_items(out.pop(), part) if out and out[-1][0] == part[0] else part)
+    def _bucket_items(self, conn: sqlite3.Connection, namespace: str, windows: Sequence[tuple[str, int, int]],
+                      width_us: int) -> list[list[BucketItems]]:
+        """As ``_bucket_sums``: one statement per slice, oldest first, straddling buckets combined."""
+        out: list[list[BucketItems]] = [[] for _ in windows]
+        for s, members in self._by_slice(conn, namespace, windows):
+            events: dict[int, list[tuple[int, str, bool]]] = {i: [] for i in members}
+            for i, t, item, clear in json_rows(conn, bucket_items_statement(s.table),
+                                               [self._range_args(s, i, namespace, *windows[i], width_us)
+                                                for i in members]):
+                events[i].append((t, item, bool(clear)))
+            for i, found in events.items():
+                items = out[i]
+                for part in bucket_items_of(found, width_us):
+                    items.append(combine_items(items.pop(), part) if items and items[-1][0] == part[0] else part)
         return out
 
     def _scan(self, conn: sqlite3.Connection, namespace: str, counter: str, after_us: int, upto_us: int,

@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import orjson
 import pytest
 
 from sinks import EventStore, SketchStore, SqliteEventStore, SqliteSketchStore, open_sketch_store, open_stores
 from sinks.sketches import Union, bucket_items_of, estimate, sketch_of, union
-from sinks.sqlite.events import _BUCKET_ITEMS
+from sinks.sqlite.bulk import bulk_statement
+from sinks.sqlite.events import bucket_items_statement
 from sinks.windows import Granularity
 from tests.integration.test_store_contract import BASE, PART, S, ev
 
@@ -219,14 +221,16 @@ def test_sqlite_bucket_items_read_the_range_by_primary_key(tmp_path: Path) -> No
     asyncio.run(es.close())
     conn = sqlite3.connect(tmp_path / "events.sqlite3")
     try:
-        args = ("ns", "c", BASE, BASE + 30 * S, PART.time_bucket(BASE), PART.time_bucket(BASE + 30 * S))
-        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + _BUCKET_ITEMS.format(t=table), args)]
-        rows = conn.execute(_BUCKET_ITEMS.format(t=table), args).fetchall()
+        args = (0, "ns", "c", BASE, BASE + 30 * S, PART.time_bucket(BASE), PART.time_bucket(BASE + 30 * S), 60 * S)
+        sql = bulk_statement(bucket_items_statement(table), 1)
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
+        ((rows,),) = conn.execute(sql, args).fetchall()
     finally:
         conn.close()
-    assert plan and all("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line
-                        for line in plan), plan
-    assert sorted(rows) == [(BASE + i * S, f"u{i}", 0) for i in range(1, 31)]
+    events_reads = [line for line in plan if line.startswith(("SEARCH ev", "SCAN ev"))]
+    assert events_reads and all("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line
+                                for line in events_reads), plan
+    assert sorted(orjson.loads(rows)) == [[0, BASE + i * S, f"u{i}", 0] for i in range(1, 31)]
 
 
 def test_sqlite_sketches_refuse_a_file_of_another_layout(tmp_path: Path) -> None:

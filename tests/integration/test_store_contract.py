@@ -33,7 +33,7 @@ from sinks import (
 )
 from sinks import Stores as OpenedStores
 from sinks.sqlite.bulk import bulk_statement
-from sinks.sqlite.events import _BUCKET_SUMS, aggregate_statement
+from sinks.sqlite.events import aggregate_statement, bucket_sums_statement
 from sinks.windows import Granularity, RankPage
 
 T = TypeVar("T")
@@ -786,15 +786,16 @@ def test_sqlite_bucket_sums_read_the_range_by_primary_key(tmp_path: Path) -> Non
     asyncio.run(es.close())
     conn = sqlite3.connect(tmp_path / "events.sqlite3")
     try:
-        args = ("ns", "c", BASE, BASE + 30 * S, PART.time_bucket(BASE), PART.time_bucket(BASE + 30 * S), 60 * S)
-        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + _BUCKET_SUMS.format(t=table), args)]
-        rows = conn.execute(_BUCKET_SUMS.format(t=table), args).fetchall()
+        args = (0, "ns", "c", BASE, BASE + 30 * S, PART.time_bucket(BASE), PART.time_bucket(BASE + 30 * S), 60 * S)
+        sql = bulk_statement(bucket_sums_statement(table), 1)
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
+        ((rows,),) = conn.execute(sql, args).fetchall()
     finally:
         conn.close()
-    events_reads = [line for line in plan if table in line]
+    events_reads = [line for line in plan if line.startswith(("SEARCH ev", "SCAN ev", f"SCAN {table}"))]
     assert events_reads and all("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line
                                 for line in events_reads), plan
-    assert rows == [(BASE, 30, None, 30)]
+    assert orjson.loads(rows) == [[0, BASE, 30, None, 30]]
 
 
 def test_sqlite_buckets_refuse_a_file_of_another_layout(tmp_path: Path) -> None:
