@@ -73,18 +73,20 @@ CREATE INDEX IF NOT EXISTS "{t}_clears" ON "{t}" (namespace, counter, event_time
 _INSERT = 'INSERT OR IGNORE INTO "{t}" VALUES'
 _ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
-# The aggregates of many windows of one slice in one statement: per window the latest clear via the clears index,
-# then one primary-key range scan starting at that clear (or just after after_us), summing adds strictly after the
-# clear. The windows are a VALUES list, materialized with their clears so each clear is looked up once.
-# The result is one row, a JSON array of [window index, latest clear, [sum, events]]: Python's sqlite3 releases the
-# GIL at every step, one per result row, and beside a busy thread each hand-over can cost a switch interval (5 ms).
-# Beside a busy thread, 32 windows took 25-82 ms (p90 126-134 ms) as a statement each and 32-35 ms (p90 54-58 ms)
-# this way; alone 1.8 and 1.0 ms (scratch benchmark).
-# Row parameters: window index, namespace, counter, after_us, upto_us, time_bucket(after_us + 1),
-# time_bucket(upto_us), the slice's bucket width (the clear's bucket is lc / width).
+# Reads of many windows of one slice in one statement: the windows are a VALUES list `k`, each row (window index,
+# namespace, counter, after_us, upto_us, time bucket low, time bucket high, width), and the result is one row, a JSON
+# array of rows naming their window. Why: Python's sqlite3 releases the GIL at every step, one per result row, and
+# beside a busy thread each hand-over can cost a switch interval (5 ms). Beside a busy thread, 32 aggregates took
+# 25-82 ms (p90 126-134 ms) as a statement each and 32-35 ms (p90 54-58 ms) this way, alone 1.8 and 1.0 ms; bucket
+# sums of 300 windows 2.2-7.1 s and 0.2-0.41 s (scratch benchmarks).
 # (time_bucket, event_time) > (time_bucket(x), x) holds exactly when event_time > x: buckets are monotone.
-_AGGREGATE_HEAD = "WITH k (i, namespace, counter, after_us, upto_us, tb_lo, tb_hi, bucket_us) AS (VALUES"
-_AGGREGATE_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
+_WINDOWS_HEAD = "WITH k (i, namespace, counter, after_us, upto_us, tb_lo, tb_hi, width) AS (VALUES"
+_WINDOW_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
+
+# Aggregates: per window the latest clear via the clears index, then one primary-key range scan starting at that
+# clear (or just after after_us), summing adds strictly after the clear; [window, latest clear, [sum, events]].
+# The windows are materialized with their clears so each clear is looked up once. Time buckets: of after_us + 1 and
+# upto_us; width: the slice's bucket width (the clear's bucket is lc / width).
 _AGGREGATE_TAIL = """), c AS MATERIALIZED (
 SELECT k.*, (SELECT MAX(event_time) FROM "{t}" INDEXED BY "{t}_clears"
              WHERE namespace = k.namespace AND counter = k.counter AND is_clear = 1
@@ -95,7 +97,7 @@ SELECT json_group_array(json_array(c.i, c.lc, (
                                         THEN e.delta END), 0), COUNT(*))
     FROM "{t}" AS e
     WHERE e.namespace = c.namespace AND e.counter = c.counter
-      AND (e.time_bucket, e.event_time) >= (COALESCE(c.lc / c.bucket_us, c.tb_lo), COALESCE(c.lc, c.after_us + 1))
+      AND (e.time_bucket, e.event_time) >= (COALESCE(c.lc / c.width, c.tb_lo), COALESCE(c.lc, c.after_us + 1))
       AND (e.time_bucket, e.event_time) <= (c.tb_hi, c.upto_us))))
 FROM c
 """
@@ -104,51 +106,52 @@ FROM c
 @functools.lru_cache(maxsize=256)
 def aggregate_statement(table: str) -> RowsStatement:
     """The aggregate statement of one slice table (see ``_AGGREGATE_TAIL``)."""
-    return RowsStatement(_AGGREGATE_HEAD, _AGGREGATE_ROW, _AGGREGATE_TAIL.format(t=table))
+    return RowsStatement(_WINDOWS_HEAD, _WINDOW_ROW, _AGGREGATE_TAIL.format(t=table))
 
 
-# Bucket sums of many windows of one slice in one statement, one JSON row (as the aggregates): per window the events
-# of its range by one primary-key range scan (as _SCAN_FROM), grouped by bucket start (floor-aligned to the width),
-# each bucket's latest clear (a window function over the bucket) bounding the adds summed: [window, bucket, sum,
-# clear, events].
-# Row parameters: window index, namespace, counter, after_us, upto_us, time_bucket(after_us), time_bucket(upto_us),
-# width_us.
-_BUCKET_SUMS_TAIL = """), e AS (
-    SELECT k.i AS i, ev.event_time - ((ev.event_time % k.width) + k.width) % k.width AS b, ev.event_time AS event_time,
-           ev.delta AS delta, ev.is_clear AS is_clear
-    FROM k JOIN "{t}" AS ev
-      ON ev.namespace = k.namespace AND ev.counter = k.counter
-     AND (ev.time_bucket, ev.event_time) > (k.tb_lo, k.after_us)
-     AND (ev.time_bucket, ev.event_time) <= (k.tb_hi, k.upto_us)),
-c AS (SELECT *, MAX(CASE WHEN is_clear = 1 THEN event_time END) OVER (PARTITION BY i, b) AS lc FROM e)
-SELECT json_group_array(json_array(i, b, total, lc, n)) FROM (
-    SELECT i, b, lc, COUNT(*) AS n,
-           COALESCE(SUM(CASE WHEN is_clear = 0 AND (lc IS NULL OR event_time > lc) THEN delta END), 0) AS total
-    FROM c GROUP BY i, b)
+# Bucket sums: per window (a correlated subquery: one window's rows sorted at a time, not all windows' at once, which
+# cost half as much again after a burst) the events of its range by one primary-key range scan (as _SCAN_FROM),
+# grouped by bucket start (floor-aligned to the width, the buckets' own), each bucket's latest clear (by the clears
+# index) bounding the adds summed: [window, [[bucket, sum, clear, events], ...]]. Time buckets: of after_us and
+# upto_us.
+_BUCKET_SUMS_TAIL = """)
+SELECT json_group_array(json_array(k.i, (
+  SELECT json_group_array(json_array(b, total, lc, n)) FROM (
+    SELECT e.b AS b, cl.lc AS lc, COUNT(*) AS n,
+           COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (cl.lc IS NULL OR e.event_time > cl.lc) THEN e.delta END), 0)
+             AS total
+    FROM (SELECT event_time - ((event_time % k.width) + k.width) % k.width AS b, event_time, delta, is_clear
+          FROM "{t}" WHERE namespace = k.namespace AND counter = k.counter
+           AND (time_bucket, event_time) > (k.tb_lo, k.after_us) AND (time_bucket, event_time) <= (k.tb_hi, k.upto_us)
+         ) AS e
+    LEFT JOIN (SELECT event_time - ((event_time % k.width) + k.width) % k.width AS b, MAX(event_time) AS lc
+               FROM "{t}" INDEXED BY "{t}_clears" WHERE namespace = k.namespace AND counter = k.counter
+                AND is_clear = 1 AND event_time > k.after_us AND event_time <= k.upto_us GROUP BY 1) AS cl
+      ON cl.b = e.b
+    GROUP BY e.b))))
+FROM k
 """
 
-# The items of many windows' ranges (UNIQUE namespaces) in one statement, one JSON row, by the same primary-key range
-# scans: [window, event_time, item, is_clear] per event, grouped per bucket in Python.
-# Row parameters: as _BUCKET_SUMS_TAIL's, the width unused.
+# Bucket items (UNIQUE namespaces), by the same primary-key range scans: [window, event_time, item, is_clear] per
+# event, grouped per bucket in Python. Windows as the bucket sums' (the width unused).
 _BUCKET_ITEMS_TAIL = """)
 SELECT json_group_array(json_array(k.i, ev.event_time, ev.event_item_key, ev.is_clear))
 FROM k JOIN "{t}" AS ev
   ON ev.namespace = k.namespace AND ev.counter = k.counter
  AND (ev.time_bucket, ev.event_time) > (k.tb_lo, k.after_us) AND (ev.time_bucket, ev.event_time) <= (k.tb_hi, k.upto_us)
 """
-_RANGES_HEAD = "WITH k (i, namespace, counter, after_us, upto_us, tb_lo, tb_hi, width) AS (VALUES"
 
 
 @functools.lru_cache(maxsize=256)
 def bucket_sums_statement(table: str) -> RowsStatement:
     """The bucket sums statement of one slice table (see ``_BUCKET_SUMS_TAIL``)."""
-    return RowsStatement(_RANGES_HEAD, _AGGREGATE_ROW, _BUCKET_SUMS_TAIL.format(t=table))
+    return RowsStatement(_WINDOWS_HEAD, _WINDOW_ROW, _BUCKET_SUMS_TAIL.format(t=table))
 
 
 @functools.lru_cache(maxsize=256)
 def bucket_items_statement(table: str) -> RowsStatement:
     """The bucket items statement of one slice table (see ``_BUCKET_ITEMS_TAIL``)."""
-    return RowsStatement(_RANGES_HEAD, _AGGREGATE_ROW, _BUCKET_ITEMS_TAIL.format(t=table))
+    return RowsStatement(_WINDOWS_HEAD, _WINDOW_ROW, _BUCKET_ITEMS_TAIL.format(t=table))
 
 
 _COLUMNS = "namespace, counter, event_time, event_id, event_item_key, delta, is_clear"
@@ -470,9 +473,11 @@ class SqliteEventStore:
         for s, members in self._by_slice(conn, namespace, windows):
             found = json_rows(conn, bucket_sums_statement(s.table),
                               [self._range_args(s, i, namespace, *windows[i], width_us) for i in members])
-            for i, start, total, last_clear, n in sorted(found, key=lambda r: (r[0], r[1])):
-                sums, part = out[i], (start, total, last_clear, n)
-                sums.append(combine_sums(sums.pop(), part) if sums and sums[-1][0] == start else part)
+            for i, buckets in found:
+                sums = out[i]
+                for start, total, last_clear, n in sorted(buckets or ()):
+                    part = (start, total, last_clear, n)
+                    sums.append(combine_sums(sums.pop(), part) if sums and sums[-1][0] == start else part)
         return out
 
     def _bucket_items(self, conn: sqlite3.Connection, namespace: str, windows: Sequence[tuple[str, int, int]],
