@@ -16,6 +16,8 @@ BENCHMARKS = {
     "topk": ("bench.topk", "GetTopK p50/p99 at concurrency 32 over 10,000 counters vs a plain GetCount"),
     "hot": ("bench.hot", "one hot counter with shards 1 and N vs 1,000 counters: partition skew, per-worker "
                          "share, persisted rate, convergence"),
+    "store-batches": ("bench.store_batches", "the SQLite stores' many-row calls alone vs beside a busy thread (GIL "
+                                             "hand-overs per statement step)"),
     "broker-fetch": ("bench.broker_fetch", "the local broker's CPU per fetch at a partition's tail as the partition "
                                            "grows, vs the empty partition (a diagnostic)"),
 }
@@ -23,7 +25,8 @@ BENCHMARKS = {
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "bench", help="run a benchmark (ingest, read, best-effort, history, windows, write, hot, topk, broker-fetch)",
+        "bench", help="run a benchmark (ingest, read, best-effort, history, windows, write, hot, topk, broker-fetch, "
+             "store-batches)",
         description="Benchmarks start their own local stack in a temporary directory, show progress, print "
                     "their figures next to a baseline measured in the same run, and write JSON results to "
                     "bench/results/. " + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()) + ".",

@@ -6,15 +6,17 @@ persist hot path allocates no per-event objects.
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
 __all__ = ["EMPTY_AGGREGATE", "Aggregate", "EventRow", "Partitioning", "RollupState", "apply_aggregate",
-           "prefix_end"]
+           "later_than_stored", "prefix_end"]
 
 _US = 1_000_000
+K = TypeVar("K", bound=Hashable)
 
 # (namespace, counter, event_time_us, event_id, event_item_key, delta, is_clear)
 EventRow = tuple[str, str, int, str, str, int, bool]
@@ -114,3 +116,16 @@ def prefix_end(prefix: str) -> str | None:
                 nxt = 0xE000
             return "".join(chars) + chr(nxt)
     return None
+
+
+def later_than_stored(rows: Sequence[tuple[K, int]], stored: Mapping[K, int]) -> list[int]:
+    """The indexes of ``rows`` (key, boundary) that a forward-only write applies: computed at a later boundary than
+    the stored one (``stored``: key -> boundary, absent when none) and than an earlier row of the same call. An equal
+    boundary is refused (on Cassandra it would tie on write timestamps), as SQLite's conditional upserts do."""
+    latest = dict(stored)
+    chosen: list[int] = []
+    for i, (key, upto) in enumerate(rows):
+        if upto > latest.get(key, upto - 1):
+            latest[key] = upto
+            chosen.append(i)
+    return chosen

@@ -40,7 +40,8 @@ from collections.abc import Callable, Sequence
 from schemas.dimensions import split_signature
 from sinks.cassandra.cql import Stmt, WindowCql
 from sinks.cassandra.session import Executor
-from sinks.cassandra.slices import Key, SlicedPartitions, later_than_stored, now_us
+from sinks.cassandra.slices import Key, SlicedPartitions, now_us
+from sinks.model import later_than_stored
 from sinks.windows import BucketRange, BucketRow, Granularity, RankEntry, RankPage, StoredBucket
 
 __all__ = ["CassandraBucketStore"]

@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from sinks.cassandra.buckets import CassandraBucketStore
 from sinks.cassandra.cql import SketchCql
 from sinks.cassandra.session import Executor
-from sinks.cassandra.slices import Key, SlicedPartitions, later_than_stored, now_us
+from sinks.cassandra.slices import Key, SlicedPartitions, now_us
+from sinks.model import later_than_stored
 from sinks.sketches import SketchRow, StoredSketch
 from sinks.windows import BucketRange, Granularity
 

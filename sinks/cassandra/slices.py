@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from sinks.cassandra.config import bucket_ttl_seconds
 from sinks.cassandra.cql import COUNTER_SHARDS, SlicedCql, Stmt
 from sinks.cassandra.session import Executor
 from sinks.windows import BucketRange, Granularity, slice_bounds
 
-__all__ = ["Key", "SliceHook", "SlicedPartitions", "later_than_stored", "now_us"]
+__all__ = ["Key", "SliceHook", "SlicedPartitions", "now_us"]
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +34,6 @@ SliceHook = Callable[[int, bool, int, int], Awaitable[None]]
 
 def now_us() -> int:
     return time.time_ns() // 1000
-
-
-def later_than_stored(rows: Sequence[tuple[Key, int]], stored: Mapping[Key, int]) -> list[int]:
-    """The indexes of ``rows`` (key, computed_upto) worth writing: computed at a later boundary than the stored row's
-    and than an earlier row of the same call. An equal boundary would tie on write timestamps (forward-only by
-    last-write-wins needs a strictly later one)."""
-    latest = dict(stored)
-    chosen: list[int] = []
-    for i, (key, upto) in enumerate(rows):
-        if upto > latest.get(key, upto - 1):
-            latest[key] = upto
-            chosen.append(i)
-    return chosen
 
 
 class SlicedPartitions:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -61,18 +60,6 @@ def json_rows(conn: sqlite3.Connection, stmt: RowsStatement, rows: Sequence[Sequ
     json_group_array(json_array(...))``): one step per statement, where a row per result costs a step (and a GIL
     hand-over) each."""
     return [r for (found,) in returned_rows(conn, stmt, rows) for r in orjson.loads(found)]
-
-
-def upserts_applied(conn: sqlite3.Connection, upsert: RowsStatement, rows: Sequence[Sequence[object]],
-                    keys: Sequence[tuple]) -> list[bool]:
-    """Per row, whether a conditional `upsert` applied it: `upsert` returns (``RETURNING``) the columns that make
-    `keys`, one key per row. A row given twice is applied once at most: the first one, as SQLite applies them."""
-    applied = Counter(returned_rows(conn, upsert, rows))
-    out = []
-    for key in keys:
-        out.append(applied[key] > 0)
-        applied[key] -= 1
-    return out
 
 
 def _run(conn: sqlite3.Connection, stmt: RowsStatement, rows: Sequence[Sequence[object]]) -> Iterator[sqlite3.Cursor]:

@@ -16,8 +16,8 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from sinks.model import RollupState, prefix_end
-from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows, upserts_applied
+from sinks.model import RollupState, later_than_stored, prefix_end
+from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows
 from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteRollupStore"]
@@ -52,9 +52,11 @@ _ROLLUP_ON_CONFLICT = ("ON CONFLICT (namespace, counter) DO UPDATE SET count = e
                        "excluded.rollup_ts WHERE excluded.rollup_ts > rollups.rollup_ts")
 _ROLLUP = ("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, ?, ?, 0) "
            + _ROLLUP_ON_CONFLICT)
-# many rollups at once; RETURNING names the rows applied (a refused upsert returns none)
 _ROLLUPS = RowsStatement("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
-                      "(?, ?, ?, ?, 0)", _ROLLUP_ON_CONFLICT + " RETURNING counter, count, rollup_ts")
+                         "(?, ?, ?, ?, 0)", _ROLLUP_ON_CONFLICT)
+_ROLLUP_TS = RowsStatement("WITH k (namespace, counter) AS (VALUES", "(?, ?)",
+                           ") SELECT json_group_array(json_array(counter, rollup_ts)) FROM k JOIN rollups "
+                           "USING (namespace, counter)")
 _STALE_FIRST = """
 SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts ORDER BY namespace, counter LIMIT ?
@@ -105,8 +107,13 @@ class SqliteRollupStore:
 
     async def write_rollups(self, namespace: str, items: Sequence[tuple[str, int, int]]) -> list[bool]:
         def apply(conn: sqlite3.Connection) -> list[bool]:
-            return upserts_applied(conn, _ROLLUPS, [(namespace, c, n, ts) for c, n, ts in items],
-                                   [(c, n, ts) for c, n, ts in items])
+            # Which rows apply, from the stored rollup_ts read in this write transaction (so exact): one step,
+            # where RETURNING would hand the GIL over once per row applied.
+            counters = dict.fromkeys(c for c, _n, _t in items)
+            stored = dict(json_rows(conn, _ROLLUP_TS, [(namespace, c) for c in counters]))
+            applied = set(later_than_stored([(c, ts) for c, _n, ts in items], stored))
+            insert_rows(conn, _ROLLUPS, [(namespace, c, n, ts) for c, n, ts in items])
+            return [i in applied for i in range(len(items))]
         if not items:
             return []
         return await self._db.run(lambda conn: self._db.write(conn, apply))

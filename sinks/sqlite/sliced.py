@@ -15,7 +15,8 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from sinks.sqlite.bulk import RowsStatement, insert_rows, upserts_applied
+from sinks.model import later_than_stored
+from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows
 from sinks.windows import Granularity, slice_bounds
 
 __all__ = ["SlicedTable", "open_layout"]
@@ -46,12 +47,15 @@ class SlicedTable:
     transaction."""
 
     def __init__(self, table: str, value: str, slices: str) -> None:
-        # RETURNING names the rows applied: a refused upsert returns none
         self._write = RowsStatement(
             f"INSERT INTO {table} (namespace, counter, granularity, start_us, {value}, computed_upto) VALUES",
             "(?, ?, ?, ?, ?, ?)", f"ON CONFLICT (namespace, counter, granularity, start_us) DO UPDATE SET {value} = "
             f"excluded.{value}, computed_upto = excluded.computed_upto WHERE excluded.computed_upto > "
-            f"{table}.computed_upto RETURNING counter, granularity, start_us, computed_upto")
+            f"{table}.computed_upto")
+        self._stored = RowsStatement(
+            "WITH k (namespace, counter, granularity, start_us) AS (VALUES", "(?, ?, ?, ?)",
+            f") SELECT json_group_array(json_array(counter, granularity, start_us, computed_upto)) FROM k JOIN {table} "
+            "USING (namespace, counter, granularity, start_us)")
         self._range = (f"SELECT start_us, {value}, computed_upto FROM {table} WHERE namespace = ? AND counter = ? "
                        "AND granularity = ? AND start_us >= ? AND start_us < ? ORDER BY start_us")
         self._add = RowsStatement(f"INSERT OR IGNORE INTO {slices} (namespace, granularity, slice) VALUES", "(?, ?, ?)")
@@ -66,12 +70,16 @@ class SlicedTable:
         whether it was written (False: a row computed at the same or a later boundary is stored)."""
         slices = {(Granularity(g).value, start // Granularity(g).slice_us) for _c, g, start, _v, _u in rows}
         insert_rows(conn, self._add, [(namespace, g, s) for g, s in sorted(slices)])
-        params, keys = [], []
-        for counter, g, start, value, upto in rows:
-            name = Granularity(g).value
-            params.append((namespace, counter, name, start, value, upto))
-            keys.append((counter, name, start, upto))
-        return upserts_applied(conn, self._write, params, keys)
+        params = [(namespace, counter, Granularity(g).value, start, value, upto)
+                  for counter, g, start, value, upto in rows]
+        # Which rows apply, from the stored boundaries read in this write transaction (so exact): one step, where
+        # RETURNING would hand the GIL over once per row applied.
+        keys = [(c, g, start) for _ns, c, g, start, _v, _u in params]
+        stored = {(c, g, start): upto for c, g, start, upto in json_rows(
+            conn, self._stored, [(namespace, *key) for key in dict.fromkeys(keys)])}
+        applied = set(later_than_stored([(key, p[-1]) for key, p in zip(keys, params, strict=True)], stored))
+        insert_rows(conn, self._write, params)
+        return [i in applied for i in range(len(rows))]
 
     def ranges(self, conn: sqlite3.Connection, namespace: str,
                ranges: Sequence[tuple[str, Granularity, int, int]]) -> list[list[tuple]]:

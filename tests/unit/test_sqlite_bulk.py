@@ -52,7 +52,7 @@ def test_rows_go_in_statements_of_the_fixed_sizes_largest_first() -> None:
 
 @pytest.mark.parametrize("n", [0, 1, 3, 250, 1337])
 def test_returning_names_exactly_the_rows_applied_in_order(n: int) -> None:
-    """What `write_rollups` relies on to say per row whether it applied: a refused upsert returns nothing."""
+    """A refused upsert returns nothing."""
     bulk, one = table(), table()
     for conn in (bulk, one):
         conn.execute("INSERT INTO t VALUES ('k0', 50)")
@@ -131,6 +131,7 @@ def test_clears_of_many_counters_are_one_statement(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("module, stmt, table", [("rollups", "_GET_MANY", "rollups"),
+                                                 ("rollups", "_ROLLUP_TS", "rollups"),
                                                  ("buckets", "_CLEARS", "bucket_clears")])
 def test_key_lookups_search_the_primary_key(module: str, stmt: str, table: str) -> None:
     """A lookup of many keys joins them to the table by its primary key: never a scan of the table."""
@@ -139,3 +140,16 @@ def test_key_lookups_search_the_primary_key(module: str, stmt: str, table: str) 
     conn.executescript(source._SCHEMA)
     plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + bulk_statement(getattr(source, stmt), 4), ["k"] * 8)]
     assert f"SEARCH {table} USING PRIMARY KEY (namespace=? AND counter=?)" in plan, plan
+
+
+def test_bucket_writes_look_their_rows_up_by_primary_key(tmp_path) -> None:
+    """The read that decides which rows of a bucket write apply is a primary-key lookup, not a scan."""
+    from sinks.sqlite.buckets import _SCHEMA
+    from sinks.sqlite.sliced import SlicedTable
+
+    conn = sqlite3.connect(":memory:")
+    conn.executescript(_SCHEMA)
+    stored = SlicedTable("buckets", "value", "bucket_slices")._stored
+    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + bulk_statement(stored, 4), ["k"] * 16)]
+    assert any(line.startswith("SEARCH buckets USING PRIMARY KEY (namespace=? AND counter=? AND granularity=? AND "
+                               "start_us=?)") for line in plan), plan
