@@ -9,8 +9,8 @@ timed alone (the baseline, same run) and beside a thread spinning in Python (wha
 store's thread); the figure is the median of --rounds, and the ratio to the baseline.
 
 The calls: the worker's rollup pass (rollups read and written, 1,000 counters), its windows pass (bucket sums and
-bucket items of 300 counters, 50 events each; 2,000 buckets written) and AddAndGetCount's live read (aggregates
-of 32 counters in one call).
+bucket items of 300 counters, 50 events each; 2,000 buckets written and read back) and AddAndGetCount's live read
+(aggregates of 32 counters in one call).
 """
 
 from __future__ import annotations
@@ -86,6 +86,8 @@ async def run_async(rounds: int, data_dir: Path) -> dict:
         "bucket sums (300 counters)": lambda: events.bucket_sums_many(NS, windows, MINUTE_US),
         "bucket items (300 counters)": lambda: events.bucket_items_many(NS, windows, MINUTE_US),
         "buckets written (2,000)": write_buckets,
+        "bucket ranges read (2,000)": lambda: buckets.read_buckets_many(
+            NS, [(f"c{c}", g, 0, 1) for c in range(1000) for g in (Granularity.MINUTE, Granularity.HOUR)]),
     }
     for call in calls.values():  # warm: tables, caches, statements
         await call()

@@ -49,7 +49,7 @@ class SqliteSketchStore:
 
     def __init__(self, path: str | Path) -> None:
         self._db = SqliteThread(path, "sqlite-sketches", self._setup)
-        self._table = SlicedTable("sketches", "sketch", "sketch_slices")
+        self._table = SlicedTable("sketches", "sketch", "sketch_slices", blob=True)
 
     @property
     def path(self) -> Path:

@@ -142,14 +142,17 @@ def test_key_lookups_search_the_primary_key(module: str, stmt: str, table: str) 
     assert f"SEARCH {table} USING PRIMARY KEY (namespace=? AND counter=?)" in plan, plan
 
 
-def test_bucket_writes_look_their_rows_up_by_primary_key(tmp_path) -> None:
-    """The read that decides which rows of a bucket write apply is a primary-key lookup, not a scan."""
+def test_bucket_writes_and_range_reads_seek_the_primary_key(tmp_path) -> None:
+    """The read that decides which rows of a bucket write apply, and a read of many ranges, seek the primary key."""
     from sinks.sqlite.buckets import _SCHEMA
     from sinks.sqlite.sliced import SlicedTable
 
     conn = sqlite3.connect(":memory:")
     conn.executescript(_SCHEMA)
-    stored = SlicedTable("buckets", "value", "bucket_slices")._stored
-    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + bulk_statement(stored, 4), ["k"] * 16)]
+    table = SlicedTable("buckets", "value", "bucket_slices")
+    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + bulk_statement(table._stored, 4), ["k"] * 16)]
     assert any(line.startswith("SEARCH buckets USING PRIMARY KEY (namespace=? AND counter=? AND granularity=? AND "
                                "start_us=?)") for line in plan), plan
+    plan = [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + bulk_statement(table._ranges, 4), ["k"] * 24)]
+    assert any(line.startswith("SEARCH t USING PRIMARY KEY (namespace=? AND counter=? AND granularity=? AND "
+                               "start_us>? AND start_us<?)") for line in plan), plan
