@@ -63,8 +63,8 @@ CREATE TABLE IF NOT EXISTS bucket_clears (
 """
 
 _BUMP_CLEAR = RowsStatement("INSERT INTO bucket_clears (namespace, counter, clear_us) VALUES", "(?, ?, ?)",
-                         "ON CONFLICT (namespace, counter) DO UPDATE SET clear_us = excluded.clear_us "
-                         "WHERE excluded.clear_us > bucket_clears.clear_us")
+                            "ON CONFLICT (namespace, counter) DO UPDATE SET clear_us = excluded.clear_us "
+                            "WHERE excluded.clear_us > bucket_clears.clear_us")
 _CLEARS = RowsStatement("WITH k (namespace, counter) AS (VALUES", "(?, ?)",
                         ") SELECT json_group_array(json_array(counter, clear_us)) FROM k JOIN bucket_clears "
                         "USING (namespace, counter)")

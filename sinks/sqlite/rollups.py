@@ -36,18 +36,18 @@ CREATE TABLE IF NOT EXISTS combinations (
     PRIMARY KEY (namespace, counter, combination)) WITHOUT ROWID;
 """
 _REGISTER = RowsStatement("INSERT INTO combinations (namespace, counter, combination, is_full) VALUES", "(?, ?, ?, 0)",
-                       "ON CONFLICT (namespace, counter, combination) DO NOTHING")
+                          "ON CONFLICT (namespace, counter, combination) DO NOTHING")
 _REGISTER_FULL = RowsStatement("INSERT INTO combinations (namespace, counter, combination, is_full) VALUES",
-                            "(?, ?, ?, 1)", "ON CONFLICT (namespace, counter, combination) DO UPDATE SET is_full = 1 "
-                            "WHERE combinations.is_full = 0")
+                               "(?, ?, ?, 1)", "ON CONFLICT (namespace, counter, combination) DO UPDATE "
+                               "SET is_full = 1 WHERE combinations.is_full = 0")
 
 _GET = "SELECT count, rollup_ts, last_write_ts FROM rollups WHERE namespace = ? AND counter = ?"
 _GET_MANY = RowsStatement("WITH k (namespace, counter) AS (VALUES", "(?, ?)",
                           ") SELECT json_group_array(json_array(namespace, counter, count, rollup_ts, last_write_ts)) "
                           "FROM k JOIN rollups USING (namespace, counter)")
 _BUMP = RowsStatement("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
-                   "(?, ?, 0, 0, ?)", "ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = "
-                   "excluded.last_write_ts WHERE excluded.last_write_ts > rollups.last_write_ts")
+                      "(?, ?, 0, 0, ?)", "ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = "
+                      "excluded.last_write_ts WHERE excluded.last_write_ts > rollups.last_write_ts")
 _ROLLUP_ON_CONFLICT = ("ON CONFLICT (namespace, counter) DO UPDATE SET count = excluded.count, rollup_ts = "
                        "excluded.rollup_ts WHERE excluded.rollup_ts > rollups.rollup_ts")
 _ROLLUP = ("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, ?, ?, 0) "
@@ -67,8 +67,8 @@ WHERE last_write_ts > rollup_ts AND (namespace, counter) > (?, ?)
 ORDER BY namespace, counter LIMIT ?
 """
 _MARK = RowsStatement("INSERT INTO watermarks (topic, partition, mark_us) VALUES", "(?, ?, ?)",
-                   "ON CONFLICT (topic, partition) DO UPDATE SET mark_us = excluded.mark_us "
-                   "WHERE excluded.mark_us > watermarks.mark_us")
+                      "ON CONFLICT (topic, partition) DO UPDATE SET mark_us = excluded.mark_us "
+                      "WHERE excluded.mark_us > watermarks.mark_us")
 
 
 class SqliteRollupStore:

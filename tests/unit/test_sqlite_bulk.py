@@ -12,7 +12,7 @@ import pytest
 from sinks.sqlite.bulk import SIZES, RowsStatement, bulk_statement, insert_rows, returned_rows
 
 UPSERT = RowsStatement("INSERT INTO t (k, v) VALUES", "(?, ?)",
-                    "ON CONFLICT (k) DO UPDATE SET v = excluded.v WHERE excluded.v > t.v")
+                       "ON CONFLICT (k) DO UPDATE SET v = excluded.v WHERE excluded.v > t.v")
 IGNORE = RowsStatement("INSERT OR IGNORE INTO t VALUES", "(?, ?)")
 
 
