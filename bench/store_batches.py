@@ -9,8 +9,9 @@ timed alone (the baseline, same run) and beside a thread spinning in Python (wha
 store's thread); the figure is the median of --rounds, and the ratio to the baseline.
 
 The calls: the worker's rollup pass (rollups read and written, 1,000 counters), its windows pass (bucket sums and
-bucket items of 300 counters, 50 events each; 2,000 buckets written and read back) and AddAndGetCount's live read
-(aggregates of 32 counters in one call).
+bucket items of 300 counters, 50 events each; 2,000 buckets written and read back), AddAndGetCount's live read
+(aggregates of 32 counters in one call), a page of a scan (recounts, audits, UNIQUE live reads) and the lookups of
+read-your-write waits (`EventStore.contains`).
 """
 
 from __future__ import annotations
@@ -64,8 +65,11 @@ async def run_async(rounds: int, data_dir: Path) -> dict:
     rollups = SqliteRollupStore(data_dir / "rollups.sqlite3")
     buckets = SqliteBucketStore(data_dir / "buckets.sqlite3")
     now = time.time_ns() // 1000
-    await events.write_events([(NS, f"c{c}", now - 7_000_000 * j, uuid.uuid4().hex, f"u{j}", 1, False)
-                               for c in range(300) for j in range(50)])
+    rows = [(NS, f"c{c}", now - 7_000_000 * j, uuid.uuid4().hex, f"u{j}", 1, False)
+            for c in range(300) for j in range(50)]
+    await events.write_events(rows)
+    await events.write_events([(NS, "scanned", now - 300_000 * j, f"s{j}", "", 1, False) for j in range(10_000)])
+    identities = [(c, t, eid, key) for _ns, c, t, eid, key, _d, _clear in rows[::15]]  # 1,000 stored events
     windows = [(f"c{c}", now - 3_600_000_000, now + 1) for c in range(300)]
     counters = [(NS, f"c{c}") for c in range(1000)]
     round_no = [0]
@@ -83,6 +87,8 @@ async def run_async(rounds: int, data_dir: Path) -> dict:
         "rollups written (1,000)": write_rollups,
         "rollups read (1,000)": lambda: rollups.get_many(counters),
         "aggregates (32 counters)": lambda: events.aggregate_many(NS, windows[:32]),
+        "events scanned (10,000)": lambda: events.scan(NS, "scanned", now - 3_600_000_000, now + 1),
+        "events looked up (1,000)": lambda: events.contains(NS, identities),
         "bucket sums (300 counters)": lambda: events.bucket_sums_many(NS, windows, MINUTE_US),
         "bucket items (300 counters)": lambda: events.bucket_items_many(NS, windows, MINUTE_US),
         "buckets written (2,000)": write_buckets,

@@ -33,7 +33,7 @@ from sinks import (
 )
 from sinks import Stores as OpenedStores
 from sinks.sqlite.bulk import bulk_statement
-from sinks.sqlite.events import aggregate_statement, bucket_sums_statement
+from sinks.sqlite.events import aggregate_statement, bucket_sums_statement, contains_statement
 from sinks.windows import Granularity, RankPage
 
 T = TypeVar("T")
@@ -283,6 +283,31 @@ def test_contains_finds_exactly_the_stored_identities(stores: Stores) -> None:
     assert stores.run(es.contains(ns, keys)) == [True] * 4 + [False] * 4
     assert stores.run(es.contains(ns, [])) == []
     assert stores.run(es.contains(f"{ns}_none", keys[:1])) == [False]
+
+
+def test_scan_returns_values_exactly(stores: Stores) -> None:
+    """Extreme deltas, non-ASCII and quoting characters in ids and item keys come back as written."""
+    ns, es = stores.namespace, stores.events
+    rows = [ev(ns, BASE + 1, 'q"\\\n', 2**63 - 1, key="ключ 🗝"), ev(ns, BASE + 2, "é", -(2**63), key="{}"),
+            ev(ns, BASE + 3, "0", 0, clear=True)]
+    stores.run(es.write_events(rows))
+    assert stores.run(es.scan(ns, "c", BASE, BASE + 10 * S)) == rows
+
+
+def test_contains_many_identities_across_slices(stores: Stores) -> None:
+    """Over a thousand identities in one call, in two slices, present and absent ones shuffled: exactly the
+    stored ones are found."""
+    ns, es = stores.namespace, stores.events
+    rows = [ev(ns, BASE + (j * 97_003) % (120 * S), f"e{j}", 1, counter=f"c{j % 7}", key=f"k{j % 3}")
+            for j in range(1_200)]
+    stores.run(es.write_events(rows))
+    present = [(c, t, eid, key) for _ns, c, t, eid, key, _d, _clear in rows]
+    absent = [(c, t, eid, "other") for c, t, eid, _key in present[:150]] + [
+        (c, t + 1, eid, key) for c, t, eid, key in present[150:300]]
+    keys = present + absent
+    random.Random(7).shuffle(keys)
+    wanted = set(present)
+    assert stores.run(es.contains(ns, keys)) == [k in wanted for k in keys]
 
 
 def test_retention_deletes_only_old_rolled_up_events(stores: Stores) -> None:
@@ -765,9 +790,11 @@ def test_sqlite_aggregate_cost_depends_only_on_new_events(tmp_path: Path) -> Non
             agg = await es.aggregate("ns", counter, recent - 1, recent + S)
             assert agg.delta == (4 if counter == "big" else 10)
         plan = await es.query_plan("ns", "big", recent - 1, recent + S)
-        scans = [line for line in plan if line.startswith("SCAN")]  # the windows' list only, never an events table
-        assert plan and all(line in ("SCAN k", "SCAN c") or line.endswith(("CONSTANT ROW", "CONSTANT ROWS"))
-                            for line in scans), plan
+        # the windows' list, or a scan's own rows on their way into its JSON row; never an events table
+        scans = [line for line in plan if line.startswith("SCAN")]
+        assert plan and all(line in ("SCAN k", "SCAN c", "SCAN (subquery-1)")
+                            or line.endswith(("CONSTANT ROW", "CONSTANT ROWS")) for line in scans), plan
+        assert not any("TEMP B-TREE" in line for line in plan), plan  # pages come off the primary key, unsorted
         assert any("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line for line in plan), plan
         ((table, _, _),) = await es.slices("ns")
         args = (recent - 1, recent + S, PART.time_bucket(recent), PART.time_bucket(recent + S), PART.bucket_us)
@@ -779,12 +806,17 @@ def test_sqlite_aggregate_cost_depends_only_on_new_events(tmp_path: Path) -> Non
     asyncio.run(body())
 
 
-def test_sqlite_bucket_sums_read_the_range_by_primary_key(tmp_path: Path) -> None:
+def _fifty_events(tmp_path: Path) -> tuple[sqlite3.Connection, str]:
+    """A file with 50 events of counter "c", one a second from BASE, all in one slice: a connection and its table."""
     es = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: PART)
     asyncio.run(es.write_events([ev("ns", BASE + i * S, f"e{i}", 1) for i in range(50)]))
     ((table, _, _),) = asyncio.run(es.slices("ns"))[:1]
     asyncio.run(es.close())
-    conn = sqlite3.connect(tmp_path / "events.sqlite3")
+    return sqlite3.connect(tmp_path / "events.sqlite3"), table
+
+
+def test_sqlite_bucket_sums_read_the_range_by_primary_key(tmp_path: Path) -> None:
+    conn, table = _fifty_events(tmp_path)
     try:
         args = (0, "ns", "c", BASE, BASE + 30 * S, PART.time_bucket(BASE), PART.time_bucket(BASE + 30 * S), 60 * S)
         sql = bulk_statement(bucket_sums_statement(table), 1)
@@ -797,6 +829,21 @@ def test_sqlite_bucket_sums_read_the_range_by_primary_key(tmp_path: Path) -> Non
                                 for line in events_reads), plan
     assert not any(line.startswith(f"SCAN {table}") for line in plan), plan
     assert orjson.loads(rows) == [[0, [[BASE, 30, None, 30]]]]
+
+
+def test_sqlite_contains_seeks_each_identity_by_primary_key(tmp_path: Path) -> None:
+    conn, table = _fifty_events(tmp_path)
+    try:
+        sql = bulk_statement(contains_statement(table), 4)
+        args = [v for i in range(4) for v in (i, "ns", "c", PART.time_bucket(BASE + i * S), BASE + i * S, f"e{i}", "")]
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
+        ((found,),) = conn.execute(sql, [*args[:-1], "other"]).fetchall()
+    finally:
+        conn.close()
+    assert ("SEARCH e USING PRIMARY KEY (namespace=? AND counter=? AND time_bucket=? AND event_time=? AND event_id=? "
+            "AND event_item_key=?)") in plan, plan
+    assert not any(line.startswith(f"SCAN {table}") or line == "SCAN e" for line in plan), plan
+    assert orjson.loads(found) == [[0], [1], [2]]  # the fourth has another item key
 
 
 def test_sqlite_buckets_refuse_a_file_of_another_layout(tmp_path: Path) -> None:
