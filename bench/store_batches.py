@@ -10,8 +10,8 @@ store's thread); the figure is the median of --rounds, and the ratio to the base
 
 The calls: the worker's rollup pass (rollups read and written, 1,000 counters), its windows pass (bucket sums and
 bucket items of 300 counters, 50 events each; 2,000 buckets written and read back), AddAndGetCount's live read
-(aggregates of 32 counters in one call), a page of a scan (recounts, audits, UNIQUE live reads) and the lookups of
-read-your-write waits (`EventStore.contains`).
+(aggregates of 32 counters in one call), a page of a scan (recounts, audits, UNIQUE live reads), the lookups of
+read-your-write waits (`EventStore.contains`) and a page of counter names (the inspect API, recounts).
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ async def run_async(rounds: int, data_dir: Path) -> dict:
         "aggregates (32 counters)": lambda: events.aggregate_many(NS, windows[:32]),
         "events scanned (10,000)": lambda: events.scan(NS, "scanned", now - 3_600_000_000, now + 1),
         "events looked up (1,000)": lambda: events.contains(NS, identities),
+        "counters listed (301)": lambda: events.counters(NS),
         "bucket sums (300 counters)": lambda: events.bucket_sums_many(NS, windows, MINUTE_US),
         "bucket items (300 counters)": lambda: events.bucket_items_many(NS, windows, MINUTE_US),
         "buckets written (2,000)": write_buckets,

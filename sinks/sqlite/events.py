@@ -28,7 +28,7 @@ import functools
 import logging
 import re
 import sqlite3
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,8 +190,24 @@ _CONTAINS_TAIL = (') SELECT json_group_array(json_array(k.i)) FROM k CROSS JOIN 
 def contains_statement(table: str) -> RowsStatement:
     """The identity lookup statement of one slice table (see ``_CONTAINS_TAIL``)."""
     return RowsStatement(_CONTAINS_HEAD, _CONTAINS_ROW, _CONTAINS_TAIL.format(t=table))
-_FIRST_COUNTER = 'SELECT counter FROM "{t}" WHERE namespace = ? ORDER BY counter LIMIT 1'
-_NEXT_COUNTER = 'SELECT counter FROM "{t}" WHERE namespace = ? AND counter > ? ORDER BY counter LIMIT 1'
+# A slice's distinct counters from :from ({op} is ">=", from "": all of them) or after it (">"), up to :limit of them
+# and none past :upto (when not NULL), as one JSON row: a skip scan, each next name one primary-key seek (the key
+# starts with (namespace, counter)), never a scan of the events; a name per step would cost a GIL hand-over each.
+_COUNTERS = """
+WITH RECURSIVE names (counter, n) AS (
+  SELECT (SELECT counter FROM "{t}" WHERE namespace = :ns AND counter {op} :from ORDER BY counter LIMIT 1), 1
+  UNION ALL
+  SELECT (SELECT counter FROM "{t}" WHERE namespace = :ns AND counter > names.counter ORDER BY counter LIMIT 1), n + 1
+  FROM names WHERE names.counter IS NOT NULL AND n < :limit AND (:upto IS NULL OR names.counter < :upto)
+)
+SELECT json_group_array(counter) FROM names WHERE counter IS NOT NULL AND (:upto IS NULL OR counter <= :upto)
+"""
+
+
+@functools.lru_cache(maxsize=512)
+def counters_statement(table: str, *, after: bool) -> str:
+    """The skip scan of one slice table (see ``_COUNTERS``): names after :from, or (``after`` False) all names."""
+    return _COUNTERS.format(t=table, op=">" if after else ">=")
 
 
 @dataclass(frozen=True, slots=True)
@@ -561,25 +577,14 @@ class SqliteEventStore:
         return out
 
     def _counters(self, conn: sqlite3.Connection, namespace: str, after: str | None, limit: int) -> list[str]:
-        """Distinct counters over every slice by index seeks (one per name and slice), never a full scan:
-        the primary key starts with (namespace, counter), so each next name is one B-tree seek."""
+        """Distinct counters over every slice, one skip scan per slice (``_COUNTERS``); once the page is full, a
+        later slice only looks for names before its last."""
         page: list[str] = []  # sorted, distinct, at most `limit`
         for s in self._slices_of(conn, namespace):
-            cursor = after
-            while True:
-                if cursor is None:
-                    row = conn.execute(_FIRST_COUNTER.format(t=s.table), (namespace,)).fetchone()
-                else:
-                    row = conn.execute(_NEXT_COUNTER.format(t=s.table), (namespace, cursor)).fetchone()
-                if row is None:
-                    break
-                name = cursor = row[0]
-                if len(page) >= limit and name > page[-1]:
-                    break  # nothing further in this slice can make the page
-                i = bisect_left(page, name)
-                if i == len(page) or page[i] != name:
-                    page.insert(i, name)
-                    del page[limit:]
+            args = {"ns": namespace, "from": after or "", "limit": limit,
+                    "upto": page[-1] if len(page) >= limit else None}
+            ((found,),) = conn.execute(counters_statement(s.table, after=after is not None), args).fetchall()
+            page = sorted(set(page).union(orjson.loads(found)))[:limit]
         return page
 
     def _delete_rolled_up(self, conn: sqlite3.Connection, namespace: str, counter: str, cutoff: int) -> int:

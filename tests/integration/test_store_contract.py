@@ -33,7 +33,12 @@ from sinks import (
 )
 from sinks import Stores as OpenedStores
 from sinks.sqlite.bulk import bulk_statement
-from sinks.sqlite.events import aggregate_statement, bucket_sums_statement, contains_statement
+from sinks.sqlite.events import (
+    aggregate_statement,
+    bucket_sums_statement,
+    contains_statement,
+    counters_statement,
+)
 from sinks.windows import Granularity, RankPage
 
 T = TypeVar("T")
@@ -844,6 +849,20 @@ def test_sqlite_contains_seeks_each_identity_by_primary_key(tmp_path: Path) -> N
             "AND event_item_key=?)") in plan, plan
     assert not any(line.startswith(f"SCAN {table}") or line == "SCAN e" for line in plan), plan
     assert orjson.loads(found) == [[0], [1], [2]]  # the fourth has another item key
+
+
+def test_sqlite_counters_skip_from_name_to_name_by_primary_key(tmp_path: Path) -> None:
+    conn, table = _fifty_events(tmp_path)
+    try:
+        args = {"ns": "ns", "from": "", "limit": 10, "upto": None}
+        plans = [[r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + counters_statement(table, after=after), args)]
+                 for after in (False, True)]
+    finally:
+        conn.close()
+    for plan in plans:
+        reads = [line for line in plan if table in line]
+        assert len(reads) == 2 and all(f"SEARCH {table} USING PRIMARY KEY (namespace=? AND counter>?)" == line
+                                       for line in reads), plan
 
 
 def test_sqlite_buckets_refuse_a_file_of_another_layout(tmp_path: Path) -> None:
