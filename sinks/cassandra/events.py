@@ -35,7 +35,6 @@ Aggregation over ``(after, upto]``: the latest clear is found in the partitions 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
@@ -202,11 +201,17 @@ class CassandraEventStore:
         return out
 
     async def contains(self, namespace: str, keys: Sequence[tuple[str, int, str, str]]) -> list[bool]:
-        """Each identity looked up by scanning its one microsecond, the lookups running concurrently."""
-        async def one(counter: str, event_time: int, event_id: str, item_key: str) -> bool:
-            rows = await self.scan(namespace, counter, event_time - 1, event_time)
-            return any(r[3] == event_id and r[4] == item_key for r in rows)
-        return list(await asyncio.gather(*(one(*k) for k in keys)))
+        """Each identity read from its one partition (an event's slice, time bucket and event bucket follow from
+        its identity, as on write), its one microsecond; up to the session's concurrency at once. A slice table
+        that does not exist (never written, or dropped by retention) holds none of them."""
+        part = await self._pin(namespace, create=False) if keys else None
+        if part is None:
+            return [False] * len(keys)
+        stmts = [self._cql.rows(slice_table_name(namespace, part.slice_of(t)), namespace, counter, part.time_bucket(t),
+                                part.event_bucket(event_id), t - 1, t) for counter, t, event_id, _key in keys]
+        found = await self._x.run_all(stmts, missing_ok=True)
+        return [any(r[1] == event_id and r[2] == item_key for r in rows or ())
+                for (_c, _t, event_id, item_key), rows in zip(keys, found, strict=True)]
 
     async def counters(self, namespace: str, *, after: str | None = None, limit: int = 1000) -> list[str]:
         """Names from the ``event_counters`` registry (one partition per shard, each in name order:
