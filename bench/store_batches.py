@@ -11,7 +11,8 @@ store's thread); the figure is the median of --rounds, and the ratio to the base
 The calls: the worker's rollup pass (rollups read and written, 1,000 counters), its windows pass (bucket sums and
 bucket items of 300 counters, 50 events each; 2,000 buckets written and read back), AddAndGetCount's live read
 (aggregates of 32 counters in one call), a page of a scan (recounts, audits, UNIQUE live reads), the lookups of
-read-your-write waits (`EventStore.contains`) and a page of counter names (the inspect API, recounts).
+read-your-write waits (`EventStore.contains`), a page of counter names (the inspect API, recounts) and a Top-K
+round's rank pages (48 hourly lists, 20 entries each).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from sinks import Partitioning
 from sinks.sqlite.buckets import SqliteBucketStore
 from sinks.sqlite.events import SqliteEventStore
 from sinks.sqlite.rollups import SqliteRollupStore
-from sinks.windows import Granularity
+from sinks.windows import Granularity, RankPage
 
 NS = "bench"
 MINUTE_US = 60_000_000
@@ -72,6 +73,10 @@ async def run_async(rounds: int, data_dir: Path) -> dict:
     identities = [(c, t, eid, key) for _ns, c, t, eid, key, _d, _clear in rows[::15]]  # 1,000 stored events
     windows = [(f"c{c}", now - 3_600_000_000, now + 1) for c in range(300)]
     counters = [(NS, f"c{c}") for c in range(1000)]
+    hour_us = Granularity.HOUR.width_us
+    await buckets.write_buckets(NS, [(f"r{c}", Granularity.HOUR, h * hour_us, (c * 7919 + h * 104729) % 5000, 1)
+                                     for c in range(1000) for h in range(48)])  # rank lists: 48 hours of 1,000
+    rank_pages = [RankPage("", Granularity.HOUR, h * hour_us, None, 20) for h in range(48)]
     round_no = [0]
 
     async def write_rollups() -> None:
@@ -92,6 +97,7 @@ async def run_async(rounds: int, data_dir: Path) -> dict:
         "counters listed (301)": lambda: events.counters(NS),
         "bucket sums (300 counters)": lambda: events.bucket_sums_many(NS, windows, MINUTE_US),
         "bucket items (300 counters)": lambda: events.bucket_items_many(NS, windows, MINUTE_US),
+        "rank pages read (48 x 20)": lambda: buckets.read_ranks_many(NS, rank_pages),
         "buckets written (2,000)": write_buckets,
         "bucket ranges read (2,000)": lambda: buckets.read_buckets_many(
             NS, [(f"c{c}", g, 0, 1) for c in range(1000) for g in (Granularity.MINUTE, Granularity.HOUR)]),

@@ -923,7 +923,7 @@ def test_sqlite_buckets_of_layout_1_are_ranked_after_the_upgrade(tmp_path: Path)
 def test_sqlite_rank_pages_seek_the_rank_index(tmp_path: Path) -> None:
     """A page of a rank list is an index seek, wherever it starts: its cost does not grow with the list's length."""
     from sinks import SqliteBucketStore
-    from sinks.sqlite.buckets import _RANKS_ABOVE, _RANKS_BELOW, _RANKS_FIRST, _RANKS_LAST, _RANKS_TIE, _RANKS_TIE_BACK
+    from sinks.sqlite.buckets import _FIRST_PAGES, _LAST_PAGES, _NEXT_PAGES, _PREVIOUS_PAGES
 
     path = tmp_path / "buckets.sqlite3"
     bs = SqliteBucketStore(path)
@@ -931,12 +931,13 @@ def test_sqlite_rank_pages_seek_the_rank_index(tmp_path: Path) -> None:
     asyncio.run(bs.close())
     conn = sqlite3.connect(path)
     try:
-        key = ("ns", "country=BR", "minute", DAY0)
-        for sql, args in ((_RANKS_FIRST, (*key, 10)), (_RANKS_TIE, (*key, 7, "c7 country=BR", 10)),
-                          (_RANKS_BELOW, (*key, 7, 10)), (_RANKS_LAST, (*key, 10)),
-                          (_RANKS_TIE_BACK, (*key, 7, "c7 country=BR", 10)), (_RANKS_ABOVE, (*key, 7, 10))):
-            plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
-            assert plan and all(line.startswith("SEARCH buckets USING INDEX bucket_ranks") for line in plan), plan
+        page = (0, "ns", "country=BR", "minute", DAY0, 10)
+        after = (*page, 7, "c7 country=BR")
+        seek = "SEARCH buckets USING INDEX bucket_ranks (namespace=? AND signature=? AND granularity=? AND start_us=?"
+        for stmt, args in ((_FIRST_PAGES, page), (_LAST_PAGES, page), (_NEXT_PAGES, after), (_PREVIOUS_PAGES, after)):
+            plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + bulk_statement(stmt, 1), args)]
+            reads = [line for line in plan if "buckets" in line]
+            assert reads and all(line.startswith(seek) for line in reads), plan
             assert "TEMP B-TREE" not in " ".join(plan), plan  # no sort: the index's order
         steps = []
         for value in (49, 25, 1):  # deep pages cost what the first does
@@ -947,7 +948,9 @@ def test_sqlite_rank_pages_seek_the_rank_index(tmp_path: Path) -> None:
                 n += 1
                 return 0
             conn.set_progress_handler(tick, 10)
-            assert len(conn.execute(_RANKS_BELOW, (*key, value, 10)).fetchall()) == 10
+            ((found,),) = conn.execute(bulk_statement(_NEXT_PAGES, 1), (*page, value, "c0 country=BR")).fetchall()
+            ((_, tie, below),) = orjson.loads(found)
+            assert len(tie) == 10 and len(below) == 10
             steps.append(n)
         assert max(steps) <= min(steps) + 5, steps
     finally:
