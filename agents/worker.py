@@ -27,6 +27,7 @@ from agents.watermark import HEARTBEAT_HEADER, HeartbeatPace, WatermarkTracker, 
 from control_plane import CounterType, Namespace, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
 from control_plane.admission import covering_watermark
+from infra.heap import freeze_startup_heap
 from producers.asyncio_producer import AsyncProducer
 from schemas import DecodeError, decode_signals
 from schemas.dead_letter import DeadLetter
@@ -305,6 +306,11 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                 if cutoff is not None and p.sketches is not None and ns.counts_unique \
                         and await p.sketches.drop_expired(ns.name, g, cutoff):
                     log.info("retention: dropped %s sketches of namespace %s before %d", name, ns.name, cutoff)
+
+    @app.task
+    async def settle() -> None:
+        """Once the app is up, keep what start-up built out of the collector's scans (infra.heap)."""
+        log.info("froze %d start-up objects", freeze_startup_heap())
 
     @app.page("/ready")
     async def ready(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:

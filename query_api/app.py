@@ -10,7 +10,6 @@ field), 401/403 API keys, 503 broker or (BEST_EFFORT) memcached unreachable, 504
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from control_plane import default_config_path as default_namespaces
 from control_plane import load_namespaces
+from infra.heap import freeze_startup_heap
 from producers.asyncio_producer import AsyncProducer
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
@@ -71,10 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await service.producer.start()  # starts the shared AsyncProducer
         await service.signals.start()
         watermark = asyncio.create_task(service.follow_watermark(s.mutations_topic))
-        # Everything built so far lives as long as the process: keep it out of the collector's scans, or a
-        # full collection of the imported frameworks' objects stalls every request in flight (tail latency).
-        gc.collect()
-        gc.freeze()
+        freeze_startup_heap()  # everything built so far lives as long as the process (infra.heap)
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with
         watermark.cancel()
         await service.producer.stop()

@@ -37,9 +37,11 @@ and the events a later rollup absorbed are still in the window read.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import deque
+from typing import Any
 
 from control_plane import Namespace
 from control_plane.admission import admission_error
@@ -71,7 +73,7 @@ def event_row(m: Mutation) -> EventRow:
             clear)  # type: ignore[return-value]  # a durable write from the API has its time and token
 
 
-Key = tuple[str, str]
+_FIELDS = 6  # values kept per write in EarlyPersist (see its __init__)
 
 
 _Count = tuple[str, str, int, int, int]  # namespace, counter, rollup count, after_us (its rollup_ts), upto_us
@@ -85,37 +87,73 @@ class EarlyPersist:
     def __init__(self, events: EventStore, *, recent_s: float = 2.0) -> None:
         self.events = events
         self.recent_s = recent_s
-        # per counter, its writes in sending order; `_noted` holds every write's (time, counter) in the same order,
-        # so forgetting the oldest is one popleft from each (this runs on every durable write: keep it O(1))
-        self._recent: dict[Key, deque[tuple[Mutation, asyncio.Future[None]]]] = {}
-        self._noted: deque[tuple[float, Key]] = deque()
+        # Per counter ("namespace:counter"; a namespace has no ':'), its writes in sending order, flat: _FIELDS
+        # values each (event time, token, item key, delta, clear, record number). `_noted_*` hold every write's
+        # time, counter and record number in the same order, so forgetting the oldest is one popleft from each
+        # (this runs on every durable write: keep it O(1)). Only str, int, float and bool are kept per write, none
+        # of them objects the garbage collector follows: the collector counts allocations of container objects
+        # minus deallocations, so a sliding window of containers (new ones kept, old ones freed) never triggers a
+        # collection while the young generation grows, until one pass scans 100,000 of them (pauses of 25-70 ms
+        # at concurrency 32 here, under a quarter of AddCount's slowest 1%).
+        self._recent: dict[str, deque[Any]] = {}
+        self._noted_at: deque[float] = deque()
+        self._noted_key: deque[str] = deque()
+        self._noted_record: deque[int] = deque()
+        self._records: dict[int, asyncio.Future[None]] = {}  # record number -> its acknowledgement, oldest first
+        self._record = 0
+        self._last: asyncio.Future[None] | None = None
         self._pending: list[tuple[list[EventRow], _Count, asyncio.Future[int]]] = []
         self._task: asyncio.Task[None] | None = None
 
     def note(self, m: Mutation, acknowledged: asyncio.Future[None]) -> None:
-        """Remember a durable write being sent (its future: the broker's acknowledgement)."""
+        """Remember a durable write being sent (its future: the broker's acknowledgement of its record, shared
+        by the writes that record holds)."""
         now = time.monotonic()
-        key = (m.namespace, m.counter_name)
+        if acknowledged is not self._last:
+            self._last = acknowledged
+            self._record += 1
+            self._records[self._record] = acknowledged
+        record = self._record
+        key = f"{m.namespace}:{m.counter_name}"
         writes = self._recent.get(key)
         if writes is None:
             writes = self._recent[key] = deque()
-        writes.append((m, acknowledged))
-        noted = self._noted
-        noted.append((now, key))
-        horizon = now - self.recent_s
-        while noted[0][0] < horizon:
-            _, old = noted.popleft()
+        clear = m.op is MutationOp.CLEAR
+        writes.extend((m.event_time, m.event_id, m.event_item_key, 0 if clear else m.delta, clear, record))
+        self._noted_at.append(now)
+        self._noted_key.append(key)
+        self._noted_record.append(record)
+        if self._noted_at[0] >= now - self.recent_s:
+            return
+        self._forget(now - self.recent_s)
+
+    def _forget(self, horizon: float) -> None:
+        """Forget the writes noted before `horizon`, and the records no kept write is in."""
+        noted_at, noted_key, noted_record = self._noted_at, self._noted_key, self._noted_record
+        while noted_at[0] < horizon:
+            noted_at.popleft()
+            noted_record.popleft()
+            old = noted_key.popleft()
             oldest = self._recent[old]
-            oldest.popleft()
+            for _ in range(_FIELDS):
+                oldest.popleft()
             if not oldest:
                 del self._recent[old]
+        records, kept = self._records, noted_record[0]  # the oldest record a kept write is in
+        for number in list(itertools.takewhile(kept.__gt__, records)):
+            del records[number]
 
     def rows(self, ns: Namespace, counter: str, now_us: int | None = None) -> list[EventRow]:
         """The counter's recent writes that are acknowledged and that the worker is sure to admit."""
         now_us = time.time_ns() // 1000 if now_us is None else now_us
-        return [event_row(m) for m, ack in self._recent.get((ns.name, counter), ())
-                if ack.done() and not ack.cancelled() and ack.exception() is None
-                and m.event_time is not None and admissible(ns, m.event_time, now_us)]
+        flat: list[Any] = list(self._recent.get(f"{ns.name}:{counter}", ()))
+        out: list[EventRow] = []
+        for i in range(0, len(flat), _FIELDS):
+            event_time, token, item_key, delta, clear, record = flat[i:i + _FIELDS]
+            ack = self._records[record]
+            if ack.done() and not ack.cancelled() and ack.exception() is None and admissible(ns, event_time, now_us):
+                out.append((ns.name, counter, event_time, token, item_key, delta, clear))
+        return out
 
     def store_and_count(self, rows: list[EventRow], namespace: str, counter: str, count: int, after_us: int,
                         upto_us: int) -> asyncio.Future[int]:

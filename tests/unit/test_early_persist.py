@@ -5,6 +5,7 @@ store)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Sequence
 
@@ -101,6 +102,26 @@ def test_rows_are_the_counters_acknowledged_admissible_writes_of_the_last_recent
         early.note(mutation("new", 1, "new", now_us()), acknowledged())  # noting forgets what is older
         assert early.rows(NS, "c") == [] and early.rows(NS, "other") == []
         assert [r[3] for r in early.rows(NS, "new")] == ["new"]
+    asyncio.run(scenario())
+
+
+def test_noting_keeps_no_objects_the_collector_tracks(events) -> None:
+    """A sliding window of tracked objects (new ones kept, old ones freed) keeps the collector's allocation count
+    flat while its young generation grows, until one collection scans them all: a stall of every request in flight.
+    Whatever note keeps per write must be plain values: 20,000 writes may leave only a handful of tracked objects."""
+    async def scenario() -> None:
+        early = EarlyPersist(events, recent_s=60)
+        at = now_us()
+        writes = [mutation(f"c{i % 100}", 1, f"t{i}", at + i) for i in range(20_000)]
+        records = [acknowledged() for _ in range(200)]
+        gc.collect()
+        before = len(gc.get_objects())
+        for i, m in enumerate(writes):
+            early.note(m, records[i // 100])
+        del m
+        gc.collect()
+        assert len(gc.get_objects()) - before < 500  # 100 per-counter deques and their dict; was 20,000+
+        assert [r[3] for r in early.rows(NS, "c7")] == [f"t{i}" for i in range(7, 20_000, 100)]
     asyncio.run(scenario())
 
 
