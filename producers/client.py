@@ -9,6 +9,7 @@ and delivery failures that always reach the caller.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 import time
@@ -42,9 +43,25 @@ class DeliveryError(RuntimeError):
         self.failures = failures or []
 
 
+_token_prefix = ""
+_token_numbers = itertools.count()
+
+
+def _draw_token_prefix() -> None:
+    global _token_prefix, _token_numbers
+    _token_prefix, _token_numbers = os.urandom(8).hex(), itertools.count()
+
+
+_draw_token_prefix()
+os.register_at_fork(after_in_child=_draw_token_prefix)  # a forked child draws its own
+
+
 def new_token() -> str:
-    """A random idempotency token for callers that do not bring their own."""
-    return os.urandom(16).hex()
+    """A unique idempotency token for callers that do not bring their own: 32 hex digits, 64 random bits drawn once
+    per process (again in a forked child) followed by the process's next sequence number. Why not 128 fresh random
+    bits per token: that is a system call per write, which the API's event loop paid on every durable write without a
+    token (8% of its samples at concurrency 32, the GIL handed over and taken back each time)."""
+    return f"{_token_prefix}{next(_token_numbers):016x}"
 
 
 def now_micros() -> int:
