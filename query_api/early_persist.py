@@ -19,9 +19,9 @@ not plain adds (dimensions, items) or not admissible this way wait for the worke
 A client's earlier writes of the same counter come along. A ClearCount or an AddCount that this process had
 acknowledged shortly before may not be persisted by the worker yet; a count with the new delta but without the
 clear before it would surprise the client. So `note` keeps, per counter, the rows of this process's durable
-writes of the last `recent_s`; `rows` gives those acknowledged and admissible, the new one among them, and `store`
-writes them in one transaction (all idempotent). Writes through another API process, or older than `recent_s`, are
-the worker's to persist, as they always were.
+writes of the last `recent_s`; `rows` gives those acknowledged and admissible and not yet stored by this process,
+the new one among them, and `store` writes them in one transaction (all idempotent). Writes through another API
+process, or older than `recent_s`, are the worker's to persist, as they always were.
 
 Only namespaces where every durable write is one plain event qualify (`eligible`: no dimensions, whose clears
 the worker expands to combinations, and not UNIQUE, whose adds carry items).
@@ -79,6 +79,11 @@ _FIELDS = 6  # values kept per write in EarlyPersist (see its __init__)
 _Count = tuple[str, str, int, int, int]  # namespace, counter, rollup count, after_us (its rollup_ts), upto_us
 
 
+def _identity(key: str, event_time: int, token: str, item_key: str) -> str:
+    """An event's identity as one string (a token and an item key hold no control characters)."""
+    return f"{key}\x00{event_time}\x00{token}\x00{item_key}"
+
+
 class EarlyPersist:
     """`note` each durable write of an eligible namespace when it is sent; `rows` are a counter's recent writes
     that may be stored; `store_and_count(rows, ...)` stores them and answers the counter's count including them
@@ -100,6 +105,12 @@ class EarlyPersist:
         self._noted_key: deque[str] = deque()
         self._noted_record: deque[int] = deque()
         self._records: dict[int, asyncio.Future[None]] = {}  # record number -> its acknowledgement, oldest first
+        # The identities (`_identity`) of the writes this process has stored itself, and when: a later
+        # AddAndGetCount of the counter need not store them again (at concurrency 32 each one re-stored the
+        # counter's ten or so writes of the last 2 s).
+        self._stored: set[str] = set()
+        self._stored_at: deque[float] = deque()
+        self._stored_ids: deque[str] = deque()
         self._record = 0
         self._last: asyncio.Future[None] | None = None
         self._pending: list[tuple[list[EventRow], _Count, asyncio.Future[int]]] = []
@@ -142,18 +153,36 @@ class EarlyPersist:
         records, kept = self._records, noted_record[0]  # the oldest record a kept write is in
         for number in list(itertools.takewhile(kept.__gt__, records)):
             del records[number]
+        stored_at = self._stored_at
+        while stored_at and stored_at[0] < horizon:
+            stored_at.popleft()
+            self._stored.discard(self._stored_ids.popleft())
 
     def rows(self, ns: Namespace, counter: str, now_us: int | None = None) -> list[EventRow]:
-        """The counter's recent writes that are acknowledged and that the worker is sure to admit."""
+        """The counter's recent writes that are acknowledged, that the worker is sure to admit and that this process
+        has not stored yet."""
         now_us = time.time_ns() // 1000 if now_us is None else now_us
-        flat: list[Any] = list(self._recent.get(f"{ns.name}:{counter}", ()))
+        key = f"{ns.name}:{counter}"
+        flat: list[Any] = list(self._recent.get(key, ()))
         out: list[EventRow] = []
+        stored = self._stored
         for i in range(0, len(flat), _FIELDS):
             event_time, token, item_key, delta, clear, record = flat[i:i + _FIELDS]
             ack = self._records[record]
-            if ack.done() and not ack.cancelled() and ack.exception() is None and admissible(ns, event_time, now_us):
+            if (ack.done() and not ack.cancelled() and ack.exception() is None and admissible(ns, event_time, now_us)
+                    and (not stored or _identity(key, event_time, token, item_key) not in stored)):
                 out.append((ns.name, counter, event_time, token, item_key, delta, clear))
         return out
+
+    def _stored_now(self, rows: list[EventRow]) -> None:
+        """`rows` are in the store: later AddAndGetCounts leave them out."""
+        now = time.monotonic()
+        for namespace, counter, event_time, token, item_key, _delta, _clear in rows:
+            identity = _identity(f"{namespace}:{counter}", event_time, token, item_key)
+            if identity not in self._stored:
+                self._stored.add(identity)
+                self._stored_at.append(now)
+                self._stored_ids.append(identity)
 
     def store_and_count(self, rows: list[EventRow], namespace: str, counter: str, count: int, after_us: int,
                         upto_us: int) -> asyncio.Future[int]:
@@ -184,6 +213,7 @@ class EarlyPersist:
                         if not f.done():
                             f.set_exception(exc)
                     continue
+                self._stored_now(rows)
                 rows = []
                 for ((_, _, count, _, _), future), aggregate in zip(reads, aggregates, strict=True):
                     if not future.done():  # a reader that went away (client disconnect) was cancelled

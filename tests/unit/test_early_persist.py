@@ -144,6 +144,32 @@ def test_one_store_call_per_pass_and_the_next_ones_gather_while_it_runs(events) 
     asyncio.run(scenario())
 
 
+def test_writes_this_process_stored_are_not_stored_again(events) -> None:
+    """An AddAndGetCount brings the counter's recent writes along, but not those an earlier one already stored;
+    a failed store leaves them to come along again."""
+    async def scenario() -> None:
+        early = EarlyPersist(events, recent_s=0.2)
+        at = now_us()
+        for i in range(3):
+            early.note(mutation("c", 1, f"t{i}", at + i), acknowledged())
+        rows = early.rows(NS, "c")
+        assert [r[3] for r in rows] == ["t0", "t1", "t2"]
+        events.fail = True
+        with pytest.raises(ConnectionError):
+            await early.store_and_count(rows, NS.name, "c", 0, at - 1, at + 10)
+        assert [r[3] for r in early.rows(NS, "c")] == ["t0", "t1", "t2"]  # not stored: they come along again
+        events.fail = False
+        assert await early.store_and_count(rows, NS.name, "c", 0, at - 1, at + 10) == 3
+        early.note(mutation("c", 1, "t3", at + 3), acknowledged())
+        assert [r[3] for r in early.rows(NS, "c")] == ["t3"]
+        assert await early.store_and_count(early.rows(NS, "c"), NS.name, "c", 0, at - 1, at + 10) == 4  # all four
+        assert early.rows(NS, "c") == []
+        await asyncio.sleep(0.25)
+        early.note(mutation("d", 1, "u", now_us()), acknowledged())  # noting forgets what is older, stored ones too
+        assert early._stored == set() and len(early._stored_at) == len(early._stored_ids) == 0
+    asyncio.run(scenario())
+
+
 def test_the_first_namespaces_call_stores_every_row_and_a_clear_replaces_the_rollup(events) -> None:
     other = REGISTRY["my_dataset_accurate"].name
 
