@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -78,6 +82,44 @@ async def measure(bootstrap: str, pid: int, lengths: list[int], fetches: int) ->
         await consumer.stop()
         await producer.stop()
     return rows
+
+
+def _read_tail(bootstrap: str, topic: str, min_bytes: int, wait_ms: int, ready: Event, stop: Event) -> None:
+    """A consumer at the tail of every partition of `topic` that keeps nothing: the broker's side of a reader."""
+    async def run() -> None:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_min_bytes=min_bytes,
+                                    fetch_max_wait_ms=wait_ms, max_partition_fetch_bytes=4 << 20,
+                                    fetch_max_bytes=64 << 20)
+        await consumer.start()
+        try:
+            partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            consumer.assign(partitions)
+            await consumer.seek_to_end(*partitions)
+            ready.set()
+            while not stop.is_set():
+                await consumer.getmany(timeout_ms=100, max_records=20_000)
+        finally:
+            await consumer.stop()
+    asyncio.run(run())
+
+
+@contextmanager
+def tail_reader(bootstrap: str, topic: str, *, min_bytes: int, wait_ms: int) -> Iterator[None]:
+    """A tail reader (`_read_tail`) in a process of its own while the block runs: what reading a topic costs the
+    broker, without the work a reader does with the records (the persist worker's store, rollups and signals)."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, stop = ctx.Event(), ctx.Event()
+    reader = ctx.Process(target=_read_tail, args=(bootstrap, topic, min_bytes, wait_ms, ready, stop), daemon=True)
+    reader.start()
+    try:
+        if not ready.wait(30):
+            raise RuntimeError(f"the tail reader of {topic!r} did not start within 30 s")
+        yield
+    finally:
+        stop.set()
+        reader.join(10)
+        if reader.is_alive():
+            reader.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

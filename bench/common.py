@@ -19,7 +19,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 from infra.process import ManagedProcess, free_port
 from infra.stack import LocalStack
 from sinks import ROLLUPS_FILE, SqliteRollupStore
-from streams.settings import load_settings
+from streams.settings import Settings, load_settings
 from streams.topics import ensure_topics, topic_specs
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -37,8 +37,7 @@ def local_stack(data_dir: Path, *, workers: int = 1, api: bool = True, **env: st
         console.print("starting broker, memcached, topics...")
         stack.start_broker()
         stack.start_memcached()
-        settings = load_settings(**{k.removeprefix("COUNTER_").lower(): v for k, v in stack.env.items()})
-        ensure_topics(stack.env["COUNTER_KAFKA_BOOTSTRAP"], topic_specs(settings))
+        ensure_topics(stack.env["COUNTER_KAFKA_BOOTSTRAP"], topic_specs(stack_settings(stack)))
         for _ in range(workers):
             console.print("starting worker (joins the consumer group)...")
             stack.start_worker()
@@ -46,6 +45,11 @@ def local_stack(data_dir: Path, *, workers: int = 1, api: bool = True, **env: st
             console.print("starting API...")
             stack.start_api()
         yield stack
+
+
+def stack_settings(stack: LocalStack) -> Settings:
+    """The settings the stack's processes run with (its COUNTER_* environment)."""
+    return load_settings(**{k.removeprefix("COUNTER_").lower(): v for k, v in stack.env.items()})
 
 
 def exact_counters(data_dir: Path, expected: dict[tuple[str, str], int], *, allow_more: bool = False) -> int:

@@ -17,8 +17,13 @@ Two ceilings, measured in the same rounds, say where the gap to the raw produce 
 no-op uvloop + httptools server, `bench.http_floor`) at each concurrency, what one HTTP exchange costs the load
 generator and the kernel; and, at the middle concurrency, EVENTUAL AddCount with the pipeline paused (the
 workers frozen with SIGSTOP for the phase, at most 5 s so their group sessions survive): the API's own path,
-HTTP plus group commit plus the broker's produce, without the persist pipeline sharing the cores. The writes
-of the paused phase are counted like the others once the workers resume.
+HTTP plus group commit plus the broker's produce, without the persist pipeline sharing the cores. A third,
+"paused + tail read", adds back only the broker's side of the pipeline: the workers stay frozen while a consumer
+that keeps nothing reads the mutations topic at its tail with the persist consumer's fetch settings
+(`bench.broker_fetch.tail_reader`). The local broker pays for each fetch by the length of the partitions it reads
+(`counter bench broker-fetch`), so this phase says how much of the gap the broker's reads alone cost; Apache Kafka
+answers a tail fetch from its offset index. The writes of the paused phases are counted like the others once the
+workers resume.
 """
 
 from __future__ import annotations
@@ -29,12 +34,14 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from bench.common import console, http_floor, local_stack, progress_bar, wait_exact, write_result
+from bench.broker_fetch import tail_reader
+from bench.common import console, http_floor, local_stack, progress_bar, stack_settings, wait_exact, write_result
 from bench.loadgen import Call, LoadResult, closed_loop, http_load, http_post
 from bench.rounds import median_ratio, medians, run_rounds
 from control_plane import default_config_path
@@ -73,15 +80,17 @@ def raw_produce_load(bootstrap: str, values: list[tuple[bytes, bytes]], *, concu
     return asyncio.run(run())
 
 
-def paused_pipeline(stack: LocalStack, load: Callable[..., LoadResult],
-                    caught_up: Callable[[], bool]) -> Callable[..., LoadResult]:
-    """`load` run with every worker frozen (SIGSTOP), for at most PAUSED_MAX_S; after it the workers resume and
-    `caught_up()` waits until they counted the backlog, so the next phase does not pay for this one."""
+def paused_pipeline(stack: LocalStack, load: Callable[..., LoadResult], caught_up: Callable[[], bool],
+                    beside: Callable[[], AbstractContextManager[None]] = nullcontext) -> Callable[..., LoadResult]:
+    """`load` run with every worker frozen (SIGSTOP), for at most PAUSED_MAX_S, inside `beside()` (the tail reader,
+    or nothing); after it the workers resume and `caught_up()` waits until they counted the backlog, so the next
+    phase does not pay for this one."""
     def run(**kw: object) -> LoadResult:
         for worker in stack.workers:
             worker.pause()
         try:
-            return load(**{**kw, "duration_s": min(PAUSED_MAX_S, float(kw["duration_s"]))})  # type: ignore[arg-type]
+            with beside():
+                return load(**{**kw, "duration_s": min(PAUSED_MAX_S, float(kw["duration_s"]))})  # type: ignore[arg-type]
         finally:
             for worker in stack.workers:
                 worker.resume()
@@ -96,6 +105,7 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
           local_stack(Path(tmp), COUNTER_NAMESPACES=str(namespaces)) as stack, http_floor(Path(tmp)) as floor):
         api = stack.apis[0]
         bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
+        settings = stack_settings(stack)
         ensure_topics(bootstrap, [TopicSpec(RAW_TOPIC, 8, 1, {"message.timestamp.type": "LogAppendTime"})])
         names = [f"w-{i}" for i in range(counters)]
         bodies = {kind: [http_post("/v1/AddCount", json.dumps({"namespace": ns, "counter_name": n,
@@ -133,9 +143,14 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
             for kind in NAMESPACES:
                 phases[f"addcount_{kind}_c{c}"] = (f"AddCount {kind.upper()}, c={c}", addcount(kind, c))
             if c == middle:
+                def caught_up() -> bool:
+                    return wait_exact(Path(tmp), expected(), allow_more=True, timeout_s=120)
                 phases[f"addcount_paused_c{c}"] = (f"AddCount EVENTUAL, paused, c={c}", paused_pipeline(
-                    stack, addcount("eventual", c),
-                    caught_up=lambda: wait_exact(Path(tmp), expected(), allow_more=True, timeout_s=120)))
+                    stack, addcount("eventual", c), caught_up))
+                phases[f"addcount_tail_read_c{c}"] = (f"AddCount EVENTUAL, tail read, c={c}", paused_pipeline(
+                    stack, addcount("eventual", c), caught_up, beside=lambda: tail_reader(
+                        bootstrap, settings.mutations_topic, min_bytes=settings.persist_fetch_min_bytes,
+                        wait_ms=settings.persist_eventual_within_ms)))
         phases[f"addandget_c{middle}"] = (f"AddAndGetCount EVENTUAL, c={middle}", lambda **kw: http_load(
             api.host, api.port, add_and_get, concurrency=middle, acked=acked_get, **kw))
         console.print(f"durable writes, {duration:g} s per phase, {rounds} interleaved rounds:")
@@ -152,7 +167,7 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
         base = results[f"raw_produce_c{c}"]
         console.print(f"  c={c:<4} raw produce {base['throughput_per_s']:>8,.0f}/s p50 {base['p50_ms']:6.2f} ms "
                       f"p99 {base['p99_ms']:6.2f} ms")
-        kinds = [*NAMESPACES, "paused"] if c == middle else list(NAMESPACES)
+        kinds = [*NAMESPACES, "paused", "tail_read"] if c == middle else list(NAMESPACES)
         floor_r = results[f"http_floor_c{c}"]
         floor_r["ratio_to_raw_produce"] = median_ratio(per_round, f"http_floor_c{c}", f"raw_produce_c{c}")
         console.print(f"         HTTP floor  {floor_r['throughput_per_s']:>8,.0f}/s p50 {floor_r['p50_ms']:6.2f} ms "
@@ -164,7 +179,7 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
             r["p50_to_raw"] = r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
             r["p99_to_raw"] = r["p99_ms"] / base["p99_ms"] if base["p99_ms"] else float("nan")
             r["ratio_to_http_floor"] = median_ratio(per_round, key, f"http_floor_c{c}")
-            console.print(f"         AddCount {kind:<9}{r['throughput_per_s']:>8,.0f}/s p50 {r['p50_ms']:6.2f} ms "
+            console.print(f"         AddCount {kind:<10}{r['throughput_per_s']:>8,.0f}/s p50 {r['p50_ms']:6.2f} ms "
                           f"p99 {r['p99_ms']:6.2f} ms  = {r['ratio_to_raw_produce']:.0%} of raw, p50 "
                           f"{r['p50_to_raw']:.2f}x, p99 {r['p99_to_raw']:.2f}x, "
                           f"{r['ratio_to_http_floor']:.0%} of the floor")
