@@ -297,8 +297,9 @@ def test_ctrl_c_while_starting_stops_what_was_started(tmp_path):
     running = start_up(tmp_path)
     try:
         worker_log = running.data_dir / "logs" / "worker-0.log"
-        wait_for(lambda: worker_log.exists() or running.proc.poll() is not None, START_TIMEOUT_S,
-                 message="the worker being started")
+        # its log is opened just before the worker's process starts: wait for the process too
+        wait_for(lambda: (worker_log.exists() and len(children_of(running.proc.pid)) >= 3)
+                 or running.proc.poll() is not None, START_TIMEOUT_S, message="the worker being started")
         started = children_of(running.proc.pid)
         running.seen_pids.update(started)
         assert len(started) >= 3, started  # broker, memcached, the starting worker
