@@ -18,7 +18,7 @@ no-op uvloop + httptools server, `bench.http_floor`) at each concurrency, what o
 generator and the kernel; and, at the middle concurrency, EVENTUAL AddCount with the pipeline paused (the
 workers frozen with SIGSTOP for the phase, at most 5 s so their group sessions survive): the API's own path,
 HTTP plus group commit plus the broker's produce, without the persist pipeline sharing the cores. A third,
-"paused + tail read", adds back only the broker's side of the pipeline: the workers stay frozen while a consumer
+"tail read", adds back only the broker's side of the pipeline: the workers stay frozen while a consumer
 that keeps nothing reads the mutations topic at its tail with the persist consumer's fetch settings
 (`bench.broker_fetch.tail_reader`). The local broker pays for each fetch by the length of the partitions it reads
 (`counter bench broker-fetch`), so this phase says how much of the gap the broker's reads alone cost; Apache Kafka

@@ -129,8 +129,8 @@ class EarlyPersist:
         writes = self._recent.get(key)
         if writes is None:
             writes = self._recent[key] = deque()
-        clear = m.op is MutationOp.CLEAR
-        writes.extend((m.event_time, m.event_id, m.event_item_key, 0 if clear else m.delta, clear, record))
+        writes.extend(event_row(m)[2:])  # the event's time, token, item key, delta and clear flag
+        writes.append(record)
         self._noted_at.append(now)
         self._noted_key.append(key)
         self._noted_record.append(record)
