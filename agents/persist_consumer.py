@@ -15,18 +15,25 @@ delivery plus idempotent events gives exact counts. Checkpointing every few batc
 costs the rollups at most `checkpoint_ms` of latency and saves a signal record per rollup partition and an
 offset commit per batch (under load the batches come every few milliseconds).
 
-How long a fetch waits for records adapts to what the recent records need (`FetchPace`). The wait bounds the
-persist latency of a write (the local broker answers a waiting fetch only when the wait is out; Kafka once
-`min_bytes` are there), and a longer one gathers larger batches, which cost the worker and the broker less per
-write. So each namespace names the longest wait its writes tolerate (`namespace_waits`: EVENTUAL reads come from
-rollups that wait out `coalesce_ms` anyway, ACCURATE reads add the persisted events live), and a client waiting
-until the worker has persisted its write (AddAndGetCount with dimensions or items; the API stores plain ones
-itself) marks its record with the read-your-write header, which asks for `prompt_wait_ms`. The next fetches wait
-the shortest of what the records of the last `prompt_for_s` asked for; `wait_ms` with none (idle, or only
-namespaces this worker does not know), so the first write after a quiet spell is not held for a long wait.
-Measured here with the API at concurrency 32 (bench/RESULTS.md): a 200 ms wait instead of 10 ms cut the worker's
-and the broker's CPU per write by about a third (fewer, larger transactions; fewer fetches, which the local broker
-pays by the length of the partition), and 1 s for EVENTUAL traffic cut them by about half again.
+How often the consumer fetches adapts to what the recent records need (`FetchPace`). After a batch that took
+all there was, the consumer pauses its partitions for the pace's wait before it fetches again, and each fetch asks
+for 1 byte at least, so it is answered as soon as it finds records: at most one fetch with records per wait, which
+then brings everything written meanwhile. The wait bounds the persist latency of a write, and a longer one gathers
+larger batches, which cost the worker and the broker less per write. So each namespace names the longest wait its
+writes tolerate (`namespace_waits`: EVENTUAL reads come from rollups that wait out `coalesce_ms` anyway, ACCURATE
+reads add the persisted events live), and a client waiting until the worker has persisted its write
+(AddAndGetCount with dimensions or items; the API stores plain ones itself) marks its record with the
+read-your-write header, which asks for `prompt_wait_ms`. The next fetches wait the shortest of what the records of
+the last `prompt_for_s` asked for; `wait_ms` with none (idle, or only namespaces this worker does not know), so the
+first write after a quiet spell is not held for a long wait. With nothing to read, a fetch waits at the broker
+for up to the same wait.
+
+Why the consumer paces itself rather than leaving it to the broker's `min_bytes` and wait: the local broker
+(Tansu) answers a waiting fetch in passes, the first at once and then at halves of the remaining wait, and every
+pass that finds records lists the objects of the partitions it reads, so its cost grows with the topic's length.
+A 64 KiB minimum with a 1 s wait took two such passes every half second; one paced fetch a second is a quarter of
+that (`counter bench broker-fetch` measures a pass; bench/RESULTS.md has the growth with and without pacing).
+Apache Kafka answers either from its offset index, and pacing costs it nothing either.
 """
 
 from __future__ import annotations
@@ -111,17 +118,18 @@ class PersistConsumer:
     to `checkpoint` and then commits the offsets of the batches it covers.
 
     `batch_bytes` bounds a batch by its values' size (one transaction); `max_records` by its record count.
-    The broker answers a fetch once it holds `min_bytes` or after `wait_ms`: under a trickle of records a batch
-    gathers for its wait instead of costing a fetch, a transaction and the broker's per-request work each. The
-    wait is `FetchPace`'s: for `prompt_for_s` after a batch, the shortest of `prompt_wait_ms` (a record carried the
-    read-your-write header) and `namespace_waits[ns]` for the namespaces it persisted; `wait_ms` otherwise.
+    After a batch short of what it asked for (it took all there was) the partitions pause for the wait, so a batch
+    gathers for its wait instead of costing a fetch, a transaction and the broker's per-request work each; the
+    broker answers a fetch once it holds `min_bytes`, or after the wait with none. The wait is `FetchPace`'s: for
+    `prompt_for_s` after a batch, the shortest of `prompt_wait_ms` (a record carried the read-your-write header)
+    and `namespace_waits[ns]` for the namespaces it persisted; `wait_ms` otherwise.
     `on_revoked(partitions)` lets the owner forget per-partition state (the arrival floor) on a handover.
     """
 
     def __init__(self, *, bootstrap: str, topic: str, group_id: str, persist: Persist, checkpoint: Checkpoint,
                  checkpoint_ms: int = 100, max_records: int = 20_000, batch_bytes: int = 8 << 20, wait_ms: int = 200,
                  prompt_wait_ms: int = 10, prompt_for_s: float = 2.0, namespace_waits: Mapping[str, int] | None = None,
-                 min_bytes: int = 64 << 10,
+                 min_bytes: int = 1,
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 5_000,
                  on_revoked: Callable[[set[int]], None] = lambda _partitions: None) -> None:
         self.topic = topic
@@ -138,7 +146,8 @@ class PersistConsumer:
         self.namespace_waits = dict(namespace_waits or {})
         self.pace = FetchPace(wait_ms, prompt_for_s)
         self._lean_warned = False
-        self.fetch_wait_ms = wait_ms  # what the next fetches wait at the broker
+        self.fetch_wait_ms = wait_ms  # what the next fetches wait at the broker, and the pause after a batch
+        self._held_until = 0.0  # when the partitions paused after a batch resume (monotonic); 0: none paused
         self.on_revoked = on_revoked
         self.batch_lock = asyncio.Lock()
         self._record_size = 256.0  # moving average of a record's value size: sizes the next fetch
@@ -156,6 +165,11 @@ class PersistConsumer:
         if self._consumer is None:
             return set()
         return {tp.partition for tp in self._consumer.assignment() if tp.topic == self.topic}
+
+    @property
+    def holding(self) -> bool:
+        """Whether the partitions are paused after a batch, for the rest of its wait."""
+        return bool(self._held_until)
 
     async def start(self) -> None:
         self._consumer = AIOKafkaConsumer(**self._config)
@@ -177,18 +191,38 @@ class PersistConsumer:
         consumer = self._consumer
         assert consumer is not None, "start() first"
         while True:
-            due = self._checkpointed + self.checkpoint_s - time.monotonic()
-            wait_ms = self.fetch_wait_ms if not self._offsets else max(0, min(self.fetch_wait_ms, int(due * 1000)))
+            now = time.monotonic()
+            self._release(consumer, now)
+            wait_s = self.fetch_wait_ms / 1000 if not self._held_until else self._held_until - now
+            if self._offsets:
+                wait_s = min(wait_s, self._checkpointed + self.checkpoint_s - now)
             wanted = max(100, min(self.max_records, int(self.batch_bytes / self._record_size)))
-            batch = await consumer.getmany(timeout_ms=wait_ms, max_records=wanted)
+            batch = await consumer.getmany(timeout_ms=max(0, int(wait_s * 1000)), max_records=wanted)
+            fetched_at = time.monotonic()
             self._note_fetched(batch)
             self._pace(consumer)  # before any await: aiokafka builds the next fetch once this one is taken
+            short = bool(batch) and sum(map(len, batch.values())) < wanted
+            if short:
+                self._hold(consumer, fetched_at)  # before any await too, or that next fetch is already sent
             async with self.batch_lock:
                 if batch:
                     await self._handle(batch)
                     self._pace(consumer)  # what the namespaces just persisted ask for, from the fetch after next
+                    if short and self._held_until:
+                        self._held_until = fetched_at + self.fetch_wait_ms / 1000
                 if self._offsets and time.monotonic() >= self._checkpointed + self.checkpoint_s:
                     await self.checkpoint_now()
+
+    def _hold(self, consumer: AIOKafkaConsumer, fetched_at: float) -> None:
+        """Fetch nothing more until the wait from `fetched_at` is out: the batch took all there was."""
+        self._held_until = fetched_at + self.fetch_wait_ms / 1000
+        consumer.pause(*consumer.assignment())
+
+    def _release(self, consumer: AIOKafkaConsumer, now: float) -> None:
+        """Resume the paused partitions (those still assigned) once their wait is out."""
+        if self._held_until and now >= self._held_until:
+            self._held_until = 0.0
+            consumer.resume(*consumer.paused())
 
     def _note_fetched(self, batch: dict[TopicPartition, list]) -> None:
         """A record waited on (the read-your-write header) asks for the prompt wait."""

@@ -85,7 +85,9 @@ async def measure(bootstrap: str, pid: int, lengths: list[int], fetches: int) ->
 
 
 def _read_tail(bootstrap: str, topic: str, min_bytes: int, wait_ms: int, ready: Event, stop: Event) -> None:
-    """A consumer at the tail of every partition of `topic` that keeps nothing: the broker's side of a reader."""
+    """A consumer at the tail of every partition of `topic` that keeps nothing: the broker's side of a reader. It
+    fetches as the persist consumer does (agents.persist_consumer): after a batch that took all there was, its
+    partitions pause for `wait_ms`."""
     async def run() -> None:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_min_bytes=min_bytes,
                                     fetch_max_wait_ms=wait_ms, max_partition_fetch_bytes=4 << 20,
@@ -97,7 +99,13 @@ def _read_tail(bootstrap: str, topic: str, min_bytes: int, wait_ms: int, ready: 
             await consumer.seek_to_end(*partitions)
             ready.set()
             while not stop.is_set():
-                await consumer.getmany(timeout_ms=100, max_records=20_000)
+                batch = await consumer.getmany(timeout_ms=100, max_records=20_000)
+                if batch and sum(map(len, batch.values())) < 20_000:
+                    fetched_at = time.monotonic()
+                    consumer.pause(*partitions)
+                    while not stop.is_set() and time.monotonic() < fetched_at + wait_ms / 1000:
+                        await asyncio.sleep(min(0.1, fetched_at + wait_ms / 1000 - time.monotonic()))
+                    consumer.resume(*partitions)
         finally:
             await consumer.stop()
     asyncio.run(run())

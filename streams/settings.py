@@ -69,8 +69,9 @@ class Settings(BaseSettings):
     persist_prompt_for_s: float = Field(2.0, ge=0, description="how long the persist consumer keeps the wait "
                                         "that records asked for (read-your-write, ACCURATE, EVENTUAL) after the last "
                                         "of them")
-    persist_fetch_min_bytes: int = Field(64 << 10, ge=1, description="the broker answers a persist fetch once it "
-                                         "holds this many bytes, or after persist_batch_within_ms")
+    persist_fetch_min_bytes: int = Field(1, ge=1, description="the broker answers a persist fetch once it holds "
+                                         "this many bytes, or after the fetch's wait; the persist consumer paces its "
+                                         "fetches itself (at most one per wait), so 1 answers a paced fetch at once")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
     watermark_idle_interval_ms: int = Field(2000, ge=10, description="how often heartbeats go down the mutations "
                                             "partitions once only heartbeats were persisted for that long (a local "

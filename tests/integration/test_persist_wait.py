@@ -1,8 +1,9 @@
 """The persist consumer's adaptive fetch wait against the real broker: after a record marked read-your-write its
 fetches wait briefly (the next record is persisted well within the long wait), and once no such record came for
-`prompt_for_s` they wait long again; records of a namespace that tolerates a longer wait lengthen it for as long.
-The FetchRequests aiokafka builds are watched, so this also proves the lean on aiokafka's Fetcher
-(agents.persist_consumer.set_fetch_wait) on the installed version."""
+`prompt_for_s` they wait long again; records of a namespace that tolerates a longer wait space the fetches for as
+long, and records arriving all the time are fetched once per wait. The FetchRequests aiokafka builds are watched,
+so this also proves the lean on aiokafka's Fetcher (agents.persist_consumer.set_fetch_wait) on the installed
+version."""
 
 from __future__ import annotations
 
@@ -101,17 +102,18 @@ def test_a_read_your_write_record_makes_the_next_fetches_prompt_until_prompt_for
     asyncio.run(asyncio.wait_for(scenario(), 120))
 
 
-def test_records_of_a_namespace_that_tolerates_a_longer_wait_lengthen_the_fetches_for_prompt_for_s(
+def test_records_of_a_namespace_that_tolerates_a_longer_wait_space_the_fetches_for_prompt_for_s(
         kafka_bootstrap: str, topic_name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """An EVENTUAL namespace's writes (agents.worker.persist_waits) gather larger batches; when they stop the
-    consumer returns to the idle wait, so the next lone write is not held for the long one."""
+    """An EVENTUAL namespace's writes (agents.worker.persist_waits) gather larger batches: after one, the next is
+    fetched only once the namespace's wait is out. When they stop, the consumer returns to the idle wait, so the
+    next lone write is not held for the long one."""
     idle_ms, bulk_ms, hold_s = 100, 1500, 1.0
     make_topic(kafka_bootstrap, topic_name, 1)
     waits = spy_on_fetch_waits(monkeypatch)
-    persisted: set[bytes] = set()
+    persisted: dict[bytes, float] = {}
 
     async def persist(records: Any) -> list[tuple[str, str]]:  # every record is a write of namespace "bulk"
-        persisted.update(r.value for r in records)
+        persisted.update((r.value, time.monotonic()) for r in records)
         return [("bulk", r.value.decode()) for r in records]
 
     async def scenario() -> None:
@@ -124,9 +126,43 @@ def test_records_of_a_namespace_that_tolerates_a_longer_wait_lengthen_the_fetche
             await producer.send_and_wait(topic_name, b"c1", partition=0)
             await until(lambda: b"c1" in persisted, 30, "the first write")
             assert pc.fetch_wait_ms == bulk_ms
-            await until(lambda: bulk_ms in waits, 10, "a fetch with the namespace's wait")
-            bulk_at = waits.index(bulk_ms)
-            await until(lambda: idle_ms in waits[bulk_at:], 10 + hold_s, "the idle wait once hold_s passed")
-            assert pc.fetch_wait_ms == idle_ms
+            await producer.send_and_wait(topic_name, b"c2", partition=0)
+            await until(lambda: b"c2" in persisted, 30, "the second write")
+            assert persisted[b"c2"] - persisted[b"c1"] > 0.8 * bulk_ms / 1000, "fetched before the namespace's wait"
+
+            await until(lambda: pc.fetch_wait_ms == idle_ms and not pc.holding, 10 + hold_s + bulk_ms / 1000,
+                        "the idle wait once hold_s passed")
+            sent = time.monotonic()
+            await producer.send_and_wait(topic_name, b"c3", partition=0)
+            await until(lambda: b"c3" in persisted, 30, "the lone write after them")
+            assert persisted[b"c3"] - sent < bulk_ms / 2000, "a lone write held for the namespace's wait"
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_under_a_steady_stream_the_consumer_fetches_records_once_per_wait(
+        kafka_bootstrap: str, topic_name: str) -> None:
+    """Records arriving all the time are taken once per wait, all that came meanwhile in one batch, although each
+    fetch asks for a single byte (the local broker pays each fetch that finds records by the partition's length)."""
+    wait_ms, seconds = 400, 2.4
+    make_topic(kafka_bootstrap, topic_name, 1)
+    batches: list[int] = []
+
+    async def persist(records: Any) -> list[tuple[str, str]]:
+        batches.append(len(records))
+        return []
+
+    async def scenario() -> None:
+        pc = PersistConsumer(bootstrap=kafka_bootstrap, topic=topic_name, group_id=f"{topic_name}.persist",
+                             persist=persist, checkpoint=checkpoint, checkpoint_ms=50, wait_ms=wait_ms, min_bytes=1)
+        async with consuming(pc, kafka_bootstrap) as producer:
+            sent, started = 0, time.monotonic()
+            while time.monotonic() - started < seconds:
+                await producer.send_and_wait(topic_name, b"r%d" % sent, partition=0)
+                sent += 1
+                await asyncio.sleep(0.005)
+            await until(lambda: sum(batches) == sent, 30, "every record")
+            assert sent > 100
+            assert len(batches) <= seconds * 1000 / wait_ms + 3, f"{len(batches)} batches for {sent} records"
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
