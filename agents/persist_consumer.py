@@ -70,6 +70,29 @@ class _Rebalance(ConsumerRebalanceListener):
         log.info("persist owns mutations partitions %s", sorted(tp.partition for tp in assigned))
 
 
+def has_unread(consumer: AIOKafkaConsumer) -> bool | None:
+    """Whether some assigned partition holds records the consumer has not taken yet, by the high watermark of its
+    last fetch; None if this aiokafka cannot tell.
+
+    A batch of a backlog can be short of what was asked for (the broker caps a fetch's bytes, 5 MiB on the local
+    one, and fills partitions in turn), so "fewer records than asked for" does not mean "all there was". aiokafka
+    has no synchronous call for a partition's position: this reads its private subscription state (aiokafka is
+    pinned in constraints.txt; tests/unit/test_persist_consumer.py and tests/integration/test_persist_wait.py check
+    the lean). The local broker reports the base offset of the last batch + 1 as the high watermark, so a position
+    past the last batch's first record counts as read to the end, which it is once that batch is taken whole.
+    """
+    try:
+        subscription = consumer._subscription.subscription
+        assignment = subscription.assignment if subscription is not None else None
+        if assignment is None:
+            return False  # nothing assigned (before the first assignment, or during a rebalance)
+        states = [assignment.state_value(tp) for tp in assignment.tps]
+        return any(state.has_valid_position and state.highwater is not None and state.position < state.highwater
+                   for state in states)
+    except AttributeError:
+        return None
+
+
 def set_fetch_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> bool:
     """Make the consumer's next fetches wait up to `wait_ms` at the broker; False if this aiokafka cannot.
 
@@ -118,7 +141,7 @@ class PersistConsumer:
     to `checkpoint` and then commits the offsets of the batches it covers.
 
     `batch_bytes` bounds a batch by its values' size (one transaction); `max_records` by its record count.
-    After a batch short of what it asked for (it took all there was) the partitions pause for the wait, so a batch
+    After a batch that took all there was (read to the high watermark) the partitions pause for the wait, so a batch
     gathers for its wait instead of costing a fetch, a transaction and the broker's per-request work each; the
     broker answers a fetch once it holds `min_bytes`, or after the wait with none. The wait is `FetchPace`'s: for
     `prompt_for_s` after a batch, the shortest of `prompt_wait_ms` (a record carried the read-your-write header)
@@ -146,6 +169,7 @@ class PersistConsumer:
         self.namespace_waits = dict(namespace_waits or {})
         self.pace = FetchPace(wait_ms, prompt_for_s)
         self._lean_warned = False
+        self._unread_warned = False
         self.fetch_wait_ms = wait_ms  # what the next fetches wait at the broker, and the pause after a batch
         self._held_until = 0.0  # when the partitions paused after a batch resume (monotonic); 0: none paused
         self.on_revoked = on_revoked
@@ -201,17 +225,27 @@ class PersistConsumer:
             fetched_at = time.monotonic()
             self._note_fetched(batch)
             self._pace(consumer)  # before any await: aiokafka builds the next fetch once this one is taken
-            short = bool(batch) and sum(map(len, batch.values())) < wanted
-            if short:
+            caught_up = self._took_all(consumer, batch, wanted)
+            if caught_up:
                 self._hold(consumer, fetched_at)  # before any await too, or that next fetch is already sent
             async with self.batch_lock:
                 if batch:
                     await self._handle(batch)
                     self._pace(consumer)  # what the namespaces just persisted ask for, from the fetch after next
-                    if short and self._held_until:
+                    if caught_up and self._held_until:
                         self._held_until = fetched_at + self.fetch_wait_ms / 1000
                 if self._offsets and time.monotonic() >= self._checkpointed + self.checkpoint_s:
                     await self.checkpoint_now()
+
+    def _took_all(self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list], wanted: int) -> bool:
+        """Whether the batch took all there was (then the partitions pause for the wait)."""
+        if not batch or sum(map(len, batch.values())) >= wanted:
+            return False
+        unread = has_unread(consumer)
+        if unread is None and not self._unread_warned:
+            self._unread_warned = True
+            log.warning("this aiokafka cannot tell whether a fetch read to the end: a backlog may pause")
+        return not unread
 
     def _hold(self, consumer: AIOKafkaConsumer, fetched_at: float) -> None:
         """Fetch nothing more until the wait from `fetched_at` is out: the batch took all there was."""

@@ -166,3 +166,40 @@ def test_under_a_steady_stream_the_consumer_fetches_records_once_per_wait(
             assert len(batches) <= seconds * 1000 / wait_ms + 3, f"{len(batches)} batches for {sent} records"
 
     asyncio.run(asyncio.wait_for(scenario(), 120))
+
+
+def test_a_backlog_larger_than_one_fetch_is_read_without_pausing(kafka_bootstrap: str, topic_name: str) -> None:
+    """A fetch's answer is capped (5 MiB on the local broker, filled partition by partition), so a batch of a
+    backlog can be short of what was asked for while partitions it did not reach hold records: the consumer reads
+    on without pausing for the wait (agents.persist_consumer.has_unread)."""
+    wait_ms, partitions, per_partition, size = 3000, 4, 40, 100_000  # 16 MB in all
+    make_topic(kafka_bootstrap, topic_name, partitions)
+    persisted: list[float] = []
+
+    async def persist(records: Any) -> list[tuple[str, str]]:
+        persisted.extend(time.monotonic() for _ in records)
+        return []
+
+    async def scenario() -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", max_request_size=1 << 20)
+        await producer.start()
+        try:
+            for _ in range(per_partition):
+                await asyncio.gather(*(producer.send_and_wait(topic_name, bytes(size), partition=p)
+                                       for p in range(partitions)))
+        finally:
+            await producer.stop()
+        pc = PersistConsumer(bootstrap=kafka_bootstrap, topic=topic_name, group_id=f"{topic_name}.persist",
+                             persist=persist, checkpoint=checkpoint, checkpoint_ms=50, wait_ms=wait_ms,
+                             max_records=10_000, batch_bytes=64 << 20)
+        await pc.start()
+        task = asyncio.ensure_future(pc.run())
+        try:
+            await until(lambda: len(persisted) == partitions * per_partition, 60, "the whole backlog")
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await pc.stop()
+        assert persisted[-1] - persisted[0] < wait_ms / 2000, "the backlog paused for the wait"
+
+    asyncio.run(asyncio.wait_for(scenario(), 120))

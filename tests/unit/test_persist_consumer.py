@@ -1,17 +1,21 @@
 """The persist consumer's fetch wait: the shortest that recent records ask for (prompt for read-your-write, per
-namespace otherwise, the idle default with none); each namespace's wait; and the aiokafka internal it leans on
-(`Fetcher._fetch_max_wait_ms`), checked against the installed aiokafka."""
+namespace otherwise, the idle default with none); each namespace's wait; and the aiokafka internals it leans on
+(`Fetcher._fetch_max_wait_ms`, the subscription state `has_unread` reads), checked against the installed
+aiokafka."""
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from types import SimpleNamespace
 from typing import Any
 
 import aiokafka
+from aiokafka import TopicPartition
 from aiokafka.consumer.fetcher import Fetcher
+from aiokafka.consumer.subscription_state import SubscriptionState
 
-from agents.persist_consumer import FetchPace, PersistConsumer, read_your_write_in, set_fetch_wait
+from agents.persist_consumer import FetchPace, PersistConsumer, has_unread, read_your_write_in, set_fetch_wait
 from agents.watermark import HEARTBEAT_HEADER
 from agents.worker import persist_waits
 from control_plane import parse_namespaces
@@ -108,6 +112,31 @@ def test_the_aiokafka_internal_set_fetch_wait_leans_on_is_still_there() -> None:
     assert "self._fetch_max_wait_ms = fetch_max_wait_ms" in inspect.getsource(Fetcher.__init__)
     builder = inspect.getsource(Fetcher._get_actions_per_node)
     assert "FetchRequest(" in builder and "self._fetch_max_wait_ms" in builder
+
+
+def test_has_unread_reads_the_positions_and_high_watermarks_aiokafka_keeps() -> None:
+    """On aiokafka's own subscription state (the private internal has_unread leans on): a partition whose position
+    is below its last fetch's high watermark has records not taken yet; one without a fetch yet tells nothing."""
+    async def scenario() -> None:
+        state = SubscriptionState()
+        consumer = SimpleNamespace(_subscription=state)
+        assert has_unread(consumer) is False  # type: ignore[arg-type]  # nothing subscribed or assigned
+        tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+        state.assign_from_user([tp0, tp1])
+        assert has_unread(consumer) is False  # type: ignore[arg-type]  # no position, no high watermark yet
+        state.seek(tp0, 10)
+        state.seek(tp1, 7)
+        assignment = state.subscription.assignment
+        assignment.state_value(tp0).highwater = 10
+        assignment.state_value(tp1).highwater = 7
+        assert has_unread(consumer) is False  # type: ignore[arg-type]  # both read to the end
+        assignment.state_value(tp1).highwater = 9
+        assert has_unread(consumer) is True  # type: ignore[arg-type]
+        assignment.state_value(tp1).consumed_to(9)
+        assert has_unread(consumer) is False  # type: ignore[arg-type]
+        assert has_unread(SimpleNamespace()) is None  # type: ignore[arg-type]  # an aiokafka without the internal
+
+    asyncio.run(scenario())
 
 
 def test_eventual_namespaces_wait_up_to_half_the_coalesce_window_and_accurate_ones_the_short_wait() -> None:
