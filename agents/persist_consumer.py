@@ -233,7 +233,7 @@ class PersistConsumer:
                     await self._handle(batch)
                     self._pace(consumer)  # what the namespaces just persisted ask for, from the fetch after next
                     if caught_up and self._held_until:
-                        self._held_until = fetched_at + self.fetch_wait_ms / 1000
+                        self._hold(consumer, fetched_at)  # again: the wait may have changed with what was persisted
                 if self._offsets and time.monotonic() >= self._checkpointed + self.checkpoint_s:
                     await self.checkpoint_now()
 
@@ -248,7 +248,8 @@ class PersistConsumer:
         return not unread
 
     def _hold(self, consumer: AIOKafkaConsumer, fetched_at: float) -> None:
-        """Fetch nothing more until the wait from `fetched_at` is out: the batch took all there was."""
+        """Fetch nothing more until the wait from `fetched_at` is out: the batch took all there was. Pausing a
+        paused partition changes nothing, so a second call only moves the end of the wait."""
         self._held_until = fetched_at + self.fetch_wait_ms / 1000
         consumer.pause(*consumer.assignment())
 

@@ -87,7 +87,8 @@ async def measure(bootstrap: str, pid: int, lengths: list[int], fetches: int) ->
 def _read_tail(bootstrap: str, topic: str, min_bytes: int, wait_ms: int, ready: Event, stop: Event) -> None:
     """A consumer at the tail of every partition of `topic` that keeps nothing: the broker's side of a reader. It
     fetches as the persist consumer does (agents.persist_consumer): after a batch that took all there was, its
-    partitions pause for `wait_ms`."""
+    partitions pause for `wait_ms`. A copy of that pacing, not an import: bench imports no agents (the
+    `bench-apart` import contract), and a reader at the tail has no backlog to tell apart."""
     async def run() -> None:
         consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, fetch_min_bytes=min_bytes,
                                     fetch_max_wait_ms=wait_ms, max_partition_fetch_bytes=4 << 20,
