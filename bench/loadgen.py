@@ -8,7 +8,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Meter(Protocol):
+    """Measures around a load (bench.stack_meter.StackMeter): its figures join the load's summary."""
+
+    def start(self) -> None: ...
+
+    def stop(self, requests: int) -> dict[str, float]: ...
 
 
 @dataclass
@@ -16,6 +25,7 @@ class LoadResult:
     latencies_s: list[float]
     elapsed_s: float
     errors: int
+    figures: dict[str, float] = field(default_factory=dict)  # a Meter's, when one measured the load
 
     @property
     def throughput(self) -> float:
@@ -30,7 +40,7 @@ class LoadResult:
     def summary(self) -> dict[str, float]:
         return {"requests": len(self.latencies_s), "errors": self.errors, "throughput_per_s": self.throughput,
                 "p50_ms": self.percentile(50) * 1e3, "p99_ms": self.percentile(99) * 1e3,
-                "max_ms": max(self.latencies_s, default=float("nan")) * 1e3}
+                "max_ms": max(self.latencies_s, default=float("nan")) * 1e3, **self.figures}
 
 
 def http_post(path: str, body: bytes, headers: str = "") -> bytes:
@@ -74,9 +84,11 @@ Connect = Callable[[], Awaitable[tuple[Call, Callable[[], object]]]]  # a worker
 
 
 async def closed_loop(connect: Connect, *, concurrency: int, duration_s: float,
-                      on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None) -> LoadResult:
+                      on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None,
+                      meter: Meter | None = None) -> LoadResult:
     """`concurrency` workers, each issuing its next request as soon as the previous one answered. Worker w
-    sends requests w, w + concurrency, ...; `acked[i % len(acked)]` counts the successes of request i."""
+    sends requests w, w + concurrency, ...; `acked[i % len(acked)]` counts the successes of request i; `meter`
+    measures around the load."""
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + duration_s
@@ -104,9 +116,12 @@ async def closed_loop(connect: Connect, *, concurrency: int, duration_s: float,
             if on_progress:
                 on_progress(len(latencies))
 
+    if meter is not None:
+        meter.start()
     started = time.perf_counter()
     await asyncio.gather(progress(), *(worker(w) for w in range(concurrency)))
-    return LoadResult(latencies, time.perf_counter() - started, errors)
+    elapsed = time.perf_counter() - started
+    return LoadResult(latencies, elapsed, errors, meter.stop(len(latencies)) if meter is not None else {})
 
 
 def _socket_connect(host: str, port: int, requests: Sequence[bytes], exchange: Callable) -> Connect:
@@ -117,10 +132,11 @@ def _socket_connect(host: str, port: int, requests: Sequence[bytes], exchange: C
 
 
 def http_load(host: str, port: int, requests: Sequence[bytes], *, concurrency: int = 32, duration_s: float = 10,
-              on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None) -> LoadResult:
+              on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None,
+              meter: Meter | None = None) -> LoadResult:
     """Closed-loop HTTP/1.1 keep-alive load; `acked` (one slot per request) counts its 200 answers."""
     return asyncio.run(closed_loop(_socket_connect(host, port, requests, _http_exchange), concurrency=concurrency,
-                                   duration_s=duration_s, on_progress=on_progress, acked=acked))
+                                   duration_s=duration_s, on_progress=on_progress, acked=acked, meter=meter))
 
 
 def memcached_load(host: str, port: int, requests: Sequence[bytes], *, concurrency: int = 32,

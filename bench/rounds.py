@@ -13,31 +13,40 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.common import console, progress_bar
-from bench.loadgen import LoadResult
+from bench.loadgen import LoadResult, Meter
+from bench.stack_meter import StackMeter
 
-Phase = Callable[..., LoadResult]  # called with on_progress= and duration_s=
+Phase = Callable[..., LoadResult]  # called with on_progress= and duration_s= (and meter=, when one is given)
+_LOAD_KEYS = ("requests", "errors", "throughput_per_s", "p50_ms", "p99_ms", "max_ms")
 
 
-def run_rounds(phases: Mapping[str, tuple[str, Phase]], *, rounds: int, duration_s: float) -> dict[str, list[dict]]:
-    """{key: [summary per round]} for phases {key: (label, load function)}, run in order once per round."""
+def run_rounds(phases: Mapping[str, tuple[str, Phase]], *, rounds: int, duration_s: float,
+               meter: Meter | None = None) -> dict[str, list[dict]]:
+    """{key: [summary per round]} for phases {key: (label, load function)}, run in order once per round; with
+    `meter`, each load is measured by it and its figures are printed under the phase."""
     out: dict[str, list[dict]] = {key: [] for key in phases}
+    extra = {} if meter is None else {"meter": meter}
     for n in range(1, rounds + 1):
         console.print(f"round {n}/{rounds}:")
         for key, (label, phase) in phases.items():
             with progress_bar(label, None) as update:
-                result = phase(on_progress=update, duration_s=duration_s)
+                result = phase(on_progress=update, duration_s=duration_s, **extra)
             summary = result.summary()
             out[key].append(summary)
             console.print(f"  {label:<36} {summary['throughput_per_s']:>9,.0f}/s  p50 {summary['p50_ms']:6.2f} ms  "
                           f"p99 {summary['p99_ms']:6.2f} ms  max {summary['max_ms']:7.2f} ms  "
                           f"errors {summary['errors']}")
+            if result.figures:
+                console.print(f"    {StackMeter.describe(result.figures)}")
     return out
 
 
 def medians(per_round: list[dict]) -> dict[str, Any]:
-    """The median of each figure over the rounds, and the rounds themselves."""
+    """The median of each figure over the rounds (a meter's too, over the rounds that have it), and the rounds."""
     keys = ("throughput_per_s", "p50_ms", "p99_ms", "max_ms")
+    figures = {k for r in per_round for k in r if k not in _LOAD_KEYS}
     return {**{k: statistics.median(r[k] for r in per_round) for k in keys},
+            **{k: statistics.median(r[k] for r in per_round if k in r) for k in sorted(figures)},
             "errors": sum(r["errors"] for r in per_round), "rounds": per_round}
 
 

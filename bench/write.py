@@ -24,6 +24,11 @@ that keeps nothing reads the mutations topic at its tail with the persist consum
 (`counter bench broker-fetch`), so this phase says how much of the gap the broker's reads alone cost; Apache Kafka
 answers a tail fetch from its offset index. The writes of the paused phases are counted like the others once the
 workers resume.
+
+Every phase is also measured from outside (`bench.stack_meter`): CPU per request of the API, the workers, the
+broker and the load generator, how busy the machine was, and from the API's /metrics how many writes each
+group-commit record carried and how long the broker took to acknowledge one. A machine well short of fully busy
+means the requests waited on one another (the group-commit cycle), not on the cores.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ from aiokafka.errors import KafkaError
 
 from bench.broker_fetch import tail_reader
 from bench.common import console, http_floor, local_stack, progress_bar, stack_settings, wait_exact, write_result
-from bench.loadgen import Call, LoadResult, closed_loop, http_load, http_post
+from bench.loadgen import Call, LoadResult, Meter, closed_loop, http_load, http_post
 from bench.rounds import median_ratio, medians, run_rounds
+from bench.stack_meter import StackMeter
 from control_plane import default_config_path
 from infra.stack import LocalStack
 from producers import CounterProducer
@@ -56,7 +62,7 @@ NAMESPACES = {"eventual": "my_dataset", "accurate": "my_dataset_accurate"}
 
 
 def raw_produce_load(bootstrap: str, values: list[tuple[bytes, bytes]], *, concurrency: int, duration_s: float,
-                     on_progress: Callable[[int], None] | None = None) -> LoadResult:
+                     on_progress: Callable[[int], None] | None = None, meter: Meter | None = None) -> LoadResult:
     """aiokafka send_and_wait of one record per call, `concurrency` calls in flight (acks=all)."""
     async def run() -> LoadResult:
         producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
@@ -74,7 +80,8 @@ def raw_produce_load(bootstrap: str, values: list[tuple[bytes, bytes]], *, concu
             return send, lambda: None
 
         try:
-            return await closed_loop(connect, concurrency=concurrency, duration_s=duration_s, on_progress=on_progress)
+            return await closed_loop(connect, concurrency=concurrency, duration_s=duration_s, on_progress=on_progress,
+                                     meter=meter)
         finally:
             await producer.stop()
     return asyncio.run(run())
@@ -153,8 +160,11 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
                         wait_ms=settings.persist_eventual_within_ms)))
         phases[f"addandget_c{middle}"] = (f"AddAndGetCount EVENTUAL, c={middle}", lambda **kw: http_load(
             api.host, api.port, add_and_get, concurrency=middle, acked=acked_get, **kw))
+        meter = StackMeter({"api": api.pid, **{w.name: w.pid for w in stack.workers},
+                            "broker": stack.broker.pid if stack.broker else None, "floor": floor.pid},
+                           metrics_url=f"http://{api.address}/metrics")
         console.print(f"durable writes, {duration:g} s per phase, {rounds} interleaved rounds:")
-        per_round = run_rounds(phases, rounds=rounds, duration_s=duration)
+        per_round = run_rounds(phases, rounds=rounds, duration_s=duration, meter=meter)
         acknowledged = expected()
         errors = sum(r["errors"] for rs in per_round.values() for r in rs)
         started = time.monotonic()
@@ -183,6 +193,11 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
                           f"p99 {r['p99_ms']:6.2f} ms  = {r['ratio_to_raw_produce']:.0%} of raw, p50 "
                           f"{r['p50_to_raw']:.2f}x, p99 {r['p99_to_raw']:.2f}x, "
                           f"{r['ratio_to_http_floor']:.0%} of the floor")
+    console.print(f"  where the time goes at c={middle} (medians of the rounds; CPU per request by process, 'client' is "
+                  "this process: the load generator, or the raw produce's Kafka client):")
+    for key, (label, _) in phases.items():
+        if key.endswith(f"_c{middle}"):
+            console.print(f"    {label:<36} {StackMeter.describe(results[key])}")
     g = results[f"addandget_c{middle}"]
     console.print(f"  AddAndGetCount c={middle}: {g['throughput_per_s']:,.0f}/s p50 {g['p50_ms']:.2f} ms "
                   f"p99 {g['p99_ms']:.2f} ms")

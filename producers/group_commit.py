@@ -31,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Sequence
+from typing import Protocol
 
 from producers.asyncio_producer import AsyncProducer
 from producers.client import DeliveryError
@@ -42,6 +44,17 @@ log = logging.getLogger(__name__)
 
 RETRY_RULE = "retry with the same idempotency token and generation_time: it is counted once"
 MAX_RECORD_BYTES = 900_000  # below the broker's default message.max.bytes (1 MB)
+
+
+class GroupCommitObserver(Protocol):
+    """What an operator wants to see of group commit: how many writes each record carries, and how long the
+    broker takes to acknowledge one (the API exports both as metrics, query_api.metrics)."""
+
+    def record_sent(self, mutations: int) -> None:
+        """A record holding `mutations` was handed to the producer."""
+
+    def record_done(self, seconds: float, ok: bool) -> None:
+        """A record was acknowledged (`ok`) or failed, `seconds` after it was handed over, as seen on the loop."""
 
 
 class _Pending:
@@ -67,10 +80,12 @@ class GroupCommitProducer:
     from one event loop: `start()` there first, `stop()` at the end.
     """
 
-    def __init__(self, producer: AsyncProducer, *, topic: str, max_in_flight: int = 1) -> None:
+    def __init__(self, producer: AsyncProducer, *, topic: str, max_in_flight: int = 1,
+                 observer: GroupCommitObserver | None = None) -> None:
         self.kafka = producer
         self.topic = topic
         self.max_in_flight = max_in_flight
+        self.observer = observer
         self._in_flight = 0
         self._partitions = 0
         self._next_partition = 0
@@ -169,12 +184,16 @@ class GroupCommitProducer:
                                     headers=READ_YOUR_WRITE_HEADERS if batch.read_your_write else None)
         self._in_flight += 1
         self.records_sent += 1
-        record.add_done_callback(functools.partial(self._acknowledged, batch.future))
+        if self.observer is not None:
+            self.observer.record_sent(len(batch.bodies))
+        record.add_done_callback(functools.partial(self._acknowledged, batch.future, time.perf_counter()))
 
-    def _acknowledged(self, future: asyncio.Future[None], record: asyncio.Future[None]) -> None:
+    def _acknowledged(self, future: asyncio.Future[None], sent: float, record: asyncio.Future[None]) -> None:
         self._in_flight -= 1
+        error = asyncio.CancelledError() if record.cancelled() else record.exception()
+        if self.observer is not None:
+            self.observer.record_done(time.perf_counter() - sent, error is None)
         if not future.done():
-            error = record.exception()
             if error is None:
                 future.set_result(None)
             else:

@@ -47,7 +47,7 @@ def build_service(settings: Settings) -> CounterService:
     sketches = open_namespace_sketch_store(buckets, registry) if unique else None  # unique counts' sketches
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=5.0)
-    producer = GroupCommitProducer(kafka, topic=settings.mutations_topic)
+    producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))
     return CounterService(
         registry, producer=producer, signals=signals,

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the API: requests and latency per endpoint, cache hit ratio.
+"""Prometheus metrics of the API: requests and latency per endpoint, cache hit ratio, group commit.
 
 Requests are tallied in plain dicts by `record` and `count_cache`; a custom collector registered on REGISTRY
 turns the tallies into metric families when the registry is scraped. Why: prometheus_client takes a lock for
@@ -30,6 +30,37 @@ _cache = [0, 0]  # misses, hits
 _requests_created: dict[tuple[str, int], float] = {}
 _latency_created: dict[str, float] = {}
 _CACHE_CREATED = time.time()
+# Group commit (producers.group_commit): what the records carry and how long the broker takes to acknowledge one.
+ACK_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, float("inf"))
+_ACK_LE = tuple(floatToGoString(b) for b in ACK_BUCKETS)
+
+
+class GroupCommitTally:
+    """A `GroupCommitObserver`: records sent, the mutations they held, failures, and the acknowledgement times of
+    the records the broker took (a histogram tally as `_latency`'s). Why: writes per record and the broker's
+    acknowledgement time say whether durable writes wait on the broker or on the API."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.created = time.time()
+        self.records = self.mutations = self.failed = 0
+        self.acks = [0.0] * (len(ACK_BUCKETS) + 1)  # acknowledged records per bucket (not cumulative), then the sum
+
+    def record_sent(self, mutations: int) -> None:
+        self.records += 1
+        self.mutations += mutations
+
+    def record_done(self, seconds: float, ok: bool) -> None:
+        if not ok:
+            self.failed += 1
+            return
+        self.acks[bisect_left(ACK_BUCKETS, seconds)] += 1
+        self.acks[-1] += seconds
+
+
+GROUP_COMMIT = GroupCommitTally()  # the API's GroupCommitProducer reports here (query_api.app)
 
 
 def record(endpoint: str, status: int, seconds: float) -> None:
@@ -72,6 +103,7 @@ def reset() -> None:
     _requests_created.clear()
     _latency_created.clear()
     _cache[:] = [0, 0]
+    GROUP_COMMIT.reset()
 
 
 def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
@@ -81,12 +113,42 @@ def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetr
             GaugeMetricFamily("counter_api_cache_hit_ratio", "Rollup cache hits / lookups since start"))
 
 
+GROUP_COMMIT_HELP = {
+    "records": "Records produced by group commit (under load each carries the writes of one event-loop pass)",
+    "mutations": "Mutations in those records (mutations / records: the writes one record shares)",
+    "failed": "Group-commit records the broker refused or did not acknowledge in time (their writes got 503)",
+    "ack": "From handing a group-commit record to the producer to its acknowledgement, seen on the event loop",
+}
+
+
+def _group_commit_families() -> tuple[CounterMetricFamily, CounterMetricFamily, CounterMetricFamily,
+                                      HistogramMetricFamily]:
+    return (CounterMetricFamily("counter_api_group_commit_records_total", GROUP_COMMIT_HELP["records"]),
+            CounterMetricFamily("counter_api_group_commit_mutations_total", GROUP_COMMIT_HELP["mutations"]),
+            CounterMetricFamily("counter_api_group_commit_failed_records_total", GROUP_COMMIT_HELP["failed"]),
+            HistogramMetricFamily("counter_api_broker_ack_seconds", GROUP_COMMIT_HELP["ack"]))
+
+
+def _group_commit_metrics() -> Iterator[Metric]:
+    tally = GROUP_COMMIT
+    records, mutations, failed, ack = _group_commit_families()
+    created = tally.created
+    records.add_metric((), tally.records, created=created)
+    mutations.add_metric((), tally.mutations, created=created)
+    failed.add_metric((), tally.failed, created=created)
+    acks = tally.acks[:]
+    ack.add_metric((), list(zip(_ACK_LE, accumulate(float(n) for n in acks[:-1]), strict=True)), acks[-1])
+    ack.samples.append(Sample("counter_api_broker_ack_seconds_created", {}, created))
+    yield from (records, mutations, failed, ack)
+
+
 class _TallyCollector:
     """Exports the tallies as prometheus_client's Counter, Histogram and Gauge would export the same observations."""
 
     def describe(self) -> Iterator[Metric]:
         """The family names, without reading the tallies: lets the registry refuse a clashing metric."""
         yield from _families()
+        yield from _group_commit_families()
 
     def collect(self) -> Iterator[Metric]:
         requests, latency, cache, ratio = _families()
@@ -106,6 +168,7 @@ class _TallyCollector:
         cache.add_metric(("miss",), misses, created=_CACHE_CREATED)
         ratio.add_metric((), hits / (hits + misses) if hits + misses else 0.0)
         yield from (requests, latency, cache, ratio)
+        yield from _group_commit_metrics()
 
 
 REGISTRY.register(_TallyCollector())

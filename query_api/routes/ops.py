@@ -35,7 +35,8 @@ async def readyz(service: Service) -> JSONResponse:
 @router.get("/metrics", response_class=PlainTextResponse,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 async def prometheus() -> Response:
-    """Prometheus metrics: requests and latency per endpoint, cache hit ratio."""
+    """Prometheus metrics: requests and latency per endpoint, cache hit ratio, group commit (writes per record,
+    the broker's acknowledgement time)."""
     return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -245,6 +245,25 @@ def test_health_ready_metrics_openapi(stack):
     assert stack.client.get("/docs").status_code == 200
 
 
+def _metric(stack, series: str) -> float:
+    """The value of one unlabelled series in /metrics."""
+    text = stack.client.get("/metrics").text
+    return float(next(line for line in text.splitlines() if line.startswith(series + " ")).split()[-1])
+
+
+def test_metrics_show_group_commit_records_and_the_brokers_acknowledgement_time(stack):
+    names = ("counter_api_group_commit_records_total", "counter_api_group_commit_mutations_total",
+             "counter_api_broker_ack_seconds_count", "counter_api_group_commit_failed_records_total")
+    before = {n: _metric(stack, n) for n in names}
+    ack_before = _metric(stack, "counter_api_broker_ack_seconds_sum")
+    assert post(stack, "/v1/AddCount", fresh(POST_ADD)).status_code == 200
+    batch = {"requests": [fresh(POST_ADD), fresh(POST_ADD, counter_name="other")]}
+    assert post(stack, "/v1/BatchAddCount", batch).status_code == 200  # both mutations in one record
+    after = {n: _metric(stack, n) for n in names}
+    assert [after[n] - before[n] for n in names] == [2, 3, 2, 0]
+    assert 0 < _metric(stack, "counter_api_broker_ack_seconds_sum") - ack_before < 10
+
+
 def _read_responses(sock: socket.socket, responses: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:
     """Read `responses` HTTP responses from the socket: (status line, headers, body)."""
     out = []

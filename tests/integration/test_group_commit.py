@@ -40,10 +40,24 @@ def run(scenario: Callable[[], Awaitable[Any]], timeout: float = 60.0) -> Any:
     return asyncio.run(asyncio.wait_for(scenario(), timeout))
 
 
-async def group_commit(bootstrap: str, topic: str, max_in_flight: int = 1,
-                       producer: Any = None) -> tuple[AsyncProducer, GroupCommitProducer]:
+class Observed:
+    """A GroupCommitObserver that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+        self.done: list[tuple[float, bool]] = []
+
+    def record_sent(self, mutations: int) -> None:
+        self.sent.append(mutations)
+
+    def record_done(self, seconds: float, ok: bool) -> None:
+        self.done.append((seconds, ok))
+
+
+async def group_commit(bootstrap: str, topic: str, max_in_flight: int = 1, producer: Any = None,
+                       observer: Observed | None = None) -> tuple[AsyncProducer, GroupCommitProducer]:
     kafka = producer or AsyncProducer(bootstrap, client_id="test-group-commit", timeout_s=10.0)
-    gc = GroupCommitProducer(kafka, topic=topic, max_in_flight=max_in_flight)
+    gc = GroupCommitProducer(kafka, topic=topic, max_in_flight=max_in_flight, observer=observer)
     await gc.start()
     return kafka, gc
 
@@ -100,6 +114,29 @@ def test_a_pass_holding_a_read_your_write_write_marks_its_record_and_only_that_o
     marked = {tuple(m.event_id for m in decode_mutations(r.value)): has_header(r.headers, READ_YOUR_WRITE_HEADER)
               for r in records if r.value}
     assert marked == {("tok-0",): False, ("tok-1", "tok-2", "tok-3"): True, ("tok-4",): False}
+
+
+def test_the_observer_sees_each_records_writes_and_its_acknowledgement_time(kafka_bootstrap: str,
+                                                                            topic_name: str) -> None:
+    """What the API exports as metrics (writes per record, the broker's acknowledgement time) is what was sent."""
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    observed = Observed()
+
+    async def scenario() -> float:
+        kafka, gc = await group_commit(kafka_bootstrap, topic_name, observer=observed)
+        started = time.perf_counter()
+        await gc.send([mutation(0)])
+        await asyncio.gather(gc.send([mutation(1), mutation(2)]), gc.send([mutation(3)]))  # one pass, one record
+        took = time.perf_counter() - started
+        await gc.stop()
+        await kafka.stop()
+        return took
+
+    took = run(scenario)
+    assert observed.sent == [1, 3]
+    assert [ok for _, ok in observed.done] == [True, True]
+    assert all(0 < seconds <= took for seconds, _ in observed.done)
+    assert sorted(len(ms) for _, _, ms in records_of(kafka_bootstrap, topic_name)) == observed.sent  # per partition
 
 
 def test_a_lone_write_is_sent_at_the_end_of_its_pass(kafka_bootstrap: str, topic_name: str) -> None:
@@ -249,6 +286,8 @@ def test_an_unreachable_broker_fails_writes_with_the_retry_rule() -> None:
 
 
 def test_a_broker_that_does_not_answer_fails_records_in_flight_and_gathered() -> None:
+    observed = Observed()
+
     async def scenario() -> None:
         connections: list[asyncio.StreamWriter] = []
 
@@ -260,7 +299,7 @@ def test_a_broker_that_does_not_answer_fails_records_in_flight_and_gathered() ->
         server = await asyncio.start_server(silent, "127.0.0.1", 0)
         bootstrap = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
         kafka = AsyncProducer(bootstrap, client_id="test-silent", timeout_s=1.0)
-        gc = GroupCommitProducer(kafka, topic="counter-mutations")
+        gc = GroupCommitProducer(kafka, topic="counter-mutations", observer=observed)
         try:
             await gc.start()
             assert connections, "the producer never reached the silent broker"
@@ -275,6 +314,7 @@ def test_a_broker_that_does_not_answer_fails_records_in_flight_and_gathered() ->
                     await asyncio.wait_for(future, 10)
                 assert RETRY_RULE in str(info.value) and "did not acknowledge" in str(info.value)
             assert time.monotonic() - started < 8.0
+            assert observed.sent == [1, 2] and [ok for _, ok in observed.done] == [False, False]  # metrics: failed
         finally:
             await gc.stop()
             await kafka.stop(timeout_s=1.0)

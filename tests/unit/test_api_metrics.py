@@ -30,9 +30,22 @@ def _exported(registry: CollectorRegistry) -> tuple[Exported, dict[tuple[str, tu
     return families, created
 
 
-def _reference(requests: list[tuple[str, int, float]], lookups: list[bool]) -> CollectorRegistry:
+def _reference(requests: list[tuple[str, int, float]], lookups: list[bool],
+               records: list[tuple[int, float, bool]] = ()) -> CollectorRegistry:  # type: ignore[assignment]
     """The same observations made with plain prometheus_client metrics, named and documented as before."""
     registry = CollectorRegistry()
+    help_ = metrics.GROUP_COMMIT_HELP
+    sent = Counter("counter_api_group_commit_records_total", help_["records"], registry=registry)
+    mutations = Counter("counter_api_group_commit_mutations_total", help_["mutations"], registry=registry)
+    failed = Counter("counter_api_group_commit_failed_records_total", help_["failed"], registry=registry)
+    ack = Histogram("counter_api_broker_ack_seconds", help_["ack"], registry=registry, buckets=metrics.ACK_BUCKETS)
+    for n, seconds, ok in records:
+        sent.inc()
+        mutations.inc(n)
+        if ok:
+            ack.observe(seconds)
+        else:
+            failed.inc()
     counter = Counter("counter_api_requests_total", "HTTP requests", ["endpoint", "status"], registry=registry)
     histogram = Histogram("counter_api_request_seconds", "HTTP request latency", ["endpoint"], registry=registry,
                           buckets=metrics.BUCKETS)
@@ -56,20 +69,33 @@ requests_strategy = st.lists(
     max_size=60)
 
 
-@given(requests_strategy, st.lists(st.booleans(), max_size=20))
+records_strategy = st.lists(
+    st.tuples(st.integers(min_value=1, max_value=500),
+              st.one_of(st.floats(min_value=0, max_value=10, allow_nan=False),
+                        st.sampled_from(metrics.ACK_BUCKETS[:-1])),
+              st.booleans()),
+    max_size=40)
+
+
+@given(requests_strategy, st.lists(st.booleans(), max_size=20), records_strategy)
 def test_a_scrape_equals_what_direct_observations_export(requests: list[tuple[str, int, float]],
-                                                          lookups: list[bool]) -> None:
-    metrics.reset()
+                                                          lookups: list[bool],
+                                                          records: list[tuple[int, float, bool]]) -> None:
     started = time.time()
+    metrics.reset()
     for endpoint, status, seconds in requests:
         metrics.record(endpoint, status, seconds)
     for hit in lookups:
         metrics.count_cache(hit)
+    for n, seconds, ok in records:  # as GroupCommitProducer reports a record: sent, then done
+        metrics.GROUP_COMMIT.record_sent(n)
+        metrics.GROUP_COMMIT.record_done(seconds, ok)
     got, got_created = _exported(metrics.REGISTRY)
-    expected, expected_created = _exported(_reference(requests, lookups))
+    expected, expected_created = _exported(_reference(requests, lookups, records))
     assert got == expected  # names, types, help, labels, le bounds, _count and _sum (same additions, same floats)
     assert got_created.keys() == expected_created.keys()
-    series_created = [v for (name, _), v in got_created.items() if name != "counter_api_cache_created"]
+    series_created = [v for (name, _), v in got_created.items()
+                      if name != "counter_api_cache_created"]  # the cache's is the module's import time
     assert all(started <= v <= time.time() for v in series_created)
 
 
