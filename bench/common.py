@@ -25,7 +25,7 @@ from streams.topics import ensure_topics, topic_specs
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
 NAMESPACES = BENCH_DIR / "namespaces.yaml"
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # long result lines stay whole in a log file
 
 
 @contextmanager

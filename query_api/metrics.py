@@ -114,7 +114,8 @@ def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetr
 
 
 GROUP_COMMIT_HELP = {
-    "records": "Records produced by group commit (under load each carries the writes of one event-loop pass)",
+    "records": "Records produced by group commit (each holds the writes that arrived while the one before it "
+               "awaited its acknowledgement)",
     "mutations": "Mutations in those records (mutations / records: the writes one record shares)",
     "failed": "Group-commit records the broker refused or did not acknowledge in time (their writes got 503)",
     "ack": "From handing a group-commit record to the producer to its acknowledgement, seen on the event loop",
