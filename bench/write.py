@@ -193,8 +193,8 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
                           f"p99 {r['p99_ms']:6.2f} ms  = {r['ratio_to_raw_produce']:.0%} of raw, p50 "
                           f"{r['p50_to_raw']:.2f}x, p99 {r['p99_to_raw']:.2f}x, "
                           f"{r['ratio_to_http_floor']:.0%} of the floor")
-    console.print(f"  where the time goes at c={middle} (medians of the rounds; CPU per request by process, 'client' is "
-                  "this process: the load generator, or the raw produce's Kafka client):")
+    console.print(f"  where the time goes at c={middle} (medians of the rounds; CPU per request by process, "
+                  "'client' is this process: the load generator, or the raw produce's Kafka client):")
     for key, (label, _) in phases.items():
         if key.endswith(f"_c{middle}"):
             console.print(f"    {label:<36} {StackMeter.describe(results[key])}")
