@@ -11,6 +11,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+ANSWER_GRACE_S = 30.0  # how long after a load's end a request may still be answered
+
 
 class Meter(Protocol):
     """Measures around a load (bench.stack_meter.StackMeter): its figures join the load's summary."""
@@ -85,10 +87,11 @@ Connect = Callable[[], Awaitable[tuple[Call, Callable[[], object]]]]  # a worker
 
 async def closed_loop(connect: Connect, *, concurrency: int, duration_s: float,
                       on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None,
-                      meter: Meter | None = None) -> LoadResult:
+                      meter: Meter | None = None, answer_grace_s: float = ANSWER_GRACE_S) -> LoadResult:
     """`concurrency` workers, each issuing its next request as soon as the previous one answered. Worker w
     sends requests w, w + concurrency, ...; `acked[i % len(acked)]` counts the successes of request i; `meter`
-    measures around the load."""
+    measures around the load. A request still unanswered `answer_grace_s` after the end is given up and counted
+    as an error: a server that stops answering fails the load instead of hanging the benchmark."""
     latencies: list[float] = []
     errors = 0
     deadline = time.perf_counter() + duration_s
@@ -119,8 +122,16 @@ async def closed_loop(connect: Connect, *, concurrency: int, duration_s: float,
     if meter is not None:
         meter.start()
     started = time.perf_counter()
-    await asyncio.gather(progress(), *(worker(w) for w in range(concurrency)))
+    ticker = asyncio.ensure_future(progress())
+    workers = [asyncio.ensure_future(worker(w)) for w in range(concurrency)]
+    finished, unanswered = await asyncio.wait(workers, timeout=duration_s + answer_grace_s)
+    for task in unanswered:
+        task.cancel()
+    await asyncio.gather(ticker, *unanswered, return_exceptions=True)
+    for task in finished:
+        task.result()  # a worker's own failure (a refused connection, say) fails the load, as before
     elapsed = time.perf_counter() - started
+    errors += len(unanswered)
     return LoadResult(latencies, elapsed, errors, meter.stop(len(latencies)) if meter is not None else {})
 
 
