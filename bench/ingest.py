@@ -34,6 +34,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from confluent_kafka import Producer
 
 from bench.common import NAMESPACES, console, exact_counters, local_stack, progress_bar, write_result
+from bench.stack_meter import StackMeter
 from control_plane import load_namespaces
 from producers import CounterProducer
 from schemas import MICROS, Mutation, MutationOp, decode_mutations, encode_mutation
@@ -192,6 +193,8 @@ def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS)
         del values
         console.print("starting the worker (joins the consumer group)...")
         worker = stack.start_worker()
+        meter = StackMeter({"worker": worker.pid, "broker": stack.broker.pid if stack.broker else None})
+        meter.start()
         t0 = time.perf_counter()
         samples: list[tuple[float, float]] = []
         with progress_bar("persisting backlog", n, "mut") as update:
@@ -201,6 +204,7 @@ def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS)
                 time.sleep(0.25)
             samples.append((time.perf_counter() - t0, done))
             update(done)
+        drain = meter.stop(n)  # CPU per mutation of the worker and the broker while the backlog drained
         first = next((t for t, v in samples if v > 0), 0.0)
         persist_rate = n / (samples[-1][0] - first) if samples[-1][0] > first else float("nan")
         extra = max(1, n // 4)
@@ -229,12 +233,13 @@ def run(n: int, counters: int, batch_size: int, fmt: str = "avro", ns: str = NS)
         "decode_only_mutations_per_s": decode_rate, "store_only_rows_per_s": store_rate,
         "streaming_mutations": extra, "streaming_produce_rate_per_s": extra / stream_s,
         "convergence_after_last_write_s": converged_s, "rank_entries": ranked,
-        "persisted_over_time": samples, "exact_counters_over_time": convergence,
+        "persisted_over_time": samples, "exact_counters_over_time": convergence, "drain": drain,
     }
     console.print(f"  persisted           {persist_rate:>12,.0f} mutations/s end to end (backlog drained by 1 worker)")
     console.print(f"  raw aiokafka read   {raw_rate:>12,.0f} mutations/s ({got} records of {batch_size} in "
                   f"{raw_s:.2f} s: {got / raw_s:,.0f} records/s)")
     console.print(f"  ratio persisted/raw {result['persisted_to_raw_ratio']:>12.1%}")
+    console.print(f"  while draining      {StackMeter.describe(drain, per='mutation')}")
     console.print(f"  decode alone        {decode_rate:>12,.0f} mutations/s on one core "
                   f"({decode_rate / raw_rate:.1%} of raw)")
     console.print(f"  store alone         {store_rate:>12,.0f} event rows/s into SQLite "

@@ -94,11 +94,12 @@ class StackMeter:
         return out
 
     @staticmethod
-    def describe(figures: Mapping[str, float]) -> str:
-        """One line: CPU µs per request per process, the machine's busy share, the group-commit figures."""
+    def describe(figures: Mapping[str, float], per: str = "request") -> str:
+        """One line: CPU µs per `per` (what `stop` was given a count of) per process, the machine's busy share,
+        the group-commit figures."""
         cpu = " ".join(f"{name[7:]} {value:.1f}" for name, value in figures.items()
                        if name.startswith("cpu_us_") and value >= 0.05)  # idle ones (a frozen worker) say nothing
-        parts = [f"CPU µs/request: {cpu}"] if cpu else []
+        parts = [f"CPU µs/{per}: {cpu}"] if cpu else []
         if "busy_pct" in figures:
             parts.append(f"machine {figures['busy_pct']:.0f}% busy")
         if "writes_per_record" in figures:

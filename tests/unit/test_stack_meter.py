@@ -51,6 +51,7 @@ def test_cpu_per_request_is_split_by_process_and_the_machine_share_is_a_percenta
     assert 0.2e6 / 1000 * 0.9 <= figures["cpu_us_client"] <= 0.2e6 / 1000 * 2.0
     assert 0 < figures["busy_pct"] <= 100
     assert "child 4" in StackMeter.describe(figures) and "% busy" in StackMeter.describe(figures)
+    assert StackMeter.describe(figures, per="mutation").startswith("CPU µs/mutation: child 4")
 
 
 @pytest.fixture
