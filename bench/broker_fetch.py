@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import os
 import statistics
 import tempfile
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from bench.common import console, progress_bar, write_result
-from infra.process import proc_stat
+from bench.stack_meter import process_cpu_s
 from infra.stack import LocalStack
 from streams.topics import TopicSpec, ensure_topics
 
@@ -36,10 +35,10 @@ TOPIC = "bench-broker-fetch"
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU time of the process so far."""
-    fields = proc_stat(pid)
-    if fields is None:
+    used = process_cpu_s(pid)
+    if used is None:
         raise SystemExit(f"no /proc entry for the broker (pid {pid}): this diagnostic needs the local broker on Linux")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return used
 
 
 async def measure(bootstrap: str, pid: int, lengths: list[int], fetches: int) -> list[dict[str, float]]:

@@ -128,8 +128,9 @@ async def closed_loop(connect: Connect, *, concurrency: int, duration_s: float,
     for task in unanswered:
         task.cancel()
     await asyncio.gather(ticker, *unanswered, return_exceptions=True)
-    for task in finished:
-        task.result()  # a worker's own failure (a refused connection, say) fails the load, as before
+    failures = [error for error in (task.exception() for task in finished) if error is not None]  # all retrieved
+    if failures:
+        raise failures[0]  # a worker's own failure (a refused connection, say) fails the load, as before
     elapsed = time.perf_counter() - started
     errors += len(unanswered)
     return LoadResult(latencies, elapsed, errors, meter.stop(len(latencies)) if meter is not None else {})

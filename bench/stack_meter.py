@@ -25,7 +25,7 @@ _GROUP_COMMIT = ("counter_api_group_commit_records_total", "counter_api_group_co
                  "counter_api_broker_ack_seconds_sum", "counter_api_broker_ack_seconds_count")
 
 
-def _process_cpu_s(pid: int) -> float | None:
+def process_cpu_s(pid: int) -> float | None:
     """User plus system CPU seconds of a process, all its threads (None once it is gone)."""
     fields = proc_stat(pid)
     return None if fields is None else (int(fields[11]) + int(fields[12])) / _TICK
@@ -68,13 +68,13 @@ class StackMeter:
 
     def start(self) -> None:
         self._group_commit = group_commit_totals(self.metrics_url) if self.metrics_url else {}
-        self._cpu = {name: _process_cpu_s(pid) for name, pid in self.processes.items()}
+        self._cpu = {name: process_cpu_s(pid) for name, pid in self.processes.items()}
         self._cpu["client"] = _own_cpu_s()
         self._machine = _machine_ticks()
 
     def stop(self, requests: int) -> dict[str, float]:
         busy, total = _machine_ticks()
-        now = {name: _process_cpu_s(pid) for name, pid in self.processes.items()}
+        now = {name: process_cpu_s(pid) for name, pid in self.processes.items()}
         now["client"] = _own_cpu_s()
         out: dict[str, float] = {}
         for name, before in self._cpu.items():

@@ -35,6 +35,19 @@ ACK_BUCKETS = (0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2
 _ACK_LE = tuple(floatToGoString(b) for b in ACK_BUCKETS)
 
 
+def _observe(tally: list[float], buckets: tuple[float, ...], seconds: float) -> None:
+    """One observation into a histogram tally: the first bucket whose bound is >= seconds (as Histogram.observe),
+    then the sum."""
+    tally[bisect_left(buckets, seconds)] += 1
+    tally[-1] += seconds
+
+
+def _exported(tally: list[float], le: tuple[str, ...]) -> tuple[list[tuple[str, float]], float]:
+    """A histogram tally as HistogramMetricFamily.add_metric takes it: cumulative (le, count) pairs, and the sum."""
+    tally = tally[:]  # a scrape from another thread reads one consistent copy
+    return list(zip(le, accumulate(float(n) for n in tally[:-1]), strict=True)), tally[-1]
+
+
 class GroupCommitTally:
     """A `GroupCommitObserver`: records sent, the mutations they held, failures, and the acknowledgement times of
     the records the broker took (a histogram tally as `_latency`'s). Why: writes per record and the broker's
@@ -56,8 +69,7 @@ class GroupCommitTally:
         if not ok:
             self.failed += 1
             return
-        self.acks[bisect_left(ACK_BUCKETS, seconds)] += 1
-        self.acks[-1] += seconds
+        _observe(self.acks, ACK_BUCKETS, seconds)
 
 
 GROUP_COMMIT = GroupCommitTally()  # the API's GroupCommitProducer reports here (query_api.app)
@@ -75,8 +87,7 @@ def record(endpoint: str, status: int, seconds: float) -> None:
     if tally is None:
         tally = _latency[endpoint] = [0] * (len(BUCKETS) + 1)
         _latency_created[endpoint] = time.time()
-    tally[bisect_left(BUCKETS, seconds)] += 1  # the first bucket whose bound is >= seconds, as observe()
-    tally[-1] += seconds
+    _observe(tally, BUCKETS, seconds)
 
 
 def count_cache(hit: bool) -> None:
@@ -137,8 +148,7 @@ def _group_commit_metrics() -> Iterator[Metric]:
     records.add_metric((), tally.records, created=created)
     mutations.add_metric((), tally.mutations, created=created)
     failed.add_metric((), tally.failed, created=created)
-    acks = tally.acks[:]
-    ack.add_metric((), list(zip(_ACK_LE, accumulate(float(n) for n in acks[:-1]), strict=True)), acks[-1])
+    ack.add_metric((), *_exported(tally.acks, _ACK_LE))
     ack.samples.append(Sample("counter_api_broker_ack_seconds_created", {}, created))
     yield from (records, mutations, failed, ack)
 
@@ -158,9 +168,7 @@ class _TallyCollector:
         for (endpoint, status), n in list(_requests.items()):
             requests.add_metric((endpoint, str(status)), n, created=requests_created.get((endpoint, status)))
         for endpoint, tally in list(_latency.items()):
-            tally = tally[:]
-            latency.add_metric((endpoint,), list(zip(_LE, accumulate(float(n) for n in tally[:-1]), strict=True)),
-                               tally[-1])
+            latency.add_metric((endpoint,), *_exported(tally, _LE))
             if endpoint in latency_created:  # HistogramMetricFamily takes no `created`: add what Histogram writes
                 latency.samples.append(Sample("counter_api_request_seconds_created", {"endpoint": endpoint},
                                               latency_created[endpoint]))
