@@ -37,7 +37,6 @@ and the events a later rollup absorbed are still in the window read.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections import deque
@@ -73,7 +72,8 @@ def event_row(m: Mutation) -> EventRow:
             clear)  # type: ignore[return-value]  # a durable write from the API has its time and token
 
 
-_FIELDS = 6  # values kept per write in EarlyPersist (see its __init__)
+_FIELDS = 6  # values kept per write in a generation (see _Generation)
+_GENERATIONS = 8  # recent_s is kept in this many generations: a write is forgotten recent_s to 9/8 recent_s after
 
 
 _Count = tuple[str, str, int, int, int]  # namespace, counter, rollup count, after_us (its rollup_ts), upto_us
@@ -84,6 +84,22 @@ def _identity(key: str, event_time: int, token: str, item_key: str) -> str:
     return f"{key}\x00{event_time}\x00{token}\x00{item_key}"
 
 
+class _Generation:
+    """The writes noted, and the events stored, until `ends` (monotonic seconds).
+
+    `writes`: per counter ("namespace:counter"; a namespace has no ':'), its writes in sending order, flat,
+    _FIELDS values each (event time, token, item key, delta, clear flag, the record's acknowledgement future):
+    no object per write, so noting allocates nothing the garbage collector counts (see EarlyPersist). `stored`:
+    the identities (`_identity`) of the events this process stored itself."""
+
+    __slots__ = ("ends", "stored", "writes")
+
+    def __init__(self, ends: float) -> None:
+        self.ends = ends
+        self.writes: dict[str, list[Any]] = {}
+        self.stored: set[str] = set()
+
+
 class EarlyPersist:
     """`note` each durable write of an eligible namespace when it is sent; `rows` are a counter's recent writes
     that may be stored; `store_and_count(rows, ...)` stores them and answers the counter's count including them
@@ -92,97 +108,65 @@ class EarlyPersist:
     def __init__(self, events: EventStore, *, recent_s: float = 2.0) -> None:
         self.events = events
         self.recent_s = recent_s
-        # Per counter ("namespace:counter"; a namespace has no ':'), its writes in sending order, flat: _FIELDS
-        # values each (event time, token, item key, delta, clear, record number). `_noted_*` hold every write's
-        # time, counter and record number in the same order, so forgetting the oldest is one popleft from each
-        # (this runs on every durable write: keep it O(1)). Only str, int, float and bool are kept per write, none
-        # of them objects the garbage collector follows: the collector counts allocations of container objects
-        # minus deallocations, so a sliding window of containers (new ones kept, old ones freed) never triggers a
-        # collection while the young generation grows, until one pass scans 100,000 of them (pauses of 25-70 ms
-        # at concurrency 32 here, under a quarter of AddCount's slowest 1%).
-        self._recent: dict[str, deque[Any]] = {}
-        self._noted_at: deque[float] = deque()
-        self._noted_key: deque[str] = deque()
-        self._noted_record: deque[int] = deque()
-        self._records: dict[int, asyncio.Future[None]] = {}  # record number -> its acknowledgement, oldest first
-        # The identities (`_identity`) of the writes this process has stored itself, and when: a later
-        # AddAndGetCount of the counter need not store them again (at concurrency 32 each one re-stored the
-        # counter's ten or so writes of the last 2 s).
-        self._stored: set[str] = set()
-        self._stored_at: deque[float] = deque()
-        self._stored_ids: deque[str] = deque()
-        self._record = 0
-        self._last: asyncio.Future[None] | None = None
+        # `note` runs on every durable write, so it must cost next to nothing: the last recent_s is kept in
+        # generations of recent_s / _GENERATIONS, and forgetting drops a whole generation (no work per write).
+        # Per write only plain values go into an existing list, never a new container object: the collector
+        # counts allocations of container objects minus deallocations, so a sliding window of containers (new
+        # ones kept, old ones freed) never triggers a collection while the young generation grows, until one
+        # pass scans 100,000 of them (pauses of 25-70 ms at concurrency 32 here, under a quarter of AddCount's
+        # slowest 1%).
+        self._span = recent_s / _GENERATIONS
+        self._generations: deque[_Generation] = deque([_Generation(time.monotonic() + self._span)])
         self._pending: list[tuple[list[EventRow], _Count, asyncio.Future[int]]] = []
         self._task: asyncio.Task[None] | None = None
 
     def note(self, m: Mutation, acknowledged: asyncio.Future[None]) -> None:
         """Remember a durable write being sent (its future: the broker's acknowledgement of its record, shared
         by the writes that record holds)."""
-        now = time.monotonic()
-        if acknowledged is not self._last:
-            self._last = acknowledged
-            self._record += 1
-            self._records[self._record] = acknowledged
-        record = self._record
+        generation = self._generations[-1]
+        if time.monotonic() >= generation.ends:
+            generation = self._next_generation()
         key = f"{m.namespace}:{m.counter_name}"
-        writes = self._recent.get(key)
+        writes = generation.writes.get(key)
         if writes is None:
-            writes = self._recent[key] = deque()
-        writes.extend(event_row(m)[2:])  # the event's time, token, item key, delta and clear flag
-        writes.append(record)
-        self._noted_at.append(now)
-        self._noted_key.append(key)
-        self._noted_record.append(record)
-        if self._noted_at[0] >= now - self.recent_s:
-            return
-        self._forget(now - self.recent_s)
+            writes = generation.writes[key] = []
+        clear = m.op is MutationOp.CLEAR
+        writes += (m.event_time, m.event_id, m.event_item_key, 0 if clear else m.delta, clear, acknowledged)
 
-    def _forget(self, horizon: float) -> None:
-        """Forget the writes noted before `horizon`, and the records no kept write is in."""
-        noted_at, noted_key, noted_record = self._noted_at, self._noted_key, self._noted_record
-        while noted_at[0] < horizon:
-            noted_at.popleft()
-            noted_record.popleft()
-            old = noted_key.popleft()
-            oldest = self._recent[old]
-            for _ in range(_FIELDS):
-                oldest.popleft()
-            if not oldest:
-                del self._recent[old]
-        records, kept = self._records, noted_record[0]  # the oldest record a kept write is in
-        for number in list(itertools.takewhile(kept.__gt__, records)):
-            del records[number]
-        stored_at = self._stored_at
-        while stored_at and stored_at[0] < horizon:
-            stored_at.popleft()
-            self._stored.discard(self._stored_ids.popleft())
+    def _next_generation(self) -> _Generation:
+        """Start a generation, forgetting those wholly older than recent_s."""
+        now = time.monotonic()
+        generations = self._generations
+        while generations and generations[0].ends <= now - self.recent_s:
+            generations.popleft()
+        generation = _Generation(now + self._span)
+        generations.append(generation)
+        return generation
 
     def rows(self, ns: Namespace, counter: str, now_us: int | None = None) -> list[EventRow]:
         """The counter's recent writes that are acknowledged, that the worker is sure to admit and that this process
         has not stored yet."""
         now_us = time.time_ns() // 1000 if now_us is None else now_us
         key = f"{ns.name}:{counter}"
-        flat: list[Any] = list(self._recent.get(key, ()))
         out: list[EventRow] = []
-        stored = self._stored
-        for i in range(0, len(flat), _FIELDS):
-            event_time, token, item_key, delta, clear, record = flat[i:i + _FIELDS]
-            ack = self._records[record]
-            if (ack.done() and not ack.cancelled() and ack.exception() is None and admissible(ns, event_time, now_us)
-                    and (not stored or _identity(key, event_time, token, item_key) not in stored)):
-                out.append((ns.name, counter, event_time, token, item_key, delta, clear))
+        stored = [generation.stored for generation in self._generations if generation.stored]
+        for generation in self._generations:
+            flat = generation.writes.get(key)
+            if flat is None:
+                continue
+            for i in range(0, len(flat), _FIELDS):
+                event_time, token, item_key, delta, clear, ack = flat[i:i + _FIELDS]
+                if (ack.done() and not ack.cancelled() and ack.exception() is None
+                        and admissible(ns, event_time, now_us)
+                        and not (stored and any(_identity(key, event_time, token, item_key) in s for s in stored))):
+                    out.append((ns.name, counter, event_time, token, item_key, delta, clear))
         return out
 
     def _stored_now(self, rows: list[EventRow]) -> None:
         """`rows` are in the store: later AddAndGetCounts leave them out."""
-        now = time.monotonic()
+        stored = self._generations[-1].stored
         for namespace, counter, event_time, token, item_key, _delta, _clear in rows:
-            identity = _identity(f"{namespace}:{counter}", event_time, token, item_key)
-            if identity not in self._stored:
-                self._stored.add(identity)
-                self._stored_at.append(now)
-                self._stored_ids.append(identity)
+            stored.add(_identity(f"{namespace}:{counter}", event_time, token, item_key))
 
     def store_and_count(self, rows: list[EventRow], namespace: str, counter: str, count: int, after_us: int,
                         upto_us: int) -> asyncio.Future[int]:

@@ -98,6 +98,12 @@ def test_rows_are_the_counters_acknowledged_admissible_writes_of_the_last_recent
         assert [r[3] for r in early.rows(NS, "c")] == ["clear"]
         in_flight.set_result(None)
         assert [r[3] for r in early.rows(NS, "c")] == ["in-flight", "clear"]
+        await asyncio.sleep(0.15)
+        early.note(mutation("c", 4, "later", now_us()), acknowledged())  # within recent_s: nothing forgotten
+        assert [r[3] for r in early.rows(NS, "c")] == ["in-flight", "clear", "later"]
+        await asyncio.sleep(0.1)
+        early.note(mutation("c", 4, "last", now_us()), acknowledged())  # the first writes are 0.25 s old now
+        assert [r[3] for r in early.rows(NS, "c")] == ["later", "last"]
         await asyncio.sleep(0.25)
         early.note(mutation("new", 1, "new", now_us()), acknowledged())  # noting forgets what is older
         assert early.rows(NS, "c") == [] and early.rows(NS, "other") == []
@@ -166,7 +172,7 @@ def test_writes_this_process_stored_are_not_stored_again(events) -> None:
         assert early.rows(NS, "c") == []
         await asyncio.sleep(0.25)
         early.note(mutation("d", 1, "u", now_us()), acknowledged())  # noting forgets what is older, stored ones too
-        assert early._stored == set() and len(early._stored_at) == len(early._stored_ids) == 0
+        assert [(g.writes.keys(), g.stored) for g in early._generations] == [({"my_dataset:d"}, set())]
     asyncio.run(scenario())
 
 
