@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # so a file's module fixtures (a running stack) are built once. PYTEST_WORKERS=0 runs in this process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: run test lint venv install-run install-test memcached chromium clean bench constraints
+.PHONY: run test lint venv install-run install-test compiled-run compiled-test memcached chromium clean bench constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,15 @@ install-run: venv
 
 install-test: venv
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
+
+# schemas.avro_fast compiled to C by mypyc (`python -m schemas.compile`; rebuilt only when the source changed): the
+# persist path's decoder at C speed. `make run` goes on without it (the Python module is used, slower); `make test`
+# needs it, unless COUNTER_TEST_PURE_PYTHON=1 says the machine has no C compiler.
+compiled-run: install-run
+	-$(BIN)/python -m schemas.compile --quiet
+
+compiled-test: install-test
+	@[ "$$COUNTER_TEST_PURE_PYTHON" = 1 ] || $(BIN)/python -m schemas.compile --quiet
 
 # Regenerate constraints.txt: the newest versions pyproject.toml's bounds allow, installed into a fresh venv
 # ($(CONSTRAINTS_VENV), removed after) and frozen. Then `make test` (it moves .venv to them), review, commit.
@@ -52,18 +61,18 @@ chromium:
 	  $$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
 
-run: install-run
+run: install-run compiled-run
 	$(BIN)/counter up
 
 lint: install-test
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-test: install-test memcached chromium
+test: install-test compiled-test memcached chromium
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache --no-logo
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .counter .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .counter .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info schemas/*.so

@@ -29,7 +29,7 @@ from control_plane import default_config_path as default_namespaces
 from control_plane.admission import covering_watermark
 from infra.heap import freeze_startup_heap
 from producers.asyncio_producer import AsyncProducer
-from schemas import DecodeError, decode_signals
+from schemas import DecodeError, codec, decode_signals
 from schemas.dead_letter import DeadLetter
 from sinks import (
     BucketStore,
@@ -311,6 +311,9 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
     async def settle() -> None:
         """Once the app is up, keep what start-up built out of the collector's scans (infra.heap)."""
         log.info("froze %d start-up objects", freeze_startup_heap())
+        if codec.READERS != "compiled":  # schemas.compiled: a third of the persist path's cost is decoding
+            log.warning("decoding Avro records with the Python readers; `python -m schemas.compile` (make run) "
+                        "builds the compiled ones, about twice as fast")
 
     @app.page("/ready")
     async def ready(web: faust.web.View, request: faust.web.Request) -> faust.web.Response:

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, Ti
 
 from infra.process import ManagedProcess, free_port
 from infra.stack import LocalStack
+from schemas import codec
 from sinks import ROLLUPS_FILE, SqliteRollupStore
 from streams.settings import Settings, load_settings
 from streams.topics import ensure_topics, topic_specs
@@ -112,7 +113,7 @@ def progress_bar(label: str, total: float | None, unit: str = "req") -> Iterator
 
 def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "load_avg": os.getloadavg()}
+            "load_avg": os.getloadavg(), "avro_readers": codec.READERS}
 
 
 def write_result(name: str, result: dict[str, Any]) -> Path:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from io import BytesIO
@@ -20,7 +20,7 @@ import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas.avro_fast import read_mutation, read_mutation_batch, read_signal, read_signal_batch
+from schemas.compiled import COMPILED_NAME, avro_fast
 from schemas.dimensions import validate_internal_counter_name
 from schemas.json_records import mutation_from_json
 from schemas.model import Mutation, MutationOp
@@ -30,6 +30,13 @@ from schemas.validation import (
     validate_mutation,
     validate_namespace,
 )
+
+_FAST = avro_fast()  # the hand-written readers, compiled when built (schemas.compiled)
+READERS = "compiled" if _FAST.__name__ == COMPILED_NAME else "python"  # which: the worker logs it, benchmarks record it
+read_mutation: Callable[[bytes, int], list[Mutation] | None] = _FAST.read_mutation
+read_mutation_batch: Callable[[bytes, int], list[Mutation] | None] = _FAST.read_mutation_batch
+read_signal: Callable[[bytes, int], list[tuple[str, str]] | None] = _FAST.read_signal
+read_signal_batch: Callable[[bytes, int], list[tuple[str, str]] | None] = _FAST.read_signal_batch
 
 MAGIC = b"\xc3\x01"
 HEADER_LEN = 10  # magic + 8-byte fingerprint

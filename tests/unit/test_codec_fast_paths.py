@@ -1,7 +1,8 @@
 """The write path's fast paths held equal to the general paths they shortcut.
 
-- `schemas.avro_fast` readers vs fastavro + the full validators (`decode_mutations`, `decode_signals` with the fast
-  readers patched out), on records written by plain fastavro and on corrupted ones;
+- `schemas.avro_fast` readers (compiled in `make test`, see the last section) vs fastavro + the full validators
+  (`decode_mutations`, `decode_signals` with the fast readers patched out), on records written by plain fastavro and
+  on corrupted ones;
 - the hand-written encoders (`mutation_body`, `record_of_bodies`, `encode_signals`) vs fastavro's
   `schemaless_writer`, byte for byte;
 - orjson JSON decoding vs the strict `json` module path and an independent `json.loads` + `mutation_from_json` oracle;
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -35,6 +37,7 @@ from schemas import (
     MutationOp,
     ValidationError,
     codec,
+    compiled,
     decode_mutations,
     decode_signals,
     encode_signals,
@@ -47,7 +50,8 @@ from schemas import (
     validate_counter_name,
     validate_token,
 )
-from schemas.avro_fast import read_mutation, read_mutation_batch, read_signal, read_signal_batch
+from schemas import avro_fast as avro_fast_py
+from schemas.codec import read_mutation, read_mutation_batch, read_signal, read_signal_batch  # compiled when built
 from schemas.validation import iso_micros
 
 SCHEMA_DIR = Path(schemas.__file__).parent
@@ -782,3 +786,39 @@ def test_odd_iso_forms_fast_path_is_none_or_the_datetime_reading(text: str) -> N
     assert fast is None or fast == general, (text, fast, general)
     expected = general if general is not None and MIN_EVENT_TIME <= general <= MAX_EVENT_TIME else None
     assert parsed(text) == expected, text
+
+
+# --------------------------------------------------------------------------- the compiled build (schemas.compiled)
+# `make test` compiles schemas.avro_fast with mypyc (python -m schemas.compile) and the tests above run the build
+# codec picked. Here the build must be the one in use, and must answer exactly what the Python module answers.
+# COUNTER_TEST_PURE_PYTHON=1 says no build is expected (a machine without a C compiler): the tests above then test
+# the Python module, and these only check that codec uses it.
+
+PURE_ONLY = os.environ.get("COUNTER_TEST_PURE_PYTHON") == "1"
+COMPILED = compiled.compiled_build()
+READERS = ("read_mutation", "read_mutation_batch", "read_signal", "read_signal_batch")
+
+
+def test_codec_uses_the_compiled_build_of_the_current_source() -> None:
+    assert COMPILED is not None or PURE_ONLY, "no build of schemas/avro_fast.py: run `python -m schemas.compile`"
+    assert codec._FAST is (COMPILED or avro_fast_py)
+    assert all(getattr(codec, name) is getattr(codec._FAST, name) for name in READERS)
+    if COMPILED is not None:
+        assert compiled.source_digest() == COMPILED.SOURCE_SHA256
+        assert type(read_mutation).__name__ == "builtin_function_or_method"  # C, not a Python function
+
+
+def test_a_build_of_another_source_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compiled, "source_digest", lambda: "0" * 64)  # as if avro_fast.py had been edited since
+    assert compiled.compiled_build() is None and compiled.avro_fast() is avro_fast_py
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_records | corrupted(mutation_bodies | signal_bodies).map(lambda body: b"\xc3\x01" + bytes(8) + body))
+def test_the_compiled_readers_answer_what_the_python_module_answers(data: bytes) -> None:
+    if COMPILED is None:
+        assert PURE_ONLY, "no compiled build to compare"
+        return
+    for name in READERS:
+        for prefix in (data, data[:-1]):
+            assert getattr(COMPILED, name)(prefix, 10) == getattr(avro_fast_py, name)(prefix, 10), (name, prefix.hex())

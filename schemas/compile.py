@@ -1,0 +1,70 @@
+"""Compile `schemas.avro_fast` to C with mypyc, as `schemas._avro_fast_c` (see `schemas.compiled`).
+
+    python -m schemas.compile [--quiet]
+
+Copies the `schemas` package to a temporary folder (mypyc reads the modules avro_fast imports), adds the copy
+`_avro_fast_c.py` (the source plus its SHA-256 stamp), compiles that copy and puts the resulting extension
+modules next to the source. Needs mypy (which ships mypyc) and a C compiler; exits 1 with the compiler's output
+when the build fails, and does nothing when the present build already matches the source.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from schemas.compiled import COMPILED_NAME, SOURCE, compiled_build, source_digest
+
+PACKAGE = SOURCE.parent
+STEM = COMPILED_NAME.rpartition(".")[2]  # _avro_fast_c
+
+
+def built_files(folder: Path) -> list[Path]:
+    """The extension modules of a build in `folder`: the module and mypyc's runtime library beside it."""
+    return sorted(folder.glob(f"{STEM}.*.so")) + sorted(folder.glob(f"{STEM}__mypyc.*.so"))
+
+
+def compile_build() -> list[Path]:
+    """Build the compiled copy and install it into the package folder; the installed files."""
+    with tempfile.TemporaryDirectory(prefix="counter-mypyc-") as tmp:
+        copy = Path(tmp) / PACKAGE.name
+        shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "compile.py"))
+        (copy / f"{STEM}.py").write_text(
+            SOURCE.read_text() + f'\n\nSOURCE_SHA256 = "{source_digest()}"  # stamped by schemas.compile\n')
+        done = subprocess.run([sys.executable, "-m", "mypyc", f"{PACKAGE.name}/{STEM}.py"], cwd=tmp,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"mypyc failed:\n{done.stdout}{done.stderr}")
+        for old in built_files(PACKAGE):
+            old.unlink()
+        installed = []
+        for built in built_files(copy):
+            shutil.copy2(built, PACKAGE / built.name)
+            installed.append(PACKAGE / built.name)
+    return installed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m schemas.compile", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quiet", action="store_true", help="print nothing when the build is already current")
+    args = parser.parse_args(argv)
+    if compiled_build() is not None:
+        if not args.quiet:
+            print(f"{COMPILED_NAME} is current")
+        return 0
+    try:
+        installed = compile_build()
+    except (RuntimeError, OSError) as exc:
+        print(f"could not compile {SOURCE.name}; the Python module will be used: {exc}", file=sys.stderr)
+        return 1
+    print(f"compiled {SOURCE.name} with mypyc: {', '.join(p.name for p in installed)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
