@@ -11,6 +11,7 @@ when the build fails, and does nothing when the present build already matches th
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -39,12 +40,14 @@ def compile_build() -> list[Path]:
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"mypyc failed:\n{done.stdout}{done.stderr}")
-        for old in built_files(PACKAGE):
-            old.unlink()
         installed = []
-        for built in built_files(copy):
-            shutil.copy2(built, PACKAGE / built.name)
-            installed.append(PACKAGE / built.name)
+        for built in built_files(copy):  # each file replaced whole: a process importing meanwhile sees old or new
+            target = PACKAGE / built.name
+            shutil.copy2(built, target.with_name(target.name + ".tmp"))
+            os.replace(target.with_name(target.name + ".tmp"), target)
+            installed.append(target)
+        for stale in set(built_files(PACKAGE)) - set(installed):  # e.g. a build for another Python version
+            stale.unlink()
     return installed
 
 
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quiet", action="store_true", help="print nothing when the build is already current")
     args = parser.parse_args(argv)
-    if compiled_build() is not None:
+    if compiled_build(warn=False) is not None:
         if not args.quiet:
             print(f"{COMPILED_NAME} is current")
         return 0

@@ -29,15 +29,17 @@ def source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()
 
 
-def compiled_build() -> ModuleType | None:
-    """The compiled build of the current source, or None (none built, or built from another source)."""
+def compiled_build(*, warn: bool = True) -> ModuleType | None:
+    """The compiled build of the current source, or None (none built, or built from another source: `warn`
+    says so in the log)."""
     try:
         module = importlib.import_module(COMPILED_NAME)
     except ImportError:
         return None
     if getattr(module, "SOURCE_SHA256", None) != source_digest():
-        log.warning("%s was built from another version of %s; using the Python module (rebuild it with "
-                    "`python -m schemas.compile`)", COMPILED_NAME, SOURCE.name)
+        if warn:
+            log.warning("%s was built from another version of %s; using the Python module (rebuild it with "
+                        "`python -m schemas.compile`)", COMPILED_NAME, SOURCE.name)
         return None
     return module
 
