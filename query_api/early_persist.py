@@ -17,11 +17,12 @@ max_clock_skew (the record's timestamp and the worker's clock may differ from ou
 not plain adds (dimensions, items) or not admissible this way wait for the worker as before.
 
 A client's earlier writes of the same counter come along. A ClearCount or an AddCount that this process had
-acknowledged shortly before may not be persisted by the worker yet; a count with the new delta but without the
-clear before it would surprise the client. So `note` keeps, per counter, the rows of this process's durable
-writes of the last `recent_s`; `rows` gives those acknowledged and admissible and not yet stored by this process,
-the new one among them, and `store` writes them in one transaction (all idempotent). Writes through another API
-process, or older than `recent_s`, are the worker's to persist, as they always were.
+acknowledged shortly before may not be persisted by the worker yet; a count with the new delta but without the clear
+before it would surprise the client. So `note` keeps, per counter, the rows of this process's durable writes of the
+last `recent_s` (forgotten an eighth of it at a time, so up to 9/8 of it); `rows` gives those acknowledged and
+admissible and not yet stored by this process, the new one among them, and `store` writes them in one transaction
+(all idempotent). Writes through another API process, or older than `recent_s`, are the worker's to persist, as they
+always were.
 
 Only namespaces where every durable write is one plain event qualify (`eligible`: no dimensions, whose clears
 the worker expands to combinations, and not UNIQUE, whose adds carry items).
