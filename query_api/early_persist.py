@@ -131,8 +131,8 @@ class EarlyPersist:
         writes = generation.writes.get(key)
         if writes is None:
             writes = generation.writes[key] = []
-        clear = m.op is MutationOp.CLEAR
-        writes += (m.event_time, m.event_id, m.event_item_key, 0 if clear else m.delta, clear, acknowledged)
+        writes += event_row(m)[2:]  # the event's time, token, item key, delta and clear flag: what the worker stores
+        writes.append(acknowledged)
 
     def _next_generation(self) -> _Generation:
         """Start a generation, forgetting those wholly older than recent_s."""

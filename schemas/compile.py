@@ -33,7 +33,7 @@ def compile_build() -> list[Path]:
     """Build the compiled copy and install it into the package folder; the installed files."""
     with tempfile.TemporaryDirectory(prefix="counter-mypyc-") as tmp:
         copy = Path(tmp) / PACKAGE.name
-        shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "compile.py"))
+        shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
         (copy / f"{STEM}.py").write_text(
             SOURCE.read_text() + f'\n\nSOURCE_SHA256 = "{source_digest()}"  # stamped by schemas.compile\n')
         done = subprocess.run([sys.executable, "-m", "mypyc", f"{PACKAGE.name}/{STEM}.py"], cwd=tmp,

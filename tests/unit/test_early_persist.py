@@ -84,6 +84,13 @@ def test_the_row_is_the_event_the_worker_stores_from_the_record() -> None:
                for i, m in enumerate(ms)]
     assert [event_row(m) for m in ms] == prepare(records, REGISTRY).rows
 
+    async def noted() -> list:  # and what `rows` gives of the noted writes is exactly those rows
+        early = EarlyPersist(None)  # type: ignore[arg-type]  # rows() never touches the store
+        for m in ms:
+            early.note(m, acknowledged())
+        return early.rows(NS, "c")
+    assert asyncio.run(noted()) == prepare(records, REGISTRY).rows
+
 
 def test_rows_are_the_counters_acknowledged_admissible_writes_of_the_last_recent_s(events) -> None:
     async def scenario() -> None:
