@@ -21,7 +21,7 @@ from infra.stack import LocalStack
 from schemas import codec
 from sinks import ROLLUPS_FILE, SqliteRollupStore
 from streams.settings import Settings, load_settings
-from streams.topics import ensure_topics, topic_specs
+from streams.topics import TopicSpec, ensure_topics, topic_specs
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -86,10 +86,26 @@ def wait_exact(data_dir: Path, expected: dict[tuple[str, str], int], *, allow_mo
 @contextmanager
 def http_floor(data_dir: Path) -> Iterator[ManagedProcess]:
     """`bench.http_floor` in its own process: the cheapest Python HTTP endpoint, as a same-run baseline."""
+    with _floor(data_dir, "http-floor", "bench.http_floor") as floor:
+        yield floor
+
+
+@contextmanager
+def group_commit_floor(data_dir: Path, bootstrap: str, topic: str) -> Iterator[ManagedProcess]:
+    """`bench.group_commit_floor` in its own process: the cheapest durable HTTP write (HTTP, group commit, the
+    broker's acknowledgement, producing to `topic`, created here like the raw produce's), as a same-run baseline."""
+    ensure_topics(bootstrap, [TopicSpec(topic, 8, 1, {"message.timestamp.type": "LogAppendTime"})])
+    with _floor(data_dir, "group-commit-floor", "bench.group_commit_floor", "--bootstrap", bootstrap,
+                "--topic", topic) as floor:
+        yield floor
+
+
+@contextmanager
+def _floor(data_dir: Path, name: str, module: str, *args: str) -> Iterator[ManagedProcess]:
     port = free_port()
-    floor = ManagedProcess([sys.executable, "-m", "bench.http_floor", "--port", str(port)], host="127.0.0.1",
-                           port=port, log_path=data_dir / "http-floor.log", ready_path="/")
-    floor.name = "http-floor"
+    floor = ManagedProcess([sys.executable, "-m", module, "--port", str(port), *args], host="127.0.0.1",
+                           port=port, log_path=data_dir / f"{name}.log", ready_path="/")
+    floor.name = name
     with floor:
         yield floor
 

@@ -13,11 +13,16 @@ topic of the same shape that no worker reads. AddAndGetCount (read-your-write: a
 back) is measured at the middle concurrency. Every phase runs once per round; figures are medians over the rounds.
 At the end the benchmark waits until every acknowledged write is counted in the rollup store, exactly.
 
-Two ceilings, measured in the same rounds, say where the gap to the raw produce comes from: the HTTP floor (a
+Three ceilings, measured in the same rounds, say where the gap to the raw produce comes from: the HTTP floor (a
 no-op uvloop + httptools server, `bench.http_floor`) at each concurrency, what one HTTP exchange costs the load
-generator and the kernel; and, at the middle concurrency, EVENTUAL AddCount with the pipeline paused (the
+generator and the kernel; at the middle concurrency, the group-commit floor (`bench.group_commit_floor`), the server
+answering each POST once the broker has acknowledged a record holding its body, group-committed through the API's
+own producer as the API does, with none of the API's work per request (no JSON, validation, token, Avro body or
+bookkeeping): what HTTP plus group commit allow against the raw produce, so the rest of AddCount's gap is the
+API's own work (only there: the local broker's later fetches pay for every record it adds); and, there too,
+EVENTUAL AddCount with the pipeline paused (the
 workers frozen with SIGSTOP for the phase, at most 5 s so their group sessions survive): the API's own path,
-HTTP plus group commit plus the broker's produce, without the persist pipeline sharing the cores. A third,
+HTTP plus group commit plus the broker's produce, without the persist pipeline sharing the cores. A fourth,
 "tail read", adds back only the broker's side of the pipeline: the workers stay frozen while a consumer
 that keeps nothing reads the mutations topic at its tail with the persist consumer's fetch settings
 (`bench.broker_fetch.tail_reader`). The local broker pays for each fetch by the length of the partitions it reads
@@ -46,7 +51,16 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
 from bench.broker_fetch import tail_reader
-from bench.common import console, http_floor, local_stack, progress_bar, stack_settings, wait_exact, write_result
+from bench.common import (
+    console,
+    group_commit_floor,
+    http_floor,
+    local_stack,
+    progress_bar,
+    stack_settings,
+    wait_exact,
+    write_result,
+)
 from bench.loadgen import Call, LoadResult, Meter, closed_loop, http_load, http_post
 from bench.rounds import median_ratio, medians, run_rounds
 from bench.stack_meter import StackMeter
@@ -57,6 +71,7 @@ from schemas import MutationOp, encode_mutation
 from streams.topics import TopicSpec, ensure_topics
 
 RAW_TOPIC = "bench-raw-produce"
+FLOOR_TOPIC = "bench-group-commit-floor"  # what the group-commit floor produces to; no worker reads it
 PAUSED_MAX_S = 5.0  # a paused worker misses its heartbeats: stay under the group session timeout (10 s)
 NAMESPACES = {"eventual": "my_dataset", "accurate": "my_dataset_accurate"}
 
@@ -109,7 +124,8 @@ def paused_pipeline(stack: LocalStack, load: Callable[..., LoadResult], caught_u
 def run(duration: float, concurrencies: list[int], counters: int, rounds: int, namespaces: Path) -> dict:
     middle = concurrencies[len(concurrencies) // 2]
     with (tempfile.TemporaryDirectory(prefix="bench-write-") as tmp,
-          local_stack(Path(tmp), COUNTER_NAMESPACES=str(namespaces)) as stack, http_floor(Path(tmp)) as floor):
+          local_stack(Path(tmp), COUNTER_NAMESPACES=str(namespaces)) as stack, http_floor(Path(tmp)) as floor,
+          group_commit_floor(Path(tmp), stack.env["COUNTER_KAFKA_BOOTSTRAP"], FLOOR_TOPIC) as gc_floor):
         api = stack.apis[0]
         bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
         settings = stack_settings(stack)
@@ -147,6 +163,10 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
                 bootstrap, raw, concurrency=c, **kw))
             phases[f"http_floor_c{c}"] = (f"HTTP floor (no-op), c={c}", lambda c=c, **kw: http_load(
                 floor.host, floor.port, bodies["eventual"], concurrency=c, **kw))
+            if c == middle:  # at the target's concurrency only: its records slow the local broker's later fetches
+                phases[f"group_commit_floor_c{c}"] = (f"group-commit floor (no work), c={c}", lambda c=c, **kw:
+                                                      http_load(gc_floor.host, gc_floor.port, bodies["eventual"],
+                                                                concurrency=c, **kw))
             for kind in NAMESPACES:
                 phases[f"addcount_{kind}_c{c}"] = (f"AddCount {kind.upper()}, c={c}", addcount(kind, c))
             if c == middle:
@@ -161,7 +181,8 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
         phases[f"addandget_c{middle}"] = (f"AddAndGetCount EVENTUAL, c={middle}", lambda **kw: http_load(
             api.host, api.port, add_and_get, concurrency=middle, acked=acked_get, **kw))
         meter = StackMeter({"api": api.pid, **{w.name: w.pid for w in stack.workers},
-                            "broker": stack.broker.pid if stack.broker else None, "floor": floor.pid},
+                            "broker": stack.broker.pid if stack.broker else None, "floor": floor.pid,
+                            "gc_floor": gc_floor.pid},
                            metrics_url=f"http://{api.address}/metrics")
         console.print(f"durable writes, {duration:g} s per phase, {rounds} interleaved rounds:")
         per_round = run_rounds(phases, rounds=rounds, duration_s=duration, meter=meter)
@@ -178,10 +199,18 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
         console.print(f"  c={c:<4} raw produce {base['throughput_per_s']:>8,.0f}/s p50 {base['p50_ms']:6.2f} ms "
                       f"p99 {base['p99_ms']:6.2f} ms")
         kinds = [*NAMESPACES, "paused", "tail_read"] if c == middle else list(NAMESPACES)
-        floor_r = results[f"http_floor_c{c}"]
-        floor_r["ratio_to_raw_produce"] = median_ratio(per_round, f"http_floor_c{c}", f"raw_produce_c{c}")
-        console.print(f"         HTTP floor  {floor_r['throughput_per_s']:>8,.0f}/s p50 {floor_r['p50_ms']:6.2f} ms "
-                      f"p99 {floor_r['p99_ms']:6.2f} ms  = {floor_r['ratio_to_raw_produce']:.0%} of raw (a ceiling)")
+        for floor_key, floor_label, what in (("http_floor", "HTTP floor", "a ceiling"),
+                                             ("group_commit_floor", "GC floor", "HTTP + group commit, no work")):
+            floor_r = results.get(f"{floor_key}_c{c}")
+            if floor_r is None:
+                continue
+            floor_r["ratio_to_raw_produce"] = median_ratio(per_round, f"{floor_key}_c{c}", f"raw_produce_c{c}")
+            floor_r["p50_to_raw"] = floor_r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
+            floor_r["p99_to_raw"] = floor_r["p99_ms"] / base["p99_ms"] if base["p99_ms"] else float("nan")
+            console.print(f"         {floor_label:<11} {floor_r['throughput_per_s']:>8,.0f}/s p50 "
+                          f"{floor_r['p50_ms']:6.2f} ms p99 {floor_r['p99_ms']:6.2f} ms  = "
+                          f"{floor_r['ratio_to_raw_produce']:.0%} of raw, p50 {floor_r['p50_to_raw']:.2f}x, p99 "
+                          f"{floor_r['p99_to_raw']:.2f}x ({what})")
         for kind in kinds:
             key = f"addcount_{kind}_c{c}"
             r = results[key]
@@ -189,10 +218,13 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
             r["p50_to_raw"] = r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
             r["p99_to_raw"] = r["p99_ms"] / base["p99_ms"] if base["p99_ms"] else float("nan")
             r["ratio_to_http_floor"] = median_ratio(per_round, key, f"http_floor_c{c}")
+            versus = f"{r['ratio_to_http_floor']:.0%} of the HTTP floor"
+            if c == middle:
+                r["ratio_to_group_commit_floor"] = median_ratio(per_round, key, f"group_commit_floor_c{c}")
+                versus = f"{r['ratio_to_group_commit_floor']:.0%} of the GC floor"
             console.print(f"         AddCount {kind:<10}{r['throughput_per_s']:>8,.0f}/s p50 {r['p50_ms']:6.2f} ms "
                           f"p99 {r['p99_ms']:6.2f} ms  = {r['ratio_to_raw_produce']:.0%} of raw, p50 "
-                          f"{r['p50_to_raw']:.2f}x, p99 {r['p99_to_raw']:.2f}x, "
-                          f"{r['ratio_to_http_floor']:.0%} of the floor")
+                          f"{r['p50_to_raw']:.2f}x, p99 {r['p99_to_raw']:.2f}x, {versus}")
     console.print(f"  where the time goes at c={middle} (medians of the rounds; CPU per request by process, "
                   "'client' is this process: the load generator, or the raw produce's Kafka client):")
     for key, (label, _) in phases.items():
