@@ -121,8 +121,9 @@ def top_k_response(r: Ranked) -> TopKResponse:
 
 
 def add_json(w: Written) -> bytes:
-    """`add_response(w)` serialized, without building the model (see count_json)."""
-    return orjson.dumps({"namespace": w.ns.name, "counter_name": w.counter, "counter_type": w.ns.counter_type.value,
+    """`add_response(w)` serialized, without building the model (see count_json). orjson writes the counter type, a
+    str enum, as its value."""
+    return orjson.dumps({"namespace": w.ns.name, "counter_name": w.counter, "counter_type": w.ns.counter_type,
                          "durable": w.ns.counter_type is not CounterType.BEST_EFFORT, "idempotency_token": w.token})
 
 

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error, bound_reason, extras_refusal, rollup_boundary
@@ -125,8 +125,10 @@ class Ranked:
     as_of: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
+class Written(NamedTuple):
+    """A write's answer. A NamedTuple rather than a dataclass: every durable write over HTTP builds one, and a tuple
+    costs a third of a frozen dataclass to build."""
+
     ns: Namespace
     counter: str
     token: str | None

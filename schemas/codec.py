@@ -249,13 +249,18 @@ def _long(n: int) -> bytes:
     if -64 <= n < 64:
         return _SMALL_LONGS[n + 64]
     if _EIGHT_BYTES_FROM <= n < _EIGHT_BYTES_UPTO:  # every event time (epoch µs, 2000..2200): 8 bytes, unrolled
+        global _HIGH_BYTES
         z = n << 1
-        return bytes(((z & 0x7F) | 0x80, (z >> 7 & 0x7F) | 0x80, (z >> 14 & 0x7F) | 0x80, (z >> 21 & 0x7F) | 0x80,
-                      (z >> 28 & 0x7F) | 0x80, (z >> 35 & 0x7F) | 0x80, (z >> 42 & 0x7F) | 0x80, z >> 49))
+        high = _HIGH_BYTES  # read once: another thread may replace it meanwhile, never half-way
+        if high[0] != z >> 21:  # the last five bytes change about once a second for the current time
+            high = _HIGH_BYTES = (z >> 21, bytes(((z >> 21 & 0x7F) | 0x80, (z >> 28 & 0x7F) | 0x80,
+                                                  (z >> 35 & 0x7F) | 0x80, (z >> 42 & 0x7F) | 0x80, z >> 49)))
+        return bytes(((z & 0x7F) | 0x80, (z >> 7 & 0x7F) | 0x80, (z >> 14 & 0x7F) | 0x80)) + high[1]
     return _zigzag(n)
 
 
 _EIGHT_BYTES_FROM, _EIGHT_BYTES_UPTO = 1 << 48, 1 << 55  # zigzag 2n in [2^49, 2^56): exactly 8 varint bytes
+_HIGH_BYTES = (-1, b"")  # the last 8-byte long's z >> 21 and its last five bytes
 
 
 def record_of_bodies(bodies: Sequence[bytes], *, v2: bool = False) -> bytes:

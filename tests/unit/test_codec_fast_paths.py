@@ -456,6 +456,15 @@ def test_record_of_bodies_is_fastavros_record(ms: list[Mutation]) -> None:
     assert record_of_bodies([mutation_body(m) for m in ms]) == expected
 
 
+def test_event_times_that_share_or_cross_the_remembered_high_bytes() -> None:
+    """An 8-byte long's last five bytes are remembered from the previous one (z >> 21): the same, the next and the
+    previous high part, in turn, all encode as fastavro does."""
+    edge = (1_790_000_000_000_000 >> 20) << 20  # 2n >> 21 changes at multiples of 2^20 µs
+    for t in (edge - 1, edge, edge + 1, edge - 1, edge + (1 << 20), edge + 5, edge + (1 << 20) + 5):
+        m = Mutation("ns", "c", 1, t, "t")
+        assert mutation_body(m) == _body(CM, _record(m)), t
+
+
 def test_record_of_bodies_with_many_bodies() -> None:
     ms = [Mutation("ns", f"c{i}", i - 100, MIN_EVENT_TIME + i, f"t{i}") for i in range(200)]  # a 2-byte count
     assert record_of_bodies([mutation_body(m) for m in ms]) == fa_batch(ms)
