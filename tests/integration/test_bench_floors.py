@@ -9,30 +9,66 @@ from pathlib import Path
 import pytest
 
 from bench.common import group_commit_floor
+from infra.broker import LocalBroker
 from tests.helpers import read_all
 
 pytestmark = pytest.mark.integration
 
 
-async def post(host: str, port: int, body: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection(host, port)
-    writer.write(b"POST /v1/AddCount HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
-    status = await reader.readline()
-    writer.close()
-    return status
+def request(body: bytes) -> bytes:
+    return (b"POST /v1/AddCount HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(body), body))
+
+
+async def post_together(host: str, port: int, bodies: list[bytes]) -> list[bytes]:
+    """Open a connection per body, then send every request at once, then read each status line."""
+    connections = await asyncio.gather(*(asyncio.open_connection(host, port) for _ in bodies))
+    for (_, writer), body in zip(connections, bodies, strict=True):
+        writer.write(request(body))
+    statuses = [await reader.readline() for reader, _ in connections]
+    for _, writer in connections:
+        writer.close()
+    return statuses
 
 
 def test_every_answered_post_is_in_an_acknowledged_record(kafka_bootstrap: str, topic_name: str,
                                                          tmp_path: Path) -> None:
     bodies = [b'{"n":%d}' % i for i in range(40)]
     with group_commit_floor(tmp_path, kafka_bootstrap, topic_name) as floor:
-        async def scenario() -> list[bytes]:
-            return await asyncio.gather(*(post(floor.host, floor.port, body) for body in bodies))
-
-        statuses = asyncio.run(asyncio.wait_for(scenario(), 30))
+        statuses = asyncio.run(asyncio.wait_for(post_together(floor.host, floor.port, bodies), 30))
     assert statuses == [b"HTTP/1.1 200 OK\r\n"] * len(bodies)
     records = read_all(kafka_bootstrap, topic_name)
     stored = b"".join(r.value for r in records)
     assert sorted(stored.replace(b"}", b"}\n").split()) == sorted(bodies)  # each body once, none lost
-    assert len(records) < len(bodies)  # concurrent posts shared records: the group commit the floor stands for
+    assert len(records) < len(bodies)  # posts sent together shared records: the group commit the floor stands for
+
+
+def test_a_post_waits_for_the_brokers_acknowledgement(tmp_path: Path) -> None:
+    """With its broker frozen (SIGSTOP; a broker of its own, not the session's), the floor holds the answer; once the
+    broker resumes, the answer comes. A floor that answered on arrival would measure no durable write at all."""
+    broker = LocalBroker(tmp_path / "broker.log")
+    with broker, group_commit_floor(tmp_path, broker.bootstrap, "t") as floor:
+        async def scenario() -> tuple[bool, bytes]:
+            reader, writer = await asyncio.open_connection(floor.host, floor.port)
+            broker.pause()
+            try:
+                writer.write(request(b'{"n":1}'))
+                held = await _held(reader, 1.0)
+            finally:
+                broker.resume()
+            status = await asyncio.wait_for(reader.readline(), 20)
+            writer.close()
+            return held, status
+
+        held, status = asyncio.run(scenario())
+    assert held, "answered while the broker was frozen"
+    assert status == b"HTTP/1.1 200 OK\r\n"
+
+
+async def _held(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Whether nothing arrives on `reader` for `seconds`."""
+    try:
+        await asyncio.wait_for(reader.readline(), seconds)
+    except TimeoutError:
+        return True
+    return False
