@@ -121,6 +121,12 @@ def paused_pipeline(stack: LocalStack, load: Callable[..., LoadResult], caught_u
     return run
 
 
+def add_latency_ratios(result: dict, base: dict) -> None:
+    """`p50_to_raw` and `p99_to_raw`: a phase's latency percentiles over the raw produce's at its concurrency."""
+    for p in ("p50", "p99"):
+        result[f"{p}_to_raw"] = result[f"{p}_ms"] / base[f"{p}_ms"] if base[f"{p}_ms"] else float("nan")
+
+
 def run(duration: float, concurrencies: list[int], counters: int, rounds: int, namespaces: Path) -> dict:
     middle = concurrencies[len(concurrencies) // 2]
     with (tempfile.TemporaryDirectory(prefix="bench-write-") as tmp,
@@ -205,8 +211,7 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
             if floor_r is None:
                 continue
             floor_r["ratio_to_raw_produce"] = median_ratio(per_round, f"{floor_key}_c{c}", f"raw_produce_c{c}")
-            floor_r["p50_to_raw"] = floor_r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
-            floor_r["p99_to_raw"] = floor_r["p99_ms"] / base["p99_ms"] if base["p99_ms"] else float("nan")
+            add_latency_ratios(floor_r, base)
             console.print(f"         {floor_label:<11} {floor_r['throughput_per_s']:>8,.0f}/s p50 "
                           f"{floor_r['p50_ms']:6.2f} ms p99 {floor_r['p99_ms']:6.2f} ms  = "
                           f"{floor_r['ratio_to_raw_produce']:.0%} of raw, p50 {floor_r['p50_to_raw']:.2f}x, p99 "
@@ -215,8 +220,7 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
             key = f"addcount_{kind}_c{c}"
             r = results[key]
             r["ratio_to_raw_produce"] = median_ratio(per_round, key, f"raw_produce_c{c}")
-            r["p50_to_raw"] = r["p50_ms"] / base["p50_ms"] if base["p50_ms"] else float("nan")
-            r["p99_to_raw"] = r["p99_ms"] / base["p99_ms"] if base["p99_ms"] else float("nan")
+            add_latency_ratios(r, base)
             r["ratio_to_http_floor"] = median_ratio(per_round, key, f"http_floor_c{c}")
             versus = f"{r['ratio_to_http_floor']:.0%} of the HTTP floor"
             if c == middle:
