@@ -23,13 +23,17 @@ install-test: venv
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 
 # schemas.avro_fast compiled to C by mypyc (`python -m schemas.compile`; rebuilt only when the source changed): the
-# persist path's decoder at C speed. `make run` goes on without it (the Python module is used, slower); `make test`
-# needs it, unless COUNTER_TEST_PURE_PYTHON=1 says the machine has no C compiler.
+# persist path's decoder at C speed. query_api/_plain_add.c compiled by the C compiler Python was built with
+# (`python -m query_api.plain_add`, likewise): the API's plain AddCount parsed and encoded in one call. `make run`
+# goes on without them (the Python code is used, slower); `make test` needs them, unless COUNTER_TEST_PURE_PYTHON=1
+# says the machine has no C compiler.
 compiled-run: install-run
 	-$(BIN)/python -m schemas.compile --quiet
+	-$(BIN)/python -m query_api.plain_add --quiet
 
 compiled-test: install-test
 	@[ "$$COUNTER_TEST_PURE_PYTHON" = 1 ] || $(BIN)/python -m schemas.compile --quiet
+	@[ "$$COUNTER_TEST_PURE_PYTHON" = 1 ] || $(BIN)/python -m query_api.plain_add --quiet
 
 # Regenerate constraints.txt: the newest versions pyproject.toml's bounds allow, installed into a fresh venv
 # ($(CONSTRAINTS_VENV), removed after) and frozen. Then `make test` (it moves .venv to them), review, commit.

@@ -131,24 +131,31 @@ class GroupCommitProducer:
     def send(self, mutations: Sequence[Mutation], *, read_your_write: bool = False) -> asyncio.Future[None]:
         """Queue mutations for this pass's record (all of them in that one record). `read_your_write`: the
         caller will wait until they are persisted, so the record asks the persist consumer to hurry."""
+        kinds: list[bool] | None = None  # per body, whether it is a v2 body: only when one is
+        if len(mutations) == 1:
+            m = mutations[0]
+            bodies = [mutation_body(m)]
+            if m.dimensions or m.item:
+                kinds = [True]
+        else:
+            bodies = [mutation_body(m) for m in mutations]
+            if any(is_v2(m) for m in mutations):
+                kinds = [is_v2(m) for m in mutations]
+        return self._queue(bodies, kinds, read_your_write)
+
+    def send_body(self, body: bytes) -> asyncio.Future[None]:
+        """`send` for one mutation already encoded as a v1 body (`schemas.mutation_body`'s bytes; the API's plain
+        AddCount encodes it in C, query_api.plain_add)."""
+        return self._queue([body], None, False)
+
+    def _queue(self, bodies: list[bytes], kinds: list[bool] | None, read_your_write: bool) -> asyncio.Future[None]:
         loop = self._loop
         assert loop is not None, "start() first"
         if not self._partitions or self._closed:
             failed = loop.create_future()
             failed.set_exception(DeliveryError(f"broker {self.kafka.bootstrap} unreachable; {RETRY_RULE}"))
             return failed
-        kinds: list[bool] | None = None  # per body, whether it is a v2 body: only when one is
-        if len(mutations) == 1:
-            m = mutations[0]
-            body = mutation_body(m)
-            bodies, size = [body], len(body)
-            if m.dimensions or m.item:
-                kinds = [True]
-        else:
-            bodies = [mutation_body(m) for m in mutations]
-            size = sum(len(b) for b in bodies)
-            if any(is_v2(m) for m in mutations):
-                kinds = [is_v2(m) for m in mutations]
+        size = len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
         pending = self._pending
         if pending is not None and pending.size + size > MAX_RECORD_BYTES:
             self._flush()

@@ -124,14 +124,20 @@ class EarlyPersist:
     def note(self, m: Mutation, acknowledged: asyncio.Future[None]) -> None:
         """Remember a durable write being sent (its future: the broker's acknowledgement of its record, shared
         by the writes that record holds)."""
+        self.note_event(m.namespace, m.counter_name, event_row(m)[2:], acknowledged)
+
+    def note_event(self, namespace: str, counter: str, event: tuple[int, str, str, int, bool],
+                   acknowledged: asyncio.Future[None]) -> None:
+        """`note` for a write given as its event's time, token, item key, delta and clear flag (what the worker
+        stores; a plain AddCount has no Mutation, query_api.plain_add)."""
         generation = self._generations[-1]
         if time.monotonic() >= generation.ends:
             generation = self._next_generation()
-        key = f"{m.namespace}:{m.counter_name}"
+        key = f"{namespace}:{counter}"
         writes = generation.writes.get(key)
         if writes is None:
             writes = generation.writes[key] = []
-        writes += event_row(m)[2:]  # the event's time, token, item key, delta and clear flag: what the worker stores
+        writes += event
         writes.append(acknowledged)
 
     def _next_generation(self) -> _Generation:

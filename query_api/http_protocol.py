@@ -23,7 +23,7 @@ import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from query_api import metrics
-from query_api.fastpath import FAST_PATHS, fast_call
+from query_api.fastpath import ADD_COUNT, FAST_PATHS, fast_call
 from query_api.responses import SERVICE_ERRORS, error_response
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,42 @@ class _Heads:
 _HEADS = _Heads()
 
 
+class _Answers:
+    """The plain AddCounts (query_api.plain_add) waiting on one group-commit record, answered in one callback when
+    the broker has acknowledged it (or with the 503 of its failure): no future, callback or task per request.
+    `waiting` is flat, four values per request: its protocol, its cycle, its answer and when it arrived."""
+
+    __slots__ = ("tasks", "waiting")
+
+    def __init__(self, tasks: set[Any]) -> None:
+        self.tasks = tasks  # uvicorn's set of what its shutdown waits for (shared by the connections)
+        self.waiting: list[Any] = []
+
+    def answer(self, acknowledged: asyncio.Future[None]) -> None:
+        del _ANSWERS[acknowledged]
+        self.tasks.discard(acknowledged)
+        status, failure = 200, None
+        try:
+            acknowledged.result()
+        except SERVICE_ERRORS as exc:
+            status, detail = error_response(exc)
+            failure = orjson.dumps(detail)
+        except (Exception, asyncio.CancelledError):
+            log.exception("plain AddCount failed")
+            status, failure = 500, b'{"detail":"Internal Server Error"}'
+        waiting = self.waiting
+        head = _HEADS.get(waiting[0].server_state.default_headers, status)  # the server's: one for all connections
+        for i in range(0, len(waiting), 4):
+            protocol, cycle, answer, _started = waiting[i:i + 4]
+            protocol._respond_with(cycle, head, failure or answer)
+        now = time.perf_counter()
+        metrics.record_many(ADD_COUNT_ENDPOINT, status, [now - started for started in waiting[3::4]])
+
+
+_ANSWERS: dict[asyncio.Future[None], _Answers] = {}  # by the record's acknowledgement future, until it is done
+ADD_COUNT_ENDPOINT = FAST_PATHS[ADD_COUNT]
+
+
 class CounterHttpProtocol(HttpToolsProtocol):
     _fast_body: bytes | None = None
     _idle_since: float | None = None  # when the last response completed; None while a request is in flight
@@ -114,8 +150,12 @@ class CounterHttpProtocol(HttpToolsProtocol):
             super().on_message_complete()
             return
         body, self._fast_body = self._fast_body, None
+        service = self.app_state["service"]
         try:
-            call = fast_call(self.app_state["service"], self.url, body)
+            if self.url == ADD_COUNT and (plain := service.write_plain(body)) is not None:
+                self._answer_when_acknowledged(*plain)
+                return
+            call = fast_call(service, self.url, body)
         except Exception as exc:  # raised before any await: answered by _done like a failed call
             failed = self.loop.create_future()
             failed.set_exception(exc)
@@ -135,6 +175,16 @@ class CounterHttpProtocol(HttpToolsProtocol):
         self.tasks.add(future)  # type: ignore[arg-type]
 
     # -- internals --------------------------------------------------------------------------------------
+
+    def _answer_when_acknowledged(self, answer: bytes, acknowledged: asyncio.Future[None]) -> None:
+        """Answer a plain AddCount with `answer` once its record is acknowledged, in one callback per record."""
+        self.cycle = cycle = FastCycle(self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive())  # type: ignore[assignment]  # as in on_message_complete
+        answers = _ANSWERS.get(acknowledged)
+        if answers is None:
+            answers = _ANSWERS[acknowledged] = _Answers(self.tasks)
+            acknowledged.add_done_callback(answers.answer)
+            self.tasks.add(acknowledged)  # type: ignore[arg-type]  # as in on_message_complete
+        answers.waiting += (self, cycle, answer, time.perf_counter())
 
     def _begin_app_request(self) -> None:
         """uvicorn's own on_message_begin (the ASGI scope), keeping what the parser has read since."""
@@ -167,10 +217,13 @@ class CounterHttpProtocol(HttpToolsProtocol):
         metrics.record(FAST_PATHS[path], status, time.perf_counter() - started)
 
     def _respond(self, cycle: FastCycle, status: int, body: bytes) -> None:
+        self._respond_with(cycle, _HEADS.get(self.server_state.default_headers, status), body)
+
+    def _respond_with(self, cycle: FastCycle, head: bytes, body: bytes) -> None:
+        """Write the response (`head`: its status line and headers up to the content type, `_HEADS`)."""
         cycle.response_complete = True
         if cycle.disconnected or self.transport.is_closing():
             return
-        head = _HEADS.get(self.server_state.default_headers, status)
         length = b"content-length: %d\r\n" % len(body)
         self.transport.write(b"".join((head, length, b"\r\n" if cycle.keep_alive else _CLOSE + b"\r\n", body)))
         if not cycle.keep_alive:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from itertools import accumulate
 
 from prometheus_client import CollectorRegistry
@@ -77,17 +77,23 @@ GROUP_COMMIT = GroupCommitTally()  # the API's GroupCommitProducer reports here 
 
 def record(endpoint: str, status: int, seconds: float) -> None:
     """One request answered with `status` after `seconds`."""
+    record_many(endpoint, status, (seconds,))
+
+
+def record_many(endpoint: str, status: int, durations: Sequence[float]) -> None:
+    """Requests answered with `status`, one per duration (seconds): a group commit answers many at once."""
     key = (endpoint, status)
     n = _requests.get(key)
     if n is None:
         n = 0
         _requests_created[key] = time.time()
-    _requests[key] = n + 1
+    _requests[key] = n + len(durations)
     tally = _latency.get(endpoint)
     if tally is None:
         tally = _latency[endpoint] = [0] * (len(BUCKETS) + 1)
         _latency_created[endpoint] = time.time()
-    _observe(tally, BUCKETS, seconds)
+    for seconds in durations:
+        _observe(tally, BUCKETS, seconds)
 
 
 def count_cache(hit: bool) -> None:

@@ -28,6 +28,7 @@ from query_api import metrics
 from query_api.arrivals import Arrivals
 from query_api.early_persist import EarlyPersist, eligible
 from query_api.live_reads import LiveReads
+from query_api.plain_add import plain_add
 from query_api.signals import ReadSignals
 from query_api.topk import TopK, top_k
 from query_api.windows import Series, parse_window, series, window_count
@@ -158,6 +159,12 @@ class CounterService:
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
         self.watermark_us = 0  # the lowest persist watermark stored (`follow_watermark`); 0: not known
         self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
+        self._plain_add = plain_add()
+        # the namespaces whose plain AddCount `write_plain` takes (by name: their counter types' names); those of
+        # fastpath.fast_call's durable case where every write is noted for read-your-write
+        self.plain_types = {ns.name: ns.counter_type.value for ns in map(registry.__getitem__, registry)
+                            if ns.counter_type is not CounterType.BEST_EFFORT and not ns.requires_auth
+                            and ns.unique is None and eligible(ns)}
 
     def namespace(self, name: str) -> Namespace:
         ns = self.registry.get(name)
@@ -275,6 +282,22 @@ class CounterService:
         if eligible(ns):
             self.early.note(m, acknowledged)  # a later AddAndGetCount of the counter stores it with its own
         return Written(ns, counter, m.event_id, m.event_time), acknowledged
+
+    def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
+        """`write_durable` for an AddCount body in its plainest form, parsed and encoded in C (query_api.plain_add):
+        the answer's JSON and the future of the broker's acknowledgement. None when the body is not that form, the
+        namespace is not in `plain_types` or the C build is absent: the caller takes the Python path. Without a
+        generation time or token it is what `mutation` makes of it: the time is now, the token a new one."""
+        if self._plain_add is None:
+            return None
+        event_time, token = time.time_ns() // 1000, new_token()
+        parsed = self._plain_add(body, self.plain_types, event_time, token)
+        if parsed is None:
+            return None
+        namespace, counter, delta, avro_body, answer = parsed
+        acknowledged = self.producer.send_body(avro_body)
+        self.early.note_event(namespace, counter, (event_time, token, "", delta, False), acknowledged)
+        return answer, acknowledged
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
         """A BEST_EFFORT add (memcached only): the new count. An awaitable rather than a coroutine, so the fast

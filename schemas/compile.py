@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from schemas.compiled import COMPILED_NAME, SOURCE, compiled_build, source_digest
@@ -51,22 +52,31 @@ def compile_build() -> list[Path]:
     return installed
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schemas.compile", description=__doc__,
+def build_command(argv: list[str] | None, *, prog: str, doc: str | None, name: str, source: Path,
+                  current: Callable[[], bool], build: Callable[[], list[Path]], without: str) -> int:
+    """`python -m <prog> [--quiet]` for a compiled build of `source` named `name`: nothing when `current()`, else
+    `build()`; exits 1 saying what runs `without` it when the build fails. Shared with query_api.plain_add."""
+    parser = argparse.ArgumentParser(prog=f"python -m {prog}", description=doc,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quiet", action="store_true", help="print nothing when the build is already current")
     args = parser.parse_args(argv)
-    if compiled_build(warn=False) is not None:
+    if current():
         if not args.quiet:
-            print(f"{COMPILED_NAME} is current")
+            print(f"{name} is current")
         return 0
     try:
-        installed = compile_build()
+        installed = build()
     except (RuntimeError, OSError) as exc:
-        print(f"could not compile {SOURCE.name}; the Python module will be used: {exc}", file=sys.stderr)
+        print(f"could not compile {source.name}; {without}: {exc}", file=sys.stderr)
         return 1
-    print(f"compiled {SOURCE.name} with mypyc: {', '.join(p.name for p in installed)}")
+    print(f"compiled {source.name}: {', '.join(p.name for p in installed)}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return build_command(argv, prog="schemas.compile", doc=__doc__, name=COMPILED_NAME, source=SOURCE,
+                         current=lambda: compiled_build(warn=False) is not None, build=compile_build,
+                         without="the Python module will be used")
 
 
 if __name__ == "__main__":

@@ -169,6 +169,22 @@ class FakeService:
         self.then_count: list[bool] = []
         self.futures: list[asyncio.Future[Any]] = []
         self.write_raises: BaseException | None = None
+        self.plain: dict[bytes, bytes] = {}  # write_plain's answers by body; any other body: None (the Python path)
+
+    def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
+        """As CounterService.write_plain: the bodies of `plain` share one future per loop pass, as group commit's
+        records do."""
+        answer = self.plain.get(body)
+        if answer is None:
+            return None
+        self.calls.append(("write_plain", body))
+        shared = self.futures[-1] if self.futures and self._pass_open else self._future()
+        if not self._pass_open:
+            self._pass_open = True
+            asyncio.get_running_loop().call_soon(setattr, self, "_pass_open", False)
+        return answer, shared
+
+    _pass_open = False
 
     def _future(self) -> asyncio.Future[Any]:
         future = asyncio.get_running_loop().create_future()
@@ -254,12 +270,13 @@ class JsonApp:
 class Connection:
     """One CounterHttpProtocol as uvicorn's server builds it (inside the running loop), on a FakeTransport."""
 
-    def __init__(self, service: FakeService | None, app: Any = None, **config: Any) -> None:
+    def __init__(self, service: FakeService | None, app: Any = None, server_state: ServerState | None = None,
+                 **config: Any) -> None:
         self.service = service
         self.app = app if app is not None else RecordingApp()
         self.config = Config(app=self.app, http=CounterHttpProtocol, log_config=None, **config)
         self.config.load()
-        self.server_state = ServerState()
+        self.server_state = server_state or ServerState()  # another connection's: both of one server
         self.server_state.default_headers = list(DEFAULT_HEADERS)
         self.protocol = CounterHttpProtocol(config=self.config, server_state=self.server_state,
                                             app_state={} if service is None else {"service": service})
@@ -366,6 +383,8 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, float]]:
     """metrics.record's calls (endpoint, status, seconds), instead of the process-wide tallies."""
     calls: list[tuple[str, int, float]] = []
     monkeypatch.setattr(metrics, "record", lambda endpoint, status, seconds: calls.append((endpoint, status, seconds)))
+    monkeypatch.setattr(metrics, "record_many", lambda endpoint, status, durations: calls.extend(
+        (endpoint, status, seconds) for seconds in durations))
     return calls
 
 
@@ -454,6 +473,95 @@ def test_add_and_get_waits_for_the_acknowledgement_and_the_count(run, recorded) 
         assert c.transport.take() == fast_response(200, count_body("acc", "c", 12, "ACCURATE"))
         assert [(e, s) for e, s, _ in recorded] == [("/v1/AddAndGetCount", 200)]
         assert c.server_state.tasks == set()
+    run(scenario)
+
+
+# -- plain AddCounts (CounterService.write_plain: one future per group-commit record) -------------------------------
+
+
+def plain_service(*counters: str) -> tuple[FakeService, dict[str, bytes]]:
+    """A FakeService taking the plain AddCount of each counter in `ev`: its body and its answer."""
+    service = FakeService()
+    bodies = {counter: orjson.dumps({"namespace": "ev", "counter_name": counter, "delta": 1}) for counter in counters}
+    service.plain = {body: add_body("ev", counter, "EVENTUAL", True, f"token-{counter}")
+                     for counter, body in bodies.items()}
+    return service, bodies
+
+
+def test_plain_adds_of_one_record_are_answered_together_once_acknowledged(run, recorded) -> None:
+    async def scenario() -> None:
+        service, bodies = plain_service("a", "b", "c")
+        server = ServerState()
+        connections = [Connection(service, server_state=server) for _ in bodies]
+        for c, body in zip(connections, bodies.values(), strict=True):
+            c.send(post("/v1/AddCount", body))
+        assert [call[0] for call in service.calls] == ["write_plain"] * 3
+        assert len(service.futures) == 1, "the fake shares one future per pass, as group commit does"
+        assert server.tasks == {service.futures[0]}, "uvicorn's shutdown waits on it"
+        await spin()
+        assert all(c.transport.data == b"" for c in connections), "answered before the broker acknowledged"
+        service.settle(None)
+        await until(lambda: all(c.transport.data for c in connections), "the responses")
+        for c, body in zip(connections, bodies.values(), strict=True):
+            assert c.transport.take() == fast_response(200, service.plain[body])
+            assert not c.transport.closed and c.app.requests == []
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", 200)] * 3
+        assert all(seconds >= 0 for _, _, seconds in recorded)
+        assert server.tasks == set()
+        assert server.total_requests == 3
+        assert http_protocol._ANSWERS == {}, "a record's waiters are forgotten once answered"
+    run(scenario)
+
+
+@pytest.mark.parametrize(("exc", "status"), [(DeliveryError("not acknowledged; retry with the same token"), 503),
+                                             (RuntimeError("boom"), 500)])
+def test_a_failed_record_answers_each_of_its_plain_adds_with_the_error(run, recorded, caplog, exc, status) -> None:
+    async def scenario() -> None:
+        service, bodies = plain_service("a", "b")
+        connections = [Connection(service) for _ in bodies]
+        for c, body in zip(connections, bodies.values(), strict=True):
+            c.send(post("/v1/AddCount", body))
+        service.settle(exception=exc)
+        await until(lambda: all(c.transport.data for c in connections), "the error responses")
+        expected = (orjson.dumps(error_response(exc)[1]) if status == 503
+                    else b'{"detail":"Internal Server Error"}')
+        for c in connections:
+            assert c.transport.take() == fast_response(status, expected)
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", status)] * 2
+    run(scenario)
+    if status == 500:
+        assert "plain AddCount failed" in caplog.text
+
+
+def test_a_plain_add_whose_client_left_or_asked_to_close(run, recorded) -> None:
+    """A waiter that disconnected gets nothing written, one that sent `connection: close` is answered and closed,
+    and the others are answered as usual."""
+    async def scenario() -> None:
+        service, bodies = plain_service("gone", "closing", "staying")
+        gone, closing, staying = (Connection(service) for _ in bodies)
+        gone.send(post("/v1/AddCount", bodies["gone"]))
+        closing.send(post("/v1/AddCount", bodies["closing"], "connection: close"))
+        staying.send(post("/v1/AddCount", bodies["staying"]))
+        gone.lose(ConnectionResetError())
+        service.settle(None)
+        await until(lambda: closing.transport.data and staying.transport.data, "the responses")
+        await spin()
+        assert gone.transport.data == b"" and gone.transport.writes_after_close == []
+        assert closing.transport.take() == fast_response(200, service.plain[bodies["closing"]], keep_alive=False)
+        assert closing.transport.closed
+        assert staying.transport.take() == fast_response(200, service.plain[bodies["staying"]])
+        assert not staying.transport.closed
+    run(scenario)
+
+
+def test_a_body_write_plain_declines_takes_the_python_fast_path(run) -> None:
+    async def scenario() -> None:
+        service, _ = plain_service("a")
+        c = Connection(service)
+        c.send(post("/v1/AddCount", {"namespace": "ev", "counter_name": "other", "delta": 1}))
+        assert [call[0] for call in service.calls] == ["write_durable"]
+        Connection(service).send(post("/v1/AddAndGetCount", {"namespace": "ev", "counter_name": "a", "delta": 1}))
+        assert [call[0] for call in service.calls] == ["write_durable", "write_durable", "count_after"]
     run(scenario)
 
 
