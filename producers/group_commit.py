@@ -145,7 +145,13 @@ class GroupCommitProducer:
 
     def send_body(self, body: bytes) -> asyncio.Future[None]:
         """`send` for one mutation already encoded as a v1 body (`schemas.mutation_body`'s bytes; the API's plain
-        AddCount encodes it in C, query_api.plain_add)."""
+        AddCount encodes it in C, query_api.plain_add). Joining a plain record that has room is done here, the
+        rest by `_queue`: this is the API's hottest write."""
+        pending = self._pending
+        if pending is not None and pending.v2 is None and pending.size + len(body) <= MAX_RECORD_BYTES:
+            pending.bodies.append(body)
+            pending.size += len(body)
+            return pending.future  # a pending record exists only while the producer is open and connected
         return self._queue([body], None, False)
 
     def _queue(self, bodies: list[bytes], kinds: list[bool] | None, read_your_write: bool) -> asyncio.Future[None]:

@@ -164,9 +164,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
             self._to_app(body)
             super().on_message_complete()
             return
-        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-        # uvicorn types `cycle` as its RequestResponseCycle; FastCycle has what uvicorn reads of it
-        self.cycle = cycle = FastCycle(keep_alive)  # type: ignore[assignment]
+        cycle = self._fast_cycle()
         awaitable, render = call
         future = (awaitable if isinstance(awaitable, asyncio.Future)
                   else self.loop.create_task(awaitable))  # type: ignore[arg-type]  # not a Future: a coroutine
@@ -176,9 +174,15 @@ class CounterHttpProtocol(HttpToolsProtocol):
 
     # -- internals --------------------------------------------------------------------------------------
 
+    def _fast_cycle(self) -> FastCycle:
+        """The cycle of the fast request just read, as `self.cycle`."""
+        cycle = FastCycle(self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive())
+        self.cycle = cycle  # type: ignore[assignment]  # uvicorn types it RequestResponseCycle: FastCycle has what it reads
+        return cycle
+
     def _answer_when_acknowledged(self, answer: bytes, acknowledged: asyncio.Future[None]) -> None:
         """Answer a plain AddCount with `answer` once its record is acknowledged, in one callback per record."""
-        self.cycle = cycle = FastCycle(self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive())  # type: ignore[assignment]  # as in on_message_complete
+        cycle = self._fast_cycle()
         answers = _ANSWERS.get(acknowledged)
         if answers is None:
             answers = _ANSWERS[acknowledged] = _Answers(self.tasks)
