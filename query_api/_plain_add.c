@@ -1,21 +1,26 @@
-/* The API's hottest write, a plain durable AddCount, parsed and encoded in one C call (query_api.plain_add).
+/* The API's hottest write, a plain durable AddCount, read and encoded in C (query_api.plain_add).
 
-   plain_add(body: bytes, namespaces: dict[str, str], event_time: int, token: str)
-       -> (namespace: str, counter_name: str, delta: int, avro_body: bytes, answer: bytes) | None
+   read_add(body: bytes, namespaces: dict[str, str])
+       -> (namespace, counter_name, delta, counter_type, token | None, generation_time: str | int | None) | None
 
-   `body` is the request's JSON. It is taken only in its plainest form: one object holding exactly the keys
-   "namespace", "counter_name" and "delta", each once, in any order, with JSON whitespace anywhere between tokens;
-   both strings printable ASCII without escapes (no '"', no '\'); the counter name 1-200 characters without a space
-   (schemas.validation's rule for an ASCII name); the delta a JSON integer within 64 bits; the namespace a key of
-   `namespaces` (the namespaces whose plain adds may take this path, each mapped to its counter type's name).
-   Anything else returns None, and the request goes the way it went before this module existed: nothing is refused
-   here, so there is one implementation of every error.
+   `body` is the request's JSON. It is taken only in its plainest form: one object holding the keys "namespace",
+   "counter_name" and "delta", and optionally "idempotency_token", an object of "token" and optionally
+   "generation_time"; each key once, in any order, with JSON whitespace anywhere between tokens. Every string is
+   printable ASCII without escapes (no '"', no '\'); the counter name 1-200 characters without a space
+   (schemas.validation's rule for an ASCII name); the delta a JSON integer within 64 bits; the generation time a
+   string or a JSON integer within 64 bits; the namespace a key of `namespaces` (the namespaces whose plain adds
+   may take this path, each mapped to its counter type's name). Anything else returns None, and the request goes
+   the way it went before this module existed: nothing is refused here, so there is one implementation of every
+   error (the token and the generation time are validated by the caller, as for any write).
+
+   encode_add(namespace: str, counter_name: str, delta: int, counter_type: str, event_time: int, token: str)
+       -> (avro_body: bytes, answer: bytes) | None
 
    `avro_body` is the CountMutation body schemas.codec.mutation_body encodes for the ADD of that delta at
    `event_time` with token `token` and no item key; `answer` is the AddCount response JSON
-   query_api.responses.add_json writes (`token` must be printable ASCII without '"' or '\', as new_token's are,
-   or None is returned). Tests hold both byte-equal to those functions, and every accepted body to
-   what the Python fast path (query_api.fastpath) reads from it. */
+   query_api.responses.add_json writes. None when a string is not printable ASCII without '"' or '\' (the answer
+   would need escapes). Tests hold both byte-equal to those functions, and every body read_add takes to what the
+   Python fast path (query_api.fastpath) reads from it. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -93,48 +98,102 @@ static int valid_counter_name(span name) {
     return 1;
 }
 
-/* Parse the plain body; 1 and the three fields, or 0. */
-static int parse(const char *p, const char *end, span *ns, span *counter, int64_t *delta) {
-    int seen_ns = 0, seen_counter = 0, seen_delta = 0;
-    p = skip_ws(p, end);
+/* A JSON string (plain_string) or integer (plain_integer) at p; the byte after it, or NULL. */
+static const char *plain_scalar(const char *p, const char *end, span *text, int64_t *number, int *is_text) {
+    *is_text = p < end && *p == '"';
+    return *is_text ? plain_string(p, end, text) : plain_integer(p, end, number);
+}
+
+/* The fields of a plain body (read_add); `token.at` and `when.at` are NULL where absent. */
+typedef struct {
+    span ns, counter, token, when;
+    int64_t delta, when_number;
+    int has_when, when_is_text;
+} plain_body;
+
+static int key_is(span key, const char *name) {
+    size_t len = strlen(name);
+    return (size_t)key.len == len && memcmp(key.at, name, len) == 0;
+}
+
+/* The members of an object at p (its '{'), each handed to `member` with the byte after the key's ':' (and
+   whitespace); the byte after the object's '}', or NULL. `member` returns the byte after the value, or NULL. */
+typedef const char *(*member_fn)(span key, const char *p, const char *end, plain_body *out, unsigned *seen);
+
+static const char *object(const char *p, const char *end, member_fn member, plain_body *out, unsigned *seen) {
     if (p >= end || *p != '{')
-        return 0;
+        return NULL;
     p++;
     for (;;) {
         span key;
         p = plain_string(skip_ws(p, end), end, &key);
         if (p == NULL)
-            return 0;
+            return NULL;
         p = skip_ws(p, end);
         if (p >= end || *p != ':')
-            return 0;
-        p = skip_ws(p + 1, end);
-        if (key.len == 9 && memcmp(key.at, "namespace", 9) == 0 && !seen_ns) {
-            p = plain_string(p, end, ns);
-            seen_ns = 1;
-        } else if (key.len == 12 && memcmp(key.at, "counter_name", 12) == 0 && !seen_counter) {
-            p = plain_string(p, end, counter);
-            seen_counter = 1;
-        } else if (key.len == 5 && memcmp(key.at, "delta", 5) == 0 && !seen_delta) {
-            p = plain_integer(p, end, delta);
-            seen_delta = 1;
-        } else {
-            return 0; /* another key, or one twice */
-        }
+            return NULL;
+        p = member(key, skip_ws(p + 1, end), end, out, seen);
         if (p == NULL)
-            return 0;
+            return NULL;
         p = skip_ws(p, end);
         if (p >= end)
-            return 0;
+            return NULL;
         if (*p == '}')
-            break;
+            return p + 1;
         if (*p != ',')
-            return 0;
+            return NULL;
         p++;
     }
-    if (skip_ws(p + 1, end) != end)
+}
+
+enum { SEEN_NS = 1, SEEN_COUNTER = 2, SEEN_DELTA = 4, SEEN_TOKEN_OBJECT = 8, SEEN_TOKEN = 16, SEEN_WHEN = 32 };
+
+/* Another key, or one twice, is not the plain form. */
+static const char *token_member(span key, const char *p, const char *end, plain_body *out, unsigned *seen) {
+    if (key_is(key, "token") && !(*seen & SEEN_TOKEN)) {
+        *seen |= SEEN_TOKEN;
+        return plain_string(p, end, &out->token);
+    }
+    if (key_is(key, "generation_time") && !(*seen & SEEN_WHEN)) {
+        *seen |= SEEN_WHEN;
+        out->has_when = 1;
+        return plain_scalar(p, end, &out->when, &out->when_number, &out->when_is_text);
+    }
+    return NULL;
+}
+
+static const char *body_member(span key, const char *p, const char *end, plain_body *out, unsigned *seen) {
+    if (key_is(key, "namespace") && !(*seen & SEEN_NS)) {
+        *seen |= SEEN_NS;
+        return plain_string(p, end, &out->ns);
+    }
+    if (key_is(key, "counter_name") && !(*seen & SEEN_COUNTER)) {
+        *seen |= SEEN_COUNTER;
+        return plain_string(p, end, &out->counter);
+    }
+    if (key_is(key, "delta") && !(*seen & SEEN_DELTA)) {
+        *seen |= SEEN_DELTA;
+        return plain_integer(p, end, &out->delta);
+    }
+    if (key_is(key, "idempotency_token") && !(*seen & SEEN_TOKEN_OBJECT)) {
+        *seen |= SEEN_TOKEN_OBJECT;
+        return object(p, end, token_member, out, seen);
+    }
+    return NULL;
+}
+
+/* Parse a plain body; 1 and its fields, or 0. */
+static int parse(const char *p, const char *end, plain_body *out) {
+    unsigned seen = 0;
+    memset(out, 0, sizeof *out);
+    p = object(skip_ws(p, end), end, body_member, out, &seen);
+    if (p == NULL || skip_ws(p, end) != end)
         return 0;
-    return seen_ns && seen_counter && seen_delta && valid_counter_name(*counter) && ns->len <= MAX_NAME;
+    if ((seen & (SEEN_NS | SEEN_COUNTER | SEEN_DELTA)) != (SEEN_NS | SEEN_COUNTER | SEEN_DELTA))
+        return 0;
+    if ((seen & SEEN_TOKEN_OBJECT) && !(seen & SEEN_TOKEN))
+        return 0; /* a token object without its token: the route names the field */
+    return valid_counter_name(out->counter) && out->ns.len <= MAX_NAME;
 }
 
 /* Avro's long: zigzag, then 7 bits per byte, low group first. */
@@ -165,53 +224,77 @@ static char *put_span(char *out, const char *at, Py_ssize_t len) {
     return out + len;
 }
 
-static PyObject *plain_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *read_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 4 || !PyBytes_Check(args[0]) || !PyDict_Check(args[1]) || !PyLong_Check(args[2]) ||
-        !PyUnicode_Check(args[3])) {
-        PyErr_SetString(PyExc_TypeError, "plain_add(body: bytes, namespaces: dict, event_time: int, token: str)");
+    if (nargs != 2 || !PyBytes_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "read_add(body: bytes, namespaces: dict)");
         return NULL;
     }
     const char *body = PyBytes_AS_STRING(args[0]);
-    span ns = {NULL, 0}, counter = {NULL, 0};
-    int64_t delta = 0;
-    if (!parse(body, body + PyBytes_GET_SIZE(args[0]), &ns, &counter, &delta))
+    plain_body b;
+    if (!parse(body, body + PyBytes_GET_SIZE(args[0]), &b))
         Py_RETURN_NONE;
-
-    PyObject *ns_name = PyUnicode_FromStringAndSize(ns.at, ns.len); /* ASCII: valid UTF-8 */
-    if (ns_name == NULL)
+    PyObject *ns = PyUnicode_FromStringAndSize(b.ns.at, b.ns.len); /* ASCII: valid UTF-8 */
+    if (ns == NULL)
         return NULL;
-    PyObject *counter_type = PyDict_GetItemWithError(args[1], ns_name); /* borrowed */
-    if (counter_type == NULL || !PyUnicode_Check(counter_type) || !PyUnicode_IS_ASCII(counter_type) ||
-        !PyUnicode_IS_ASCII(args[3])) {
-        Py_DECREF(ns_name);
+    PyObject *counter_type = PyDict_GetItemWithError(args[1], ns); /* borrowed */
+    if (counter_type == NULL) {
+        Py_DECREF(ns);
         if (PyErr_Occurred())
             return NULL;
-        Py_RETURN_NONE; /* not a namespace of this path (or an odd value): the Python path decides */
+        Py_RETURN_NONE; /* not a namespace of this path: the Python path decides */
     }
-    int64_t event_time = PyLong_AsLongLong(args[2]);
-    if (event_time == -1 && PyErr_Occurred()) {
-        Py_DECREF(ns_name);
+    PyObject *token = b.token.at == NULL ? Py_NewRef(Py_None) : PyUnicode_FromStringAndSize(b.token.at, b.token.len);
+    PyObject *when = !b.has_when ? Py_NewRef(Py_None)
+                     : b.when_is_text ? PyUnicode_FromStringAndSize(b.when.at, b.when.len)
+                     : PyLong_FromLongLong(b.when_number);
+    if (token == NULL || when == NULL) {
+        Py_DECREF(ns);
+        Py_XDECREF(token);
+        Py_XDECREF(when);
         return NULL;
     }
-    const char *token = (const char *)PyUnicode_DATA(args[3]);
-    Py_ssize_t token_len = PyUnicode_GET_LENGTH(args[3]);
-    for (Py_ssize_t i = 0; i < token_len; i++) {
-        if (token[i] < 0x20 || token[i] == '"' || token[i] == '\\' || token[i] == 0x7f) {
-            Py_DECREF(ns_name);
-            Py_RETURN_NONE; /* a token the answer would have to escape (new_token's never are) */
-        }
+    /* N: the tuple takes these references (and drops them if it cannot be built) */
+    return Py_BuildValue("(Ns#LONN)", ns, b.counter.at, b.counter.len, (long long)b.delta, counter_type, token, when);
+}
+
+/* Whether `text` is printable ASCII without '"' or '\\' (written into JSON as it is); its bytes and length. */
+static int plain_text(PyObject *text, const char **at, Py_ssize_t *len) {
+    if (!PyUnicode_Check(text) || !PyUnicode_IS_ASCII(text))
+        return 0;
+    *at = (const char *)PyUnicode_DATA(text);
+    *len = PyUnicode_GET_LENGTH(text);
+    for (Py_ssize_t i = 0; i < *len; i++) {
+        char c = (*at)[i];
+        if (c < 0x20 || c == 0x7f || c == '"' || c == '\\')
+            return 0;
     }
-    const char *type_name = (const char *)PyUnicode_DATA(counter_type);
-    Py_ssize_t type_len = PyUnicode_GET_LENGTH(counter_type);
+    return 1;
+}
+
+static PyObject *encode_add(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6 || !PyLong_Check(args[2]) || !PyLong_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "encode_add(namespace: str, counter_name: str, delta: int, "
+                                         "counter_type: str, event_time: int, token: str)");
+        return NULL;
+    }
+    span ns, counter, type, token;
+    if (!plain_text(args[0], &ns.at, &ns.len) || !plain_text(args[1], &counter.at, &counter.len) ||
+        !plain_text(args[3], &type.at, &type.len) || !plain_text(args[5], &token.at, &token.len))
+        Py_RETURN_NONE;
+    int64_t delta = PyLong_AsLongLong(args[2]);
+    if (delta == -1 && PyErr_Occurred())
+        return NULL;
+    int64_t event_time = PyLong_AsLongLong(args[4]);
+    if (event_time == -1 && PyErr_Occurred())
+        return NULL;
 
     /* The Avro body: op ADD (enum index 0), namespace, counter, delta, event time, token, empty item key. */
-    Py_ssize_t avro_cap = 1 + (10 + ns.len) + (10 + counter.len) + 10 + 10 + (10 + token_len) + 1;
-    PyObject *avro = PyBytes_FromStringAndSize(NULL, avro_cap);
-    if (avro == NULL) {
-        Py_DECREF(ns_name);
+    PyObject *avro = PyBytes_FromStringAndSize(NULL, 1 + (10 + ns.len) + (10 + counter.len) + 10 + 10 +
+                                                         (10 + token.len) + 1);
+    if (avro == NULL)
         return NULL;
-    }
     char *out = PyBytes_AS_STRING(avro);
     char *p = out;
     *p++ = 0;
@@ -219,18 +302,14 @@ static PyObject *plain_add(PyObject *self, PyObject *const *args, Py_ssize_t nar
     p = put_string(p, counter.at, counter.len);
     p = put_long(p, delta);
     p = put_long(p, event_time);
-    p = put_string(p, token, token_len);
+    p = put_string(p, token.at, token.len);
     *p++ = 0;
-    if (_PyBytes_Resize(&avro, p - out) < 0) {
-        Py_DECREF(ns_name);
+    if (_PyBytes_Resize(&avro, p - out) < 0)
         return NULL;
-    }
 
     /* The answer, as orjson writes add_json's dict: nothing in these strings needs escaping. */
-    Py_ssize_t answer_cap = 96 + ns.len + counter.len + type_len + token_len;
-    PyObject *answer = PyBytes_FromStringAndSize(NULL, answer_cap);
+    PyObject *answer = PyBytes_FromStringAndSize(NULL, 96 + ns.len + counter.len + type.len + token.len);
     if (answer == NULL) {
-        Py_DECREF(ns_name);
         Py_DECREF(avro);
         return NULL;
     }
@@ -240,51 +319,27 @@ static PyObject *plain_add(PyObject *self, PyObject *const *args, Py_ssize_t nar
     p = put_text(p, "\",\"counter_name\":\"");
     p = put_span(p, counter.at, counter.len);
     p = put_text(p, "\",\"counter_type\":\"");
-    p = put_span(p, type_name, type_len);
+    p = put_span(p, type.at, type.len);
     p = put_text(p, "\",\"durable\":true,\"idempotency_token\":\"");
-    p = put_span(p, token, token_len);
+    p = put_span(p, token.at, token.len);
     p = put_text(p, "\"}");
     if (_PyBytes_Resize(&answer, p - out) < 0) {
-        Py_DECREF(ns_name);
         Py_DECREF(avro);
         return NULL;
     }
-
-    PyObject *counter_name = PyUnicode_FromStringAndSize(counter.at, counter.len);
-    PyObject *delta_obj = PyLong_FromLongLong(delta);
-    if (counter_name == NULL || delta_obj == NULL) {
-        Py_DECREF(ns_name);
-        Py_DECREF(avro);
-        Py_DECREF(answer);
-        Py_XDECREF(counter_name);
-        Py_XDECREF(delta_obj);
-        return NULL;
-    }
-    PyObject *result = PyTuple_New(5);
-    if (result == NULL) {
-        Py_DECREF(ns_name);
-        Py_DECREF(avro);
-        Py_DECREF(answer);
-        Py_DECREF(counter_name);
-        Py_DECREF(delta_obj);
-        return NULL;
-    }
-    PyTuple_SET_ITEM(result, 0, ns_name); /* the tuple takes the references */
-    PyTuple_SET_ITEM(result, 1, counter_name);
-    PyTuple_SET_ITEM(result, 2, delta_obj);
-    PyTuple_SET_ITEM(result, 3, avro);
-    PyTuple_SET_ITEM(result, 4, answer);
-    return result;
+    return Py_BuildValue("(NN)", avro, answer);
 }
 
 static PyMethodDef methods[] = {
-    {"plain_add", (PyCFunction)(void (*)(void))plain_add, METH_FASTCALL,
-     "plain_add(body, namespaces, event_time, token) -> (namespace, counter_name, delta, avro_body, answer) | None"},
+    {"read_add", (PyCFunction)(void (*)(void))read_add, METH_FASTCALL,
+     "read_add(body, namespaces) -> (namespace, counter_name, delta, counter_type, token, generation_time) | None"},
+    {"encode_add", (PyCFunction)(void (*)(void))encode_add, METH_FASTCALL,
+     "encode_add(namespace, counter_name, delta, counter_type, event_time, token) -> (avro_body, answer) | None"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "query_api._plain_add", "A plain durable AddCount parsed and encoded in C.", -1, methods,
+    PyModuleDef_HEAD_INIT, "query_api._plain_add", "A plain durable AddCount read and encoded in C.", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__plain_add(void) {

@@ -1,16 +1,17 @@
-"""A plain durable AddCount parsed and encoded in C (`_plain_add.c`): build it, and load the build of this source.
+"""A plain durable AddCount read and encoded in C (`_plain_add.c`): build it, and load the build of this source.
 
     python -m query_api.plain_add [--quiet]      # compile _plain_add.c with the C compiler Python was built with
 
 Why: at concurrency 32 the API spent about 13 µs of Python per EVENTUAL AddCount (JSON, validation, token, Avro
 body, answer, the response's bookkeeping) where the group-commit floor of bench/RESULTS.md spends 1 µs, and every µs
 of it cost about 1.5% of the write rate on this two-core box. No part was above 1.5 µs, so no trimming in Python
-closed the gap. The C function takes the plainest body ({"namespace", "counter_name", "delta"}, printable ASCII,
-no escapes) and returns the fields, the Avro body and the answer in one call; anything else returns None and goes
-the Python way (query_api.fastpath, then the FastAPI route), so every error keeps its one implementation.
+closed the gap. `read_add` takes the plainest body ({"namespace", "counter_name", "delta"} and optionally an
+"idempotency_token" of "token" and "generation_time"; printable ASCII, no escapes) and returns its fields in one
+call; `encode_add` returns the Avro body and the answer's JSON in one more. Anything else returns None and goes the
+Python way (query_api.fastpath, then the FastAPI route), so every error keeps its one implementation.
 
-`plain_add()` is the build's function while the build's SHA-256 stamp matches the source, else None: an edited
-source is never shadowed by a stale build, and without a C compiler the API runs as before, only slower.
+`plain_add()` is the build while its SHA-256 stamp matches the source, else None: an edited source is never
+shadowed by a stale build, and without a C compiler the API runs as before, only slower.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import os
 import subprocess
 import sysconfig
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol, cast
 
 from schemas.compile import build_command
 
@@ -33,7 +34,14 @@ SOURCE = Path(__file__).with_name("_plain_add.c")
 MODULE = "query_api._plain_add"
 TARGET = SOURCE.with_name("_plain_add" + (sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
-PlainAdd = Callable[[bytes, dict[str, str], int, str], tuple[str, str, int, bytes, bytes] | None]
+class PlainAdd(Protocol):
+    """The build's functions (see _plain_add.c)."""
+
+    def read_add(self, body: bytes, namespaces: dict[str, str], /) -> (
+            tuple[str, str, int, str, str | None, str | int | None] | None): ...
+
+    def encode_add(self, namespace: str, counter_name: str, delta: int, counter_type: str, event_time: int,
+                   token: str, /) -> tuple[bytes, bytes] | None: ...
 
 
 def source_digest() -> str:
@@ -41,8 +49,8 @@ def source_digest() -> str:
 
 
 def plain_add(*, warn: bool = True) -> PlainAdd | None:
-    """The compiled function of the current source, or None (not built, or built from another source: `warn` says
-    so in the log)."""
+    """The build of the current source, or None (not built, or built from another source: `warn` says so in the
+    log)."""
     try:
         module = importlib.import_module(MODULE)
         digest = source_digest()
@@ -53,8 +61,7 @@ def plain_add(*, warn: bool = True) -> PlainAdd | None:
             log.warning("%s was built from another version of %s; plain AddCounts take the Python path (rebuild "
                         "with `python -m query_api.plain_add`)", MODULE, SOURCE.name)
         return None
-    function: PlainAdd = module.plain_add
-    return function
+    return cast(PlainAdd, module)
 
 
 def build() -> Path:

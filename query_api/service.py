@@ -160,6 +160,9 @@ class CounterService:
         self.watermark_us = 0  # the lowest persist watermark stored (`follow_watermark`); 0: not known
         self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
         self._plain_add = plain_add()
+        if self._plain_add is None:
+            log.info("plain AddCounts take the Python path (no current build of query_api/_plain_add.c: "
+                     "`python -m query_api.plain_add` compiles it)")
         # the namespaces whose plain AddCount `write_plain` takes (by name: their counter types' names); those of
         # fastpath.fast_call's durable case where every write is noted for read-your-write
         self.plain_types = {ns.name: ns.counter_type.value for ns in map(registry.__getitem__, registry)
@@ -184,6 +187,16 @@ class CounterService:
         a generation time happens now, which admission always accepts. Dimensions and item are checked against
         the namespace (Rejected naming the field); the max_combinations bound is `check_bound`'s."""
         dims, item = self.extras(ns, dimensions, item, op, delta=delta, item_key=item_key)
+        event_time, event_id = self.event_identity(ns, token, generation_time)
+        if item_key:
+            item_key = validate_item_key(item_key)
+        return Mutation(ns.name, counter, delta if op is MutationOp.ADD else 0, event_time, event_id, item_key, op,
+                        dims, item)
+
+    @staticmethod
+    def event_identity(ns: Namespace, token: str | None, generation_time: str | int | float | None) -> tuple[int, str]:
+        """A write's event time and token: the generation time if given (validated, and refused where the pipeline
+        would dead-letter it: admission), else now; the token if given (validated), else a new one."""
         now = time.time_ns() // 1000
         if generation_time is None:
             event_time = now
@@ -192,11 +205,7 @@ class CounterService:
             reason = admission_error(event_time, now, ns)
             if reason is not None:
                 raise Rejected("idempotency_token.generation_time", reason)
-        event_id = new_token() if token is None else validate_token(token, field="idempotency_token.token")
-        if item_key:
-            item_key = validate_item_key(item_key)
-        return Mutation(ns.name, counter, delta if op is MutationOp.ADD else 0, event_time, event_id, item_key, op,
-                        dims, item)
+        return event_time, new_token() if token is None else validate_token(token, field="idempotency_token.token")
 
     @staticmethod
     def delta_of(ns: Namespace, delta: int | None) -> int:
@@ -284,17 +293,25 @@ class CounterService:
         return Written(ns, counter, m.event_id, m.event_time), acknowledged
 
     def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
-        """`write_durable` for an AddCount body in its plainest form, parsed and encoded in C (query_api.plain_add):
+        """`write_durable` for an AddCount body in its plainest form, read and encoded in C (query_api.plain_add):
         the answer's JSON and the future of the broker's acknowledgement. None when the body is not that form, the
-        namespace is not in `plain_types` or the C build is absent: the caller takes the Python path. Without a
-        generation time or token it is what `mutation` makes of it: the time is now, the token a new one."""
-        if self._plain_add is None:
+        namespace is not in `plain_types`, the token or generation time is invalid (the route names the field) or
+        the C build is absent: the caller takes the Python path. Rejected when admission refuses the time."""
+        plain = self._plain_add
+        if plain is None or (read := plain.read_add(body, self.plain_types)) is None:
             return None
-        event_time, token = time.time_ns() // 1000, new_token()
-        parsed = self._plain_add(body, self.plain_types, event_time, token)
-        if parsed is None:
+        namespace, counter, delta, counter_type, token, generation_time = read
+        if token is None and generation_time is None:  # the commonest write: no validation to do
+            event_time, token = time.time_ns() // 1000, new_token()
+        else:
+            try:
+                event_time, token = self.event_identity(self.registry[namespace], token, generation_time)
+            except ValidationError:
+                return None
+        encoded = plain.encode_add(namespace, counter, delta, counter_type, event_time, token)
+        if encoded is None:  # a token the answer would have to escape
             return None
-        namespace, counter, delta, avro_body, answer = parsed
+        avro_body, answer = encoded
         acknowledged = self.producer.send_body(avro_body)
         self.early.note_event(namespace, counter, (event_time, token, "", delta, False), acknowledged)
         return answer, acknowledged

@@ -1,9 +1,9 @@
-"""query_api._plain_add (C): every body it takes is read as the Python fast path reads it, and encoded and answered
-byte for byte as schemas.codec.mutation_body and query_api.responses.add_json do; the plain bodies it is for are
-all taken; a stale build is never used.
+"""query_api._plain_add (C): every body read_add takes is read as the Python fast path reads it; encode_add encodes
+and answers byte for byte as schemas.codec.mutation_body and query_api.responses.add_json do; the plain bodies it is
+for are all taken; a stale build is never used.
 
 `make test` compiles it (python -m query_api.plain_add); COUNTER_TEST_PURE_PYTHON=1 says no build is expected (a
-machine without a C compiler), and then only the check that no build is used runs its course.
+machine without a C compiler), and then only the check that no stale build is used runs its course.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from query_api.service import Written
 from schemas import INT64_MAX, INT64_MIN, Mutation, MutationOp, ValidationError, mutation_body, validate_counter_name
 
 PURE_ONLY = os.environ.get("COUNTER_TEST_PURE_PYTHON") == "1"
-PLAIN_ADD = plain_add_module.plain_add()
+PLAIN = plain_add_module.plain_add()
 REGISTRY = parse_namespaces({"namespaces": {
     "ev": {"counter_type": "EVENTUAL"},
     "acc": {"counter_type": "ACCURATE"},
@@ -35,14 +35,18 @@ TYPES = {name: REGISTRY[name].counter_type.value for name in REGISTRY
 TOKEN = "0123456789abcdef0123456789abcdef"
 EVENT_TIME = 1_764_125_000_123_456
 
+Reading = tuple[str, str, int, str, Any, Any]
 
-def python_reading(body: bytes) -> tuple[str, str, int] | None:
-    """What query_api.fastpath reads from an AddCount body it serves as a plain durable add, or None."""
+
+def python_reading(body: bytes) -> Reading | None:
+    """What query_api.fastpath reads from an AddCount body it serves as a durable add of a plain namespace (namespace,
+    counter, delta, counter type, token, generation time), or None."""
     try:
         req: Any = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(req, dict) or req.keys() != {"namespace", "counter_name", "delta"}:
+    if not isinstance(req, dict) or not {"namespace", "counter_name", "delta"} <= req.keys() <= {
+            "namespace", "counter_name", "delta", "idempotency_token"}:
         return None
     namespace, counter, delta = req["namespace"], req["counter_name"], req["delta"]
     if type(namespace) is not str or namespace not in TYPES:
@@ -53,13 +57,19 @@ def python_reading(body: bytes) -> tuple[str, str, int] | None:
         return None
     if type(delta) is not int or not INT64_MIN <= delta <= INT64_MAX:
         return None
-    return namespace, counter, delta
+    token, when = None, None
+    if "idempotency_token" in req:
+        spec = req["idempotency_token"]
+        if not (type(spec) is dict and spec.keys() <= {"token", "generation_time"} and type(spec.get("token")) is str):
+            return None
+        token, when = spec["token"], spec.get("generation_time")
+    return namespace, counter, delta, TYPES[namespace], token, when
 
 
 def test_the_api_uses_the_build_of_the_current_source() -> None:
-    assert PLAIN_ADD is not None or PURE_ONLY, "no build of query_api/_plain_add.c: run `python -m query_api.plain_add`"
-    if PLAIN_ADD is not None:
-        assert type(PLAIN_ADD).__name__ == "builtin_function_or_method"  # C, not a Python function
+    assert PLAIN is not None or PURE_ONLY, "no build of query_api/_plain_add.c: run `python -m query_api.plain_add`"
+    if PLAIN is not None:
+        assert type(PLAIN.read_add).__name__ == type(PLAIN.encode_add).__name__ == "builtin_function_or_method"
 
 
 def test_a_build_of_another_source_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -67,11 +77,11 @@ def test_a_build_of_another_source_is_not_used(monkeypatch: pytest.MonkeyPatch) 
     assert plain_add_module.plain_add(warn=False) is None
 
 
-def needs_build() -> Any:
-    if PLAIN_ADD is None:
+def needs_build() -> plain_add_module.PlainAdd:
+    if PLAIN is None:
         assert PURE_ONLY, "no compiled build to test"
         pytest.skip("COUNTER_TEST_PURE_PYTHON=1: no C build on this machine")
-    return PLAIN_ADD
+    return PLAIN
 
 
 # -- bodies -------------------------------------------------------------------------------------------------------
@@ -81,23 +91,35 @@ names = st.sampled_from([*sorted(REGISTRY.names()), "unknown", ""]) | plain_text
 deltas = st.integers(INT64_MIN, INT64_MAX) | st.sampled_from([0, -1, 1, INT64_MIN, INT64_MAX, INT64_MAX + 1,
                                                                INT64_MIN - 1, 10**30])
 spaces = st.text(" \t\r\n", max_size=3)
-
-
-@st.composite
-def plain_bodies(draw: st.DrawFn) -> bytes:
-    """Bodies in the plain form: the three keys in any order, whitespace between tokens."""
-    values = {"namespace": orjson.dumps(draw(names)), "counter_name": orjson.dumps(draw(plain_text)),
-              "delta": b"%d" % draw(deltas)}
-    keys = draw(st.permutations(list(values)))
-    ws = lambda: draw(spaces).encode()  # noqa: E731
-    members = [ws() + b'"%s"' % k.encode() + ws() + b":" + ws() + values[k] + ws() for k in keys]
-    return ws() + b"{" + b",".join(members) + b"}" + ws()
-
-
 scalars = st.none() | st.booleans() | st.integers(INT64_MIN, INT64_MAX) | st.floats(allow_nan=False) | st.text()
 json_values = st.recursive(scalars,
                            lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
                            max_leaves=5)
+
+
+@st.composite
+def plain_objects(draw: st.DrawFn, members: dict[str, bytes]) -> bytes:
+    """A JSON object of these members (raw values) in any order, whitespace between tokens."""
+    ws = lambda: draw(spaces).encode()  # noqa: E731
+    keys = draw(st.permutations(list(members)))
+    return ws() + b"{" + b",".join(ws() + b'"%s"' % k.encode() + ws() + b":" + ws() + members[k] + ws()
+                                   for k in keys) + b"}" + ws()
+
+
+@st.composite
+def plain_bodies(draw: st.DrawFn) -> bytes:
+    """Bodies in the plain form: the three keys, maybe a token (and a generation time, a string or an integer)."""
+    members = {"namespace": orjson.dumps(draw(names)), "counter_name": orjson.dumps(draw(plain_text)),
+               "delta": b"%d" % draw(deltas)}
+    if draw(st.booleans()):
+        token = {"token": orjson.dumps(draw(plain_text))}
+        when = draw(st.none() | plain_text | st.sampled_from(["2026-11-26T03:00:00Z", "2026-11-26T03:00:00.123Z"])
+                    | st.integers(INT64_MIN, INT64_MAX)  # beyond 64 bits: the Python path refuses it
+                    | st.sampled_from([1_764_126_000, 1_764_126_000_123, 1_764_126_000_123_456]))
+        if when is not None:
+            token["generation_time"] = orjson.dumps(when) if isinstance(when, str) else b"%d" % when
+        members["idempotency_token"] = draw(plain_objects(token))
+    return draw(plain_objects(members))
 
 
 @st.composite
@@ -108,6 +130,9 @@ def other_bodies(draw: st.DrawFn) -> bytes:
     for key in draw(st.lists(st.sampled_from(["namespace", "counter_name", "delta", "idempotency_token", "x"]),
                              max_size=2)):
         body[key] = draw(json_values | names)
+    if draw(st.booleans()):
+        body["idempotency_token"] = draw(st.dictionaries(st.sampled_from(["token", "generation_time", "x"]),
+                                                         json_values | plain_text, max_size=3))
     raw = orjson.dumps(body)
     if draw(st.booleans()):  # a duplicate key, as text
         raw = raw[:-1] + b',"delta":%d}' % draw(deltas)
@@ -128,7 +153,7 @@ def corrupted(bodies: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
 # -- the properties -----------------------------------------------------------------------------------------------
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(plain_bodies() | other_bodies() | corrupted(plain_bodies()))
 @example(b'{"namespace":"ev","counter_name":"c","delta":-0}')
 @example(b'{"namespace":"ev","counter_name":"c","delta":01}')
@@ -139,43 +164,48 @@ def corrupted(bodies: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
 @example(b'{"namespace":"ev","counter_name":"c","delta":1,"delta":2}')
 @example(b'{"namespace":"ev","counter_name":"' + b"x" * 201 + b'","delta":1}')
 @example(b'\xef\xbb\xbf{"namespace":"ev","counter_name":"c","delta":1}')
-def test_a_body_taken_is_read_encoded_and_answered_as_the_python_path_does(body: bytes) -> None:
-    plain_add = needs_build()
-    taken = plain_add(body, TYPES, EVENT_TIME, TOKEN)
-    expected = python_reading(body)
-    if taken is None:
-        return
-    assert expected is not None, f"taken, but not a plain add to the Python path: {body!r}"
-    namespace, counter, delta, avro_body, answer = taken
-    assert (namespace, counter, delta) == expected
-    mutation = Mutation(namespace, counter, delta, EVENT_TIME, TOKEN, "", MutationOp.ADD, (), "")
-    assert avro_body == mutation_body(mutation)
-    assert answer == add_json(Written(REGISTRY[namespace], counter, TOKEN, EVENT_TIME))
+@example(b'{"namespace":"ev","counter_name":"c","delta":1,"idempotency_token":{}}')
+@example(b'{"namespace":"ev","counter_name":"c","delta":1,"idempotency_token":{"generation_time":1}}')
+@example(b'{"namespace":"ev","counter_name":"c","delta":1,"idempotency_token":{"token":"t","token":"u"}}')
+@example(b'{"namespace":"ev","counter_name":"c","delta":1,"idempotency_token":{"token":"t","generation_time":1.5}}')
+@example(b'{"namespace":"ev","counter_name":"c","delta":1,"idempotency_token":null}')
+@example(b'{"namespace":"ev","counter_name":"c","delta":1,"idempotency_token":{"token":"t"},"idempotency_token":{}}')
+def test_a_body_taken_is_read_as_the_python_path_reads_it(body: bytes) -> None:
+    taken = needs_build().read_add(body, TYPES)
+    if taken is not None:
+        assert taken == python_reading(body), f"taken, but not so by the Python path: {body!r}"
 
 
-@settings(max_examples=800, deadline=None)
-@given(plain_bodies(), st.integers(INT64_MIN, INT64_MAX), plain_text)  # any token the answer writes unescaped
-def test_every_plain_body_of_a_plain_namespace_is_taken(body: bytes, event_time: int, token: str) -> None:
-    plain_add = needs_build()
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_bodies())
+def test_every_plain_body_of_a_plain_namespace_is_taken(body: bytes) -> None:
     expected = python_reading(body)
-    taken = plain_add(body, TYPES, event_time, token)
-    if expected is None:  # unknown namespace, a name the validation refuses, a delta beyond 64 bits
-        assert taken is None
+    assert needs_build().read_add(body, TYPES) == expected, body  # None: unknown namespace, invalid name or delta
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.sampled_from(sorted(TYPES)), plain_text.filter(lambda name: 0 < len(name) <= 200 and " " not in name),
+       st.integers(INT64_MIN, INT64_MAX), st.integers(INT64_MIN, INT64_MAX), plain_text | st.text(max_size=8))
+@example("ev", "c", 1, EVENT_TIME, 'a"b')
+@example("ev", "c", 1, EVENT_TIME, "a\\b")
+@example("ev", "c", 1, EVENT_TIME, "a\x7fb")
+@example("ev", "c", 1, EVENT_TIME, "caf\u00e9")
+def test_encode_add_is_mutation_body_and_add_json(namespace: str, counter: str, delta: int, event_time: int,
+                                                  token: str) -> None:
+    encoded = needs_build().encode_add(namespace, counter, delta, TYPES[namespace], event_time, token)
+    if not (token.isascii() and token.isprintable() and '"' not in token and "\\" not in token):
+        assert encoded is None, "a token the answer would escape"  # the Python path answers it
         return
-    assert taken is not None, body
-    namespace, counter, delta = expected
-    assert taken[3] == mutation_body(Mutation(namespace, counter, delta, event_time, token, "", MutationOp.ADD, (), ""))
-    assert taken[4] == add_json(Written(REGISTRY[namespace], counter, token, event_time))
+    mutation = Mutation(namespace, counter, delta, event_time, token, "", MutationOp.ADD, (), "")
+    assert encoded == (mutation_body(mutation), add_json(Written(REGISTRY[namespace], counter, token, event_time)))
 
 
 def test_what_is_not_for_this_path_is_left_to_the_python_path() -> None:
-    plain_add = needs_build()
+    plain = needs_build()
     body = b'{"namespace":"%s","counter_name":"c","delta":1}'
-    assert plain_add(body % b"ev", TYPES, EVENT_TIME, TOKEN) is not None
-    assert plain_add(body % b"be", TYPES, EVENT_TIME, TOKEN) is None  # BEST_EFFORT: not in the namespaces given
-    for token in ("t\u00e9", 't"', "t\\", "t\n"):  # a token JSON would escape (the API's never need it)
-        assert plain_add(body % b"ev", TYPES, EVENT_TIME, token) is None, token
+    assert plain.read_add(body % b"ev", TYPES) == ("ev", "c", 1, "EVENTUAL", None, None)
+    assert plain.read_add(body % b"be", TYPES) is None  # BEST_EFFORT: not in the namespaces given
     with pytest.raises(OverflowError):
-        plain_add(body % b"ev", TYPES, 2**64, TOKEN)
+        plain.encode_add("ev", "c", 1, "EVENTUAL", 2**64, TOKEN)
     with pytest.raises(TypeError):
-        plain_add(body.decode(), TYPES, EVENT_TIME, TOKEN)
+        plain.read_add(body.decode(), TYPES)  # type: ignore[arg-type]

@@ -8,12 +8,13 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
 import pytest
 
 from control_plane import default_config_path, load_namespaces
 from query_api import service as service_module
 from query_api.responses import add_json
-from query_api.service import CounterService
+from query_api.service import CounterService, Rejected
 from schemas import Mutation, MutationOp, mutation_body
 
 REGISTRY = load_namespaces(default_config_path())
@@ -63,16 +64,17 @@ class BodyRecordingProducer(RecordingProducer):
         return super().send([], False)
 
 
-@pytest.mark.parametrize("ns_name", ["my_dataset", "my_dataset_accurate"])
-def test_a_plain_add_is_sent_noted_and_answered_as_write_durable_does(monkeypatch: pytest.MonkeyPatch,
-                                                                      ns_name: str) -> None:
-    """write_plain (the C path) against write_durable for the same AddCount: the same record body, the same event
-    noted for read-your-write, the same answer; with the time and token they would both draw fixed."""
-    if service_module.plain_add() is None:
-        assert os.environ.get("COUNTER_TEST_PURE_PYTHON") == "1", "no C build: run `python -m query_api.plain_add`"
-        pytest.skip("COUNTER_TEST_PURE_PYTHON=1: no C build on this machine")
-    monkeypatch.setattr(service_module.time, "time_ns", lambda: 1_764_125_000_123_456_789)
-    monkeypatch.setattr(service_module, "new_token", lambda: "0123456789abcdef0123456789abcdef")
+TOKENS = [None, {"token": "retry-safe-1"}, {"token": "retry-safe-2", "generation_time": "2026-11-26T03:00:00.5Z"},
+          {"token": "retry-safe-3", "generation_time": 1_795_662_000_250}]
+NOW_NS = 1_795_662_001_123_456_789  # a second after the generation times above: inside every accept window
+
+
+def plain_and_durable(ns_name: str, token: dict[str, Any] | None) -> tuple[list[Any], ...]:
+    """What write_plain (the C path) and write_durable do for the same AddCount: (bodies sent, read-your-write marks,
+    the events noted for read-your-write, the answer) of each."""
+    body: dict[str, Any] = {"namespace": ns_name, "counter_name": "c-1", "delta": -7}
+    if token is not None:
+        body["idempotency_token"] = token
 
     async def scenario() -> tuple[list[Any], ...]:
         sent = []
@@ -81,29 +83,68 @@ def test_a_plain_add_is_sent_noted_and_answered_as_write_durable_does(monkeypatc
             svc = CounterService(REGISTRY, producer=producer, signals=None, events=None, rollups=None,  # type: ignore[arg-type]
                                  cache=None, counters=None)  # type: ignore[arg-type]
             if plain:
-                result = svc.write_plain(b'{"namespace": "%s", "counter_name": "c-1", "delta": -7}' % ns_name.encode())
+                result = svc.write_plain(orjson.dumps(body))
                 assert result is not None, "the plain body was not taken"
                 answer = result[0]
             else:
-                written, _ = svc.write_durable(REGISTRY[ns_name], "c-1", -7, MutationOp.ADD, None, None)
+                written, _ = svc.write_durable(REGISTRY[ns_name], "c-1", -7, MutationOp.ADD, token and token["token"],
+                                               token and token.get("generation_time"))
                 answer = add_json(written)
             noted = [(key, writes[:-1]) for generation in svc.early._generations
                      for key, writes in generation.writes.items()]  # the acknowledgement future left out
             sent.append((producer.bodies, producer.marked, noted, answer))
         return tuple(sent)
 
-    via_plain, via_durable = asyncio.run(scenario())
+    return asyncio.run(scenario())
+
+
+@pytest.fixture
+def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The time and the new token both paths would draw, fixed."""
+    if service_module.plain_add() is None:
+        assert os.environ.get("COUNTER_TEST_PURE_PYTHON") == "1", "no C build: run `python -m query_api.plain_add`"
+        pytest.skip("COUNTER_TEST_PURE_PYTHON=1: no C build on this machine")
+    monkeypatch.setattr(service_module.time, "time_ns", lambda: NOW_NS)
+    monkeypatch.setattr(service_module, "new_token", lambda: "0123456789abcdef0123456789abcdef")
+
+
+@pytest.mark.parametrize("ns_name", ["my_dataset", "my_dataset_accurate"])
+@pytest.mark.parametrize("token", TOKENS, ids=["no token", "token", "token and ISO time", "token and epoch ms"])
+def test_a_plain_add_is_sent_noted_and_answered_as_write_durable_does(fixed_clock: None, ns_name: str,
+                                                                      token: dict[str, Any] | None) -> None:
+    via_plain, via_durable = plain_and_durable(ns_name, token)
     assert via_plain == via_durable
-    assert via_plain[2] == [(f"{ns_name}:c-1", [1_764_125_000_123_456, "0123456789abcdef0123456789abcdef", "", -7,
-                                                False])]
+    event_time = {None: NOW_NS // 1000, "retry-safe-1": NOW_NS // 1000, "retry-safe-2": 1_795_662_000_500_000,
+                  "retry-safe-3": 1_795_662_000_250_000}[token and token["token"]]
+    event_id = (token or {}).get("token", "0123456789abcdef0123456789abcdef")
+    assert via_plain[2] == [(f"{ns_name}:c-1", [event_time, event_id, "", -7, False])]
 
 
-def test_write_plain_declines_what_is_not_a_plain_add_of_a_plain_namespace() -> None:
+def test_write_plain_refuses_a_time_admission_refuses_as_write_durable_does(fixed_clock: None) -> None:
+    async def scenario() -> None:
+        svc = CounterService(REGISTRY, producer=BodyRecordingProducer(), signals=None, events=None,  # type: ignore[arg-type]
+                             rollups=None, cache=None, counters=None)  # type: ignore[arg-type]
+        old = {"token": "t", "generation_time": "2026-01-01T00:00:00Z"}  # far outside the accept window
+        with pytest.raises(Rejected) as via_plain:
+            svc.write_plain(orjson.dumps({"namespace": "my_dataset", "counter_name": "c", "delta": 1,
+                                          "idempotency_token": old}))
+        with pytest.raises(Rejected) as via_durable:
+            svc.write_durable(REGISTRY["my_dataset"], "c", 1, MutationOp.ADD, "t", old["generation_time"])
+        assert (via_plain.value.field, str(via_plain.value)) == (via_durable.value.field, str(via_durable.value))
+        assert svc.producer.bodies == []  # type: ignore[attr-defined]  # nothing sent
+
+    asyncio.run(scenario())
+
+
+def test_write_plain_declines_what_is_not_a_plain_add_of_a_plain_namespace(fixed_clock: None) -> None:
     async def scenario() -> list[Any]:
         svc = CounterService(REGISTRY, producer=RecordingProducer(), signals=None, events=None,  # type: ignore[arg-type]
                              rollups=None, cache=None, counters=None)  # type: ignore[arg-type]
         return [svc.write_plain(b'{"namespace": "%s", "counter_name": "c", "delta": 1%s}' % (ns, extra))
                 for ns, extra in [(b"plays", b""),  # dimensions declared: the worker expands them
-                                  (b"my_dataset", b', "idempotency_token": {"token": "t"}')]]
+                                  (b"my_dataset", b', "idempotency_token": {"token": ""}'),  # the route names it
+                                  (b"my_dataset", b', "idempotency_token": {"token": "t", "generation_time": "x"}'),
+                                  (b"my_dataset", b', "idempotency_token": {"token": "caf\\u00e9"}'),  # an escape
+                                  ]]
 
-    assert asyncio.run(scenario()) == [None, None]
+    assert asyncio.run(scenario()) == [None, None, None, None]
