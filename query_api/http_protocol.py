@@ -105,7 +105,10 @@ class _Answers:
         head = _HEADS.get(waiting[0].server_state.default_headers, status)  # the server's: one for all connections
         for i in range(0, len(waiting), 4):
             protocol, cycle, answer, _started = waiting[i:i + 4]
-            protocol._respond_with(cycle, head, failure or answer)
+            try:
+                protocol._respond_with(cycle, head, failure or answer)
+            except Exception:  # one connection's trouble must not leave the record's other writes unanswered
+                log.exception("answering a plain AddCount failed")
         now = time.perf_counter()
         metrics.record_many(ADD_COUNT_ENDPOINT, status, [now - started for started in waiting[3::4]])
 

@@ -554,6 +554,23 @@ def test_a_plain_add_whose_client_left_or_asked_to_close(run, recorded) -> None:
     run(scenario)
 
 
+def test_one_connection_failing_to_write_leaves_the_others_of_its_record_answered(run, caplog) -> None:
+    async def scenario() -> None:
+        service, bodies = plain_service("broken", "fine")
+        broken, fine = (Connection(service) for _ in bodies)
+
+        def refuse(data: bytes) -> None:
+            raise OSError("the socket refused the write")
+        broken.transport.write = refuse  # type: ignore[method-assign]
+        broken.send(post("/v1/AddCount", bodies["broken"]))
+        fine.send(post("/v1/AddCount", bodies["fine"]))
+        service.settle(None)
+        await until(lambda: fine.transport.data, "the other connection's response")
+        assert fine.transport.take() == fast_response(200, service.plain[bodies["fine"]])
+    run(scenario)
+    assert "answering a plain AddCount failed" in caplog.text
+
+
 def test_a_body_write_plain_declines_takes_the_python_fast_path(run) -> None:
     async def scenario() -> None:
         service, _ = plain_service("a")
