@@ -104,7 +104,8 @@ static const char *plain_scalar(const char *p, const char *end, span *text, int6
     return *is_text ? plain_string(p, end, text) : plain_integer(p, end, number);
 }
 
-/* The fields of a plain body (read_add); `token.at` and `when.at` are NULL where absent. */
+/* The fields of a plain body (read_add): `token.at` is NULL where there is no token, `has_when` says whether a
+   generation time was given, and `when_is_text` whether as a string (`when`) or an integer (`when_number`). */
 typedef struct {
     span ns, counter, token, when;
     int64_t delta, when_number;
@@ -237,25 +238,27 @@ static PyObject *read_add(PyObject *self, PyObject *const *args, Py_ssize_t narg
     PyObject *ns = PyUnicode_FromStringAndSize(b.ns.at, b.ns.len); /* ASCII: valid UTF-8 */
     if (ns == NULL)
         return NULL;
-    PyObject *counter_type = PyDict_GetItemWithError(args[1], ns); /* borrowed */
+    PyObject *counter_type = PyDict_GetItemWithError(args[1], ns);
     if (counter_type == NULL) {
         Py_DECREF(ns);
         if (PyErr_Occurred())
             return NULL;
         Py_RETURN_NONE; /* not a namespace of this path: the Python path decides */
     }
+    Py_INCREF(counter_type); /* borrowed from the dict: ours from here, whatever the allocations below run */
     PyObject *token = b.token.at == NULL ? Py_NewRef(Py_None) : PyUnicode_FromStringAndSize(b.token.at, b.token.len);
     PyObject *when = !b.has_when ? Py_NewRef(Py_None)
                      : b.when_is_text ? PyUnicode_FromStringAndSize(b.when.at, b.when.len)
                      : PyLong_FromLongLong(b.when_number);
     if (token == NULL || when == NULL) {
         Py_DECREF(ns);
+        Py_DECREF(counter_type);
         Py_XDECREF(token);
         Py_XDECREF(when);
         return NULL;
     }
     /* N: the tuple takes these references (and drops them if it cannot be built) */
-    return Py_BuildValue("(Ns#LONN)", ns, b.counter.at, b.counter.len, (long long)b.delta, counter_type, token, when);
+    return Py_BuildValue("(Ns#LNNN)", ns, b.counter.at, b.counter.len, (long long)b.delta, counter_type, token, when);
 }
 
 /* Whether `text` is printable ASCII without '"' or '\\' (written into JSON as it is); its bytes and length. */
