@@ -3,7 +3,9 @@
 Why: at concurrency 32 a cached GetCount spent about 60% of the event loop in ASGI plumbing (scope, receive
 and send messages, middleware, routing) around a single memcached round trip. For a POST to one of
 `fastpath.FAST_PATHS` this protocol keeps the body, asks `fastpath.fast_call` whether it is the plain case,
-and if so writes the response itself from a done callback on the service's awaitable. Anything else (other
+and if so writes the response itself from a done callback on the service's awaitable. A plain durable AddCount
+goes first to `CounterService.write_plain` (read and encoded in C, query_api.plain_add), and the AddCounts of one
+group-commit record are answered together in one callback on its acknowledgement (`_Answers`). Anything else (other
 paths, API keys, invalid bodies, pipelined requests behind a busy one, `Expect: 100-continue`) is replayed
 into uvicorn's own request cycle unchanged, so the FastAPI app answers it as before.
 
