@@ -13,8 +13,7 @@ topic of the same shape that no worker reads. AddAndGetCount (read-your-write: a
 back) is measured at the middle concurrency, and there too EVENTUAL AddCount as the Netflix post's request has it,
 with an `idempotency_token` (a token of its own and the current time as `generation_time`, made per request by the
 load generator, as a client retrying safely does). Every phase runs once per round; figures are medians over the
-rounds.
-At the end the benchmark waits until every acknowledged write is counted in the rollup store, exactly.
+rounds. At the end the benchmark waits until every acknowledged write is counted in the rollup store, exactly.
 
 Three ceilings, measured in the same rounds, say where the gap to the raw produce comes from: the HTTP floor (a
 no-op uvloop + httptools server, `bench.http_floor`) at each concurrency, what one HTTP exchange costs the load
