@@ -20,7 +20,16 @@
    `event_time` with token `token` and no item key; `answer` is the AddCount response JSON
    query_api.responses.add_json writes. None when a string is not printable ASCII without '"' or '\' (the answer
    would need escapes). Tests hold both byte-equal to those functions, and every body read_add takes to what the
-   Python fast path (query_api.fastpath) reads from it. */
+   Python fast path (query_api.fastpath) reads from it.
+
+   plain_request(data: bytes) -> body: bytes | None
+
+   The body of `data` when `data` is exactly one complete request "POST /v1/AddCount HTTP/1.1" whose headers are
+   all of a few plain kinds (Host, Content-Type, Content-Length once, User-Agent, Accept, Accept-Encoding, Connection:
+   keep-alive; names in any case, values printable ASCII) and whose body is exactly Content-Length bytes, at most
+   MAX_REQUEST_BODY: what a keep-alive client sends for one AddCount, read without the HTTP parser's callbacks (one
+   Python call each: query_api.http_protocol). Anything else returns None and goes to the parser. Tests hold every
+   request it takes to what httptools reads from it. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -333,7 +342,95 @@ static PyObject *encode_add(PyObject *self, PyObject *const *args, Py_ssize_t na
     return Py_BuildValue("(NN)", avro, answer);
 }
 
+#define MAX_REQUEST_BODY (16 * 1024) /* query_api.http_protocol.MAX_FAST_BODY */
+#define REQUEST_LINE "POST /v1/AddCount HTTP/1.1\r\n"
+
+/* Whether [at, at + len) equals `lower` ignoring ASCII case (`lower` is lower case). */
+static int name_is(const char *at, Py_ssize_t len, const char *lower) {
+    if ((size_t)len != strlen(lower))
+        return 0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        char c = at[i];
+        if (c >= 'A' && c <= 'Z')
+            c = (char)(c - 'A' + 'a');
+        if (c != lower[i])
+            return 0;
+    }
+    return 1;
+}
+
+static PyObject *plain_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 1 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "plain_request(data: bytes)");
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(args[0]);
+    const char *end = p + PyBytes_GET_SIZE(args[0]);
+    size_t line = strlen(REQUEST_LINE);
+    if ((size_t)(end - p) < line || memcmp(p, REQUEST_LINE, line) != 0)
+        Py_RETURN_NONE;
+    p += line;
+    Py_ssize_t length = -1;
+    for (;;) { /* header lines, up to the empty line */
+        if (end - p >= 2 && p[0] == '\r' && p[1] == '\n') {
+            p += 2;
+            break;
+        }
+        const char *name = p;
+        while (p < end && *p != ':') {
+            char c = *p;
+            int token = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+            if (!token)
+                Py_RETURN_NONE; /* not a plain header name (or an empty line missing, or folding) */
+            p++;
+        }
+        if (p >= end || p == name)
+            Py_RETURN_NONE;
+        Py_ssize_t name_len = p - name;
+        p++;
+        while (p < end && (*p == ' ' || *p == '\t'))
+            p++;
+        const char *value = p;
+        while (p < end && *p != '\r') {
+            unsigned char c = (unsigned char)*p;
+            if ((c < 0x20 && c != '\t') || c > 0x7e)
+                Py_RETURN_NONE;
+            p++;
+        }
+        if (end - p < 2 || p[1] != '\n')
+            Py_RETURN_NONE;
+        const char *value_end = p;
+        while (value_end > value && (value_end[-1] == ' ' || value_end[-1] == '\t'))
+            value_end--;
+        p += 2;
+        Py_ssize_t value_len = value_end - value;
+        if (name_is(name, name_len, "content-length")) {
+            if (length >= 0 || value_len < 1 || value_len > 6)
+                Py_RETURN_NONE;
+            length = 0;
+            for (Py_ssize_t i = 0; i < value_len; i++) {
+                if (value[i] < '0' || value[i] > '9')
+                    Py_RETURN_NONE;
+                length = length * 10 + (value[i] - '0');
+            }
+        } else if (name_is(name, name_len, "connection")) {
+            if (!name_is(value, value_len, "keep-alive"))
+                Py_RETURN_NONE; /* close, upgrade, anything else: the parser and uvicorn decide */
+        } else if (!name_is(name, name_len, "host") && !name_is(name, name_len, "content-type") &&
+                   !name_is(name, name_len, "user-agent") && !name_is(name, name_len, "accept") &&
+                   !name_is(name, name_len, "accept-encoding")) {
+            Py_RETURN_NONE; /* Expect, Transfer-Encoding, Upgrade, an API key...: not the plain case */
+        }
+    }
+    if (length < 0 || length > MAX_REQUEST_BODY || end - p != length)
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize(p, length);
+}
+
 static PyMethodDef methods[] = {
+    {"plain_request", (PyCFunction)(void (*)(void))plain_request, METH_FASTCALL,
+     "plain_request(data) -> body | None: the body of exactly one plain AddCount request"},
     {"read_add", (PyCFunction)(void (*)(void))read_add, METH_FASTCALL,
      "read_add(body, namespaces) -> (namespace, counter_name, delta, counter_type, token, generation_time) | None"},
     {"encode_add", (PyCFunction)(void (*)(void))encode_add, METH_FASTCALL,

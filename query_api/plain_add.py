@@ -43,6 +43,8 @@ class PlainAdd(Protocol):
     def encode_add(self, namespace: str, counter_name: str, delta: int, counter_type: str, event_time: int,
                    token: str, /) -> tuple[bytes, bytes] | None: ...
 
+    def plain_request(self, data: bytes, /) -> bytes | None: ...
+
 
 def source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()

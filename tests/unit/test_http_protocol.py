@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import re
 from collections.abc import Awaitable, Callable, Coroutine
 from http import HTTPStatus
@@ -62,10 +63,11 @@ UVICORN_METHODS = {
     "on_response_complete": "RequestResponseCycle's on_response: starts the next pipelined request, arms keep-alive",
     "_unset_keepalive_if_required": "called by data_received/connection_lost: ours marks the connection busy",
     "connection_lost": "extended to cancel the keep-alive timer",
+    "data_received": "overridden for a whole plain AddCount (no parser); otherwise uvicorn's, which must call "
+                     "_unset_keepalive_if_required before feeding the parser",
     # used, not overridden
     "on_url": "parser callback filling self.url",
     "on_header": "parser callback filling self.headers and self.expect_100_continue",
-    "data_received": "must call _unset_keepalive_if_required before feeding the parser",
     "_start_asgi_task": "called with (cycle, app) popped from self.pipeline",
     "timeout_keep_alive_handler": "closes an idle connection",
     "shutdown": "reads self.cycle.response_complete and clears self.cycle.keep_alive (FastCycle has both)",
@@ -170,10 +172,14 @@ class FakeService:
         self.futures: list[asyncio.Future[Any]] = []
         self.write_raises: BaseException | None = None
         self.plain: dict[bytes, bytes] = {}  # write_plain's answers by body; any other body: None (the Python path)
+        self.plain_raises: dict[bytes, Exception] = {}  # bodies write_plain refuses (as admission does)
 
     def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
         """As CounterService.write_plain: the bodies of `plain` share one future per loop pass, as group commit's
         records do."""
+        if body in self.plain_raises:
+            self.calls.append(("write_plain", body))
+            raise self.plain_raises[body]
         answer = self.plain.get(body)
         if answer is None:
             return None
@@ -569,6 +575,81 @@ def test_one_connection_failing_to_write_leaves_the_others_of_its_record_answere
         assert fine.transport.take() == fast_response(200, service.plain[bodies["fine"]])
     run(scenario)
     assert "answering a plain AddCount failed" in caplog.text
+
+
+SHORTCUT = http_protocol._PLAIN_REQUEST is not None  # the C build reads whole plain requests (else: the parser)
+if not SHORTCUT:
+    assert os.environ.get("COUNTER_TEST_PURE_PYTHON") == "1", "no C build: run `python -m query_api.plain_add`"
+
+
+@pytest.fixture
+def messages_begun(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many requests the HTTP parser began (CounterHttpProtocol.on_message_begin calls)."""
+    begun = [0]
+    original = CounterHttpProtocol.on_message_begin
+
+    def counting(self: CounterHttpProtocol) -> None:
+        begun[0] += 1
+        original(self)
+    monkeypatch.setattr(CounterHttpProtocol, "on_message_begin", counting)
+    return begun
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_a_plain_addcount_arriving_whole_skips_the_parser(run, recorded, messages_begun, chunks) -> None:
+    """A chunk that is exactly one plain AddCount request goes straight to write_plain; the same request in two
+    chunks goes through the parser. Both are answered alike, and the connection serves the next request."""
+    async def scenario() -> None:
+        service, bodies = plain_service("a", "b")
+        c = Connection(service)
+        for counter in ("a", "b"):
+            request = post("/v1/AddCount", bodies[counter])
+            for part in (request,) if chunks == 1 else (request[:30], request[30:]):
+                c.send(part)
+            assert service.calls[-1] == ("write_plain", bodies[counter])
+            service.settle(None)
+            await until(lambda: c.transport.data, "the response")
+            assert c.transport.take() == fast_response(200, service.plain[bodies[counter]])
+        assert messages_begun[0] == (0 if SHORTCUT and chunks == 1 else 2)
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", 200)] * 2
+        assert c.server_state.total_requests == 2 and c.server_state.tasks == set()
+        assert not c.transport.closed
+    run(scenario)
+
+
+def test_a_plain_addcount_behind_a_pending_one_waits_its_turn(run) -> None:
+    """While a fast request is in flight the next one is not taken whole: the parser queues it for the app."""
+    async def scenario() -> None:
+        service, bodies = plain_service("first", "second")
+        c = Connection(service)
+        c.send(post("/v1/AddCount", bodies["first"]))
+        c.send(post("/v1/AddCount", bodies["second"]))
+        assert service.calls == [("write_plain", bodies["first"])]
+        await spin()
+        assert c.transport.data == b"" and c.app.requests == []
+        service.settle(None)
+        expected = fast_response(200, service.plain[bodies["first"]]) + app_response(
+            "POST", "/v1/AddCount", len(bodies["second"]))
+        await until(lambda: len(c.transport.data) >= len(expected), "both responses")
+        assert c.transport.take() == expected
+    run(scenario)
+
+
+def test_a_write_refused_when_taken_whole_is_answered_as_the_parser_path_answers_it(run, recorded) -> None:
+    async def scenario() -> None:
+        service, _ = plain_service()
+        body = orjson.dumps({"namespace": "ev", "counter_name": "c", "delta": 1,
+                             "idempotency_token": {"token": "t", "generation_time": "2024-01-01T00:00:00Z"}})
+        refusal = Rejected("idempotency_token.generation_time", "outside the accept window")
+        service.plain_raises[body] = refusal
+        c = Connection(service)
+        c.send(post("/v1/AddCount", body))
+        await until(lambda: c.transport.data, "the error response")
+        assert c.transport.take() == fast_response(422, orjson.dumps(error_response(refusal)[1]))
+        # refused once when taken whole (nothing sent), then again on the parser's way, which answers it
+        assert service.calls == [("write_plain", body)] * (2 if SHORTCUT else 1)
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", 422)]
+    run(scenario)
 
 
 def test_a_body_write_plain_declines_takes_the_python_fast_path(run) -> None:

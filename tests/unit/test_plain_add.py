@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+import httptools
 import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -229,3 +230,98 @@ def test_no_reference_is_leaked_or_lost() -> None:
     after = sys.getrefcount(counter_type), sys.getrefcount(token), sys.getrefcount(body), sys.getrefcount(None)
     assert after[:3] == before[:3]
     assert abs(after[3] - before[3]) < 1_000
+
+
+# -- plain_request: one whole AddCount request, read without the HTTP parser ---------------------------------------
+
+class ParsedRequests:
+    """What httptools reads from a chunk: every message's method, URL, version, keep-alive, headers and body."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.parser = httptools.HttpRequestParser(self)
+
+    def on_message_begin(self) -> None:
+        self.messages.append({"url": b"", "headers": [], "body": b"", "complete": False})
+
+    def on_url(self, url: bytes) -> None:
+        self.messages[-1]["url"] += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.messages[-1]["headers"].append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        m = self.messages[-1]
+        m["method"], m["version"] = self.parser.get_method(), self.parser.get_http_version()
+        m["keep_alive"], m["upgrade"] = self.parser.should_keep_alive(), self.parser.should_upgrade()
+
+    def on_body(self, body: bytes) -> None:
+        self.messages[-1]["body"] += body
+
+    def on_message_complete(self) -> None:
+        self.messages[-1]["complete"] = True
+
+
+PLAIN_HEADERS = {b"host", b"content-type", b"content-length", b"user-agent", b"accept", b"accept-encoding",
+                 b"connection"}
+header_names = st.sampled_from(["Host", "Content-Type", "User-Agent", "Accept", "Accept-Encoding", "Connection",
+                                "Expect", "Transfer-Encoding", "Upgrade", "X-Api-Key", "Content-Length"])
+header_values = st.sampled_from(["bench", "application/json", "keep-alive", "Keep-Alive", "close", "100-continue",
+                                 "chunked", "websocket", "*/*", ""]) | st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12)
+
+
+def cased(draw: st.DrawFn, name: str) -> str:
+    return "".join(c.upper() if draw(st.booleans()) else c.lower() for c in name)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> bytes:
+    """An AddCount request (or one like it) as a client writes it: a request line, headers, a body."""
+    body = draw(st.sampled_from([b'{"namespace":"ev","counter_name":"c","delta":1}', b"", b"x" * 20]))
+    line = draw(st.sampled_from(["POST /v1/AddCount HTTP/1.1"] * 6 + [
+        "POST /v1/AddCount HTTP/1.0", "GET /v1/AddCount HTTP/1.1", "POST /v1/GetCount HTTP/1.1",
+        "POST /v1/AddCount?x=1 HTTP/1.1", "post /v1/AddCount HTTP/1.1"]))
+    headers = [(cased(draw, name), value) for name, value in draw(st.lists(st.tuples(header_names, header_values),
+                                                                           max_size=4))]
+    length = draw(st.sampled_from([len(body)] * 4 + [len(body) + 1, max(0, len(body) - 1), None]))
+    if length is not None:
+        headers.insert(draw(st.integers(0, len(headers))), (cased(draw, "Content-Length"), str(length)))
+    spaces = draw(st.sampled_from(["", " ", "  ", "\t"]))
+    head = "".join(f"{name}:{spaces}{value}{draw(st.sampled_from(['', ' ']))}\r\n" for name, value in headers)
+    return f"{line}\r\n{head}\r\n".encode() + body
+
+
+@settings(max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests() | corrupted(requests()) | st.tuples(requests(), requests()).map(b"".join))
+@example(b"POST /v1/AddCount HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+@example(b"POST /v1/AddCount HTTP/1.1\r\nContent-Length: 2\r\n Host: folded\r\n\r\n{}")
+@example(b"POST /v1/AddCount HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}")
+@example(b"POST /v1/AddCount HTTP/1.1\r\nContent-Length: +2\r\n\r\n{}")
+@example(b"POST /v1/AddCount HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}POST")
+@example(b"POST /v1/AddCount HTTP/1.1\nContent-Length: 2\n\n{}")
+def test_a_request_taken_whole_is_one_plain_keep_alive_addcount_to_httptools(data: bytes) -> None:
+    body = needs_build().plain_request(data)
+    if body is None:
+        return
+    parsed = ParsedRequests()
+    parsed.parser.feed_data(data)  # raises on anything httptools refuses
+    assert len(parsed.messages) == 1, data
+    m = parsed.messages[0]
+    assert (m["complete"], m["method"], m["url"], m["version"], m["keep_alive"], m["upgrade"]) == (
+        True, b"POST", b"/v1/AddCount", "1.1", True, False), data
+    assert m["body"] == body, data
+    assert {name for name, _ in m["headers"]} <= PLAIN_HEADERS, data
+    assert [value.strip() for name, value in m["headers"] if name == b"content-length"] == [b"%d" % len(body)]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.permutations([("Host", "bench"), ("Content-Type", "application/json"), ("Accept", "*/*"),
+                        ("User-Agent", "client/1.0"), ("Connection", "keep-alive")]), st.integers(0, 5), st.data())
+def test_every_plain_keep_alive_addcount_request_is_taken(headers: list[tuple[str, str]], kept: int,
+                                                          data: st.DataObject) -> None:
+    body = b'{"namespace":"ev","counter_name":"c","delta":1}'
+    chosen = [*headers[:kept], ("Content-Length", str(len(body)))]
+    head = "".join(f"{data.draw(st.sampled_from([name, name.lower(), name.upper()]))}: {value}\r\n"
+                   for name, value in chosen)
+    assert needs_build().plain_request(f"POST /v1/AddCount HTTP/1.1\r\n{head}\r\n".encode() + body) == body
