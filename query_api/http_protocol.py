@@ -20,7 +20,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -152,15 +152,19 @@ class CounterHttpProtocol(HttpToolsProtocol):
             return False
         try:
             plain = service.write_plain(body)
-        except Exception:
+        except SERVICE_ERRORS:  # refused before anything was sent (admission): the parser's way answers it
             return False
+        except Exception as exc:  # unexpected: the 500 the parser's way would give
+            failed = self.loop.create_future()
+            failed.set_exception(exc)
+            self._idle_since = None
+            self._settle(self._fast_cycle(keep_alive=True), ADD_COUNT, failed, bytes)
+            return True
         if plain is None:
             return False
         self._idle_since = None
-        fast = FastCycle(keep_alive=True)  # HTTP/1.1 without `connection: close`
-        self.cycle = fast  # type: ignore[assignment]  # uvicorn types it RequestResponseCycle: FastCycle has what it reads
         answer, acknowledged = plain
-        self._answer_when_acknowledged(answer, acknowledged, fast)
+        self._answer_when_acknowledged(answer, acknowledged, self._fast_cycle(keep_alive=True))  # HTTP/1.1, no close
         return True
 
     # -- httptools parser callbacks ---------------------------------------------------------------------
@@ -212,21 +216,26 @@ class CounterHttpProtocol(HttpToolsProtocol):
             self._to_app(body)
             super().on_message_complete()
             return
-        cycle = self._fast_cycle()
         awaitable, render = call
-        future = (awaitable if isinstance(awaitable, asyncio.Future)
-                  else self.loop.create_task(awaitable))  # type: ignore[arg-type]  # not a Future: a coroutine
-        future.add_done_callback(functools.partial(self._done, cycle, self.url, render, time.perf_counter()))
-        # uvicorn's shutdown waits while this set is not empty; it is typed set[Task], a Future serves as well
-        self.tasks.add(future)  # type: ignore[arg-type]
+        self._settle(self._fast_cycle(), self.url, awaitable, render)
 
     # -- internals --------------------------------------------------------------------------------------
 
-    def _fast_cycle(self) -> FastCycle:
-        """The cycle of the fast request just read, as `self.cycle`."""
-        cycle = FastCycle(self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive())
+    def _fast_cycle(self, keep_alive: bool | None = None) -> FastCycle:
+        """The cycle of the fast request just read, as `self.cycle`; keep-alive as the parser read it unless given."""
+        if keep_alive is None:
+            keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        cycle = FastCycle(keep_alive)
         self.cycle = cycle  # type: ignore[assignment]  # uvicorn types it RequestResponseCycle: FastCycle has what it reads
         return cycle
+
+    def _settle(self, cycle: FastCycle, path: bytes, awaitable: Awaitable[Any], render: Callable[[Any], bytes]) -> None:
+        """Answer `render(result)` once `awaitable` settles, or the response of its failure (`_done`)."""
+        future = (awaitable if isinstance(awaitable, asyncio.Future)
+                  else self.loop.create_task(awaitable))  # type: ignore[arg-type]  # not a Future: a coroutine
+        future.add_done_callback(functools.partial(self._done, cycle, path, render, time.perf_counter()))
+        # uvicorn's shutdown waits while this set is not empty; it is typed set[Task], a Future serves as well
+        self.tasks.add(future)  # type: ignore[arg-type]
 
     def _answer_when_acknowledged(self, answer: bytes, acknowledged: asyncio.Future[None], cycle: FastCycle) -> None:
         """Answer a plain AddCount with `answer` once its record is acknowledged, in one callback per record."""

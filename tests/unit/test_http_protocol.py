@@ -652,6 +652,22 @@ def test_a_write_refused_when_taken_whole_is_answered_as_the_parser_path_answers
     run(scenario)
 
 
+def test_an_unexpected_failure_when_taken_whole_gives_500_once(run, recorded, caplog) -> None:
+    """Not retried on the parser's way (something may have been sent): answered 500, as that way answers it."""
+    async def scenario() -> None:
+        service, bodies = plain_service("c")
+        service.plain_raises[bodies["c"]] = RuntimeError("boom")
+        c = Connection(service)
+        c.send(post("/v1/AddCount", bodies["c"]))
+        await until(lambda: c.transport.data, "the error response")
+        assert c.transport.take() == fast_response(500, b'{"detail":"Internal Server Error"}')
+        assert service.calls == [("write_plain", bodies["c"])]
+        assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", 500)]
+        assert c.server_state.tasks == set() and not c.transport.closed
+    run(scenario)
+    assert "fast path /v1/AddCount failed" in caplog.text
+
+
 def test_a_body_write_plain_declines_takes_the_python_fast_path(run) -> None:
     async def scenario() -> None:
         service, _ = plain_service("a")
