@@ -94,10 +94,16 @@ def http_floor(data_dir: Path) -> Iterator[ManagedProcess]:
 def group_commit_floor(data_dir: Path, bootstrap: str, topic: str) -> Iterator[ManagedProcess]:
     """`bench.group_commit_floor` in its own process: the cheapest durable HTTP write (HTTP, group commit, the
     broker's acknowledgement, producing to `topic`, created here like the raw produce's), as a same-run baseline."""
-    ensure_topics(bootstrap, [TopicSpec(topic, 8, 1, {"message.timestamp.type": "LogAppendTime"})])
+    ensure_baseline_topic(bootstrap, topic)
     with _floor(data_dir, "group-commit-floor", "bench.group_commit_floor", "--bootstrap", bootstrap,
                 "--topic", topic) as floor:
         yield floor
+
+
+def ensure_baseline_topic(bootstrap: str, topic: str) -> None:
+    """A topic of the mutations topic's shape (8 partitions, broker-set timestamps) that no worker reads: where the
+    write benchmark's baselines produce."""
+    ensure_topics(bootstrap, [TopicSpec(topic, 8, 1, {"message.timestamp.type": "LogAppendTime"})])
 
 
 @contextmanager

@@ -58,6 +58,7 @@ from aiokafka.errors import KafkaError
 from bench.broker_fetch import tail_reader
 from bench.common import (
     console,
+    ensure_baseline_topic,
     group_commit_floor,
     http_floor,
     local_stack,
@@ -73,7 +74,6 @@ from control_plane import default_config_path
 from infra.stack import LocalStack
 from producers import CounterProducer
 from schemas import MutationOp, encode_mutation
-from streams.topics import TopicSpec, ensure_topics
 
 RAW_TOPIC = "bench-raw-produce"
 FLOOR_TOPIC = "bench-group-commit-floor"  # what the group-commit floor produces to; no worker reads it
@@ -172,7 +172,7 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
         api = stack.apis[0]
         bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
         settings = stack_settings(stack)
-        ensure_topics(bootstrap, [TopicSpec(RAW_TOPIC, 8, 1, {"message.timestamp.type": "LogAppendTime"})])
+        ensure_baseline_topic(bootstrap, RAW_TOPIC)
         names = [f"w-{i}" for i in range(counters)]
         bodies = {kind: [http_post("/v1/AddCount", json.dumps({"namespace": ns, "counter_name": n,
                                                                 "delta": 1}).encode()) for n in names]

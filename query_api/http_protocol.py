@@ -97,15 +97,7 @@ class _Answers:
     def answer(self, acknowledged: asyncio.Future[None]) -> None:
         del _ANSWERS[acknowledged]
         self.tasks.discard(acknowledged)
-        status, failure = 200, None
-        try:
-            acknowledged.result()
-        except SERVICE_ERRORS as exc:
-            status, detail = error_response(exc)
-            failure = orjson.dumps(detail)
-        except (Exception, asyncio.CancelledError):
-            log.exception("plain AddCount failed")
-            status, failure = 500, b'{"detail":"Internal Server Error"}'
+        status, failure = _outcome(acknowledged, _NO_BODY, "plain AddCount failed")  # b"" once acknowledged
         waiting = self.waiting
         head = _HEADS.get(waiting[0].server_state.default_headers, status)  # the server's: one for all connections
         for i in range(0, len(waiting), 4):
@@ -116,6 +108,23 @@ class _Answers:
                 log.exception("answering a plain AddCount failed")
         now = time.perf_counter()
         metrics.record_many(ADD_COUNT_ENDPOINT, status, [now - started for started in waiting[3::4]])
+
+
+def _outcome(future: asyncio.Future[Any], render: Callable[[Any], bytes], *failed: object) -> tuple[int, bytes]:
+    """A settled fast call's status and body: `render` of its result, or the response of its failure (a service
+    error as the app maps it, anything else a 500, logged with `failed`: a message and its arguments)."""
+    try:
+        return 200, render(future.result())
+    except SERVICE_ERRORS as exc:
+        status, detail = error_response(exc)
+        return status, orjson.dumps(detail)  # compact, like the app's JSONResponse
+    except (Exception, asyncio.CancelledError):
+        log.exception(*failed)
+        return 500, b'{"detail":"Internal Server Error"}'
+
+
+def _NO_BODY(_result: object) -> bytes:
+    return b""
 
 
 _ANSWERS: dict[asyncio.Future[None], _Answers] = {}  # by the record's acknowledgement future, until it is done
@@ -265,16 +274,10 @@ class CounterHttpProtocol(HttpToolsProtocol):
     def _done(self, cycle: FastCycle, path: bytes, render: Callable[[Any], bytes], started: float,
               future: asyncio.Future) -> None:
         self.tasks.discard(future)
-        try:
-            status, body = 200, render(future.result())
-        except SERVICE_ERRORS as exc:
-            status, detail = error_response(exc)
-            body = orjson.dumps(detail)  # compact, like the app's JSONResponse
-        except (Exception, asyncio.CancelledError):
-            log.exception("fast path %s failed", path.decode())
-            status, body = 500, b'{"detail":"Internal Server Error"}'
+        endpoint = FAST_PATHS[path]
+        status, body = _outcome(future, render, "fast path %s failed", endpoint)
         self._respond(cycle, status, body)
-        metrics.record(FAST_PATHS[path], status, time.perf_counter() - started)
+        metrics.record(endpoint, status, time.perf_counter() - started)
 
     def _respond(self, cycle: FastCycle, status: int, body: bytes) -> None:
         self._respond_with(cycle, _HEADS.get(self.server_state.default_headers, status), body)

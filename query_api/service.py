@@ -165,7 +165,7 @@ class CounterService:
                      "`python -m query_api.plain_add` compiles it)")
         # the namespaces whose plain AddCount `write_plain` takes (by name: their counter types' names); those of
         # fastpath.fast_call's durable case where every write is noted for read-your-write
-        self.plain_types = {ns.name: ns.counter_type.value for ns in map(registry.__getitem__, registry)
+        self.plain_types = {ns.name: ns.counter_type.value for ns in registry.values()
                             if ns.counter_type is not CounterType.BEST_EFFORT and not ns.requires_auth
                             and ns.unique is None and eligible(ns)}
 
