@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 # so a file's module fixtures (a running stack) are built once. PYTEST_WORKERS=0 runs in this process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: run test lint venv install-run install-test compiled-run compiled-test memcached chromium clean bench constraints
+.PHONY: run test lint venv install-run install-test compiled-test memcached chromium clean bench constraints
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,13 +24,9 @@ install-test: venv
 
 # schemas.avro_fast compiled to C by mypyc (`python -m schemas.compile`; rebuilt only when the source changed): the
 # persist path's decoder at C speed. query_api/_plain_add.c compiled by the C compiler Python was built with
-# (`python -m query_api.plain_add`, likewise): the API's plain AddCount parsed and encoded in one call. `make run`
-# goes on without them (the Python code is used, slower); `make test` needs them, unless COUNTER_TEST_PURE_PYTHON=1
-# says the machine has no C compiler.
-compiled-run: install-run
-	-$(BIN)/python -m schemas.compile --quiet
-	-$(BIN)/python -m query_api.plain_add --quiet
-
+# (`python -m query_api.plain_add`, likewise): the API's plain AddCount parsed and encoded in one call. `counter up`
+# builds them itself (infra/native.py) and goes on without them (the Python code is used, slower); `make test`
+# needs them, unless COUNTER_TEST_PURE_PYTHON=1 says the machine has no C compiler.
 compiled-test: install-test
 	@[ "$$COUNTER_TEST_PURE_PYTHON" = 1 ] || $(BIN)/python -m schemas.compile --quiet
 	@[ "$$COUNTER_TEST_PURE_PYTHON" = 1 ] || $(BIN)/python -m query_api.plain_add --quiet
@@ -65,7 +61,7 @@ chromium:
 	  $$SUDO apt-get install -y -qq chromium >/dev/null 2>&1 || \
 	  { $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }; }
 
-run: install-run compiled-run
+run: install-run
 	$(BIN)/counter up
 
 lint: install-test

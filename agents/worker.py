@@ -312,7 +312,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         """Once the app is up, keep what start-up built out of the collector's scans (infra.heap)."""
         log.info("froze %d start-up objects", freeze_startup_heap())
         if codec.READERS != "compiled":  # schemas.compiled: a third of the persist path's cost is decoding
-            log.warning("decoding Avro records with the Python readers; `python -m schemas.compile` (make run) "
+            log.warning("decoding Avro records with the Python readers; `python -m schemas.compile` (counter up) "
                         "builds the compiled ones, about twice as fast")
 
     @app.page("/ready")

@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from infra.native import ensure_native_builds
 from infra.process import ManagedProcess, free_port
 from infra.stack import LocalStack
 from schemas import codec
@@ -33,6 +34,9 @@ console = Console(stderr=True, soft_wrap=True)  # long result lines stay whole i
 def local_stack(data_dir: Path, *, workers: int = 1, api: bool = True, **env: str) -> Iterator[LocalStack]:
     """Broker + memcached + topics + workers (+ API) in `data_dir`, stopped on exit."""
     data_dir.mkdir(parents=True, exist_ok=True)
+    for built in ensure_native_builds():  # measure what `counter up` runs
+        if not built.ok or built.message:
+            console.print(built.summary, highlight=False)
     with LocalStack(data_dir, {"COUNTER_NAMESPACES": str(NAMESPACES), "COUNTER_WORKER_LOG_LEVEL": "warning",
                                **env}) as stack:
         console.print("starting broker, memcached, topics...")

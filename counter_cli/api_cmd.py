@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from counter_cli.common import resolve_bootstrap, settings_or_exit
+from counter_cli.common import add_no_compile, build_native_parts, resolve_bootstrap, settings_or_exit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", help="listen address (default COUNTER_API_HOST, 127.0.0.1)")
     p.add_argument("--port", type=int, help="listen port (default COUNTER_API_PORT, 8080)")
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR")
+    add_no_compile(p)
     p.set_defaults(run=run)
 
 
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
                         ("COUNTER_DATA_DIR", args.data_dir)):
         if value is not None:
             env[name] = str(value)
+    build_native_parts(args)
     # The API is its own process image (query_api is never imported by the CLI).
     os.execve(sys.executable, [sys.executable, "-m", "query_api"], env)
     return 0  # pragma: no cover

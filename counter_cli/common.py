@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.text import Text
 
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
+from infra.native import BuildOutcome, ensure_native_builds
 from streams.settings import Settings, SettingsError, load_settings
 
 console = Console(stderr=True)
@@ -63,6 +64,26 @@ def job_settings(bootstrap: str, data_dir: Path | None) -> Settings:
     if data_dir is not None:
         overrides["data_dir"] = data_dir
     return load_settings(**overrides)
+
+
+def add_no_compile(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-compile", action="store_true",
+                   help="do not build the compiled parts that are missing or stale (the Python code then runs, "
+                        "slower); by default they are built first, which takes a few seconds the first time")
+
+
+def build_native_parts(args: argparse.Namespace) -> None:
+    """Build the compiled parts the processes about to start load (infra.native), unless --no-compile; a part
+    that cannot be built is reported and its Python code runs."""
+    if not args.no_compile:
+        ensure_native_builds(_report_build)
+
+
+def _report_build(outcome: BuildOutcome) -> None:
+    if not outcome.ok:
+        console.print(Text.assemble(("warning:", "yellow"), " ", outcome.summary), soft_wrap=True)
+    elif outcome.message:  # built now (a current build prints nothing)
+        console.print(outcome.summary, soft_wrap=True, highlight=False)
 
 
 def add_verb(sub: argparse._SubParsersAction, name: str, *, help: str, description: str, epilog: str,

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from counter_cli.common import console, namespaces_or_exit, settings_or_exit
+from counter_cli.common import add_no_compile, build_native_parts, console, namespaces_or_exit, settings_or_exit
 from infra.memcached import find_memcached
 from infra.process import ManagedProcess, ServiceError
 from infra.stack import LocalStack
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog="example: COUNTER_DATA_DIR=/tmp/counter COUNTER_API_PORT=8081 counter up",
     )
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR (default .counter/)")
+    add_no_compile(p)
     p.set_defaults(run=run)
 
 
@@ -99,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
     stack = LocalStack(settings.data_dir)
     stop_timeout = STOP_TIMEOUT_S
     try:
+        build_native_parts(args)  # before the children start: each loads its build once
         try:
             endpoints = _start(stack, settings)
         except (ServiceError, TopicError) as exc:

@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from counter_cli.common import resolve_bootstrap, settings_or_exit
+from counter_cli.common import add_no_compile, build_native_parts, resolve_bootstrap, settings_or_exit
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bootstrap", help="Kafka bootstrap (default COUNTER_KAFKA_BOOTSTRAP or counter up's)")
     p.add_argument("--web-port", type=int, help="metrics port (default COUNTER_WORKER_PORT, 6066)")
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR")
+    add_no_compile(p)
     p.set_defaults(run=run)
 
 
@@ -31,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
         env["COUNTER_WORKER_PORT"] = str(args.web_port)
     if args.data_dir is not None:
         env["COUNTER_DATA_DIR"] = str(args.data_dir)
+    build_native_parts(args)
     # The worker is its own process image (agents are never imported by the CLI).
     os.execve(sys.executable, [sys.executable, "-m", "agents"], env)
     return 0  # pragma: no cover

@@ -11,6 +11,7 @@ when the build fails, and does nothing when the present build already matches th
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -32,6 +33,9 @@ def built_files(folder: Path) -> list[Path]:
 
 def compile_build() -> list[Path]:
     """Build the compiled copy and install it into the package folder; the installed files."""
+    if importlib.util.find_spec("mypyc") is None:
+        raise RuntimeError("mypyc is not installed (it ships with mypy: the [local] extra, or pip install "
+                           "'mypy>=2.4,<2.5' setuptools)")
     with tempfile.TemporaryDirectory(prefix="counter-mypyc-") as tmp:
         copy = Path(tmp) / PACKAGE.name
         shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))

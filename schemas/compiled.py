@@ -2,7 +2,7 @@
 
 Why: the hand-written readers are the persist path's largest cost once records carry one mutation each (2.9 µs
 a mutation in Python, 1.3-1.5 compiled). The source stays the one Python module, which the tests hold equal to
-fastavro; `python -m schemas.compile` (run by `make test` and `make run`) compiles a copy of it, named
+fastavro; `python -m schemas.compile` (run by `make test` and `counter up`) compiles a copy of it, named
 `schemas._avro_fast_c` and stamped with the source's SHA-256, into this folder. `avro_fast()` takes that build
 only while its stamp matches the source, so an edited source is never shadowed by a stale build; without a
 build (no C compiler) everything runs the pure Python module, only slower.
