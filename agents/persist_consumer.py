@@ -34,6 +34,11 @@ pass that finds records lists the objects of the partitions it reads, so its cos
 A 64 KiB minimum with a 1 s wait took two such passes every half second; one paced fetch a second is a quarter of
 that (`counter bench broker-fetch` measures a pass; bench/RESULTS.md has the growth with and without pacing).
 Apache Kafka answers either from its offset index, and pacing costs it nothing either.
+
+A clean stop can drain (`drain_s`, COUNTER_PERSIST_DRAIN_S): the consumer persists its partitions up to the end
+offsets they had when the stop began, from the committed offsets on, before it leaves. Kafka keeps unread records
+for the next owner, so by default a stopping worker leaves them; `counter up`'s broker keeps its topics in memory
+and stops after the worker, so there every write it acknowledged and no worker had read would be lost.
 """
 
 from __future__ import annotations
@@ -108,6 +113,7 @@ def set_fetch_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> bool:
 
 
 _HEADERS = attrgetter("headers")
+DRAIN_FETCH_WAIT_MS = 100  # while draining at a stop: answered at once while records remain
 
 
 def read_your_write_in(records: Iterable[KafkaRecord]) -> bool:
@@ -152,7 +158,7 @@ class PersistConsumer:
     def __init__(self, *, bootstrap: str, topic: str, group_id: str, persist: Persist, checkpoint: Checkpoint,
                  checkpoint_ms: int = 100, max_records: int = 20_000, batch_bytes: int = 8 << 20, wait_ms: int = 200,
                  prompt_wait_ms: int = 10, prompt_for_s: float = 2.0, namespace_waits: Mapping[str, int] | None = None,
-                 min_bytes: int = 1,
+                 min_bytes: int = 1, drain_s: float = 0.0,
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 5_000,
                  on_revoked: Callable[[set[int]], None] = lambda _partitions: None) -> None:
         self.topic = topic
@@ -173,6 +179,7 @@ class PersistConsumer:
         self.fetch_wait_ms = wait_ms  # what the next fetches wait at the broker, and the pause after a batch
         self._held_until = 0.0  # when the partitions paused after a batch resume (monotonic); 0: none paused
         self.on_revoked = on_revoked
+        self.drain_s = drain_s
         self.batch_lock = asyncio.Lock()
         self._record_size = 256.0  # moving average of a record's value size: sizes the next fetch
         self._config = dict(
@@ -201,14 +208,58 @@ class PersistConsumer:
         self._consumer.subscribe([self.topic], listener=_Rebalance(self))
 
     async def stop(self) -> None:
-        """Checkpoint what is stored, then leave the group (a prompt rebalance for the others)."""
+        """Persist what the partitions held when the stop began (for up to `drain_s`), checkpoint what is stored,
+        then leave the group (a prompt rebalance for the others)."""
         if self._consumer is not None:
+            if self.drain_s > 0:
+                try:
+                    await asyncio.wait_for(self._drain(self._consumer), self.drain_s)
+                except TimeoutError:
+                    log.warning("stopping with records not yet persisted after %.0f s of draining "
+                                "(COUNTER_PERSIST_DRAIN_S): their next owner reads them, if the broker keeps them",
+                                self.drain_s)
+                except Exception as exc:  # the broker is gone, or a rebalance took the partitions
+                    log.warning("could not drain the partitions before stopping: %s", exc)
             async with self.batch_lock:
                 try:
                     await self.checkpoint_now()
                 except Exception as exc:  # the records are re-read by the next owner
                     log.warning("final checkpoint failed: %s", exc)
             await self._consumer.stop()
+
+    async def _drain(self, consumer: AIOKafkaConsumer) -> None:
+        """Persist the assigned partitions up to their end offsets as of now: a broker that keeps its topics in
+        memory (`counter up`'s) loses with its stop what no worker persisted, though every record of it was
+        acknowledged. It starts from the committed offsets, after committing what is stored: the stop may have
+        cancelled `run` inside a batch, past whose records the consumer's position has already moved. Batches are
+        handled as `run` handles them; the fetch pace is off."""
+        async with self.batch_lock:
+            await self.checkpoint_now()
+        for tp in consumer.assignment():
+            committed = await consumer.committed(tp)
+            if committed is None:
+                await consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+        self._held_until = 0.0
+        consumer.resume(*consumer.paused())
+        set_fetch_wait(consumer, DRAIN_FETCH_WAIT_MS)
+        ends = await consumer.end_offsets(list(consumer.assignment()))
+        started, records = time.monotonic(), 0
+        while True:
+            unread = [tp for tp, end in ends.items()
+                      if tp in consumer.assignment() and await consumer.position(tp) < end]
+            if not unread:
+                break
+            batch = await consumer.getmany(*unread, timeout_ms=DRAIN_FETCH_WAIT_MS, max_records=self.max_records)
+            async with self.batch_lock:
+                if batch:
+                    records += sum(map(len, batch.values()))
+                    await self._handle(batch)
+                if self._offsets and time.monotonic() >= self._checkpointed + self.checkpoint_s:
+                    await self.checkpoint_now()
+        if records:
+            log.info("persisted %d records left at the stop in %.1f s", records, time.monotonic() - started)
 
     async def run(self) -> None:
         """Consume until cancelled (after `start`)."""

@@ -217,7 +217,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         max_records=settings.persist_batch_max, batch_bytes=settings.persist_batch_bytes,
         wait_ms=settings.persist_batch_within_ms, prompt_wait_ms=settings.persist_prompt_within_ms,
         prompt_for_s=settings.persist_prompt_for_s, namespace_waits=persist_waits(p.registry, settings, coalesce_s),
-        min_bytes=settings.persist_fetch_min_bytes,
+        min_bytes=settings.persist_fetch_min_bytes, drain_s=settings.persist_drain_s,
         session_timeout_ms=int(settings.group_session_timeout_s * 1000),
         rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_revoked=p.forget_partitions)
 

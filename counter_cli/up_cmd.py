@@ -32,6 +32,9 @@ BROKER_LOSS = (
 )
 POLL_S = 0.25
 STOP_TIMEOUT_S = 10.0  # per child: SIGTERM, then SIGKILL
+# With the local broker a worker's clean stop first persists what its partitions hold (COUNTER_PERSIST_DRAIN_S):
+# the broker keeps its topics in memory, so writes it acknowledged and no worker persisted would go with it.
+LOCAL_BROKER_DRAIN_S = 30.0
 # Without a broker a worker's graceful stop only waits for a broker that will not come back (and there is
 # nothing left to commit to it): give it less time.
 STOP_TIMEOUT_WITHOUT_BROKER_S = 3.0
@@ -106,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         except (ServiceError, TopicError) as exc:
             console.print(f"[bold red]error:[/] {exc}", highlight=False)
             return 1
+        stop_timeout += float(stack.env.get("COUNTER_PERSIST_DRAIN_S", settings.persist_drain_s))  # the drain
         signals.running()  # from here a signal is a request to stop, also while printing below
         _write_endpoints(settings, {**endpoints, "processes": stack.pids()})
         console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} from {ns_path})",
@@ -131,6 +135,8 @@ def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:
     """Start the children in dependency order; returns the endpoints to publish."""
     bootstrap = settings.kafka_bootstrap or stack.start_broker()
     stack.env["COUNTER_KAFKA_BOOTSTRAP"] = bootstrap
+    if settings.kafka_bootstrap is None and "COUNTER_PERSIST_DRAIN_S" not in os.environ:
+        stack.env["COUNTER_PERSIST_DRAIN_S"] = str(LOCAL_BROKER_DRAIN_S)
     memcached = _cache(stack, settings)
     ensure_topics(bootstrap, topic_specs(settings))
     worker = stack.start_worker(port=settings.worker_port)

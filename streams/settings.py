@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     persist_fetch_min_bytes: int = Field(1, ge=1, description="the broker answers a persist fetch once it holds "
                                          "this many bytes, or after the fetch's wait; the persist consumer paces its "
                                          "fetches itself (at most one per wait), so 1 answers a paced fetch at once")
+    persist_drain_s: float = Field(0.0, ge=0, description="on a clean stop, how long the worker keeps persisting "
+                                   "the records its partitions held when the stop began before it leaves (0: it "
+                                   "leaves them to the next owner, as Kafka keeps them); `counter up` sets 30 for "
+                                   "its local broker, which keeps topics in memory only")
     watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
     watermark_idle_interval_ms: int = Field(2000, ge=10, description="how often heartbeats go down the mutations "
                                             "partitions once only heartbeats were persisted for that long (a local "
