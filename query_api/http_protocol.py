@@ -28,7 +28,6 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from query_api import metrics
 from query_api.fastpath import ADD_COUNT, FAST_PATHS, fast_call
-from query_api.plain_add import plain_add
 from query_api.responses import SERVICE_ERRORS, error_response
 
 log = logging.getLogger(__name__)
@@ -131,8 +130,6 @@ _ANSWERS: dict[asyncio.Future[None], _Answers] = {}  # by the record's acknowled
 ADD_COUNT_ENDPOINT = FAST_PATHS[ADD_COUNT]
 
 
-_PLAIN = plain_add(warn=False)  # the C build (the service logs whether it is there)
-_PLAIN_REQUEST = _PLAIN.plain_request if _PLAIN is not None else None
 
 
 class CounterHttpProtocol(HttpToolsProtocol):
@@ -142,12 +139,11 @@ class CounterHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's (which feeds the parser), but for a chunk that `_plain_request` takes whole."""
-        if (self._between_messages and _PLAIN_REQUEST is not None and type(data) is bytes
-                and self._plain_request(data, _PLAIN_REQUEST)):
+        if self._between_messages and type(data) is bytes and self._plain_request(data):
             return
         super().data_received(data)
 
-    def _plain_request(self, data: bytes, read: Callable[[bytes], bytes | None]) -> bool:
+    def _plain_request(self, data: bytes) -> bool:
         """Take a chunk that is exactly one plain AddCount request (`_plain_add.plain_request`: HTTP/1.1, keep-alive,
         plain headers, the whole body), arriving on an idle connection between messages, straight to
         `write_plain`: no parser callbacks, a third of the Python such an AddCount cost. False when it is not
@@ -157,7 +153,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
         if (cycle is not None and not cycle.response_complete) or self.pipeline or self.limit_concurrency is not None:
             return False
         service = self.app_state.get("service")
-        if service is None or (body := read(data)) is None:
+        if service is None or (read := service.plain_request) is None or (body := read(data)) is None:
             return False
         try:
             plain = service.write_plain(body)

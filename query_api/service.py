@@ -168,6 +168,8 @@ class CounterService:
         self.plain_types = {ns.name: ns.counter_type.value for ns in registry.values()
                             if ns.counter_type is not CounterType.BEST_EFFORT and not ns.requires_auth
                             and ns.unique is None and eligible(ns)}
+        # the C reader of a whole plain AddCount request (query_api.http_protocol's shortcut), None without a build
+        self.plain_request = self._plain_add.plain_request if self._plain_add is not None else None
 
     def namespace(self, name: str) -> Namespace:
         ns = self.registry.get(name)

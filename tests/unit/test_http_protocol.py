@@ -31,6 +31,7 @@ from control_plane import parse_namespaces
 from producers import DeliveryError
 from query_api import http_protocol, metrics
 from query_api.http_protocol import MAX_FAST_BODY, CounterHttpProtocol, FastCycle
+from query_api.plain_add import plain_add
 from query_api.responses import error_response
 from query_api.service import BrokerUnavailable, Count, NamespaceNotFound, NotCountedYet, Rejected, Written
 from schemas import MutationOp, ValidationError
@@ -40,6 +41,7 @@ try:
 except ImportError:  # pragma: no cover
     uvloop = None
 
+BUILD = plain_add(warn=False)  # query_api._plain_add, when built from the current source
 REGISTRY = parse_namespaces({"namespaces": {
     "ev": {"counter_type": "EVENTUAL"},
     "acc": {"counter_type": "ACCURATE"},
@@ -173,6 +175,7 @@ class FakeService:
         self.write_raises: BaseException | None = None
         self.plain: dict[bytes, bytes] = {}  # write_plain's answers by body; any other body: None (the Python path)
         self.plain_raises: dict[bytes, Exception] = {}  # bodies write_plain refuses (as admission does)
+        self.plain_request = BUILD.plain_request if BUILD is not None else None  # the real C reader, as the service
 
     def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
         """As CounterService.write_plain: the bodies of `plain` share one future per loop pass, as group commit's
@@ -577,7 +580,7 @@ def test_one_connection_failing_to_write_leaves_the_others_of_its_record_answere
     assert "answering a plain AddCount failed" in caplog.text
 
 
-SHORTCUT = http_protocol._PLAIN_REQUEST is not None  # the C build reads whole plain requests (else: the parser)
+SHORTCUT = BUILD is not None  # the C build reads whole plain requests (else: the parser)
 if not SHORTCUT:
     assert os.environ.get("COUNTER_TEST_PURE_PYTHON") == "1", "no C build: run `python -m query_api.plain_add`"
 
