@@ -80,9 +80,17 @@ _GENERATIONS = 8  # recent_s is kept in this many generations: a write is forgot
 _Count = tuple[str, str, int, int, int]  # namespace, counter, rollup count, after_us (its rollup_ts), upto_us
 
 
-def _identity(key: str, event_time: int, token: str, item_key: str) -> str:
-    """An event's identity as one string (a token and an item key hold no control characters)."""
-    return f"{key}\x00{event_time}\x00{token}\x00{item_key}"
+def _mark(event_time: int, item_key: str) -> int | str:
+    """What, beside its counter and token, identifies a stored event (`_Generation.stored`): its time, with its item
+    key when it has one (a token and an item key hold no control characters)."""
+    return f"{event_time}\x00{item_key}" if item_key else event_time
+
+
+def _stored_in(stored: list[dict[str, int | str]], token: str, mark: int | str) -> bool:
+    for tokens in stored:  # noqa: SIM110  # any() over a generator doubled rows()' cost (7.4 against 3.6 µs)
+        if tokens.get(token) == mark:
+            return True
+    return False
 
 
 class _Generation:
@@ -91,14 +99,17 @@ class _Generation:
     `writes`: per counter ("namespace:counter"; a namespace has no ':'), its writes in sending order, flat,
     _FIELDS values each (event time, token, item key, delta, clear flag, the record's acknowledgement future):
     no object per write, so noting allocates nothing the garbage collector counts (see EarlyPersist). `stored`:
-    the identities (`_identity`) of the events this process stored itself."""
+    per counter, the events this process stored itself, by token (`_mark`: no container per event either). Looked
+    up by the token objects `writes` holds, whose hashes Python keeps: an identity string made per write and
+    check cost 15.6 µs per AddAndGetCount of a counter with ten stored recent writes, 3.6 µs now. One event per
+    token and counter is remembered: another one with the same token is stored again, which is idempotent."""
 
     __slots__ = ("ends", "stored", "writes")
 
     def __init__(self, ends: float) -> None:
         self.ends = ends
         self.writes: dict[str, list[Any]] = {}
-        self.stored: set[str] = set()
+        self.stored: dict[str, dict[str, int | str]] = {}
 
 
 class EarlyPersist:
@@ -156,16 +167,17 @@ class EarlyPersist:
         now_us = time.time_ns() // 1000 if now_us is None else now_us
         key = f"{ns.name}:{counter}"
         out: list[EventRow] = []
-        stored = [generation.stored for generation in self._generations if generation.stored]
+        stored = [tokens for generation in self._generations if (tokens := generation.stored.get(key)) is not None]
         for generation in self._generations:
             flat = generation.writes.get(key)
             if flat is None:
                 continue
             for i in range(0, len(flat), _FIELDS):
                 event_time, token, item_key, delta, clear, ack = flat[i:i + _FIELDS]
+                if stored and _stored_in(stored, token, _mark(event_time, item_key)):
+                    continue
                 if (ack.done() and not ack.cancelled() and ack.exception() is None
-                        and admissible(ns, event_time, now_us)
-                        and not (stored and any(_identity(key, event_time, token, item_key) in s for s in stored))):
+                        and admissible(ns, event_time, now_us)):
                     out.append((ns.name, counter, event_time, token, item_key, delta, clear))
         return out
 
@@ -173,7 +185,11 @@ class EarlyPersist:
         """`rows` are in the store: later AddAndGetCounts leave them out."""
         stored = self._generations[-1].stored
         for namespace, counter, event_time, token, item_key, _delta, _clear in rows:
-            stored.add(_identity(f"{namespace}:{counter}", event_time, token, item_key))
+            key = f"{namespace}:{counter}"
+            tokens = stored.get(key)
+            if tokens is None:
+                tokens = stored[key] = {}
+            tokens[token] = _mark(event_time, item_key)
 
     def store_and_count(self, rows: list[EventRow], namespace: str, counter: str, count: int, after_us: int,
                         upto_us: int) -> asyncio.Future[int]:
