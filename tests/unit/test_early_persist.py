@@ -200,6 +200,29 @@ def test_a_stored_event_hides_only_itself_not_another_with_its_token(events) -> 
     asyncio.run(scenario())
 
 
+def test_writes_acknowledged_out_of_order_each_come_along_once(events) -> None:
+    """rows() skips the prefix of a counter's writes it found stored; a write acknowledged after a later one was
+    stored is still brought along, once."""
+    async def scenario() -> None:
+        early = EarlyPersist(events)
+        at = now_us()
+        late: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        early.note(mutation("c", 1, "a", at), late)  # its record not acknowledged yet
+        early.note(mutation("c", 1, "b", at + 1), acknowledged())
+        rows = early.rows(NS, "c")
+        assert [r[3] for r in rows] == ["b"]
+        await early.store_and_count(rows, NS.name, "c", 0, at - 1, at + 10)
+        assert early.rows(NS, "c") == []
+        late.set_result(None)
+        rows = early.rows(NS, "c")
+        assert [r[3] for r in rows] == ["a"]
+        await early.store_and_count(rows, NS.name, "c", 0, at - 1, at + 10)
+        early.note(mutation("c", 1, "d", at + 2), acknowledged())
+        assert [r[3] for r in early.rows(NS, "c")] == ["d"]
+        assert [r[3] for r in early.rows(NS, "c")] == ["d"], "a second look finds the same"
+    asyncio.run(scenario())
+
+
 def test_the_first_namespaces_call_stores_every_row_and_a_clear_replaces_the_rollup(events) -> None:
     other = REGISTRY["my_dataset_accurate"].name
 
