@@ -136,17 +136,23 @@ async def closed_loop(connect: Connect, *, concurrency: int, duration_s: float,
     return LoadResult(latencies, elapsed, errors, meter.stop(len(latencies)) if meter is not None else {})
 
 
-def _socket_connect(host: str, port: int, requests: Sequence[bytes], exchange: Callable) -> Connect:
+Requests = Sequence[bytes] | Callable[[int], bytes]  # request i: requests[i % len(requests)], or requests(i)
+
+
+def _socket_connect(host: str, port: int, requests: Requests, exchange: Callable) -> Connect:
+    make = requests if callable(requests) else (lambda i: requests[i % len(requests)])
+
     async def connect() -> tuple[Call, Callable[[], object]]:
         reader, writer = await asyncio.open_connection(host, port)
-        return (lambda i: exchange(reader, writer, requests[i % len(requests)])), writer.close
+        return (lambda i: exchange(reader, writer, make(i))), writer.close
     return connect
 
 
-def http_load(host: str, port: int, requests: Sequence[bytes], *, concurrency: int = 32, duration_s: float = 10,
+def http_load(host: str, port: int, requests: Requests, *, concurrency: int = 32, duration_s: float = 10,
               on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None,
               meter: Meter | None = None) -> LoadResult:
-    """Closed-loop HTTP/1.1 keep-alive load; `acked` (one slot per request) counts its 200 answers."""
+    """Closed-loop HTTP/1.1 keep-alive load of `requests` (a list, cycled, or a factory of request i); `acked` (one
+    slot per request of the list) counts its 200 answers."""
     return asyncio.run(closed_loop(_socket_connect(host, port, requests, _http_exchange), concurrency=concurrency,
                                    duration_s=duration_s, on_progress=on_progress, acked=acked, meter=meter))
 

@@ -46,11 +46,10 @@ import itertools
 import json
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import overload
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
@@ -126,12 +125,12 @@ def paused_pipeline(stack: LocalStack, load: Callable[..., LoadResult], caught_u
     return run
 
 
-class TokenedAdds(Sequence[bytes]):
-    """AddCount requests with idempotency tokens, one of its own per request: request i adds 1 to `names[i % n]`
-    with token `<prefix>-<i>` and the current time as its generation time (ISO 8601, milliseconds), made when it is
-    sent. Its length is a multiple of n beyond any load's count, so the load generator's `requests[i % len]` is
-    request i and `acked[i % n]` counts its counter. The body is formatted from a template and the time string is
-    made once a millisecond, so the load generator pays little more per request than a compiled client would."""
+class TokenedAdds:
+    """AddCount requests with idempotency tokens, one of its own per request: request i (`self(i)`, a request
+    factory for `bench.loadgen.http_load`) adds 1 to `names[i % n]` with token `<prefix>-<i>` and the current time as
+    its generation time (ISO 8601, milliseconds), made when it is sent; `acked[i % n]` counts its counter. The body is
+    formatted from a template and the time string is made once a millisecond, so the load generator pays little
+    more per request than a compiled client would."""
 
     def __init__(self, namespace: str, names: list[str], prefix: str) -> None:
         self.names = [name.encode() for name in names]
@@ -139,18 +138,7 @@ class TokenedAdds(Sequence[bytes]):
                          b'"generation_time":"%%s"}}' % (namespace.encode(), prefix.encode()))
         self._ms, self._now = -1, b""
 
-    def __len__(self) -> int:
-        return len(self.names) << 40
-
-    @overload
-    def __getitem__(self, i: int) -> bytes: ...
-
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[bytes]: ...
-
-    def __getitem__(self, i: int | slice) -> bytes | Sequence[bytes]:
-        if isinstance(i, slice):
-            raise TypeError("TokenedAdds makes one request at a time")
+    def __call__(self, i: int) -> bytes:
         ms = time.time_ns() // 1_000_000
         if ms != self._ms:
             self._ms = ms

@@ -1,14 +1,17 @@
-"""bench.loadgen.closed_loop: a server that stops answering fails the load instead of hanging the benchmark."""
+"""bench.loadgen: a server that stops answering fails the load instead of hanging the benchmark; http_load sends
+request i from a list or a factory."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable
 
 import pytest
 
-from bench.loadgen import Call, closed_loop
+from bench.loadgen import Call, closed_loop, http_load, http_post
+from bench.write import TokenedAdds
 
 
 def _connect_with(hang_after: dict[int, int], closed: list[int]) -> Callable:
@@ -58,3 +61,42 @@ def test_a_workers_own_failure_still_fails_the_load() -> None:
 
     with pytest.raises(ConnectionRefusedError):
         asyncio.run(closed_loop(connect, concurrency=2, duration_s=0.1, answer_grace_s=0.1))
+
+
+def test_http_load_sends_request_i_from_a_list_or_a_factory_and_counts_acks_per_slot() -> None:
+    """A list is cycled (request i is requests[i % len]); a factory makes request i itself, as bench.write's
+    TokenedAdds does (a token of its own per request); acked[i % len(acked)] counts request i's 200s."""
+    seen: list[bytes] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                seen.append(await reader.readexactly(length))
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    def run(requests: object, acked: list[int]) -> None:
+        async def main() -> None:
+            server = await asyncio.start_server(serve, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            async with server:
+                await asyncio.to_thread(http_load, "127.0.0.1", port, requests, concurrency=2, duration_s=0.3,
+                                        acked=acked)
+        asyncio.run(main())
+
+    acked = [0, 0]
+    run([http_post("/x", b"a"), http_post("/x", b"b")], acked)
+    assert set(seen) == {b"a", b"b"} and sum(acked) == len(seen) and abs(acked[0] - acked[1]) <= 2
+    seen.clear()
+    tokened = TokenedAdds("ns", ["c0", "c1"], "p")
+    acked = [0, 0]
+    run(tokened, acked)
+    bodies = [json.loads(b) for b in seen]
+    tokens = [b["idempotency_token"]["token"] for b in bodies]
+    assert len(set(tokens)) == len(tokens) == sum(acked), "one token of its own per request"
+    assert all(b["counter_name"] == f"c{int(t.split('-')[1]) % 2}" for b, t in zip(bodies, tokens, strict=True))
+    assert all(b["idempotency_token"]["generation_time"].endswith("Z") for b in bodies)
