@@ -100,11 +100,11 @@ class _Generation:
     _FIELDS values each (event time, token, item key, delta, clear flag, the record's acknowledgement future):
     no object per write, so noting allocates nothing the garbage collector counts (see EarlyPersist). `stored`:
     per counter, the events this process stored itself, by token (`_mark`: no container per event either). Looked
-    up by the token objects `writes` holds, whose hashes Python keeps: an identity string made per write and
-    check cost 15.6 µs per AddAndGetCount of a counter with ten stored recent writes, 3.3 µs now. One event per
-    token and counter is remembered: another one with the same token is stored again, which is idempotent.
-    `stored_upto`: per counter, the end of the prefix of `writes` found stored, which `rows` then skips, so an
-    AddAndGetCount of a hot counter costs its writes since the last one, not all of the last recent_s."""
+    up by the token objects `writes` holds, whose hashes Python keeps (an identity string made and hashed per write
+    cost 15.6 µs per AddAndGetCount of a counter with ten stored recent writes). One event per token and counter is
+    remembered: another one with the same token is stored again, which is idempotent. `stored_upto`: per counter,
+    the end of the prefix of `writes` found stored, which `rows` then skips, so an AddAndGetCount of a hot counter
+    costs its writes since the last one, not all of the last recent_s (0.9 µs a call with ten, 1.0 with 2,000)."""
 
     __slots__ = ("ends", "stored", "stored_upto", "writes")
 
