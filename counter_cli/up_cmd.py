@@ -49,8 +49,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "in-process cache), the service topics, one pipeline worker and the HTTP API. Prints the "
                     "endpoints and writes them, with the processes' pids, to <data dir>/endpoints.json. "
                     "A worker, API or memcached that dies is restarted (with backoff); the local broker's "
-                    "death stops everything (its topics are in memory). Ctrl-C stops everything cleanly, and "
-                    "no child outlives `counter up`, even if it is killed.",
+                    "death stops everything (its topics are in memory). Ctrl-C stops everything cleanly (the "
+                    "worker first persists what the local broker still holds), and no child outlives "
+                    "`counter up`, even if it is killed. The compiled parts (the worker's Avro readers, the "
+                    "API's plain AddCount) are built first when missing or stale.",
         epilog="example: COUNTER_DATA_DIR=/tmp/counter COUNTER_API_PORT=8081 counter up",
     )
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR (default .counter/)")
