@@ -8,6 +8,7 @@ yet persisted with it. Children die with `counter up`, even when it is killed wi
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
@@ -15,8 +16,16 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
-from counter_cli.common import add_no_compile, build_native_parts, console, namespaces_or_exit, settings_or_exit
+from counter_cli.common import (
+    add_no_compile,
+    build_native_parts,
+    console,
+    fail,
+    namespaces_or_exit,
+    settings_or_exit,
+)
 from infra.memcached import find_memcached
 from infra.process import ManagedProcess, ServiceError
 from infra.stack import LocalStack
@@ -31,6 +40,7 @@ BROKER_LOSS = (
     "that retry their writes with the same idempotency tokens are counted exactly once."
 )
 POLL_S = 0.25
+LOCK_FILE = "counter-up.lock"  # in the data directory: one `counter up` per directory (_lock_data_dir)
 STOP_TIMEOUT_S = 10.0  # per child: SIGTERM, then SIGKILL
 # With the local broker a worker's clean stop first persists what its partitions hold (COUNTER_PERSIST_DRAIN_S):
 # the broker keeps its topics in memory, so writes it acknowledged and no worker persisted would go with it.
@@ -100,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
     ns_path, registry = namespaces_or_exit(settings)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    lock = _lock_data_dir(settings.data_dir)  # held until the end of the stop, or of this process however it ends
     signals = StopSignals()
     signals.install()
     stack = LocalStack(settings.data_dir)
@@ -130,7 +141,30 @@ def run(args: argparse.Namespace) -> int:
     finally:
         _stop(stack, signals, stop_timeout)
         settings.endpoints_path.unlink(missing_ok=True)
+        lock.close()  # the directory is free once its endpoints file is gone
         console.print("stopped.")
+
+
+def _lock_data_dir(data_dir: Path) -> IO[str]:
+    """Own the data directory (an exclusive flock on `counter-up.lock`, which the kernel drops when this process
+    ends), or exit naming the `counter up` that owns it. Two stacks on one directory would share its stores with
+    two brokers whose partitions have the same names: each worker's persist watermark would overwrite the other's,
+    so a rollup could pass events the other had not persisted yet, and one stop would remove the other's
+    endpoints file."""
+    path = data_dir / LOCK_FILE
+    handle = open(path, "a+")  # noqa: SIM115  # held open for the life of the process: that is the lock
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "another process"
+        handle.close()
+        fail(f"{data_dir} is in use by another `counter up` (pid {owner}); stop it, or give this one another "
+             "data directory (--data-dir or COUNTER_DATA_DIR)", code=1)
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:

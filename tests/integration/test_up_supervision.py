@@ -366,3 +366,19 @@ def test_a_clean_stop_persists_the_writes_a_lagging_worker_had_not_read(tmp_path
                                  "clean stop and a start")
     finally:
         again.cleanup()
+
+
+def test_a_second_counter_up_on_the_same_data_directory_is_refused(up):
+    """Two stacks on one directory would share its stores with two brokers whose partitions have the same names
+    (each worker's persist watermark overwriting the other's). The second `counter up` exits naming the first,
+    starting nothing and leaving the first's endpoints file alone. (A start after a stop on the same directory is
+    test_a_clean_stop_persists_the_writes_a_lagging_worker_had_not_read's.)"""
+    env = counter_env(up.data_dir)
+    before = up.endpoints()
+    second = subprocess.run([*COUNTER, "up", "--no-compile"], env=env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=60)
+    assert second.returncode == 1, second.stderr
+    assert f"{up.data_dir} is in use by another `counter up` (pid {up.proc.pid})" in " ".join(second.stderr.split())
+    assert "counter is up" not in second.stderr
+    assert up.endpoints() == before
+    assert all(not gone(pid) for pid in up.pids().values())
