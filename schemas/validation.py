@@ -298,11 +298,21 @@ def plainly_valid(namespace: str, counter_name: str, delta: int, event_time: int
     )
 
 
+_PLAIN_NAMES: set[tuple[str, str]] = set()  # pairs found plainly valid: names repeat, two regexes per record do not
+
+
 def plainly_valid_names(namespace: str, counter: str) -> bool:
-    """True when a decoded (namespace, counter) pair is valid and pure ASCII (a rollup signal's fast path);
+    """True when a decoded (namespace, counter) pair is valid and pure ASCII (the plain records' fast paths);
     False means "not sure": callers then run the validators for the verdict and the message."""
-    return (NAMESPACE_MATCH(namespace) is not None and counter.isascii()
-            and ASCII_COUNTER_MATCH(counter) is not None)
+    key = (namespace, counter)
+    if key in _PLAIN_NAMES:
+        return True
+    if not (NAMESPACE_MATCH(namespace) is not None and counter.isascii() and ASCII_COUNTER_MATCH(counter) is not None):
+        return False
+    if len(_PLAIN_NAMES) >= 200_000:
+        _PLAIN_NAMES.clear()
+    _PLAIN_NAMES.add(key)
+    return True
 
 
 def validate_mutation(m: Mutation) -> Mutation:
