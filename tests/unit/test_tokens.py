@@ -16,6 +16,8 @@ def test_tokens_are_32_hex_digits_and_never_repeat_in_a_process() -> None:
     tokens = [new_token() for _ in range(100_000)]
     assert all(re.fullmatch(r"[0-9a-f]{32}", t) for t in tokens[:100] + tokens[-100:])
     assert len(set(tokens)) == len(tokens)
+    numbers = [int(t[16:], 16) for t in tokens]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), "the process's sequence, in order"
 
 
 def test_a_forked_child_draws_its_own_tokens() -> None:
