@@ -25,6 +25,7 @@ from streams.settings import Settings
 from streams.topics import partition_count
 
 CHUNK = 100  # records produced (and acknowledged) between two saves of the progress
+POLL_RECORDS = 1000  # records asked of each poll of the DLQ
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,8 @@ def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, progr
         progress.update(total=total)
         records: list[DeadRecord] = []
         while not ends.all_done and not stop():
-            for m in consumer.consume(1000, 0.5):
+            polled = consumer.consume(POLL_RECORDS, 0.5)
+            for m in polled:
                 if (err := m.error()) is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
                         continue
@@ -117,7 +119,7 @@ def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, progr
                     total = len(records)
                     progress.update(total=total)
                 progress.advance(1)
-            ends.idle(fetch_positions(consumer, topic, ends))
+            ends.idle(fetch_positions(consumer, topic, ends), drained=len(polled) < POLL_RECORDS)
         return records
     finally:
         progress.finish()

@@ -317,8 +317,9 @@ class Replay:
             progress.start("replaying", total=self.total, unit="records")
             try:
                 while not ends.all_done and not stop():
-                    await self._step(consumer, ends, from_us)
-                    finished = ends.idle(fetch_positions(consumer, self.topic, ends))
+                    polled = await self._step(consumer, ends, from_us)
+                    finished = ends.idle(fetch_positions(consumer, self.topic, ends),
+                                         drained=polled < self.options.batch_size)
                     if finished:
                         consumer.pause([TopicPartition(self.topic, p) for p in finished])
                 interrupted = stop()
@@ -336,7 +337,8 @@ class Replay:
                 consumer.close()
             await self.kafka.close()
 
-    async def _step(self, consumer: Consumer, ends: PartitionEnds, from_us: int | None) -> None:
+    async def _step(self, consumer: Consumer, ends: PartitionEnds, from_us: int | None) -> int:
+        """Read, persist and commit one batch; how many messages the poll returned."""
         messages = await asyncio.to_thread(consumer.consume, self.options.batch_size, 0.5)
         records: list[RawRecord] = []
         offsets: dict[int, int] = {}
@@ -373,6 +375,7 @@ class Replay:
             self.read += read
             self.progress.update(total=self.total)
             self.progress.advance(read, note=f"{self.writer.new:,} new events, {len(self.touched):,} counters")
+        return len(messages)
 
     def _filter(self, batch: PreparedBatch) -> PreparedBatch:
         ns, counters = self.options.namespace, self.counters

@@ -135,6 +135,7 @@ class PartitionEnds:
         self.quiet_s = quiet_s
         self.stop_after_us = stop_after_us
         self.parts: dict[int, _Part] = {}
+        self._drained_at = float("-inf")  # monotonic time of the last poll that left the consumer's queue empty
 
     def add(self, partition: int, *, start: int, high: int, stop_offset: int | None = None) -> None:
         part = _Part(high, stop_offset, start, time.monotonic())
@@ -159,12 +160,18 @@ class PartitionEnds:
         part.position = offset + 1
         return True
 
-    def idle(self, positions: dict[int, int] | None = None) -> list[int]:
+    def idle(self, positions: dict[int, int] | None = None, *, drained: bool = True) -> list[int]:
         """Mark partitions finished that reached their high watermark and stayed quiet; returns them.
 
         `positions` (the consumer's fetch positions) cover offsets consumed without a record to show for
-        them (transaction markers, compacted gaps)."""
+        them (transaction markers, compacted gaps). `drained`: the poll just made returned fewer records than it
+        asked for, so nothing waited in the consumer's queue. A partition is quiet only after such a poll since
+        its last record: the rest of its last batch arrives in the same fetch, but can wait in the queue behind
+        other partitions' records while a long batch is handled (a replay on a loaded machine took 15 of 20
+        records, its last batches left in the queue past the quiet time)."""
         now = time.monotonic()
+        if drained:
+            self._drained_at = now
         finished = []
         for p, part in self.parts.items():
             if part.done:
@@ -172,7 +179,8 @@ class PartitionEnds:
             if positions and positions.get(p, -1) > part.position:
                 part.position = positions[p]
             reached_stop = part.stop_offset is not None and part.position >= part.stop_offset
-            quiet_at_end = part.position >= part.high and now - part.last_seen >= self.quiet_s
+            quiet_at_end = (part.position >= part.high and now - part.last_seen >= self.quiet_s
+                            and self._drained_at >= part.last_seen)
             if reached_stop or quiet_at_end:
                 part.done = True
                 finished.append(p)

@@ -113,3 +113,15 @@ def test_fetch_positions_asks_only_for_partitions_still_read():
     for p in (0, 2):
         ends.parts[p].done = True
     assert fetch_positions(consumer, "t", ends) == {}
+
+
+def test_a_quiet_partition_ends_only_after_a_poll_that_left_the_queue_empty():
+    """The rest of a partition's last batch can wait in the consumer's queue behind other partitions' records while
+    a long batch is handled: past its quiet time it ends only once a poll returned less than it asked for."""
+    ends = PartitionEnds(snapshot_us=T, quiet_s=0.0)
+    ends.add(0, start=0, high=4)  # the last batch starts at 3; its other records are still queued
+    for offset in range(4):
+        assert ends.accept(0, offset, T - MICROS)
+    assert ends.idle(drained=False) == [] and not ends.done(0)  # the poll was full: more may be queued
+    assert ends.accept(0, 4, T - MICROS)  # the queued record comes in the next poll, and is taken
+    assert ends.idle(drained=True) == [0] and ends.done(0)
