@@ -144,10 +144,13 @@ class EarlyPersist:
                    acknowledged: asyncio.Future[None]) -> None:
         """`note` for a write given as its event's time, token, item key, delta and clear flag (what the worker
         stores; a plain AddCount has no Mutation, query_api.plain_add)."""
+        self.note_keyed(f"{namespace}:{counter}", event, acknowledged)
+
+    def note_keyed(self, key: str, event: tuple[int, str, str, int, bool], acknowledged: asyncio.Future[None]) -> None:
+        """`note_event` for the counter's key, "namespace:counter" (built in C by `_plain_add.add_request`)."""
         generation = self._generations[-1]
         if time.monotonic() >= generation.ends:
             generation = self._next_generation()
-        key = f"{namespace}:{counter}"
         writes = generation.writes.get(key)
         if writes is None:
             writes = generation.writes[key] = []

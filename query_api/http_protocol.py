@@ -144,19 +144,19 @@ class CounterHttpProtocol(HttpToolsProtocol):
         super().data_received(data)
 
     def _plain_request(self, data: bytes) -> bool:
-        """Take a chunk that is exactly one plain AddCount request (`_plain_add.plain_request`: HTTP/1.1, keep-alive,
+        """Take a chunk that is exactly one plain AddCount request (`_plain_add.add_request`: HTTP/1.1, keep-alive,
         plain headers, the whole body), arriving on an idle connection between messages, straight to
-        `write_plain`: no parser callbacks, a third of the Python such an AddCount cost. False when it is not
+        `write_plain_request`: no parser callbacks, a third of the Python such an AddCount cost. False when it is not
         taken, and the parser then reads the chunk as it reads any (a write refused here is refused there again,
         with its error: nothing was sent)."""
         cycle = self.cycle
         if (cycle is not None and not cycle.response_complete) or self.pipeline or self.limit_concurrency is not None:
             return False
         service = self.app_state.get("service")
-        if service is None or (read := service.plain_request) is None or (body := read(data)) is None:
+        if service is None:
             return False
         try:
-            plain = service.write_plain(body)
+            plain = service.write_plain_request(data)
         except SERVICE_ERRORS:  # refused before anything was sent (admission): the parser's way answers it
             return False
         except Exception as exc:  # unexpected: the 500 the parser's way would give
@@ -169,7 +169,12 @@ class CounterHttpProtocol(HttpToolsProtocol):
             return False
         self._idle_since = None
         answer, acknowledged = plain
-        self._answer_when_acknowledged(answer, acknowledged, self._fast_cycle(keep_alive=True))  # HTTP/1.1, no close
+        fast: Any = cycle  # uvicorn types it RequestResponseCycle; a FastCycle on this path
+        if type(fast) is FastCycle and fast.keep_alive and not fast.disconnected:  # the last one's, answered
+            fast.response_complete = False  # reused: a request object less per write on a keep-alive connection
+        else:
+            fast = self._fast_cycle(keep_alive=True)  # HTTP/1.1, no close
+        self._answer_when_acknowledged(answer, acknowledged, fast)
         return True
 
     # -- httptools parser callbacks ---------------------------------------------------------------------

@@ -7,8 +7,10 @@ body, answer, the response's bookkeeping) where the group-commit floor of bench/
 of it cost about 1.5% of the write rate on this two-core box. No part was above 1.5 µs, so no trimming in Python
 closed the gap. `read_add` takes the plainest body ({"namespace", "counter_name", "delta"} and optionally an
 "idempotency_token" of "token" and "generation_time"; printable ASCII, no escapes) and returns its fields in one
-call; `encode_add` returns the Avro body and the answer's JSON in one more. Anything else returns None and goes the
-Python way (query_api.fastpath, then the FastAPI route), so every error keeps its one implementation.
+call; `encode_add` returns the Avro body and the answer's JSON in one more. `add_request` does both, and reads the
+HTTP request around the body (`plain_request`), in one call for a write without a token, drawing its time and token
+itself. Anything else returns None and goes the Python way (query_api.fastpath, then the FastAPI route), so every
+error keeps its one implementation.
 
 `plain_add()` is the build while its SHA-256 stamp matches the source, else None: an edited source is never
 shadowed by a stale build, and without a C compiler the API runs as before, only slower.
@@ -44,6 +46,9 @@ class PlainAdd(Protocol):
                    token: str, /) -> tuple[bytes, bytes] | None: ...
 
     def plain_request(self, data: bytes, /) -> bytes | None: ...
+
+    def add_request(self, data: bytes, namespaces: dict[str, str], /) -> (
+            tuple[bytes, bytes, str, tuple[int, str, str, int, bool]] | bytes | None): ...
 
 
 def source_digest() -> str:

@@ -168,8 +168,8 @@ class CounterService:
         self.plain_types = {ns.name: ns.counter_type.value for ns in registry.values()
                             if ns.counter_type is not CounterType.BEST_EFFORT and not ns.requires_auth
                             and ns.unique is None and eligible(ns)}
-        # the C reader of a whole plain AddCount request (query_api.http_protocol's shortcut), None without a build
-        self.plain_request = self._plain_add.plain_request if self._plain_add is not None else None
+        # the C reader of a whole plain AddCount request (`write_plain_request`), None without a build
+        self._add_request = self._plain_add.add_request if self._plain_add is not None else None
 
     def namespace(self, name: str) -> Namespace:
         ns = self.registry.get(name)
@@ -316,6 +316,21 @@ class CounterService:
         avro_body, answer = encoded
         acknowledged = self.producer.send_body(avro_body)
         self.early.note_event(namespace, counter, (event_time, token, "", delta, False), acknowledged)
+        return answer, acknowledged
+
+    def write_plain_request(self, data: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
+        """`write_plain` for a whole request (query_api.http_protocol's shortcut): one C call reads the request and,
+        when it brings no token, draws the event's time and token and encodes it (`_plain_add.add_request`); one
+        that brings a token or a generation time goes through `write_plain`. None when `data` is not one plain
+        AddCount request of a plain namespace (the HTTP parser then reads it)."""
+        add = self._add_request
+        if add is None or (taken := add(data, self.plain_types)) is None:
+            return None
+        if isinstance(taken, bytes):  # its own token or generation time, validated in Python
+            return self.write_plain(taken)
+        avro_body, answer, key, event = taken
+        acknowledged = self.producer.send_body(avro_body)
+        self.early.note_keyed(key, event, acknowledged)
         return answer, acknowledged
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:

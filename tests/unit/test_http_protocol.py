@@ -175,7 +175,6 @@ class FakeService:
         self.write_raises: BaseException | None = None
         self.plain: dict[bytes, bytes] = {}  # write_plain's answers by body; any other body: None (the Python path)
         self.plain_raises: dict[bytes, Exception] = {}  # bodies write_plain refuses (as admission does)
-        self.plain_request = BUILD.plain_request if BUILD is not None else None  # the real C reader, as the service
 
     def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
         """As CounterService.write_plain: the bodies of `plain` share one future per loop pass, as group commit's
@@ -192,6 +191,12 @@ class FakeService:
             self._pass_open = True
             asyncio.get_running_loop().call_soon(setattr, self, "_pass_open", False)
         return answer, shared
+
+    def write_plain_request(self, data: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
+        """As CounterService.write_plain_request: the body of a whole plain request (the real C reader) goes to
+        `write_plain`."""
+        body = BUILD.plain_request(data) if BUILD is not None else None
+        return None if body is None else self.write_plain(body)
 
     _pass_open = False
 
@@ -635,6 +640,26 @@ def test_a_plain_addcount_behind_a_pending_one_waits_its_turn(run) -> None:
             "POST", "/v1/AddCount", len(bodies["second"]))
         await until(lambda: len(c.transport.data) >= len(expected), "both responses")
         assert c.transport.take() == expected
+    run(scenario)
+
+
+def test_a_shutdown_during_the_next_addcount_taken_whole_closes_after_its_response(run) -> None:
+    """The request state of a keep-alive connection is reused from one AddCount taken whole to the next: a graceful
+    shutdown while the second is pending still answers it with `connection: close`, then closes."""
+    async def scenario() -> None:
+        service, bodies = plain_service("a", "b")
+        c = Connection(service)
+        c.send(post("/v1/AddCount", bodies["a"]))
+        service.settle(None)
+        await until(lambda: c.transport.data, "the first response")
+        assert c.transport.take() == fast_response(200, service.plain[bodies["a"]])
+        c.send(post("/v1/AddCount", bodies["b"]))
+        c.protocol.shutdown()
+        assert not c.transport.closed
+        service.settle(None)
+        await until(lambda: c.transport.closed, "the connection to close")
+        assert c.transport.take() == fast_response(200, service.plain[bodies["b"]], keep_alive=False)
+        assert c.transport.writes_after_close == []
     run(scenario)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import httptools
@@ -19,6 +20,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from control_plane import parse_namespaces
+from producers import new_token
 from query_api import plain_add as plain_add_module
 from query_api.early_persist import eligible
 from query_api.responses import add_json
@@ -325,3 +327,75 @@ def test_every_plain_keep_alive_addcount_request_is_taken(headers: list[tuple[st
     head = "".join(f"{data.draw(st.sampled_from([name, name.lower(), name.upper()]))}: {value}\r\n"
                    for name, value in chosen)
     assert needs_build().plain_request(f"POST /v1/AddCount HTTP/1.1\r\n{head}\r\n".encode() + body) == body
+
+
+# -- add_request: the request, the body and its encoding in one call -----------------------------------------------
+
+def request_of(body: bytes) -> bytes:
+    return b"POST /v1/AddCount HTTP/1.1\r\nHost: bench\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def is_token(token: str) -> bool:
+    return len(token) == 32 and all(c in "0123456789abcdef" for c in token)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(plain_bodies() | other_bodies() | corrupted(plain_bodies()))
+def test_add_request_is_plain_request_then_read_add_then_encode_add(body: bytes) -> None:
+    """A body without a token is encoded as encode_add encodes it, at the time it was taken, with a token of its
+    own; one with a token or a generation time comes back for the Python path to validate; the rest is declined."""
+    plain = needs_build()
+    before = time.time_ns() // 1000
+    taken = plain.add_request(request_of(body), TYPES)
+    after = time.time_ns() // 1000
+    reading = plain.read_add(body, TYPES)
+    if reading is None:
+        assert taken is None, body
+    elif reading[4] is not None or reading[5] is not None:
+        assert taken == body
+    else:
+        assert type(taken) is tuple, body
+        avro_body, answer, key, event = taken
+        namespace, counter, delta, counter_type, _, _ = reading
+        event_time, token, item_key, event_delta, clear = event
+        assert before <= event_time <= after and is_token(token)
+        assert (avro_body, answer) == plain.encode_add(namespace, counter, delta, counter_type, event_time, token)
+        assert (key, item_key, event_delta, clear) == (f"{namespace}:{counter}", "", delta, False)
+    assert plain.add_request(body, TYPES) is None  # a body alone is not a request
+
+
+def test_add_request_tokens_are_this_process_s_own_and_a_forked_child_draws_others() -> None:
+    """Unique tokens: one prefix per process, then a number that counts up; never new_token's prefix (so the two
+    never meet); a forked child has a prefix of its own, as new_token's does."""
+    plain = needs_build()
+    data = request_of(b'{"namespace":"ev","counter_name":"c","delta":1}')
+    tokens = [plain.add_request(data, TYPES)[3][1] for _ in range(3)]  # type: ignore[index]
+    assert len({t[:16] for t in tokens}) == 1 and all(map(is_token, tokens))
+    numbers = [int(t[16:], 16) for t in tokens]
+    assert numbers == list(range(numbers[0], numbers[0] + 3))
+    assert new_token()[:16] != tokens[0][:16]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next token, then out at once
+        os.write(write, plain.add_request(data, TYPES)[3][1].encode())  # type: ignore[index]
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.waitpid(pid, 0)
+    os.close(read)
+    assert is_token(child) and child[:16] != tokens[0][:16]
+
+
+def test_add_request_leaks_no_reference() -> None:
+    plain = needs_build()
+    counter_type = TYPES["ev"]
+    data = request_of(b'{"namespace":"ev","counter_name":"c","delta":1}')
+    tokened = request_of(b'{"namespace":"ev","counter_name":"c","delta":1,"idempotency_token":{"token":"t"}}')
+    before = sys.getrefcount(counter_type), sys.getrefcount(data), sys.getrefcount(False), sys.getrefcount(None)
+    for _ in range(10_000):
+        assert type(plain.add_request(data, TYPES)) is tuple
+        assert type(plain.add_request(tokened, TYPES)) is bytes
+        assert plain.add_request(data.replace(b'"ev"', b'"be"'), TYPES) is None  # not a namespace of this path
+    after = sys.getrefcount(counter_type), sys.getrefcount(data), sys.getrefcount(False), sys.getrefcount(None)
+    assert after[:2] == before[:2]
+    assert abs(after[2] - before[2]) < 1_000 and abs(after[3] - before[3]) < 1_000  # shared: they move a little

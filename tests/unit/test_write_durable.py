@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -69,9 +69,11 @@ TOKENS = [None, {"token": "retry-safe-1"}, {"token": "retry-safe-2", "generation
 NOW_NS = 1_795_662_001_123_456_789  # a second after the generation times above: inside every accept window
 
 
-def plain_and_durable(ns_name: str, token: dict[str, Any] | None) -> tuple[list[Any], ...]:
+def plain_and_durable(ns_name: str, token: dict[str, Any] | None, *, whole: bool = False,
+                      drew: Callable[[int, str], None] | None = None) -> tuple[list[Any], ...]:
     """What write_plain (the C path) and write_durable do for the same AddCount: (bodies sent, read-your-write marks,
-    the events noted for read-your-write, the answer) of each."""
+    the events noted for read-your-write, the answer) of each. `whole`: the C path is write_plain_request, given the
+    whole HTTP request; `drew` is then told the event time and token it drew, before write_durable runs."""
     body: dict[str, Any] = {"namespace": ns_name, "counter_name": "c-1", "delta": -7}
     if token is not None:
         body["idempotency_token"] = token
@@ -83,7 +85,10 @@ def plain_and_durable(ns_name: str, token: dict[str, Any] | None) -> tuple[list[
             svc = CounterService(REGISTRY, producer=producer, signals=None, events=None, rollups=None,  # type: ignore[arg-type]
                                  cache=None, counters=None)  # type: ignore[arg-type]
             if plain:
-                result = svc.write_plain(orjson.dumps(body))
+                raw = orjson.dumps(body)
+                result = (svc.write_plain_request(b"POST /v1/AddCount HTTP/1.1\r\nHost: api\r\nContent-Length: "
+                                                  b"%d\r\n\r\n%s" % (len(raw), raw)) if whole
+                          else svc.write_plain(raw))
                 assert result is not None, "the plain body was not taken"
                 answer = result[0]
             else:
@@ -93,6 +98,8 @@ def plain_and_durable(ns_name: str, token: dict[str, Any] | None) -> tuple[list[
             noted = [(key, writes[:-1]) for generation in svc.early._generations
                      for key, writes in generation.writes.items()]  # the acknowledgement future left out
             sent.append((producer.bodies, producer.marked, noted, answer))
+            if plain and drew is not None:
+                drew(*noted[0][1][:2])
         return tuple(sent)
 
     return asyncio.run(scenario())
@@ -148,3 +155,36 @@ def test_write_plain_declines_what_is_not_a_plain_add_of_a_plain_namespace(fixed
                                   ]]
 
     assert asyncio.run(scenario()) == [None, None, None, None]
+
+
+@pytest.mark.parametrize("ns_name", ["my_dataset", "my_dataset_accurate"])
+def test_a_whole_plain_request_is_sent_noted_and_answered_as_write_durable_does(monkeypatch: pytest.MonkeyPatch,
+                                                                                ns_name: str) -> None:
+    """write_plain_request draws the time and token in C (`_plain_add.add_request`); with the clock and new_token
+    fixed to what it drew, write_durable sends, notes and answers the same."""
+    if service_module.plain_add() is None:
+        assert os.environ.get("COUNTER_TEST_PURE_PYTHON") == "1", "no C build: run `python -m query_api.plain_add`"
+        pytest.skip("COUNTER_TEST_PURE_PYTHON=1: no C build on this machine")
+
+    def fix_clock(event_time: int, token: str) -> None:
+        monkeypatch.setattr(service_module.time, "time_ns", lambda: event_time * 1000)
+        monkeypatch.setattr(service_module, "new_token", lambda: token)
+
+    via_plain, via_durable = plain_and_durable(ns_name, None, whole=True, drew=fix_clock)
+    assert via_plain == via_durable
+    assert via_plain[2][0][0] == f"{ns_name}:c-1" and via_plain[2][0][1][2:] == ["", -7, False]
+
+
+def test_a_whole_plain_request_with_its_own_token_goes_through_write_plain(fixed_clock: None) -> None:
+    async def scenario() -> tuple[Any, Any]:
+        svc = CounterService(REGISTRY, producer=BodyRecordingProducer(), signals=None, events=None,  # type: ignore[arg-type]
+                             rollups=None, cache=None, counters=None)  # type: ignore[arg-type]
+        body = orjson.dumps({"namespace": "my_dataset", "counter_name": "c", "delta": 1,
+                             "idempotency_token": {"token": "retry-safe-1"}})
+        request = b"POST /v1/AddCount HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        whole = svc.write_plain_request(request)
+        declined = svc.write_plain_request(request.replace(b"my_dataset", b"plays"))  # dimensions: not this path
+        return whole and orjson.loads(whole[0]), declined
+
+    answer, declined = asyncio.run(scenario())
+    assert answer["idempotency_token"] == "retry-safe-1" and declined is None
