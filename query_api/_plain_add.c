@@ -29,7 +29,7 @@
    keep-alive; names in any case, values printable ASCII) and whose body is exactly Content-Length bytes, at most
    MAX_REQUEST_BODY: what a keep-alive client sends for one AddCount, read without the HTTP parser's callbacks (one
    Python call each: query_api.http_protocol). Anything else returns None and goes to the parser. Tests hold every
-   request it takes to what httptools reads from it.
+   request it takes to what httptools reads from it; add_request reads requests with the same code.
 
    add_request(data: bytes, namespaces: dict[str, str])
        -> (avro_body: bytes, answer: bytes, key: str, event: tuple) | body: bytes | None
