@@ -10,6 +10,7 @@ import pytest
 
 from bench.common import group_commit_floor
 from infra.broker import LocalBroker
+from infra.process import ManagedProcess
 from tests.helpers import read_all
 
 pytestmark = pytest.mark.integration
@@ -20,11 +21,18 @@ def request(body: bytes) -> bytes:
             b"content-length: %d\r\n\r\n%s" % (len(body), body))
 
 
-async def post_together(host: str, port: int, bodies: list[bytes]) -> list[bytes]:
-    """Open a connection per body, then send every request at once, then read each status line."""
-    connections = await asyncio.gather(*(asyncio.open_connection(host, port) for _ in bodies))
-    for (_, writer), body in zip(connections, bodies, strict=True):
-        writer.write(request(body))
+async def post_together(server: ManagedProcess, bodies: list[bytes]) -> list[bytes]:
+    """Open a connection per body, then send every request while the server is frozen (so they are all waiting
+    when it reads: a busy machine could otherwise let it answer each before the next is written), then read each
+    status line."""
+    connections = await asyncio.gather(*(asyncio.open_connection(server.host, server.port) for _ in bodies))
+    server.pause()
+    try:
+        for (_, writer), body in zip(connections, bodies, strict=True):
+            writer.write(request(body))
+            await writer.drain()
+    finally:
+        server.resume()
     statuses = [await reader.readline() for reader, _ in connections]
     for _, writer in connections:
         writer.close()
@@ -35,7 +43,7 @@ def test_every_answered_post_is_in_an_acknowledged_record(kafka_bootstrap: str, 
                                                          tmp_path: Path) -> None:
     bodies = [b'{"n":%d}' % i for i in range(40)]
     with group_commit_floor(tmp_path, kafka_bootstrap, topic_name) as floor:
-        statuses = asyncio.run(asyncio.wait_for(post_together(floor.host, floor.port, bodies), 30))
+        statuses = asyncio.run(asyncio.wait_for(post_together(floor, bodies), 30))
     assert statuses == [b"HTTP/1.1 200 OK\r\n"] * len(bodies)
     records = read_all(kafka_bootstrap, topic_name)
     stored = b"".join(r.value for r in records)
