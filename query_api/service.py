@@ -384,8 +384,8 @@ class CounterService:
         now (by the persist watermark, when known) by more than `read_signal_lag_s`. A converged counter read in
         a loop then costs the workers one rollup per lag period (shared by every API process) instead of one
         per read, and none while the watermark stands still (idle workers send no heartbeats once every write is
-        covered: a rollup could not move); written counters are signalled by the persist path anyway, and the
-        sweep repairs lost signals."""
+        covered: a rollup could not move); written counters are signalled by the persist path anyway (so an
+        AddAndGetCount, a write, sends none), and the sweep repairs lost signals."""
         now_us = time.time_ns() // 1000
         if rollup_ts < rollup_boundary(now_us, self.watermark_us or now_us, ns) - self.read_signal_lag_us:
             self.signals.emit(ns.name, counter)
@@ -504,8 +504,7 @@ class CounterService:
         if early is not None:
             return early
         await self.wait_persisted(ns, counter, event_time, token, item_key)
-        count, rollup_ts = await self.rollup_of(ns, counter)
-        self.signal_if_stale(ns, counter, rollup_ts)
+        count, rollup_ts = await self.rollup_of(ns, counter)  # no read signal: the write's own persist signals it
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
 
     async def counted_early(self, ns: Namespace, counter: str, event_time: int, token: str) -> Count | None:
@@ -517,8 +516,7 @@ class CounterService:
         rows = self.early.rows(ns, counter)  # acknowledged and admissible only
         if not any(row[2] == event_time and row[3] == token for row in rows):
             return None  # not admissible, or sent longer than recent_s ago: the worker's to store
-        count, rollup_ts = await self.rollup_of(ns, counter)
-        self.signal_if_stale(ns, counter, rollup_ts)
+        count, rollup_ts = await self.rollup_of(ns, counter)  # no read signal: the worker's persist of it signals
         try:
             live = await self.early.store_and_count(rows, ns.name, counter, count, rollup_ts, self._live_horizon(ns))
         except Exception:  # logged by EarlyPersist; the worker will store them
