@@ -1,4 +1,6 @@
-"""Rollup signals from reads: fire and forget, throttled per counter so a hot counter costs one per second."""
+"""Rollup signals from reads: fire and forget, throttled per counter so a hot counter costs one per second, and
+sent once per event-loop pass (one record per partition) rather than one record per counter: each record costs the
+broker a produce request (150-220 µs on the local broker) and the worker's rollup agent a Faust event."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class ReadSignals:
         self._last: dict[tuple[str, str], float] = {}
         self._started_at = -1e9
         self._starting: asyncio.Future[None] | None = None
+        self._pending: list[tuple[str, str]] = []  # this loop pass's signals, sent together at its end
 
     async def start(self) -> None:
         """Learn the rollups topic's partitions; if the broker is not there yet, the next reads try again."""
@@ -43,10 +46,23 @@ class ReadSignals:
             if now - self._started_at > 5.0 and (self._starting is None or self._starting.done()):
                 self._starting = asyncio.ensure_future(self.start())
             return
+        if not self._pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._pending.append(key)
+
+    def _flush(self) -> None:
+        keys, self._pending = self._pending, []
+        self._send(keys)
+
+    def _send(self, keys: list[tuple[str, str]]) -> None:
         try:
-            self.sender.send([key]).add_done_callback(_log_failure)
-        except Exception as exc:  # e.g. the broker was unreachable when the API started
-            log.warning("rollup signal for %s:%s not sent: %s", namespace, counter, exc)
+            self.sender.send(keys).add_done_callback(_log_failure)
+        except Exception as exc:  # e.g. a name the sender refuses, or a full local queue
+            if len(keys) > 1:  # each alone: only the one at fault is lost (the worker's sweep repairs a lost signal)
+                for key in keys:
+                    self._send([key])
+                return
+            log.warning("rollup signal for %s:%s not sent: %s", *keys[0], exc)
 
 
 def _log_failure(future: asyncio.Future) -> None:
