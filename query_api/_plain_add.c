@@ -40,8 +40,8 @@
    this process's next number; the prefix is this module's own, so its tokens and new_token's never meet. `key` is
    "namespace:counter_name" and `event` (event time, token, "", delta, False): what query_api.early_persist notes.
    A plain request of such a namespace whose plain body brings a token or a generation time returns its body (the
-   caller validates them: CounterService.write_plain); anything else None. Why one call: the three calls, the token and the clock
-   read in Python were 0.8 µs of an AddCount's 4 µs of Python (no network). */
+   caller validates them: CounterService.write_plain); anything else None. Why one call: the three calls, the token
+   and the clock read in Python were 0.8 µs of an AddCount's 4 µs of Python (no network). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
