@@ -15,7 +15,7 @@ import query_api.signals as signals_module
 from control_plane import default_config_path, load_namespaces
 from control_plane.admission import rollup_boundary
 from producers.client import DeliveryError
-from query_api.service import CounterService
+from query_api.service import CounterService, Written
 from query_api.signals import ReadSignals
 from schemas import MICROS, counter_key, decode_signals
 from streams.signals import SignalSender
@@ -228,8 +228,6 @@ def test_add_and_get_count_sends_no_read_signal_even_for_a_stale_counter(early: 
     counters of its checkpoint, one record per partition). A read signal beside it was one more record per counter
     (0.045 a request at c=32 over 1,000 counters, against 0.003 from the persist path), which the broker and the
     worker's rollup agent paid for."""
-    from query_api.service import Written
-
     ns = REGISTRY["my_dataset"]
     svc, signals = service(lag_s=0.0)  # every read of a lagging rollup would signal
     written = Written(ns, "c", "token-1", time.time_ns() // 1000)
