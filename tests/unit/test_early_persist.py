@@ -179,7 +179,7 @@ def test_writes_this_process_stored_are_not_stored_again(events) -> None:
         assert early.rows(NS, "c") == []
         await asyncio.sleep(0.25)
         early.note(mutation("d", 1, "u", now_us()), acknowledged())  # noting forgets what is older, stored ones too
-        assert [(g.writes.keys(), g.stored) for g in early._generations] == [({"my_dataset:d"}, {})]
+        assert [g.writes.keys() for g in early._generations] == [{"my_dataset:d"}]
     asyncio.run(scenario())
 
 
