@@ -370,6 +370,31 @@ def test_fast_path_best_effort_add_refuses_overflow_and_counts_exactly(stack):
     assert get_count(stack, "my_dataset_best_effort", counter) == 150 * 3
 
 
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_is_json_whatever_its_content_type_on_every_path(stack, content_type):
+    """`curl -d` without a header sends the form type; other clients send none. The C path, the Python fast path
+    and the FastAPI route all read the body as JSON, so the same write is counted whichever takes it (the route
+    answered 422 "Input should be a valid dictionary" before)."""
+    name = f"ctype-{uuid.uuid4().hex[:8]}"
+    typed = [] if content_type is None else [f"Content-Type: {content_type}"]
+    plain = {"namespace": "my_dataset", "counter_name": name, "delta": 1}
+    bodies = [plain,  # the C path
+              {**plain, "idempotency_token": {"token": uuid.uuid4().hex, "generation_time": now_iso()}},
+              {**plain, "dimensions": {}}]  # the route: the fast paths decline a field they do not read
+    for body in bodies:
+        data = json.dumps(body).encode()
+        head = ["POST /v1/AddCount HTTP/1.1", "Host: t", *typed, f"Content-Length: {len(data)}"]
+        (line, _, text), = _raw_http(stack.apis[0].port, ("\r\n".join(head) + "\r\n\r\n").encode() + data, 1)
+        assert line == b"HTTP/1.1 200 OK", (body, text[:300])
+        assert json.loads(text)["counter_name"] == name
+    wait_for(lambda: get_count(stack, "my_dataset", name) == 3, 30, message="every write to be counted")
+    data = b"{nope"
+    (line, _, text), = _raw_http(stack.apis[0].port, b"POST /v1/AddCount HTTP/1.1\r\nHost: t\r\n"
+                                 + "".join(t + "\r\n" for t in typed).encode()
+                                 + b"Content-Length: %d\r\n\r\n" % len(data) + data, 1)
+    assert line.split()[1] == b"422" and b"JSON decode error" in text
+
+
 def test_idle_keep_alive_connections_close_and_busy_ones_stay_open(stack):
     """The protocol arms one keep-alive timer per idle period instead of one per request: an idle connection
     still closes after COUNTER_API_KEEP_ALIVE_S, and one kept busy (fast path and app requests) past several
