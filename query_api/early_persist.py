@@ -13,16 +13,28 @@ No rollup can have passed the event: a rollup stops at a boundary below every ev
 worker (control_plane.admission.rollup_boundary), and this event is one of those until the worker stores it.
 What must hold is that the worker admits it too, or the count would include an event the worker dead-letters:
 `admissible` asks for the event time to be inside the namespace's accept_limit as of now with a margin of two
-max_clock_skew (the record's timestamp and the worker's clock may differ from ours by that much). Writes that are
-not plain adds (dimensions, items) or not admissible this way wait for the worker as before.
+max_clock_skew (the record's timestamp and the worker's clock may differ from ours by that much), and `note` keeps
+an event dated after the moment it was sent for the worker alone: its record reached Kafka after that moment, by
+the broker's clock no earlier than one max_clock_skew before ours, so an event no later than it is never "after the
+record reached Kafka" by more than the skew the worker allows. Writes that are not plain adds (dimensions, items)
+or not admissible this way wait for the worker as before.
 
 A client's earlier writes of the same counter come along. A ClearCount or an AddCount that this process had
-acknowledged shortly before may not be persisted by the worker yet; a count with the new delta but without the clear
-before it would surprise the client. So `note` keeps, per counter, the rows of this process's durable writes of the
-last `recent_s` (forgotten an eighth of it at a time, so up to 9/8 of it); `rows` gives those acknowledged and
-admissible and not yet stored by this process, the new one among them, and `store` writes them in one transaction
-(all idempotent). Writes through another API process, or older than `recent_s`, are the worker's to persist, as they
-always were.
+acknowledged before may not be persisted by the worker yet; a count with the new delta but without the clear before
+it would surprise the client. So `note` keeps, per counter, the rows of this process's durable writes of the last
+`recent_s` (forgotten an eighth of it at a time, so up to 9/8 of it); `rows` gives those acknowledged and not yet
+stored by this process, the new one among them, and `store` writes them in one transaction (all idempotent). Two
+cases leave the count to the worker instead (the caller waits for it to persist the write, as before):
+
+- `rows` found an acknowledged write of the counter that this process may not store (not admissible any more, or
+  dated after it was sent): storing the others without it would leave it out of the count (`Rows.blocked`);
+- this process forgot writes the worker may not have persisted yet: `covered(watermark_us)` holds once the persist
+  watermark (DESIGN invariant 3: every record that reached Kafka before it is persisted) is past the forgotten ones
+  by `ACK_MARGIN_S`. `recent_s` (10 s) is kept well above how far the watermark trails a busy pipeline (its
+  heartbeats, the persist fetch pace, the skew it is stamped back by: about 3 s here), so the check passes unless
+  the worker lags (a restart, a rebalance).
+
+Writes through another API process are the worker's to persist, as they always were.
 
 Only namespaces where every durable write is one plain event qualify (`eligible`: no dimensions, whose clears
 the worker expands to combinations, and not UNIQUE, whose adds carry items).
@@ -75,6 +87,8 @@ def event_row(m: Mutation) -> EventRow:
 
 _FIELDS = 6  # values kept per write in a generation (see _Generation)
 _GENERATIONS = 8  # recent_s is kept in this many generations: a write is forgotten recent_s to 9/8 recent_s after
+_WORKERS = object()  # in place of a write's acknowledgement future: the worker's to store, never this process's
+ACK_MARGIN_S = 1.0  # how long after it was noted a forgotten write's record may still reach Kafka (`covered`)
 
 
 _Count = tuple[str, str, int, int, int]  # namespace, counter, rollup count, after_us (its rollup_ts), upto_us
@@ -84,11 +98,12 @@ class Rows(list[EventRow]):
     """`EarlyPersist.rows`: the events to store, and where each is noted (its counter's flat list of writes and
     its offset there), so that `store_and_count` marks them stored in place once they are."""
 
-    __slots__ = ("places",)
+    __slots__ = ("blocked", "places")
 
     def __init__(self) -> None:
         super().__init__()
         self.places: list[tuple[list[Any], int]] = []
+        self.blocked = False  # an acknowledged write of the counter is not among them: this process may not store it
 
 
 class _Generation:
@@ -97,11 +112,11 @@ class _Generation:
     `writes`: per counter ("namespace:counter"; a namespace has no ':'), one flat list: first the offset where its
     writes not yet found stored begin, then its writes in sending order, _FIELDS values each (event time, token,
     item key, delta, clear flag, the record's acknowledgement future, which becomes None once this process stored
-    the event): no object per write, so noting allocates nothing the garbage collector counts (see EarlyPersist).
-    `rows` skips the prefix found stored, so an AddAndGetCount of a hot counter costs its writes since the last
-    one, not all of the last recent_s, and one dict lookup per generation finds everything about a counter (the
-    stored events were kept apart, by token, before: 3-6 µs a call over 1,000 counters, 17% of the API's event
-    loop under c=32 AddAndGetCount)."""
+    the event, or `_WORKERS` for an event this process must not store): no object per write, so noting allocates
+    nothing the garbage collector counts (see EarlyPersist). `rows` skips the prefix found stored, so an
+    AddAndGetCount of a hot counter costs its writes since the last one, not all of the last recent_s, and one dict
+    lookup per generation finds everything about a counter (the stored events were kept apart, by token, before:
+    3-6 µs a call over 1,000 counters, 17% of the API's event loop under c=32 AddAndGetCount)."""
 
     __slots__ = ("ends", "writes")
 
@@ -115,9 +130,10 @@ class EarlyPersist:
     that may be stored; `store_and_count(rows, ...)` stores them and answers the counter's count including them
     (group-committed per loop pass), or fails with the store's error (the caller then waits for the worker)."""
 
-    def __init__(self, events: EventStore, *, recent_s: float = 2.0) -> None:
+    def __init__(self, events: EventStore, *, recent_s: float = 10.0) -> None:
         self.events = events
         self.recent_s = recent_s
+        self.forgotten_us = 0  # wall-clock µs before which every write this process noted is forgotten (0: none)
         # `note` runs on every durable write, so it must cost next to nothing: the last recent_s is kept in
         # generations of recent_s / _GENERATIONS, and forgetting drops a whole generation (no work per write).
         # Per write only plain values go into an existing list, never a new container object: the collector
@@ -150,21 +166,28 @@ class EarlyPersist:
         if writes is None:
             writes = generation.writes[key] = [1]  # nothing found stored yet: the writes begin at 1
         writes += event
-        writes.append(acknowledged)
+        # dated after now (a client's generation_time): the worker may refuse it (see the module's docstring)
+        writes.append(acknowledged if event[0] <= time.time_ns() // 1000 else _WORKERS)
 
     def _next_generation(self) -> _Generation:
         """Start a generation, forgetting those wholly older than recent_s."""
         now = time.monotonic()
         generations = self._generations
         while generations and generations[0].ends <= now - self.recent_s:
-            generations.popleft()
+            forgotten = generations.popleft()
+            self.forgotten_us = time.time_ns() // 1000 - int((now - forgotten.ends) * MICROS)
         generation = _Generation(now + self._span)
         generations.append(generation)
         return generation
 
+    def covered(self, watermark_us: int) -> bool:
+        """Whether every write this process forgot is persisted by the worker, by the persist watermark (µs; 0 when
+        not known): only then may a count from `rows` leave them to the store."""
+        return self.forgotten_us == 0 or watermark_us >= self.forgotten_us + int(ACK_MARGIN_S * MICROS)
+
     def rows(self, ns: Namespace, counter: str, now_us: int | None = None) -> Rows:
         """The counter's recent writes that are acknowledged, that the worker is sure to admit and that this process
-        has not stored yet."""
+        has not stored yet; `blocked` when an acknowledged one not stored yet may not be stored here."""
         now_us = time.time_ns() // 1000 if now_us is None else now_us
         key = f"{ns.name}:{counter}"
         out = Rows()
@@ -179,11 +202,17 @@ class EarlyPersist:
                     if upto == i:  # still in the prefix of stored writes: later calls start after it
                         upto += _FIELDS
                     continue
+                if ack is _WORKERS:
+                    out.blocked = True
+                    continue
+                if not ack.done() or ack.cancelled() or ack.exception() is not None:
+                    continue  # not acknowledged (yet): its client has no answer to read it by
                 event_time = flat[i]
-                if (ack.done() and not ack.cancelled() and ack.exception() is None
-                        and admissible(ns, event_time, now_us)):
+                if admissible(ns, event_time, now_us):
                     out.append((ns.name, counter, event_time, flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4]))
                     out.places.append((flat, i))
+                else:
+                    out.blocked = True
             if upto != start:
                 flat[0] = upto
         return out

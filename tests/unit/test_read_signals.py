@@ -15,6 +15,7 @@ import query_api.signals as signals_module
 from control_plane import default_config_path, load_namespaces
 from control_plane.admission import rollup_boundary
 from producers.client import DeliveryError
+from query_api.early_persist import Rows
 from query_api.service import CounterService, Written
 from query_api.signals import ReadSignals
 from schemas import MICROS, counter_key, decode_signals
@@ -235,6 +236,10 @@ def test_add_and_get_count_sends_no_read_signal_even_for_a_stale_counter(early: 
     async def rollup_of(_ns: object, _counter: str) -> tuple[int, int]:
         return 5, 0  # never rolled up: as stale as can be
 
+    rows = Rows()
+    if early:
+        rows.append(("my_dataset", "c", written.event_time, "token-1", "", 1, False))
+
     async def scenario() -> int:
         acknowledged = asyncio.get_running_loop().create_future()
         acknowledged.set_result(None)
@@ -242,8 +247,7 @@ def test_add_and_get_count_sends_no_read_signal_even_for_a_stale_counter(early: 
                 mock.patch.object(svc, "counted_early", wraps=svc.counted_early) as counted_early, \
                 mock.patch.object(svc, "wait_persisted", mock.AsyncMock(return_value=None)), \
                 mock.patch.object(svc, "live_count", mock.AsyncMock(return_value=6)), \
-                mock.patch.object(svc.early, "rows", return_value=[
-                    ("my_dataset", "c", written.event_time, "token-1", "", 1, False)] if early else []), \
+                mock.patch.object(svc.early, "rows", return_value=rows), \
                 mock.patch.object(svc.early, "store_and_count", mock.AsyncMock(return_value=6)):
             count = await svc.count_after(written, acknowledged)
             assert counted_early.called

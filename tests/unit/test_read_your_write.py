@@ -1,0 +1,153 @@
+"""AddAndGetCount's count includes the client's earlier acknowledged writes, and never an event the worker refuses,
+in the cases where the API may not store them itself (query_api.early_persist): the real CounterService,
+EarlyPersist and SQLite stores; the producer is a fake that acknowledges at once and keeps the mutations, and the
+worker is `agents.persist.prepare` run on them as records that reached Kafka at a chosen time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from pathlib import Path
+
+import pytest
+
+from agents.persist import PreparedBatch, RawRecord, prepare
+from control_plane import default_config_path, load_namespaces
+from query_api.early_persist import ACK_MARGIN_S, EarlyPersist
+from query_api.service import CounterService, NotCountedYet
+from schemas import Mutation, MutationOp, encode_mutation
+from sinks import Partitioning, SqliteEventStore
+from sinks.memory.rollup_cache import InProcessRollupCache
+from sinks.sqlite.rollups import SqliteRollupStore
+
+REGISTRY = load_namespaces(default_config_path())
+NS = REGISTRY["my_dataset_accurate"]  # accept_limit 5 s, max_clock_skew 1 s
+S = 1_000_000
+PART = Partitioning(buckets_per_id=4, seconds_per_bucket=10, seconds_per_slice=60)
+
+
+class KeepingProducer:
+    """Acknowledges every record at once and keeps its mutations for the worker."""
+
+    def __init__(self) -> None:
+        self.sent: list[Mutation] = []
+
+    def send(self, mutations: list[Mutation], *, read_your_write: bool = False) -> asyncio.Future[None]:
+        self.sent.extend(mutations)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+class NoSignals:
+    def emit(self, *_args: object) -> None:
+        pass
+
+
+def now_us() -> int:
+    return time.time_ns() // 1000
+
+
+class Stack:
+    def __init__(self, tmp: Path, recent_s: float = 10.0, timeout_s: float = 5.0) -> None:
+        self.events = SqliteEventStore(tmp / "events.sqlite3", lambda _ns: PART)
+        self.rollups = SqliteRollupStore(tmp / "rollups.sqlite3")
+        self.producer = KeepingProducer()
+        self.svc = CounterService(REGISTRY, producer=self.producer, signals=NoSignals(),  # type: ignore[arg-type]
+                                  events=self.events, rollups=self.rollups, cache=InProcessRollupCache(),
+                                  counters=None, read_your_write_timeout_s=timeout_s)  # type: ignore[arg-type]
+        self.svc.early = EarlyPersist(self.events, recent_s=recent_s)
+
+    async def worker(self, reached_kafka_us: int) -> PreparedBatch:
+        """The persist path on every record sent so far, each having reached Kafka at `reached_kafka_us`."""
+        records = [RawRecord("counter-mutations", 0, i, reached_kafka_us // 1000, None, encode_mutation(m))
+                   for i, m in enumerate(self.producer.sent)]
+        out = prepare(records, REGISTRY)
+        await self.events.write_events(out.rows)
+        return out
+
+    async def add_and_get_with_worker(self, delta: int, token: str, generation_time: int | None = None,
+                                      reached_kafka_us: int | None = None) -> tuple[int, PreparedBatch]:
+        """AddAndGetCount while the worker persists what was sent (it may be waited for)."""
+        answer: Awaitable = asyncio.ensure_future(self.svc.add_and_get(NS, "c", delta, token, generation_time))
+        await asyncio.sleep(0.01)
+        persisted = await self.worker(now_us() if reached_kafka_us is None else reached_kafka_us)
+        return (await answer).count, persisted
+
+    async def close(self) -> None:
+        await self.events.close()
+        await self.rollups.close()
+
+
+def run(tmp: Path, scenario, **kwargs: float) -> None:
+    async def main() -> None:
+        stack = Stack(tmp, **kwargs)
+        try:
+            await scenario(stack)
+        finally:
+            await stack.close()
+    asyncio.run(main())
+
+
+def test_an_earlier_write_this_process_may_not_store_is_waited_for_not_left_out(tmp_path: Path) -> None:
+    """An AddCount dated 4 s back is accepted (accept_limit 5 s) but is past the API's own margin by the time of the
+    AddAndGetCount: the count comes from the worker, with it, instead of from the API without it (was 1)."""
+    async def scenario(stack: Stack) -> None:
+        await stack.svc.write(NS, "c", 10, MutationOp.ADD, "w0", now_us() - 4 * S)
+        count, persisted = await stack.add_and_get_with_worker(1, "w1")
+        assert len(persisted.rows) == 2 and not persisted.dead
+        assert count == 11
+    run(tmp_path, scenario)
+
+
+def test_a_clear_the_worker_has_not_persisted_is_not_forgotten(tmp_path: Path) -> None:
+    """The worker lags longer than the API remembers its writes (scaled down: recent_s 0.2 s): an AddAndGetCount
+    after an acknowledged ClearCount must not count the events before the clear (was 101: the clear left out)."""
+    async def scenario(stack: Stack) -> None:
+        await stack.events.write_events([(NS.name, "c", now_us() - 2 * S, "old", "", 100, False)])
+        await stack.svc.write(NS, "c", 0, MutationOp.CLEAR, "clear", None)
+        await asyncio.sleep(0.3)  # the clear's note is forgotten once the next write is noted
+        count, _ = await stack.add_and_get_with_worker(1, "w1")
+        assert stack.svc.early.forgotten_us > 0
+        assert count == 1
+    run(tmp_path, scenario, recent_s=0.2)
+
+
+def test_with_the_watermark_past_what_it_forgot_the_api_counts_itself(tmp_path: Path) -> None:
+    """The same writes with the worker caught up (its watermark past them): the API stores and counts the new write
+    itself, before the worker has seen it."""
+    async def scenario(stack: Stack) -> None:
+        await stack.svc.write(NS, "c", 10, MutationOp.ADD, "w0", None)
+        await stack.worker(now_us())
+        await asyncio.sleep(0.3)
+        stack.svc.early.note(Mutation(NS.name, "other", 1, now_us(), "x"), stack.producer.send([]))  # forgets w0
+        forgotten = stack.svc.early.forgotten_us
+        assert forgotten > 0 and not stack.svc.early.covered(forgotten)  # its record may have reached Kafka later
+        stack.svc.watermark_us = forgotten + int(ACK_MARGIN_S * S)
+        assert stack.svc.early.covered(stack.svc.watermark_us)
+        count = (await stack.svc.add_and_get(NS, "c", 1, "w1", None)).count  # no worker: it would time out
+        assert count == 11
+    run(tmp_path, scenario, recent_s=0.2)
+
+
+@pytest.mark.parametrize(("ahead_s", "refused"), [(0.5, False), (1.0, True)])
+def test_an_event_dated_after_it_was_sent_is_the_workers_alone(tmp_path: Path, ahead_s: float, refused: bool) -> None:
+    """A generation_time ahead of the API's clock (within max_clock_skew 1 s, so accepted) reaches a broker whose
+    clock is 0.3 s behind: the worker refuses it 1 s ahead and admits it 0.5 s ahead. The API must not store it
+    itself (it stored and counted the refused one before): the count is the worker's, or NotCountedYet."""
+    async def scenario(stack: Stack) -> None:
+        sent = now_us()
+        event_time = sent + int(ahead_s * S)
+        answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "f1", event_time))
+        await asyncio.sleep(0.01)
+        assert await stack.events.contains(NS.name, [("c", event_time, "f1", "")]) == [False]
+        persisted = await stack.worker(sent - 300_000 + 5_000)
+        assert bool(persisted.dead) is refused
+        if refused:
+            with pytest.raises(NotCountedYet):
+                await answer
+            assert await stack.events.contains(NS.name, [("c", event_time, "f1", "")]) == [False]
+        else:
+            assert (await answer).count == 1
+    run(tmp_path, scenario, timeout_s=0.5)
