@@ -14,7 +14,8 @@ two events. A write without an item, with another delta or with an event_item_ke
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -25,6 +26,8 @@ from control_plane.admission import admission_error, extras_refusal
 from schemas import MICROS, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from schemas.dead_letter import AnyHeaders, DeadLetter
 from sinks import EventRow
+
+log = logging.getLogger("counter.persist")
 
 
 class KafkaRecord(Protocol):
@@ -108,7 +111,7 @@ class _Admission:
         self.unique = bool(ns and ns.counts_unique)  # every add carries an item, the event's item key
 
 
-def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
+def prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry,
             arrival_floor: dict[int, int] | None = None, *, identity_topic: str | None = None) -> PreparedBatch:
     """Decode, identify and admit every mutation of a batch of records (no I/O).
 
@@ -118,14 +121,48 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
     holds the timestamp of the last heartbeat seen: a record after it reached Kafka after it, so its arrival
     is at least that. Without this, a record appended late could carry events behind a rollup boundary the
     heartbeat watermark already allowed, and be silently skipped; with it, it is dead-lettered with a reason.
+    A caller that may prepare the same records again (a retry) passes a copy, and raises its floor from
+    `heartbeats` once the batch is stored: else the retry judges earlier records by a later heartbeat.
 
     `identity_topic` names the topic in the identity of token-less JSON mutations (their Kafka position):
     a replay from a restored copy of the topic passes the original name.
+
+    A record that fails in an unexpected way (a bug, or input the decoder did not foresee) must not stall the
+    persist path, which would retry the batch forever: the batch is then prepared again record by record, and
+    the failing ones dead-lettered with the exception as reason. The bulk pass stays free of per-record guards.
     """
+    floor = {} if arrival_floor is None else arrival_floor
+    start = dict(floor)
+    try:
+        return _prepare(records, registry, floor, identity_topic)
+    except Exception:
+        log.warning("a batch failed to prepare; preparing its %d records one by one", len(records))
+        floor.clear()
+        floor.update(start)  # the failed pass may have raised it past records it is about to judge again
+        return _one_by_one(records, registry, floor, identity_topic)
+
+
+def _one_by_one(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor: dict[int, int],
+                identity_topic: str | None) -> PreparedBatch:
+    """`prepare`, each record on its own: one that raises is dead-lettered ("ExceptionType: message")."""
+    out = PreparedBatch()
+    for rec in records:
+        try:
+            out.extend(_prepare((rec,), registry, floor, identity_topic))
+        except Exception as exc:
+            log.warning("dead-lettering %s[%d]@%d: preparing it raised", rec.topic, rec.partition, rec.offset,
+                        exc_info=True)
+            reason = f"{type(exc).__name__}: {exc}"[:500]
+            out.dead.append(_dead(rec, rec.value or b"", reason, rec.timestamp * 1000))
+            out.records += 1
+    return out
+
+
+def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor: dict[int, int],
+             identity_topic: str | None) -> PreparedBatch:
     out = PreparedBatch()
     rows_append = out.rows.append
     last_write = out.last_write
-    floor = {} if arrival_floor is None else arrival_floor
     admissions: dict[str, _Admission] = {}
     written = out.written
     n = 0
@@ -166,13 +203,13 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
                     ns: Namespace = admission.ns  # type: ignore[assignment]  # None only with a refusal
                     extra = extras_refusal(ns, dimensions, item, is_clear, delta=delta, item_key=item_key)
                     if extra is not None:
-                        value_out = (value or b"") if single else _reencode(m, event_time, event_id)
+                        value_out = (value or b"") if single else _reencode(m, event_time, event_id, value)
                         out.dead.append(_dead(rec, value_out, f"field '{extra[0]}': {extra[1]}", timestamp_us))
                         continue
                     if item:  # a UNIQUE namespace's add: its item is the event's item key, the event counts one
                         item_key, delta = item, 1
                     if dimensions:
-                        value_out = (value or b"") if single else _reencode(m, event_time, event_id)
+                        value_out = (value or b"") if single else _reencode(m, event_time, event_id, value)
                         out.dimensioned.append(dimensioned_write(
                             namespace, counter, dimensions, event_time, event_id, item_key, delta,
                             ns.dimensions.max_combinations, _dead(rec, value_out, "", timestamp_us),
@@ -187,15 +224,19 @@ def prepare(records: Iterable[KafkaRecord], registry: NamespaceRegistry,
                 continue
             reason = admission.refusal or admission_error(
                 event_time, arrived, admission.ns)  # type: ignore[arg-type]  # None only with a refusal (above)
-            value_out = (value or b"") if single else _reencode(m, event_time, event_id)
+            value_out = (value or b"") if single else _reencode(m, event_time, event_id, value)
             out.dead.append(_dead(rec, value_out, reason or "not admitted", timestamp_us))
     out.records = n
     return out
 
 
-def _reencode(m: Mutation, event_time: int, event_id: str) -> bytes:
-    """A rejected mutation of a batch record, alone, with the identity it was given (so a re-submit keeps it)."""
-    return encode_mutation(m._replace(event_time=event_time, event_id=event_id))
+def _reencode(m: Mutation, event_time: int, event_id: str, value: bytes | None) -> bytes:
+    """A rejected mutation of a batch record, alone, with the identity it was given (so a re-submit keeps it);
+    the whole record when that mutation cannot be encoded (e.g. a token-less one stamped before 2000)."""
+    try:
+        return encode_mutation(m._replace(event_time=event_time, event_id=event_id))
+    except Exception:  # e.g. a ValidationError: the DLQ keeps what arrived instead
+        return value or b""
 
 
 def _dead(rec: KafkaRecord, value: bytes, reason: str, timestamp_us: int) -> DeadLetter:

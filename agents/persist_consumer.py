@@ -349,7 +349,11 @@ class PersistConsumer:
         self._checkpointed = time.monotonic()
         touched, self._touched = self._touched, set()
         if touched:
-            await self.checkpoint(touched)
+            try:
+                await self.checkpoint(touched)
+            except BaseException:  # failed or cancelled (a stop): the next checkpoint signals them, not the sweep
+                self._touched |= touched
+                raise
         offsets, self._offsets = self._offsets, {}
         if not offsets or self._consumer is None:
             return

@@ -73,7 +73,7 @@ class Pipeline:
     kafka: AsyncProducer
     signals: SignalSender
     heartbeats: HeartbeatPace  # when an idle worker sends the next heartbeats (idle_heartbeat_s)
-    arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat seen (µs)
+    arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat stored (µs)
     combinations: Combinations = field(default_factory=Combinations)  # dimension combinations known here
     persist_consumer: PersistConsumer | None = None
     sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
@@ -94,7 +94,8 @@ class Pipeline:
         """Dead-letter records with their reasons; returns once the broker has them all."""
         futures = []
         for d in dead:
-            futures.append(self.kafka.produce(self.settings.dlq_topic, d.value, d.key, headers=d.headers()))
+            key, value, headers = d.record()  # cut to the producer's limit: a refused one would fail every retry
+            futures.append(self.kafka.produce(self.settings.dlq_topic, value, key, headers=headers))
             metrics.DLQ_RECORDS.labels(metrics.dlq_kind(d.reason)).inc()
             log.info("dead-lettered %s[%d]@%d: %s", d.topic, d.partition, d.offset, d.reason)
         await asyncio.gather(*futures)
@@ -335,11 +336,15 @@ PERSIST_CHUNK_RECORDS = 2000  # decoded between yields to the event loop: a few 
 async def _prepare(p: Pipeline, records: list[KafkaRecord]) -> PreparedBatch:
     """Decode a batch chunk by chunk, yielding to the event loop in between so one long decode (client-side
     batched records carry hundreds of mutations each) never stalls the consumer's heartbeats, metrics or the
-    watermark. The result is still one batch: one transaction and one signal per counter."""
-    batch = prepare(records[:PERSIST_CHUNK_RECORDS], p.registry, p.arrival_floor)
+    watermark. The result is still one batch: one transaction and one signal per counter.
+
+    Against a copy of the arrival floor: `_persist` raises the floor only once the batch is stored, so a retry (or
+    the drain after a cancelled batch) judges its records by the heartbeats before them, not by its last one."""
+    floor = dict(p.arrival_floor)
+    batch = prepare(records[:PERSIST_CHUNK_RECORDS], p.registry, floor)
     for i in range(PERSIST_CHUNK_RECORDS, len(records), PERSIST_CHUNK_RECORDS):
         await asyncio.sleep(0)
-        batch.extend(prepare(records[i:i + PERSIST_CHUNK_RECORDS], p.registry, p.arrival_floor))
+        batch.extend(prepare(records[i:i + PERSIST_CHUNK_RECORDS], p.registry, floor))
     return batch
 
 
@@ -350,8 +355,11 @@ async def _persist(p: Pipeline, records: list[KafkaRecord]) -> list[Key]:
     batch = await _prepare(p, records)
     await persist_batch(batch, events=p.events, rollups=p.rollups, dead_letters=p.send_dead_letters,
                         signals=None, combinations=p.combinations)
+    floor = p.arrival_floor
     for partition, timestamp_us in batch.heartbeats:
         p.tracker.heartbeat_persisted(partition, timestamp_us)
+        if timestamp_us > floor.get(partition, 0):
+            floor[partition] = timestamp_us
     p.tracker.writes_persisted(batch.written)
     if batch.records > len(batch.heartbeats):
         p.heartbeats.writes_persisted(time.monotonic())

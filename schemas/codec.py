@@ -377,21 +377,28 @@ def _decode_json(data: bytes) -> list[Mutation]:
         return _mutations_from_json(_loads_strict(data))
 
 
-def _quotes(value: Any) -> int:
+_MAX_JSON_DEPTH = 32
+"""Far deeper than a mutation nests (array > object > dimensions). orjson parses up to 1024 levels, deeper than
+`_quotes` may recurse: a RecursionError is no DecodeError, and a record raising one would fail its batch."""
+
+
+def _quotes(value: Any, depth: int = 0) -> int:
     """How many '"' the JSON text of a parsed value holds when no key repeats and no string has an escaped
     quote: 2 per key and per string. The text holding more means a repeated key (orjson keeps the last one
     silently) or an escaped quote; either way the strict parser decides."""
     kind = type(value)
     if kind is str:
         return 2
+    if depth > _MAX_JSON_DEPTH:
+        raise DecodeError(f"JSON nested deeper than {_MAX_JSON_DEPTH} levels")
     n = 0
     if kind is dict:
         for v in value.values():
             k = type(v)
-            n += 4 if k is str else (2 + _quotes(v) if k is dict or k is list else 2)
+            n += 4 if k is str else (2 + _quotes(v, depth + 1) if k is dict or k is list else 2)
     elif kind is list:
         for v in value:
-            n += _quotes(v)
+            n += _quotes(v, depth + 1)
     return n
 
 

@@ -3,6 +3,8 @@
 Wire format of `counter-mutations-dlq`: the record key and value are the original record's (for a rejected
 mutation of a batch record, that mutation alone, re-encoded with the identity it was given); the headers
 below say why it was rejected and where it came from. The persist agent writes them, `counter dlq` reads them.
+A value too large for a DLQ record next to its headers is cut, and `dlq.truncated` holds its original size: the
+source headers still locate the whole record in its topic.
 """
 
 from __future__ import annotations
@@ -16,6 +18,15 @@ SOURCE_TOPIC = "dlq.topic"
 SOURCE_PARTITION = "dlq.partition"
 SOURCE_OFFSET = "dlq.offset"
 SOURCE_TIMESTAMP = "dlq.timestamp_us"
+TRUNCATED = "dlq.truncated"  # the original value's size in bytes, when only its start is carried
+KEY_TRUNCATED = "dlq.key_truncated"  # the original key's size in bytes, when only its start is carried
+
+MAX_RECORD_BYTES = (1 << 20) - 1024
+"""Key, value and headers of a DLQ record at most: the producers' message.max.bytes (1 MiB), less room for the
+record batch's framing, so a broker at its default max.message.bytes (1 MiB + 12) takes it too. A record the
+client refuses (MSG_SIZE_TOO_LARGE) would otherwise fail its batch on every retry."""
+MAX_KEY_BYTES = 1024  # of an oversized record's key (any Kafka client may write a huge one)
+MAX_REASON_CHARS = 4096  # a reason may quote the offending input (an unknown field's name, of any length)
 
 Headers = list[tuple[str, str | bytes | None]]  # Kafka record headers as confluent-kafka takes them
 AnyHeaders = Mapping[Any, Any] | Iterable[tuple[Any, Any]] | None  # any client's: (name, value) pairs or a mapping
@@ -32,9 +43,29 @@ class DeadLetter:
     timestamp_us: int
 
     def headers(self) -> Headers:
-        return [(REASON, self.reason.encode()), (SOURCE_TOPIC, self.topic.encode()),
+        reason = self.reason if len(self.reason) <= MAX_REASON_CHARS else self.reason[:MAX_REASON_CHARS] + "…"
+        return [(REASON, reason.encode()), (SOURCE_TOPIC, self.topic.encode()),
                 (SOURCE_PARTITION, str(self.partition).encode()), (SOURCE_OFFSET, str(self.offset).encode()),
                 (SOURCE_TIMESTAMP, str(self.timestamp_us).encode())]
+
+    def record(self, max_bytes: int = MAX_RECORD_BYTES) -> tuple[bytes | None, bytes, Headers]:
+        """Key, value and headers to produce: within `max_bytes`, the key and value cut (and said so in a header)
+        when the original does not fit next to the headers."""
+        key, value, headers = self.key, self.value, self.headers()
+        if len(key or b"") + len(value) + _size(headers) <= max_bytes:
+            return key, value, headers
+        if key is not None and len(key) > MAX_KEY_BYTES:
+            headers.append((KEY_TRUNCATED, str(len(key)).encode()))
+            key = key[:MAX_KEY_BYTES]
+        room = max_bytes - len(key or b"") - _size(headers)
+        if len(value) > room:
+            headers.append((TRUNCATED, str(len(value)).encode()))
+            value = value[:max(0, room - _size(headers[-1:]))]
+        return key, value, headers
+
+
+def _size(headers: Headers) -> int:
+    return sum(len(name) + len(value or b"") for name, value in headers)
 
 
 def parse_headers(headers: AnyHeaders) -> dict[str, str]:

@@ -222,6 +222,7 @@ def test_bad_records_go_to_the_dlq_and_good_ones_count(pipeline):
         (json.dumps({"namespace": "nope", "counter_name": "c", "delta": 1}).encode(), "unknown namespace"),
         (as_json(Event("c1", now_us() - 3600 * MICROS, "old", 5)), "accept_limit"),
         (as_json(Event("c1", now_us() + 3600 * MICROS, "future", 5)), "max_clock_skew"),
+        (b"[" * 1000 + b"]" * 1000, "nested deeper"),  # once a RecursionError that stalled the persist path
     ]
     half = len(good) // 2
     for e in good[:half]:
