@@ -10,7 +10,7 @@ from pathlib import Path
 from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.dlq import DeadRecord, iso, load_sent, read_dead_letters, resubmit, select, state_path
-from schemas.dead_letter import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
+from schemas.dead_letter import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC, TRUNCATED
 from streams.topics import TopicError
 
 DESCRIPTION = """\
@@ -153,6 +153,12 @@ def run_replay(args: argparse.Namespace) -> int:
     records = _read(args, bootstrap, topic)
     todo = [r for r in records if args.force or r.position not in sent]
     skipped = len(records) - len(todo)
+    cut = [r for r in todo if TRUNCATED in r.headers]
+    if cut:  # only the start of their value is here: sent on, it would be dead-lettered again as undecodable
+        todo = [r for r in todo if TRUNCATED not in r.headers]
+        console.print(f"{len(cut):,} dead letter(s) too large for the DLQ hold only the start of their record "
+                      f"(first: {cut[0].position}, from {cut[0].source}); not re-submitted: the whole record is at "
+                      "that source position", highlight=False)
     if args.dry_run:
         for r in todo:
             print(f"{r.position:>8}  {r.preview(60):60}  {r.reason}")

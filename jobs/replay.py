@@ -193,7 +193,8 @@ class _Kafka:
 
     async def dead_letters(self, dead: list[DeadLetter]) -> None:
         await self._acknowledged(asyncio.gather(*(
-            self.producer.produce(self.settings.dlq_topic, d.value, d.key, headers=d.headers()) for d in dead)),
+            self.producer.produce(self.settings.dlq_topic, value, key, headers=headers)
+            for key, value, headers in (d.record() for d in dead))),  # cut to fit, as the worker's
             "dead letters")
 
     @staticmethod

@@ -319,6 +319,30 @@ def test_a_dead_letter_resubmitted_after_its_cause_is_fixed_is_counted_once(pipe
     assert len(audit) == 5 and audit[-1]["running_total"] == 10
 
 
+def test_a_dead_letter_cut_to_fit_the_dlq_is_not_resubmitted(pipeline):
+    """A bad record too large for a DLQ record next to its headers is dead-lettered with only the start of its value
+    (`dlq.truncated`, schemas.dead_letter). Re-submitting that start would only dead-letter it again as
+    undecodable: `counter dlq replay` leaves it out and says where the whole record is."""
+    from confluent_kafka import Producer
+
+    from schemas.dead_letter import DeadLetter
+
+    whole = b'{"namespace": "my_dataset", "counter_name": "c", "delta": "' + b"9" * 1_100_000 + b'"}'
+    cut = DeadLetter(None, whole, "field 'delta': not an integer", pipeline.mutations_topic, 3, 42, now_us())
+    fine = DeadLetter(None, b"{}", "field 'namespace': missing", pipeline.mutations_topic, 3, 43, now_us())
+    dlq = Producer({"bootstrap.servers": pipeline.bootstrap, "message.max.bytes": 1 << 20})
+    for key, value, headers in (cut.record(), fine.record()):
+        dlq.produce(pipeline.dlq_topic, value, key, headers=headers)
+    assert dlq.flush(20) == 0
+
+    def dry_run() -> str | None:
+        out = cli(pipeline, "dlq", "replay", "--dry-run").stderr
+        return out if "would re-submit 1 " in out else None
+
+    out = wait_for(dry_run, 30, interval=0.5, message="both dead letters to be read")
+    assert "1 dead letter(s) too large for the DLQ" in out and f"{pipeline.mutations_topic}[3]@42" in out, out
+
+
 def test_an_interrupted_replay_resumes_and_ends_exact(pipeline):
     pipeline.start_worker()
     backup = f"{pipeline.prefix}-restored"
