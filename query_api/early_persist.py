@@ -23,18 +23,14 @@ A client's earlier writes of the same counter come along. A ClearCount or an Add
 acknowledged before may not be persisted by the worker yet; a count with the new delta but without the clear before
 it would surprise the client. So `note` keeps, per counter, the rows of this process's durable writes of the last
 `recent_s` (forgotten an eighth of it at a time, so up to 9/8 of it); `rows` gives those acknowledged and not yet
-stored by this process, the new one among them, and `store` writes them in one transaction (all idempotent). Two
-cases leave the count to the worker instead (the caller waits for it to persist the write, as before):
-
-- `rows` found an acknowledged write of the counter that this process may not store (not admissible any more, or
-  dated after it was sent): storing the others without it would leave it out of the count (`Rows.blocked`);
-- this process forgot writes the worker may not have persisted yet: `covered(watermark_us)` holds once the persist
-  watermark (DESIGN invariant 3: every record that reached Kafka before it is persisted) is past the forgotten ones
-  by `ACK_MARGIN_S`. `recent_s` (10 s) is kept well above how far the watermark trails a busy pipeline (its
-  heartbeats, the persist fetch pace, the skew it is stamped back by: 1.3-2.9 s under c=32 loads here), so the
-  check passes unless the worker lags (a restart, a rebalance).
-
-Writes through another API process are the worker's to persist, as they always were.
+stored by this process, the new one among them, and `store` writes them in one transaction (all idempotent). When
+`rows` finds an acknowledged write of the counter that this process may not store (not admissible any more, or dated
+after it was sent), storing the others without it would leave it out of the count (`Rows.blocked`): the caller then
+waits for the worker to persist its write, as before. Writes through another API process, or older than `recent_s`,
+are the worker's to persist, as they always were: with the worker lagging by more than `recent_s` (a restart, a
+rebalance), such a write is not in the count. Keeping writes longer does not help while the count needs each of them
+admissible (a few seconds at most), and the persist watermark, which could say which ones the worker has, trails by
+1.3-2.9 s under load (bench/RESULTS.md, eleventh session).
 
 Only namespaces where every durable write is one plain event qualify (`eligible`: no dimensions, whose clears
 the worker expands to combinations, and not UNIQUE, whose adds carry items).
@@ -88,7 +84,6 @@ def event_row(m: Mutation) -> EventRow:
 _FIELDS = 6  # values kept per write in a generation (see _Generation)
 _GENERATIONS = 8  # recent_s is kept in this many generations: a write is forgotten recent_s to 9/8 recent_s after
 _WORKERS = object()  # in place of a write's acknowledgement future: the worker's to store, never this process's
-ACK_MARGIN_S = 1.0  # how long after it was noted a forgotten write's record may still reach Kafka (`covered`)
 
 
 _Count = tuple[str, str, int, int, int]  # namespace, counter, rollup count, after_us (its rollup_ts), upto_us
@@ -130,10 +125,9 @@ class EarlyPersist:
     that may be stored; `store_and_count(rows, ...)` stores them and answers the counter's count including them
     (group-committed per loop pass), or fails with the store's error (the caller then waits for the worker)."""
 
-    def __init__(self, events: EventStore, *, recent_s: float = 10.0) -> None:
+    def __init__(self, events: EventStore, *, recent_s: float = 2.0) -> None:
         self.events = events
         self.recent_s = recent_s
-        self.forgotten_us = 0  # wall-clock µs before which every write this process noted is forgotten (0: none)
         # `note` runs on every durable write, so it must cost next to nothing: the last recent_s is kept in
         # generations of recent_s / _GENERATIONS, and forgetting drops a whole generation (no work per write).
         # Per write only plain values go into an existing list, never a new container object: the collector
@@ -174,16 +168,10 @@ class EarlyPersist:
         now = time.monotonic()
         generations = self._generations
         while generations and generations[0].ends <= now - self.recent_s:
-            forgotten = generations.popleft()
-            self.forgotten_us = time.time_ns() // 1000 - int((now - forgotten.ends) * MICROS)
+            generations.popleft()
         generation = _Generation(now + self._span)
         generations.append(generation)
         return generation
-
-    def covered(self, watermark_us: int) -> bool:
-        """Whether every write this process forgot is persisted by the worker, by the persist watermark (µs; 0 when
-        not known): only then may a count from `rows` leave them to the store."""
-        return self.forgotten_us == 0 or watermark_us >= self.forgotten_us + int(ACK_MARGIN_S * MICROS)
 
     def rows(self, ns: Namespace, counter: str, now_us: int | None = None) -> Rows:
         """The counter's recent writes that are acknowledged, that the worker is sure to admit and that this process

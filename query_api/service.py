@@ -509,10 +509,10 @@ class CounterService:
 
     async def counted_early(self, ns: Namespace, counter: str, event_time: int, token: str) -> Count | None:
         """Store an acknowledged write's event now, with this process's recent writes of the counter, and count
-        the counter with them, if the namespace is eligible, the worker is sure to admit these events and has
-        persisted the writes this process forgot (query_api.early_persist); None to wait for the worker instead."""
-        if not eligible(ns) or not self.early.covered(self.watermark_us):
-            return None  # the worker lags behind writes this process forgot: they may be missing from the store
+        the counter with them, if the namespace is eligible and the worker is sure to admit these events
+        (query_api.early_persist); None to wait for the worker instead."""
+        if not eligible(ns):
+            return None
         rows = self.early.rows(ns, counter)  # acknowledged and admissible only
         if rows.blocked or not any(row[2] == event_time and row[3] == token for row in rows):
             return None  # its own write or an earlier one is not admissible here: the worker's to store
