@@ -86,6 +86,7 @@ def test_waiters_resolve_as_soon_as_the_store_has_their_event() -> None:
         added_at = len(events.calls)
         events.stored.add(("ns1", A))
         await until(a1.done, what="the first waiter")
+        await asyncio.sleep(0)  # its done callbacks run on the loop's next pass: until() may see it done before
         assert a1.result() is True and a2.done() and a2.result() is True
         # The first ns1 lookup after the event was stored answered it.
         assert [ns for _, ns, _ in events.calls[added_at:resolved_at[0]]].count("ns1") == 1

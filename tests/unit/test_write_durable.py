@@ -95,8 +95,8 @@ def plain_and_durable(ns_name: str, token: dict[str, Any] | None, *, whole: bool
                 written, _ = svc.write_durable(REGISTRY[ns_name], "c-1", -7, MutationOp.ADD, token and token["token"],
                                                token and token.get("generation_time"))
                 answer = add_json(written)
-            noted = [(key, writes[:-1]) for generation in svc.early._generations
-                     for key, writes in generation.writes.items()]  # the acknowledgement future left out
+            noted = [(key, writes[1:-1]) for generation in svc.early._generations
+                     for key, writes in generation.writes.items()]  # its offset and acknowledgement left out
             sent.append((producer.bodies, producer.marked, noted, answer))
             if plain and drew is not None:
                 drew(*noted[0][1][:2])
