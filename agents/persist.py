@@ -23,7 +23,7 @@ from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
 from agents.watermark import is_heartbeat
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error, extras_refusal
-from schemas import MICROS, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
+from schemas import MICROS, MIN_EVENT_TIME, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from schemas.dead_letter import AnyHeaders, DeadLetter
 from sinks import EventRow
 
@@ -194,6 +194,11 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
                 admission = admissions[namespace] = _Admission(registry.get(namespace), namespace)
             if event_time is None:
                 event_time = timestamp_us
+                if event_time < MIN_EVENT_TIME:  # a record stamped 0 or -1 (none) by its client: no time to count at
+                    value_out = (value or b"") if single else _reencode(m, event_time, event_id or "", value)
+                    out.dead.append(_dead(rec, value_out, f"the mutation has no generation_time and its record's "
+                                                          f"timestamp ({rec.timestamp} ms) is no time", timestamp_us))
+                    continue
             if event_id is None:  # a JSON record without a token: its Kafka position is its identity
                 event_id = f"kafka:{identity_topic or rec.topic}:{partition}:{rec.offset}:{index}"
             if (admission.refusal is None and arrived - admission.accept_us <= event_time

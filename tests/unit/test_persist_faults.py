@@ -157,7 +157,18 @@ def test_a_rejected_mutation_that_cannot_be_re_encoded_is_dead_lettered_with_its
     body = json.dumps([{"namespace": "ev", "counter_name": "c", "delta": 1}] * 2).encode()
     out = prepare([rec(5, 0, body)], REGISTRY, {0: T})
     assert out.rows == [] and [d.value for d in out.dead] == [body, body]
-    assert all("before the record reached Kafka" in d.reason for d in out.dead)
+    assert all("timestamp (0 ms) is no time" in d.reason for d in out.dead)
+
+
+@pytest.mark.parametrize("stamped_ms", [0, -1, 946_684_799_999])  # none given, "no timestamp", 1999-12-31
+def test_a_token_less_json_mutation_in_a_record_stamped_before_2000_is_dead_lettered(stamped_ms: int) -> None:
+    """Its event time is its record's timestamp: with no heartbeat seen yet (no arrival floor) it was admitted at
+    that time, stored behind every rollup boundary, and never counted nor dead-lettered."""
+    body = json.dumps({"namespace": "ev", "counter_name": "c", "delta": 1}).encode()
+    out = prepare([rec(5, stamped_ms * 1000, body), write(6, T)], REGISTRY, {})
+    assert [row[3] for row in out.rows] == ["tok6"]
+    [dead] = out.dead
+    assert dead.value == body and f"timestamp ({stamped_ms} ms) is no time" in dead.reason
 
 
 def test_an_unforeseen_exception_dead_letters_its_record_alone(monkeypatch: pytest.MonkeyPatch) -> None:
