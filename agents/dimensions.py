@@ -149,7 +149,13 @@ class Combinations:
                 if name not in state.seen and since < earliest.get(name, MAX_EVENT_TIME + 1):
                     earliest[name] = since
         new = {k: v for k, v in new.items() if v}
-        await self._register(rollups, new, full_new)
+        try:
+            await self._register(rollups, new, full_new)
+        except BaseException:  # not registered: a retry must find them new again, or they are never registered full
+            for key, names in full_new.items():
+                if (known := self._counters.get(key)) is not None:
+                    known.full -= names
+            raise
         rows.extend(await _propagate_clears(events, new))
         return rows, dead, list(new), list(clears)
 

@@ -414,6 +414,26 @@ def test_retries_and_redelivery_count_once(world: World) -> None:
     assert [world.count(n) for n in ("v", "v country=US", "v device=tv", "v country=US device=tv")] == [3] * 4
 
 
+def test_a_batch_retried_after_its_registration_failed_registers_its_full_combinations(world: World) -> None:
+    """The bound counts a counter's full combinations from the store's registry: a retry after a failed register
+    must register them, or other workers never count them (this process remembered them as known already)."""
+    real = world.rollups.register_combinations
+    failed: list[bool] = []
+
+    async def fail_once(*args: object, **kwargs: object) -> None:
+        if not failed:
+            failed.append(True)
+            raise ConnectionError("store unreachable")
+        await real(*args, **kwargs)
+
+    world.rollups.register_combinations = fail_once  # type: ignore[method-assign]
+    with pytest.raises(ConnectionError):
+        world.persist([rec(0, add("v", 2, "a", country="US", device="tv"))])
+    world.persist([rec(0, add("v", 2, "a", country="US", device="tv"))])  # the retry, same Combinations
+    assert asyncio.run(world.rollups.combinations("p", "v", full_only=True)) == ["v country=US device=tv"]
+    assert world.count("v country=US device=tv") == 2
+
+
 def test_undeclared_keys_items_and_no_dimensions_are_dead_lettered_with_the_reason(world: World) -> None:
     world.persist([rec(0, add("v", 1, "a", os="linux")), rec(1, add("v", 1, "b", ns="plain", country="US")),
                    rec(2, add("v", 1, "c")._replace(item="user-1")),
