@@ -148,11 +148,15 @@ class EarlyPersist:
     def note_event(self, namespace: str, counter: str, event: tuple[int, str, str, int, bool],
                    acknowledged: asyncio.Future[None]) -> None:
         """`note` for a write given as its event's time, token, item key, delta and clear flag (what the worker
-        stores; a plain AddCount has no Mutation, query_api.plain_add)."""
-        self.note_keyed(f"{namespace}:{counter}", event, acknowledged)
+        stores; a plain AddCount has no Mutation, query_api.plain_add). An event dated after now (a client's
+        generation_time) is noted as the worker's alone: the worker may refuse it (see the module's docstring)."""
+        dated_ahead = event[0] > time.time_ns() // 1000
+        self.note_keyed(f"{namespace}:{counter}", event, _WORKERS if dated_ahead else acknowledged)
 
-    def note_keyed(self, key: str, event: tuple[int, str, str, int, bool], acknowledged: asyncio.Future[None]) -> None:
-        """`note_event` for the counter's key, "namespace:counter" (built in C by `_plain_add.add_request`)."""
+    def note_keyed(self, key: str, event: tuple[int, str, str, int, bool],
+                   acknowledged: asyncio.Future[None] | object) -> None:
+        """`note_event` for the counter's key, "namespace:counter", and an event timed by this process as it was
+        sent (built in C by `_plain_add.add_request`: no clock read here, on the hottest path)."""
         generation = self._generations[-1]
         if time.monotonic() >= generation.ends:
             generation = self._next_generation()
@@ -160,8 +164,7 @@ class EarlyPersist:
         if writes is None:
             writes = generation.writes[key] = [1]  # nothing found stored yet: the writes begin at 1
         writes += event
-        # dated after now (a client's generation_time): the worker may refuse it (see the module's docstring)
-        writes.append(acknowledged if event[0] <= time.time_ns() // 1000 else _WORKERS)
+        writes.append(acknowledged)
 
     def _next_generation(self) -> _Generation:
         """Start a generation, forgetting those wholly older than recent_s."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -49,6 +49,13 @@ def now_us() -> int:
     return time.time_ns() // 1000
 
 
+async def until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
 class Stack:
     def __init__(self, tmp: Path, recent_s: float = 2.0, timeout_s: float = 5.0) -> None:
         self.events = SqliteEventStore(tmp / "events.sqlite3", lambda _ns: PART)
@@ -70,8 +77,9 @@ class Stack:
     async def add_and_get_with_worker(self, delta: int, token: str, generation_time: int | None = None,
                                       reached_kafka_us: int | None = None) -> tuple[int, PreparedBatch]:
         """AddAndGetCount while the worker persists what was sent (it may be waited for)."""
+        before = len(self.producer.sent)
         answer: Awaitable = asyncio.ensure_future(self.svc.add_and_get(NS, "c", delta, token, generation_time))
-        await asyncio.sleep(0.01)
+        await until(lambda: len(self.producer.sent) > before, "the AddAndGetCount's record to be sent")
         persisted = await self.worker(now_us() if reached_kafka_us is None else reached_kafka_us)
         return (await answer).count, persisted
 
@@ -120,7 +128,7 @@ def test_an_event_dated_after_it_was_sent_is_the_workers_alone(tmp_path: Path, a
         sent = now_us()
         event_time = sent + int(ahead_s * S)
         answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "f1", event_time))
-        await asyncio.sleep(0.01)
+        await until(lambda: any(stack.svc.arrivals._waiting.values()), "the call to wait for the worker")
         assert await stack.events.contains(NS.name, [("c", event_time, "f1", "")]) == [False]
         persisted = await stack.worker(sent - 300_000 + 5_000)
         assert bool(persisted.dead) is refused
