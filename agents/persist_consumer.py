@@ -69,10 +69,11 @@ class _Rebalance(ConsumerRebalanceListener):
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         async with self.owner.batch_lock:  # the batch in hand is stored, signalled and committed first
             await self.owner.checkpoint_now()
-            self.owner.on_revoked({tp.partition for tp in revoked})
+            await self.owner.on_revoked({tp.partition for tp in revoked if tp.topic == self.owner.topic})
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("persist owns mutations partitions %s", sorted(tp.partition for tp in assigned))
+        self.owner.on_assigned({tp.partition for tp in assigned if tp.topic == self.owner.topic})
 
 
 def has_unread(consumer: AIOKafkaConsumer) -> bool | None:
@@ -142,6 +143,10 @@ class FetchPace:
         return min(self._held, default=self.idle_ms)
 
 
+async def _nothing_revoked(_partitions: set[int]) -> None:
+    return None
+
+
 class PersistConsumer:
     """Reads `topic` in bulk and hands each batch to `persist`; every `checkpoint_ms` hands the touched counters
     to `checkpoint` and then commits the offsets of the batches it covers.
@@ -152,7 +157,8 @@ class PersistConsumer:
     broker answers a fetch once it holds `min_bytes`, or after the wait with none. The wait is `FetchPace`'s: for
     `prompt_for_s` after a batch, the shortest of `prompt_wait_ms` (a record carried the read-your-write header)
     and `namespace_waits[ns]` for the namespaces it persisted; `wait_ms` otherwise.
-    `on_revoked(partitions)` lets the owner forget per-partition state (the arrival floor) on a handover.
+    `on_assigned(partitions)` and `on_revoked(partitions)` tell the owner of a handover (the arrival floors), and
+    `on_committed({partition: next offset})` of each commit, once the broker has it.
     """
 
     def __init__(self, *, bootstrap: str, topic: str, group_id: str, persist: Persist, checkpoint: Checkpoint,
@@ -160,7 +166,9 @@ class PersistConsumer:
                  prompt_wait_ms: int = 10, prompt_for_s: float = 2.0, namespace_waits: Mapping[str, int] | None = None,
                  min_bytes: int = 1, drain_s: float = 0.0,
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 5_000,
-                 on_revoked: Callable[[set[int]], None] = lambda _partitions: None) -> None:
+                 on_assigned: Callable[[set[int]], None] = lambda _partitions: None,
+                 on_revoked: Callable[[set[int]], Awaitable[None]] = _nothing_revoked,
+                 on_committed: Callable[[dict[int, int]], None] = lambda _offsets: None) -> None:
         self.topic = topic
         self.persist = persist
         self.checkpoint = checkpoint
@@ -178,7 +186,9 @@ class PersistConsumer:
         self._unread_warned = False
         self.fetch_wait_ms = wait_ms  # what the next fetches wait at the broker, and the pause after a batch
         self._held_until = 0.0  # when the partitions paused after a batch resume (monotonic); 0: none paused
+        self.on_assigned = on_assigned
         self.on_revoked = on_revoked
+        self.on_committed = on_committed
         self.drain_s = drain_s
         self.batch_lock = asyncio.Lock()
         self._record_size = 256.0  # moving average of a record's value size: sizes the next fetch
@@ -362,6 +372,8 @@ class PersistConsumer:
         except (CommitFailedError, KafkaError) as exc:  # a rebalance moved them: the next owner re-reads them
             log.warning("stored and signalled records up to %s but could not commit their offsets (%s); their "
                         "next owner re-reads them, which idempotent events make harmless", offsets, exc)
+            return
+        self.on_committed({tp.partition: offset for tp, offset in offsets.items() if tp.topic == self.topic})
 
 
 async def run_consumer(consumer: PersistConsumer) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -18,6 +18,7 @@ import mode
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agents import metrics
+from agents.arrival import ArrivalFloors
 from agents.dimensions import Combinations
 from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
@@ -37,6 +38,7 @@ from sinks import (
     RollupCache,
     RollupStore,
     SketchStore,
+    arrival_keys,
     open_cache,
     open_namespace_sketch_store,
     open_namespace_stores,
@@ -73,7 +75,9 @@ class Pipeline:
     kafka: AsyncProducer
     signals: SignalSender
     heartbeats: HeartbeatPace  # when an idle worker sends the next heartbeats (idle_heartbeat_s)
-    arrival_floor: dict[int, int] = field(default_factory=dict)  # partition -> last heartbeat stored (µs)
+    arrivals: ArrivalFloors = field(default_factory=ArrivalFloors)  # per partition, the last heartbeat stored
+    publishing: asyncio.Lock = field(default_factory=asyncio.Lock)  # a handover waits for the watermarks in flight
+    published: dict[str, dict[int, int]] = field(default_factory=dict)  # watermark key -> what this worker stored
     combinations: Combinations = field(default_factory=Combinations)  # dimension combinations known here
     persist_consumer: PersistConsumer | None = None
     sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
@@ -81,10 +85,34 @@ class Pipeline:
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
 
-    def forget_partitions(self, partitions: set[int]) -> None:
-        """A handover: the next owner tracks these partitions' arrival floor from its own heartbeats."""
-        for partition in partitions:
-            self.arrival_floor.pop(partition, None)
+    async def forget_partitions(self, partitions: set[int]) -> None:
+        """A handover: the next owner starts from the arrival floors published. Waits for a publication in
+        flight, which must not land after the next owner has loaded what was published."""
+        async with self.publishing:
+            self.arrivals.revoked(partitions)
+
+    async def publish_watermarks(self) -> tuple[list[int], dict[int, int], dict[int, int]]:
+        """Store what changed since the last call, for the partitions owned now: their arrival floors (from where
+        they hold), then the watermarks those allow, then when their latest persisted writes reached Kafka (an idle
+        worker writes nothing). Returns the owned partitions, their watermarks and their writes' times."""
+        async with self.publishing:
+            owned = self.owned_mutation_partitions()
+            marks, written = self.tracker.marks(owned), self.tracker.written(owned)
+            froms, floors = self.arrivals.publishable(owned)
+            topic = self.settings.mutations_topic
+            from_key, floor_key = arrival_keys(topic)
+            for key, values in ((from_key, froms), (floor_key, floors), (topic, marks), (written_key(topic), written)):
+                published = self.published.setdefault(key, {})
+                changed = {q: v for q, v in values.items() if published.get(q) != v}
+                if changed:
+                    await self.rollups.set_watermarks(key, changed)
+                    published.update(changed)
+            return owned, marks, written
+
+    def offsets_committed(self, offsets: dict[int, int]) -> None:
+        """The heartbeats behind committed offsets count toward the watermark (`agents.arrival`)."""
+        for partition, timestamp_us in self.arrivals.committed(offsets).items():
+            self.tracker.heartbeat_persisted(partition, timestamp_us)
 
     async def send_signals(self, keys: set[Key] | list[Key]) -> None:
         """Ask for the counters' rollups; returns once the broker has the signals."""
@@ -220,7 +248,8 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         prompt_for_s=settings.persist_prompt_for_s, namespace_waits=persist_waits(p.registry, settings, coalesce_s),
         min_bytes=settings.persist_fetch_min_bytes, drain_s=settings.persist_drain_s,
         session_timeout_ms=int(settings.group_session_timeout_s * 1000),
-        rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_revoked=p.forget_partitions)
+        rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_assigned=p.arrivals.assigned,
+        on_revoked=p.forget_partitions, on_committed=p.offsets_committed)
 
     app.add_dependency(PersistService(p.persist_consumer, loop=app.loop))
 
@@ -239,15 +268,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                 # mypy infers no type for a lambda with a default (which binds this batch's keys)
                 await _retrying("rollup", lambda keys=keys: _rollup(p, keys))  # type: ignore[misc]
 
-    published: dict[str, dict[int, int]] = {settings.mutations_topic: {}, written_key(settings.mutations_topic): {}}
     delay_due = [0.0]  # when the watermark delay gauge is next refreshed (monotonic)
-
-    async def publish(key: str, values: dict[int, int]) -> None:
-        """Store what changed since the last tick (an idle worker then writes nothing)."""
-        changed = {q: v for q, v in values.items() if published[key].get(q) != v}
-        if changed:
-            await p.rollups.set_watermarks(key, changed)
-            published[key].update(changed)
 
     async def report_delay() -> None:
         """The watermark delay gauge: 0 once the global watermark covers every write (it then stands still)."""
@@ -258,12 +279,9 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
     async def heartbeat() -> None:
         """Publish the watermarks earned and the writes persisted so far, and send the next heartbeat down each owned
         partition while their watermarks do not cover the latest write persisted anywhere (when due)."""
-        owned = p.owned_mutation_partitions()
+        owned, marks, written = await p.publish_watermarks()
         if not owned:
             return
-        marks, written = p.tracker.marks(owned), p.tracker.written(owned)
-        await publish(settings.mutations_topic, marks)
-        await publish(written_key(settings.mutations_topic), written)
         now = time.monotonic()
         if now >= delay_due[0]:  # once a second: two store reads, not at every tick
             delay_due[0] = now + 1.0
@@ -333,14 +351,14 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
 PERSIST_CHUNK_RECORDS = 2000  # decoded between yields to the event loop: a few ms each
 
 
-async def _prepare(p: Pipeline, records: list[KafkaRecord]) -> PreparedBatch:
+async def _prepare(p: Pipeline, records: Sequence[KafkaRecord]) -> PreparedBatch:
     """Decode a batch chunk by chunk, yielding to the event loop in between so one long decode (client-side
     batched records carry hundreds of mutations each) never stalls the consumer's heartbeats, metrics or the
     watermark. The result is still one batch: one transaction and one signal per counter.
 
     Against a copy of the arrival floor: `_persist` raises the floor only once the batch is stored, so a retry (or
     the drain after a cancelled batch) judges its records by the heartbeats before them, not by its last one."""
-    floor = dict(p.arrival_floor)
+    floor = dict(p.arrivals.floor)
     batch = prepare(records[:PERSIST_CHUNK_RECORDS], p.registry, floor)
     for i in range(PERSIST_CHUNK_RECORDS, len(records), PERSIST_CHUNK_RECORDS):
         await asyncio.sleep(0)
@@ -348,18 +366,16 @@ async def _prepare(p: Pipeline, records: list[KafkaRecord]) -> PreparedBatch:
     return batch
 
 
-async def _persist(p: Pipeline, records: list[KafkaRecord]) -> list[Key]:
+async def _persist(p: Pipeline, records: Sequence[KafkaRecord]) -> list[Key]:
     """Store a batch (events, last_write_ts, dead letters); the counters it touched, for the next checkpoint's
     rollup signals."""
     started = time.monotonic()
+    await p.arrivals.load(p.rollups, p.settings.mutations_topic)  # a partition taken over starts from its floor
+    records, seeded = p.arrivals.with_seeds(records)
     batch = await _prepare(p, records)
     await persist_batch(batch, events=p.events, rollups=p.rollups, dead_letters=p.send_dead_letters,
                         signals=None, combinations=p.combinations)
-    floor = p.arrival_floor
-    for partition, timestamp_us in batch.heartbeats:
-        p.tracker.heartbeat_persisted(partition, timestamp_us)
-        if timestamp_us > floor.get(partition, 0):
-            floor[partition] = timestamp_us
+    p.arrivals.stored(batch.heartbeats, seeded)  # the watermark moves once their offsets are committed
     p.tracker.writes_persisted(batch.written)
     if batch.records > len(batch.heartbeats):
         p.heartbeats.writes_persisted(time.monotonic())

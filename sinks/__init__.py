@@ -7,7 +7,16 @@ counters).
 Everything time-like is epoch microseconds.
 """
 
-from sinks.base import BucketStore, EventStore, RollupStore, ScanCursor, SketchStore, Stores, written_key
+from sinks.base import (
+    BucketStore,
+    EventStore,
+    RollupStore,
+    ScanCursor,
+    SketchStore,
+    Stores,
+    arrival_keys,
+    written_key,
+)
 from sinks.cache import RollupCache, open_cache
 from sinks.factory import (
     BUCKETS_FILE,
@@ -50,6 +59,7 @@ __all__ = [
     "SqliteSketchStore",
     "Stores",
     "apply_aggregate",
+    "arrival_keys",
     "cache_key",
     "open_cache",
     "open_namespace_sketch_store",

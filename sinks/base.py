@@ -21,6 +21,13 @@ def written_key(topic: str) -> str:
     names have no '/', so this key never meets a topic's own watermarks."""
     return f"{topic}/written"
 
+
+def arrival_keys(topic: str) -> tuple[str, str]:
+    """Where `RollupStore.set_watermarks`/`watermarks` keep each partition of `topic`'s published arrival floor
+    (`agents.arrival`): the offset from which it holds, and the floor (µs). Written in that order, read in the
+    other, so that a pair half-written or merged by max never holds a floor from an offset before its own."""
+    return f"{topic}/arrival-from", f"{topic}/arrival-floor"
+
 __all__ = ["BucketStore", "EventStore", "RollupStore", "ScanCursor", "SketchStore", "Stores"]
 
 # Position of the last event returned by ``scan``: (event_time, event_id, event_item_key).

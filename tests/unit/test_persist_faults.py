@@ -99,7 +99,7 @@ def test_a_retried_batch_is_judged_by_the_heartbeats_before_its_records(tmp_path
 
     total, p = asyncio.run(run_pipeline(tmp_path, action))
     assert total == 9 and p.kafka.sent == []
-    assert p.arrival_floor == {0: T + 10 * MICROS}  # raised once stored
+    assert p.arrivals.floor == {0: T + 10 * MICROS}  # raised once stored
 
 
 def test_a_batch_cancelled_before_it_was_stored_leaves_the_floor_for_its_next_reading(tmp_path: Path) -> None:
@@ -118,7 +118,7 @@ def test_a_batch_cancelled_before_it_was_stored_leaves_the_floor_for_its_next_re
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert p.arrival_floor == {}
+        assert p.arrivals.floor == {}
         p.events.write_events = real
         await _persist(p, lagging_batch())
         return await stored(p)

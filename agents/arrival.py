@@ -1,0 +1,118 @@
+"""Each mutations partition's arrival floor, kept across a handover.
+
+Admission judges an event against when its record reached Kafka (`agents.persist.prepare`). A CreateTime topic
+(the local Tansu broker) stamps when the producer built the record, so the worker keeps per partition the
+timestamp of the last heartbeat it stored, its arrival floor: every record after that heartbeat reached Kafka
+after it. The watermark that lets rollups pass a boundary comes from the same heartbeats. A worker that took a
+partition over used to start with no floor, so a record appended after a heartbeat whose watermark the previous
+owner had published, but stamped earlier, was admitted behind a boundary a rollup had already passed: stored,
+never counted, never dead-lettered.
+
+So the floor is published with the watermark, and the next owner starts from it:
+
+* a heartbeat counts toward the watermark only once the offsets past it are committed (`committed`), and the
+  worker publishes the floor, with the committed offset from which it holds, before the watermark it allows
+  (`publishable`; two keys of the rollup store's watermark table, `sinks.arrival_keys`);
+* a worker given a partition loads the published pair before its first batch (`load`) and applies the floor from
+  that offset on, as if it had read the heartbeat itself (`with_seeds` puts a heartbeat record there).
+
+Every published watermark then comes from a heartbeat before an offset whose floor is published, and a new owner
+starts at the committed offset, at or after it. A pair holds only from its offset: if the group's committed
+offsets were lost and a worker re-reads older records, those are judged as they were the first time, not
+dead-lettered against a later heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from agents.persist import KafkaRecord, RawRecord
+from agents.watermark import HEARTBEAT_HEADER
+from sinks import RollupStore, arrival_keys
+
+Pair = tuple[int, int]  # (offset from which the floor holds, floor µs)
+
+
+class ArrivalFloors:
+    """The arrival floors of the partitions a worker owns (see the module docstring). Called from the persist
+    path under its batch lock, except `assigned` (the rebalance) and `publishable` (the heartbeat timer)."""
+
+    def __init__(self) -> None:
+        self.floor: dict[int, int] = {}  # partition -> µs: the last heartbeat stored; what `prepare` judges by
+        self._committed: dict[int, Pair] = {}  # partition -> the offset its floor was first committed at, the floor
+        self._seeds: dict[int, Pair] = {}  # partition -> a published pair not yet applied
+        self._unseeded: set[int] = set()  # assigned partitions whose published pairs are not loaded yet
+
+    def assigned(self, partitions: Iterable[int]) -> None:
+        self._unseeded.update(partitions)
+
+    def revoked(self, partitions: Iterable[int]) -> None:
+        """A handover: the next owner starts from what was published."""
+        for partition in partitions:
+            self.floor.pop(partition, None)
+            self._committed.pop(partition, None)
+            self._seeds.pop(partition, None)
+            self._unseeded.discard(partition)
+
+    async def load(self, rollups: RollupStore, topic: str) -> None:
+        """Fetch the published pairs of the partitions assigned since the last call (a store error propagates:
+        the persist path retries its batch). The floors are read before the offsets, which are written first."""
+        if not self._unseeded:
+            return
+        loading = set(self._unseeded)
+        from_key, floor_key = arrival_keys(topic)
+        floors = await rollups.watermarks(floor_key)
+        froms = await rollups.watermarks(from_key)
+        for partition in loading & floors.keys() & froms.keys():
+            if floors[partition] > self.floor.get(partition, 0):
+                self._seeds[partition] = (froms[partition], floors[partition])
+        self._unseeded -= loading
+
+    def with_seeds(self, records: Sequence[KafkaRecord]) -> tuple[Sequence[KafkaRecord], set[int]]:
+        """The records with a heartbeat put before the first record of each seeded partition at or past its
+        pair's offset, and the partitions so seeded (`stored` retires their seeds once the batch is stored)."""
+        if not self._seeds:
+            return records, set()
+        seeds, first = self._seeds, {}
+        for index, rec in enumerate(records):
+            partition = rec.partition
+            if partition in seeds and partition not in first and rec.offset >= seeds[partition][0]:
+                first[partition] = index
+        if not first:
+            return records, set()
+        out: list[KafkaRecord] = list(records)
+        for partition, index in sorted(first.items(), key=lambda item: item[1], reverse=True):
+            offset, floor_us = seeds[partition]
+            rec = records[index]
+            out.insert(index, RawRecord(rec.topic, partition, offset - 1, floor_us // 1000, None, b"",
+                                        [(HEARTBEAT_HEADER, b"1")]))
+        return out, set(first)
+
+    def stored(self, heartbeats: Iterable[tuple[int, int]], seeded: Iterable[int]) -> None:
+        """A batch is stored: its heartbeats (partition, µs) raise the floors, and its seeds are applied."""
+        floor = self.floor
+        for partition, timestamp_us in heartbeats:
+            if timestamp_us > floor.get(partition, 0):
+                floor[partition] = timestamp_us
+        for partition in seeded:
+            self._seeds.pop(partition, None)
+
+    def committed(self, offsets: Mapping[int, int]) -> dict[int, int]:
+        """The offsets (partition -> next offset) are committed: the floors they were stored with may be published.
+        Returns those floors, the latest heartbeats now behind committed offsets: what the watermark may use."""
+        out = {}
+        for partition, offset in offsets.items():
+            floor_us = self.floor.get(partition)
+            if floor_us is None:
+                continue
+            out[partition] = floor_us
+            if self._committed.get(partition, (0, -1))[1] != floor_us:
+                self._committed[partition] = (offset, floor_us)
+        return out
+
+    def publishable(self, partitions: Iterable[int]) -> tuple[dict[int, int], dict[int, int]]:
+        """The pairs to publish for these partitions: (partition -> offset, partition -> floor). Publish the
+        offsets, then the floors, then the watermarks: a half-done publication never holds a floor too early, nor a
+        watermark whose floor is unpublished."""
+        pairs = {p: self._committed[p] for p in partitions if p in self._committed}
+        return {p: offset for p, (offset, _) in pairs.items()}, {p: floor for p, (_, floor) in pairs.items()}

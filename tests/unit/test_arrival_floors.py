@@ -1,0 +1,237 @@
+"""The arrival floor across a handover (`agents.arrival`): a worker that takes a partition over judges the records
+after the previous owner's last committed heartbeat by that heartbeat, as the previous owner would have.
+
+Without it (the review's F2), on a CreateTime broker a record appended after heartbeat H but stamped earlier was
+dead-lettered by the owner that read H, and admitted by the next owner behind the rollup boundary H's watermark
+had already let through: stored, never counted, never dead-lettered.
+
+The real persist path and SQLite stores; only the DLQ broker is a fake (`FakeKafka`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from agents.arrival import ArrivalFloors
+from agents.persist import RawRecord
+from agents.rollup import rollup_counter
+from agents.watermark import HeartbeatPace, WatermarkTracker, is_heartbeat
+from agents.worker import Pipeline, _persist
+from control_plane import parse_namespaces
+from schemas import MICROS, Mutation, MutationOp, encode_mutation
+from sinks import InProcessRollupCache, Partitioning, SqliteEventStore, SqliteRollupStore, arrival_keys
+from streams.settings import Settings
+from tests.unit.test_persist_faults import FakeKafka
+
+REGISTRY = parse_namespaces({"namespaces": {"ev": {"counter_type": "EVENTUAL", "accept_limit": "2s",
+                                                    "max_clock_skew": "500ms"}}})
+T = 1_800_000_000 * MICROS
+TOPIC = Settings().mutations_topic
+
+
+def heartbeat(offset: int, ts: int, partition: int = 0) -> RawRecord:
+    return RawRecord(TOPIC, partition, offset, ts // 1000, None, b"", [("counter.heartbeat", b"1")])
+
+
+def write(offset: int, stamped: int, token: str, partition: int = 0) -> RawRecord:
+    m = Mutation("ev", "c", 1, stamped, token, "", MutationOp.ADD)
+    return RawRecord(TOPIC, partition, offset, stamped // 1000, b"k", encode_mutation(m))
+
+
+class Stack:
+    """Two workers' pipelines over the same stores, one after the other owning partition 0."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        part = Partitioning(4, 10, 60)
+        self.events = SqliteEventStore(tmp_path / "e.db", lambda ns: part)
+        self.rollups = SqliteRollupStore(tmp_path / "r.db")
+        self.cache = InProcessRollupCache()
+
+    def worker(self) -> Pipeline:
+        p = Pipeline(settings=Settings(), registry=REGISTRY, events=self.events, rollups=self.rollups, buckets=None,
+                     cache=None, app=None, topics=None, tracker=WatermarkTracker(0.5), mutation_partitions=1,
+                     rollup_partitions=1, pressure=None, kafka=FakeKafka(), signals=None, heartbeats=HeartbeatPace(1.0))
+        p.owned_mutation_partitions = lambda: [0]  # type: ignore[method-assign]  # no consumer here
+        return p
+
+    async def count(self, watermark_us: int) -> int:
+        result = await rollup_counter(REGISTRY["ev"], "c", events=self.events, rollups=self.rollups, cache=self.cache,
+                                      watermark_us=watermark_us, now_us=T + 600 * MICROS)
+        return result.count
+
+    async def close(self) -> None:
+        await self.events.close()
+        await self.rollups.close()
+
+
+def run(tmp_path: Path, scenario: Any) -> Any:
+    async def main() -> Any:
+        stack = Stack(tmp_path)
+        try:
+            return await scenario(stack)
+        finally:
+            await stack.close()
+    return asyncio.run(main())
+
+
+async def hand_over(stack: Stack) -> tuple[Pipeline, int]:
+    """Owner A stores and commits heartbeat H (appended at T) and a write before it, publishes its watermark and a
+    rollup passes the boundary it allows; A then loses partition 0. Returns the next owner and that count."""
+    a = stack.worker()
+    a.arrivals.assigned({0})
+    await _persist(a, [write(0, T - 5 * MICROS, "early"), heartbeat(1, T)])
+    a.offsets_committed({0: 2})
+    await a.publish_watermarks()
+    counted = await stack.count(await a.watermark())
+    await a.forget_partitions({0})
+    b = stack.worker()
+    b.arrivals.assigned({0})
+    return b, counted
+
+
+def test_the_next_owner_dead_letters_a_record_stamped_behind_a_published_boundary(tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> tuple[int, int, list[str], int]:
+        b, counted = await hand_over(stack)
+        late = write(2, T - 4 * MICROS, "late")  # appended after H, stamped 4 s before it (accept_limit 2 s)
+        await _persist(b, [late, heartbeat(3, T + 20 * MICROS)])
+        b.offsets_committed({0: 4})
+        await b.publish_watermarks()
+        reasons = [headers["dlq.reason"].decode() for _key, _value, headers in b.kafka.sent]
+        return counted, await stack.count(await b.watermark()), reasons, len(await stack.events.scan(
+            "ev", "c", 0, T + 600 * MICROS, limit=10))
+
+    counted, final, reasons, stored = run(tmp_path, scenario)
+    assert counted == 1  # the write before H
+    assert len(reasons) == 1 and "4.000s before the record reached Kafka" in reasons[0], reasons
+    assert stored == 1 and final == 1  # the late write is not in the store behind the boundary: it is in the DLQ
+
+
+def test_the_floor_holds_only_from_the_offset_it_was_committed_at(tmp_path: Path) -> None:
+    """With the group's offsets lost, the next owner re-reads from the start: the records before the committed
+    offset are judged as the first owner judged them (admitted, not dead-lettered against H)."""
+    async def scenario(stack: Stack) -> tuple[list[Any], Any]:
+        b, _counted = await hand_over(stack)
+        batch = [write(0, T - 5 * MICROS, "early"), write(2, T - 4 * MICROS, "late")]  # offset 1 is H, compacted
+        await _persist(b, batch)
+        return b.kafka.sent, b.arrivals.floor
+
+    sent, floor = run(tmp_path, scenario)
+    assert len(sent) == 1 and sent[0][2]["dlq.offset"] == b"2"
+    assert floor == {0: T}
+
+
+def test_a_heartbeat_counts_toward_the_watermark_once_committed_and_its_floor_is_published_first(
+        tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> list[dict[int, int]]:
+        a = stack.worker()
+        await _persist(a, [heartbeat(0, T)])
+        from_key, floor_key = arrival_keys(TOPIC)
+        seen = []
+        _, marks, _ = await a.publish_watermarks()
+        seen.append(marks)  # stored, not committed: no watermark yet
+        a.offsets_committed({0: 1})
+        real = stack.rollups.set_watermarks
+        order: list[str] = []
+
+        async def recorded(key: str, marks: Any) -> None:
+            order.append(key)
+            await real(key, marks)
+
+        stack.rollups.set_watermarks = recorded  # type: ignore[method-assign]
+        _, marks, _ = await a.publish_watermarks()
+        seen.append(marks)
+        seen.append({0: len(order)})
+        seen.append(await stack.rollups.watermarks(from_key) | {1: order.index(from_key), 2: order.index(floor_key),
+                                                                3: order.index(TOPIC)})
+        return seen
+
+    before, after, n, published = run(tmp_path, scenario)
+    assert before == {}
+    assert after == {0: T - MICROS // 2}
+    assert n == {0: 3}  # offsets, floors, watermarks (no write yet)
+    assert published == {0: 1, 1: 0, 2: 1, 3: 2}
+
+
+def test_a_handover_waits_for_a_publication_in_flight(tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> tuple[bool, bool]:
+        a = stack.worker()
+        await _persist(a, [heartbeat(0, T)])
+        a.offsets_committed({0: 1})
+        real, release, entered = stack.rollups.set_watermarks, asyncio.Event(), asyncio.Event()
+
+        async def slow(key: str, marks: Any) -> None:
+            entered.set()
+            await release.wait()
+            await real(key, marks)
+
+        stack.rollups.set_watermarks = slow  # type: ignore[method-assign]
+        publishing = asyncio.create_task(a.publish_watermarks())
+        await entered.wait()
+        forgetting = asyncio.create_task(a.forget_partitions({0}))
+        await asyncio.sleep(0)
+        waited = not forgetting.done()
+        release.set()
+        await asyncio.gather(publishing, forgetting)
+        return waited, a.arrivals.floor == {}
+
+    assert run(tmp_path, scenario) == (True, True)
+
+
+# ArrivalFloors alone
+
+
+def test_seeds_go_before_the_first_record_at_or_past_their_offset_of_each_partition() -> None:
+    floors = ArrivalFloors()
+    floors._seeds = {0: (5, T), 1: (2, T + MICROS)}
+    records = [write(3, T, "a"), write(5, T, "b"), write(6, T, "c"), write(1, T, "d", 1), write(2, T, "e", 1),
+               write(9, T, "f", 2)]
+    out, seeded = floors.with_seeds(records)
+    assert seeded == {0, 1}
+    shape = [(r.partition, r.offset, is_heartbeat(r.headers), r.timestamp) for r in out]
+    assert shape == [(0, 3, False, T // 1000), (0, 4, True, T // 1000), (0, 5, False, T // 1000),
+                     (0, 6, False, T // 1000), (1, 1, False, T // 1000), (1, 1, True, (T + MICROS) // 1000),
+                     (1, 2, False, T // 1000), (2, 9, False, T // 1000)]
+    floors.stored([(0, T), (1, T + MICROS)], seeded)
+    assert floors.with_seeds(records) == (records, set())  # applied once
+
+
+def test_a_seed_waits_for_its_offset_and_is_dropped_with_its_partition() -> None:
+    floors = ArrivalFloors()
+    floors._seeds = {0: (10, T)}
+    records = [write(3, T, "a"), write(4, T, "b")]
+    assert floors.with_seeds(records) == (records, set())
+    floors.revoked({0})
+    assert floors._seeds == {}
+    assert floors.with_seeds([write(10, T, "c")])[1] == set()
+
+
+def test_committed_publishes_a_pair_only_when_the_floor_moves() -> None:
+    floors = ArrivalFloors()
+    assert floors.committed({0: 5}) == {}  # no heartbeat yet: nothing for the watermark
+    floors.stored([(0, T)], ())
+    assert floors.committed({0: 7}) == {0: T}
+    assert floors.committed({0: 9}) == {0: T}
+    assert floors.publishable([0, 1]) == ({0: 7}, {0: T})  # the offset it was first committed at
+    floors.stored([(0, T + MICROS), (0, T - MICROS)], ())
+    floors.committed({0: 12})
+    assert floors.publishable([0]) == ({0: 12}, {0: T + MICROS})
+
+
+def test_load_takes_the_published_pairs_of_newly_assigned_partitions(tmp_path: Path) -> None:
+    async def scenario(stack: Stack) -> tuple[dict[int, Any], dict[int, Any]]:
+        from_key, floor_key = arrival_keys(TOPIC)
+        await stack.rollups.set_watermarks(from_key, {0: 7, 1: 3})
+        await stack.rollups.set_watermarks(floor_key, {0: T, 1: T})
+        floors = ArrivalFloors()
+        floors.assigned({0})
+        floors.floor[0] = T + MICROS  # already past it
+        await floors.load(stack.rollups, TOPIC)
+        first = dict(floors._seeds)
+        floors.assigned({1, 2})
+        await floors.load(stack.rollups, TOPIC)
+        return first, dict(floors._seeds)
+
+    first, second = run(tmp_path, scenario)
+    assert first == {}
+    assert second == {1: (3, T)}
