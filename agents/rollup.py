@@ -104,7 +104,7 @@ async def rollup_counters(ns: Namespace, counters: Sequence[str], *, events: Eve
                     continue
                 to_cache.append((c, f.count, f.rollup_ts))
                 results[c] = RollupResult((ns.name, c), f.count, f.rollup_ts, False, f.last_write_ts > f.rollup_ts)
-    await asyncio.gather(*(cache.set(ns.name, c, n, ts, ns.ttl_s) for c, n, ts in to_cache))
+    await asyncio.gather(*(cache.advance(ns.name, c, n, ts, ns.ttl_s) for c, n, ts in to_cache))
     return [results[c] for c in names]
 
 

@@ -24,7 +24,13 @@ from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
 from agents.rollup import BackPressure, Key, global_watermark, rollup_many
-from agents.watermark import HEARTBEAT_HEADER, HeartbeatPace, WatermarkTracker, heartbeats_needed
+from agents.watermark import (
+    HEARTBEAT_HEADER,
+    HeartbeatPace,
+    WatermarkTracker,
+    heartbeats_needed,
+    request_heartbeats,
+)
 from control_plane import CounterType, Namespace, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
 from control_plane.admission import covering_watermark
@@ -78,12 +84,23 @@ class Pipeline:
     arrivals: ArrivalFloors = field(default_factory=ArrivalFloors)  # per partition, the last heartbeat stored
     publishing: asyncio.Lock = field(default_factory=asyncio.Lock)  # a handover waits for the watermarks in flight
     published: dict[str, dict[int, int]] = field(default_factory=dict)  # watermark key -> what this worker stored
+    handover_at: int | None = None  # µs: partitions were assigned then, and the heartbeats not asked for yet
     combinations: Combinations = field(default_factory=Combinations)  # dimension combinations known here
     persist_consumer: PersistConsumer | None = None
     sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
 
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
+
+    def partitions_assigned(self, partitions: set[int]) -> None:
+        """A handover: start from the published arrival floors, and have every worker heartbeat past now.
+
+        The previous owner may have persisted and committed a write without publishing when it reached Kafka (a
+        crash, or a revoke, before its next tick): then no worker's heartbeats would be needed for it, the
+        watermark would stand below it, and it would wait for some later write to be rolled up. Asking for
+        heartbeats past the handover (`agents.watermark.request_heartbeats`) covers whatever it persisted."""
+        self.arrivals.assigned(partitions)
+        self.handover_at = time.time_ns() // 1000
 
     async def forget_partitions(self, partitions: set[int]) -> None:
         """A handover: the next owner starts from the arrival floors published. Waits for a publication in
@@ -96,6 +113,10 @@ class Pipeline:
         they hold), then the watermarks those allow, then when their latest persisted writes reached Kafka (an idle
         worker writes nothing). Returns the owned partitions, their watermarks and their writes' times."""
         async with self.publishing:
+            if (handover_at := self.handover_at) is not None:
+                await request_heartbeats(self.rollups, self.settings.mutations_topic, handover_at)
+                if self.handover_at == handover_at:
+                    self.handover_at = None
             owned = self.owned_mutation_partitions()
             marks, written = self.tracker.marks(owned), self.tracker.written(owned)
             froms, floors = self.arrivals.publishable(owned)
@@ -248,7 +269,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         prompt_for_s=settings.persist_prompt_for_s, namespace_waits=persist_waits(p.registry, settings, coalesce_s),
         min_bytes=settings.persist_fetch_min_bytes, drain_s=settings.persist_drain_s,
         session_timeout_ms=int(settings.group_session_timeout_s * 1000),
-        rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_assigned=p.arrivals.assigned,
+        rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_assigned=p.partitions_assigned,
         on_revoked=p.forget_partitions, on_committed=p.offsets_committed)
 
     app.add_dependency(PersistService(p.persist_consumer, loop=app.loop))

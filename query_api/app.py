@@ -53,8 +53,8 @@ def build_service(settings: Settings) -> CounterService:
         registry, producer=producer, signals=signals,
         events=events, rollups=rollups, buckets=buckets, sketches=sketches, counters=open_counters(cache_spec),
         read_signal_lag_s=settings.read_signal_lag_s,
-        # An in-process cache cannot see the worker's rollups: keep its entries short-lived.
-        cache=open_cache(cache_spec, default_ttl_s=None if cache_spec else 1.0))
+        # An in-process cache cannot see the worker's rollups: its entries live a second at most.
+        cache=open_cache(cache_spec, local_max_ttl_s=1.0))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

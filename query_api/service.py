@@ -367,7 +367,8 @@ class CounterService:
         state = await self.rollups.get(ns.name, counter)
         if state is None or state.rollup_ts == 0:
             return (state.count if state else 0), 0
-        await self.cache.set(ns.name, counter, state.count, state.rollup_ts, ns.ttl_s)
+        await self.cache.advance(ns.name, counter, state.count, state.rollup_ts, ns.ttl_s)  # a rollup cached
+        # since the read is newer: it stays
         return state.count, state.rollup_ts
 
     async def get(self, ns: Namespace, counter: str) -> Count:
@@ -426,9 +427,12 @@ class CounterService:
         self._windowed(ns)
         now = time.time_ns() // 1000 if now_us is None else now_us
         start, end = parse_window(spec, now)
+        # The rollup before the buckets: a rollup writes its buckets before its rollup_ts, so buckets read after
+        # are at least as fresh. Read the other way round, a rollup landing in between moved as_of past buckets
+        # that did not hold it, and the live delta of an ACCURATE read started after events no bucket counted.
+        _, rollup_ts = await self.rollup_of(ns, counter)
         # buckets: the app always opens them (None only for a service built without windows, in tests)
         counted = await window_count(self.buckets, ns, counter, start, end, now_us=now)  # type: ignore[arg-type]
-        _, rollup_ts = await self.rollup_of(ns, counter)
         self.signal_if_stale(ns, counter, rollup_ts)
         as_of = max(rollup_ts, counted.upto_us)
         count = counted.count

@@ -32,7 +32,14 @@ class RollupCache(Protocol):
 
     async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
                   ttl_s: float | None = None) -> None:
-        """Store (count, rollup_ts); ttl_s None = the cache's default. Never raises."""
+        """Store (count, rollup_ts) whatever the cache holds; ttl_s None = the cache's default. Never raises."""
+        ...
+
+    async def advance(self, namespace: str, counter: str, count: int, rollup_ts: int,
+                      ttl_s: float | None = None) -> None:
+        """Store (count, rollup_ts) unless the cache holds a later rollup_ts: what a rollup or a reader's fill
+        after a miss writes, so that one writing a rollup it read before another was cached never replaces the
+        newer value (EVENTUAL reads would serve the older count until the next rollup). Never raises."""
         ...
 
     async def delete(self, namespace: str, counter: str) -> None: ...
@@ -42,17 +49,20 @@ class RollupCache(Protocol):
     async def close(self) -> None: ...
 
 
-def open_cache(spec: str | None, *, default_ttl_s: float | None = None) -> RollupCache:
+def open_cache(spec: str | None, *, default_ttl_s: float | None = None,
+               local_max_ttl_s: float | None = None) -> RollupCache:
     """None / "" / "memory" -> in-process; "host:port[,host:port]" or "memcached://..." -> memcached.
 
-    ("auto" is resolved by the launcher, which knows whether it started a local memcached.)
+    `local_max_ttl_s` bounds how long an in-process cache keeps a value whatever TTL a namespace asks for: the
+    API's own cache never sees the worker's rollups, so a namespace's hour-long `ttl` would serve its first read
+    for an hour. ("auto" is resolved by the launcher, which knows whether it started a local memcached.)
     """
     from sinks.memcached.rollup_cache import MemcachedRollupCache
     from sinks.memory.rollup_cache import InProcessRollupCache
 
     text = (spec or "").strip()
     if text in ("", "memory"):
-        return InProcessRollupCache(default_ttl_s=default_ttl_s)
+        return InProcessRollupCache(default_ttl_s=default_ttl_s, max_ttl_s=local_max_ttl_s)
     if text in ("auto", "default"):
         raise ValueError(f"cache {spec!r} must be resolved to 'memory' or 'memcached://host:port' first")
     if text.startswith("memcached://") or "://" not in text:

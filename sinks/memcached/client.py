@@ -23,7 +23,7 @@ from typing import Any, cast, overload
 
 log = logging.getLogger(__name__)
 
-_LINE, _VALUES = 0, 1  # reply shapes: one line, or VALUE blocks up to END
+_LINE, _VALUES, _CAS_VALUES = 0, 1, 2  # reply shapes: one line, or VALUE blocks up to END (with cas uniques)
 MAX_KEY_BYTES = 250
 _LEGAL_KEY = re.compile(rf"[!-~]{{1,{MAX_KEY_BYTES}}}")
 
@@ -112,7 +112,7 @@ class _Connection(asyncio.Protocol):
                 at = end + 2
             else:
                 try:
-                    parsed = _parse_values(data, at)
+                    parsed = _parse_values(data, at, shape == _CAS_VALUES)
                 except ValueError as exc:
                     self._fail(MemcachedError(f"memcached {self.address}: {exc}"))
                     return
@@ -163,10 +163,10 @@ class _Connection(asyncio.Protocol):
             self.transport.close()
 
 
-def _parse_values(data: bytes, at: int) -> tuple[dict[str, bytes], int] | None:
-    """`VALUE <key> <flags> <bytes>\\r\\n<data>\\r\\n` blocks up to `END\\r\\n` from offset `at`: the values and
-    the offset after END, or None when incomplete."""
-    found: dict[str, bytes] = {}
+def _parse_values(data: bytes, at: int, cas: bool = False) -> tuple[dict[str, Any], int] | None:
+    """`VALUE <key> <flags> <bytes>[ <cas unique>]\\r\\n<data>\\r\\n` blocks up to `END\\r\\n` from offset `at`:
+    the values (with `cas`, (value, cas unique) pairs) and the offset after END, or None when incomplete."""
+    found: dict[str, Any] = {}
     while True:
         end = data.find(b"\r\n", at)
         if end < 0:
@@ -179,7 +179,9 @@ def _parse_values(data: bytes, at: int) -> tuple[dict[str, bytes], int] | None:
         start, stop = end + 2, end + 2 + int(parts[3])
         if len(data) < stop + 2:
             return None
-        found[parts[1].decode()] = data[start:stop]
+        if cas and len(parts) < 5:
+            raise ValueError(f"no cas unique in {data[at:end][:60]!r}")
+        found[parts[1].decode()] = (data[start:stop], int(parts[4])) if cas else data[start:stop]
         at = stop + 2
 
 
@@ -230,6 +232,16 @@ class AsyncMemcached:
     async def add(self, key: str, value: bytes, expire: int = 0) -> bool:
         """Store only if absent; True when stored."""
         return await self._store(b"add", key, value, expire) == b"STORED\r\n"
+
+    async def gets(self, key: str) -> tuple[bytes, int] | None:
+        """The value and its cas unique (for `cas`), or None when absent."""
+        return (await self._request(b"gets %s\r\n" % key.encode(), _CAS_VALUES)).get(key)
+
+    async def cas(self, key: str, value: bytes, unique: int, expire: int = 0) -> bytes:
+        """Store only if the value is still the one `gets` returned with `unique`: memcached's reply,
+        STORED, EXISTS (changed since) or NOT_FOUND (gone since)."""
+        request = b"cas %s 0 %d %d %d\r\n%s\r\n" % (key.encode(), expire, len(value), unique, value)
+        return (await self._request(request, _LINE)).strip()
 
     async def incr(self, key: str, delta: int) -> int | None:
         return await self._arith(b"incr", key, delta)

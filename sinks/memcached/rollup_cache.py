@@ -49,6 +49,28 @@ def _decode(raw: bytes | str | None) -> tuple[int, int] | None:
         return None
 
 
+ADVANCE_TRIES = 64  # compare-and-set rounds: each lost one means another writer's value was stored meanwhile
+
+
+async def _advance(client: AsyncMemcached, key: str, value: bytes, rollup_ts: int, expire: int) -> None:
+    """`RollupCache.advance` on one server: add when absent, compare-and-set while the held rollup is not later.
+    An undecodable value is replaced. A round is lost only to a writer that stored (some writer moves on every
+    round), so a counter's few concurrent writers settle in a few rounds; ADVANCE_TRIES only bounds a pathology."""
+    for _ in range(ADVANCE_TRIES):
+        held = await client.gets(key)
+        if held is None:
+            if await client.add(key, value, expire):
+                return
+            continue
+        current = _decode(held[0])
+        if current is not None and current[1] > rollup_ts:
+            return
+        if await client.cas(key, value, held[1], expire) == b"STORED":
+            return
+    log.warning("memcached %s: rollup %d of %s not cached after %d contended rounds", client.address, rollup_ts,
+                key, ADVANCE_TRIES)
+
+
 def parse_servers(spec: str) -> list[tuple[str, int]]:
     body = spec.strip()
     if body.startswith("memcached://"):
@@ -121,6 +143,13 @@ class MemcachedRollupCache:
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
         await self._guard(self._node(key), lambda c: c.set(key, value, expire), None)
+
+    async def advance(self, namespace: str, counter: str, count: int, rollup_ts: int,
+                      ttl_s: float | None = None) -> None:
+        key = cache_key(namespace, counter)
+        expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
+        value = _encode(count, rollup_ts)
+        await self._guard(self._node(key), lambda c: _advance(c, key, value, rollup_ts, expire), None)
 
     async def delete(self, namespace: str, counter: str) -> None:
         key = cache_key(namespace, counter)

@@ -14,12 +14,14 @@ __all__ = ["InProcessRollupCache"]
 
 
 class InProcessRollupCache:
-    """A bounded LRU dict with per-entry TTL; thread-safe. For one process or when memcached is absent."""
+    """A bounded LRU dict with per-entry TTL; thread-safe. For one process or when memcached is absent.
+    `max_ttl_s` caps every entry's TTL (see `sinks.cache.open_cache`)."""
 
     def __init__(self, *, max_entries: int = 1_000_000, default_ttl_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 max_ttl_s: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_entries = max_entries
         self.default_ttl_s = default_ttl_s
+        self.max_ttl_s = max_ttl_s
         self._clock = clock
         self._data: OrderedDict[Key, tuple[int, int, float]] = OrderedDict()
         self._lock = threading.Lock()
@@ -52,10 +54,24 @@ class InProcessRollupCache:
 
     async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
                   ttl_s: float | None = None) -> None:
+        self._store(namespace, counter, count, rollup_ts, ttl_s, forward_only=False)
+
+    async def advance(self, namespace: str, counter: str, count: int, rollup_ts: int,
+                      ttl_s: float | None = None) -> None:
+        self._store(namespace, counter, count, rollup_ts, ttl_s, forward_only=True)
+
+    def _store(self, namespace: str, counter: str, count: int, rollup_ts: int, ttl_s: float | None, *,
+               forward_only: bool) -> None:
         ttl = self.default_ttl_s if ttl_s is None else ttl_s
-        expires = self._clock() + ttl if ttl and ttl > 0 else math.inf
+        if self.max_ttl_s is not None and not (ttl and 0 < ttl <= self.max_ttl_s):
+            ttl = self.max_ttl_s
+        now = self._clock()
+        expires = now + ttl if ttl and ttl > 0 else math.inf
         key = (namespace, counter)
         with self._lock:
+            held = self._data.get(key)
+            if forward_only and held is not None and held[1] > rollup_ts and held[2] > now:
+                return
             self._data[key] = (int(count), int(rollup_ts), expires)
             self._data.move_to_end(key)
             while len(self._data) > self.max_entries:

@@ -88,7 +88,54 @@ def test_cache_key_is_readable_when_legal_and_hashed_otherwise() -> None:
     assert len({cache_key("ns", "x" * n) for n in range(240, 260)}) == 20
 
 
+def test_advance_never_replaces_a_later_rollup(cache: RollupCache, ns: str) -> None:
+    cache.advance(ns, "c", 1, 100)  # absent: stored
+    assert cache.get(ns, "c") == (1, 100)
+    cache.advance(ns, "c", 5, 200)
+    cache.advance(ns, "c", 3, 150)  # read before the 200 rollup was cached: kept out
+    assert cache.get(ns, "c") == (5, 200)
+    cache.advance(ns, "c", 6, 200)  # the same rollup again (a recount's repair): taken
+    assert cache.get(ns, "c") == (6, 200)
+
+
 # -- memcached ------------------------------------------------------------------------------------
+
+
+def test_memcached_advance_under_concurrent_writers_keeps_the_latest(mc: MemcachedRollupCache,
+                                                                    memcached_address: str, ns: str) -> None:
+    """Many writers at once, every rollup_ts in a shuffled order: the latest wins whatever the interleaving (the
+    compare-and-set rounds), and a value that is not a rollup is replaced."""
+    host, port = memcached_address.rsplit(":", 1)
+    Client((host, int(port))).set(f"rollup:{ns}:junk", b"not a rollup")
+    cache = MemcachedRollupCache(memcached_address, pool_size=4)
+    order = [7, 3, 9, 1, 8, 2, 6, 4, 5, 0] * 3
+
+    async def scenario() -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        await asyncio.gather(*(cache.advance(ns, "hot", ts * 10, ts) for ts in order),
+                             cache.advance(ns, "junk", 1, 1))
+        got = await cache.get(ns, "hot"), await cache.get(ns, "junk")
+        await cache.close()
+        return got
+
+    assert asyncio.run(scenario()) == ((90, 9), (1, 1))
+
+
+def test_client_gets_and_cas(memcached_address: str, ns: str) -> None:
+    host, port = memcached_address.rsplit(":", 1)
+    client = AsyncMemcached(host, int(port))
+
+    async def scenario() -> list[object]:
+        assert await client.gets(ns) is None
+        await client.set(ns, b"a")
+        value, unique = await client.gets(ns)  # type: ignore[misc]
+        stale = await client.cas(ns, b"b", unique)
+        again = await client.cas(ns, b"c", unique)  # the value changed since that gets
+        await client.delete(ns)
+        gone = await client.cas(ns, b"d", unique)
+        await client.close()
+        return [value, stale, again, gone]
+
+    assert asyncio.run(scenario()) == [b"a", b"STORED", b"EXISTS", b"NOT_FOUND"]
 
 
 def test_memcached_holds_count_and_rollup_ts_in_one_value(mc: MemcachedRollupCache, memcached_address: str,

@@ -10,13 +10,14 @@ The real persist path and SQLite stores; only the DLQ broker is a fake (`FakeKaf
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
 from agents.arrival import ArrivalFloors
 from agents.persist import RawRecord
 from agents.rollup import rollup_counter
-from agents.watermark import HeartbeatPace, WatermarkTracker, is_heartbeat
+from agents.watermark import HeartbeatPace, WatermarkTracker, heartbeats_needed, is_heartbeat
 from agents.worker import Pipeline, _persist
 from control_plane import parse_namespaces
 from schemas import MICROS, Mutation, MutationOp, encode_mutation
@@ -235,3 +236,23 @@ def test_load_takes_the_published_pairs_of_newly_assigned_partitions(tmp_path: P
     first, second = run(tmp_path, scenario)
     assert first == {}
     assert second == {1: (3, T)}
+
+
+def test_a_handover_asks_for_heartbeats_past_what_the_previous_owner_persisted(tmp_path: Path) -> None:
+    """The previous owner persisted and committed a write, then lost the partition (or crashed) before its tick
+    published when that write reached Kafka: without the ask, no worker needed heartbeats for it, the watermark
+    stood below it and it waited for some later write to be rolled up."""
+    async def scenario(stack: Stack) -> tuple[bool, bool]:
+        a = stack.worker()
+        await _persist(a, [heartbeat(0, T), write(1, T + MICROS, "w")])
+        a.offsets_committed({0: 2})
+        await a.forget_partitions({0})  # no tick ran: the write's time was never published
+        b = stack.worker()
+        assigned_at = time.time_ns() // 1000
+        b.partitions_assigned({0})
+        owned, marks, _ = await b.publish_watermarks()
+        covering = await b.covering()
+        return (covering is not None and heartbeats_needed(marks, owned, covering),
+                covering is not None and covering > assigned_at)  # past anything persisted before it
+
+    assert run(tmp_path, scenario) == (True, True)
