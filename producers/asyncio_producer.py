@@ -38,6 +38,7 @@ class AsyncProducer:
             "message.timeout.ms": int(timeout_s * 1000), "message.max.bytes": 1 << 20, **(config or {}),
         })
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._acked: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset after its latest acknowledged
         self._closed = threading.Event()
         self._poller = threading.Thread(target=self._poll_loop, name=f"{client_id}-poll", daemon=True)
 
@@ -92,9 +93,19 @@ class AsyncProducer:
                 raise DeliveryError(f"broker {self.bootstrap} unreachable: {exc.args[0].str()}") from exc
         await asyncio.to_thread(ask)
 
-    def _delivered(self, future: asyncio.Future[None], err: KafkaError | None, _msg: object) -> None:
+    def acked_ends(self, topic: str) -> dict[int, int]:
+        """Per partition of `topic`, the offset after the latest record this producer had acknowledged (a record's
+        offset may show here a moment before its future settles)."""
+        return {partition: end for (t, partition), end in list(self._acked.items()) if t == topic}
+
+    def _delivered(self, future: asyncio.Future[None], err: KafkaError | None, msg: Any) -> None:
         """librdkafka's delivery report, on the poll thread."""
         assert self._loop is not None
+        if err is None:
+            key = (msg.topic(), msg.partition())
+            end = msg.offset() + 1
+            if end > self._acked.get(key, 0):
+                self._acked[key] = end
         self._loop.call_soon_threadsafe(_settle, future, None if err is None else err.str(), self.timeout_s)
 
     def _poll_loop(self) -> None:

@@ -62,9 +62,10 @@ class _Pending:
     or an item, so the record is a v2 one (its v1 bodies get the v2 defaults when it is produced).
     `read_your_write`: some client waits until its write is persisted."""
 
-    __slots__ = ("bodies", "future", "read_your_write", "size", "v2")
+    __slots__ = ("bodies", "future", "number", "read_your_write", "size", "v2")
 
-    def __init__(self, future: asyncio.Future[None]) -> None:
+    def __init__(self, future: asyncio.Future[None], number: int) -> None:
+        self.number = number  # records are numbered 1, 2, ... in the order they are started
         self.bodies: list[bytes] = []
         self.size = 0
         self.future = future
@@ -94,6 +95,9 @@ class GroupCommitProducer:
         self._starting: asyncio.Task[None] | None = None
         self._closed = False
         self.records_sent = 0
+        self.records_started = 0  # the number of the latest record started (a write joins the one started last)
+        self.records_settled = 0  # every record up to this number is acknowledged or failed
+        self._settled_early: set[int] = set()  # settled numbers above records_settled (with several in flight)
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -168,7 +172,8 @@ class GroupCommitProducer:
             pending = None
         if pending is None:
             loop.call_soon(self._flush_pass)  # end of this pass: no timer a lone write must wait out
-            pending = self._pending = _Pending(loop.create_future())
+            self.records_started += 1
+            pending = self._pending = _Pending(loop.create_future(), self.records_started)
         if kinds is not None and pending.v2 is None:
             pending.v2 = [False] * len(pending.bodies)
         if pending.v2 is not None:
@@ -199,10 +204,26 @@ class GroupCommitProducer:
         self.records_sent += 1
         if self.observer is not None:
             self.observer.record_sent(len(batch.bodies))
-        record.add_done_callback(functools.partial(self._acknowledged, batch.future, time.perf_counter()))
+        record.add_done_callback(functools.partial(self._acknowledged, batch.future, batch.number,
+                                                   time.perf_counter()))
 
-    def _acknowledged(self, future: asyncio.Future[None], sent: float, record: asyncio.Future[None]) -> None:
+    def acked_ends(self) -> dict[int, int]:
+        """Per partition, the offset after the latest record acknowledged (`AsyncProducer.acked_ends`)."""
+        return self.kafka.acked_ends(self.topic)
+
+    def _settled(self, number: int) -> None:
+        if number == self.records_settled + 1:
+            self.records_settled = number
+            while self.records_settled + 1 in self._settled_early:
+                self.records_settled += 1
+                self._settled_early.discard(self.records_settled)
+        else:
+            self._settled_early.add(number)
+
+    def _acknowledged(self, future: asyncio.Future[None], number: int, sent: float,
+                      record: asyncio.Future[None]) -> None:
         self._in_flight -= 1
+        self._settled(number)
         error = asyncio.CancelledError() if record.cancelled() else record.exception()
         if self.observer is not None:
             self.observer.record_done(time.perf_counter() - sent, error is None)

@@ -26,7 +26,9 @@ from infra.heap import freeze_startup_heap
 from producers.asyncio_producer import AsyncProducer
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
+from query_api.broker_offsets import BrokerOffsets
 from query_api.dependencies import Forbidden
+from query_api.persist_progress import PersistProgress
 from query_api.pipeline_health import PipelineHealth
 from query_api.responses import SERVICE_ERRORS, error_response
 from query_api.routes import inspect, ops, reads, ui, writes
@@ -49,8 +51,10 @@ def build_service(settings: Settings) -> CounterService:
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=5.0)
     producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))
+    progress = PersistProgress(producer, BrokerOffsets(kafka.bootstrap, client_id="counter-api-progress"),
+                               group=f"{settings.worker_id}.persist")
     return CounterService(
-        registry, producer=producer, signals=signals,
+        registry, producer=producer, signals=signals, progress=progress,
         events=events, rollups=rollups, buckets=buckets, sketches=sketches, counters=open_counters(cache_spec),
         read_signal_lag_s=settings.read_signal_lag_s,
         # An in-process cache cannot see the worker's rollups: its entries live a second at most.
@@ -70,10 +74,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.health = PipelineHealth(s, service.registry, service.rollups)  # GET /v1/pipeline
         await service.producer.start()  # starts the shared AsyncProducer
         await service.signals.start()
+        if service.progress is not None:
+            service.progress.start()
         watermark = asyncio.create_task(service.follow_watermark(s.mutations_topic))
         freeze_startup_heap()  # everything built so far lives as long as the process (infra.heap)
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with
         watermark.cancel()
+        if service.progress is not None:
+            await service.progress.stop()
         await service.producer.stop()
         await service.producer.kafka.stop()
         await app.state.health.close()

@@ -108,13 +108,18 @@ class BrokerOffsets:
         for p in parts:
             low[p], high[p] = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=self.timeout_s,
                                                                   cached=False)
+        committed = self.committed(topic, group, parts) if group is not None else {}
+        return TopicOffsets(topic, low, high, committed)
+
+    def committed(self, topic: str, group: str, partitions: list[int]) -> dict[int, int | None]:
+        """`group`'s committed offsets of the partitions (None: nothing committed)."""
         committed: dict[int, int | None] = {}
-        if group is not None and parts:
-            request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in parts])
+        if partitions:
+            request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
             for future in self.admin.list_consumer_group_offsets([request], request_timeout=self.timeout_s).values():
                 for tp in future.result(self.timeout_s).topic_partitions or []:
                     committed[tp.partition] = tp.offset if tp.offset >= 0 else None
-        return TopicOffsets(topic, low, high, committed)
+        return committed
 
     def tail(self, offsets: TopicOffsets, n: int) -> tuple[list[DeadRecord], dict[int, int]]:
         """Up to `n` newest records of each partition (newest first overall, at most `n`), and per partition the

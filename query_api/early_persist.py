@@ -26,11 +26,18 @@ it would surprise the client. So `note` keeps, per counter, the rows of this pro
 stored by this process, the new one among them, and `store` writes them in one transaction (all idempotent). When
 `rows` finds an acknowledged write of the counter that this process may not store (not admissible any more, or dated
 after it was sent), storing the others without it would leave it out of the count (`Rows.blocked`): the caller then
-waits for the worker to persist its write, as before. Writes through another API process, or older than `recent_s`,
-are the worker's to persist, as they always were: with the worker lagging by more than `recent_s` (a restart, a
-rebalance), such a write is not in the count. Keeping writes longer does not help while the count needs each of them
-admissible (a few seconds at most), and the persist watermark, which could say which ones the worker has, trails by
-1.3-2.9 s under load (bench/RESULTS.md, eleventh session).
+waits for the worker to persist its write, as before.
+
+Which writes the worker has is decided by offsets (`WriteProgress`, query_api.persist_progress): once every record of
+a generation is settled, the generation keeps the acknowledged ends per partition, and once the persist group's
+committed offsets reach them, every write of it is in the store (or dead-lettered by the worker) and `rows` passes it
+over. So writes stay remembered for `recent_s` (4 s in the API) though they stay admissible for less: a write the
+worker has never blocks. A generation forgotten before the worker had it blocks the early path until the worker
+has it; the call then waits for the worker, and for every record this process had acknowledged before it
+(`CounterService.wait_worker_has`): with the worker lagging (a restart, a rebalance), an acknowledged ClearCount is in
+the count (it answered 101 instead of 1 before). The persist watermark could not decide this: it trails by 1.3-2.9 s
+under load (bench/RESULTS.md, eleventh session). Writes through another API process are the worker's to persist, as
+they always were.
 
 Only namespaces where every durable write is one plain event qualify (`eligible`: no dimensions, whose clears
 the worker expands to combinations, and not UNIQUE, whose adds carry items).
@@ -49,7 +56,8 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from control_plane import Namespace
 from control_plane.admission import admission_error
@@ -89,6 +97,26 @@ _WORKERS = object()  # in place of a write's acknowledgement future: the worker'
 _Count = tuple[str, str, int, int, int]  # namespace, counter, rollup count, after_us (its rollup_ts), upto_us
 
 
+class WriteProgress(Protocol):
+    """Where this process's records are, against what the worker has persisted (query_api.persist_progress)."""
+
+    def started(self) -> int:
+        """The number of the latest record the group commit started (a write joins the latest one)."""
+        ...
+
+    def settled(self) -> int:
+        """Every record up to this number is acknowledged or failed."""
+        ...
+
+    def acked_ends(self) -> dict[int, int]:
+        """Per partition, the offset after the latest record acknowledged."""
+        ...
+
+    def covers(self, ends: Mapping[int, int]) -> bool:
+        """Whether the worker has persisted every record before these offsets."""
+        ...
+
+
 class Rows(list[EventRow]):
     """`EarlyPersist.rows`: the events to store, and where each is noted (its counter's flat list of writes and
     its offset there), so that `store_and_count` marks them stored in place once they are."""
@@ -113,11 +141,14 @@ class _Generation:
     lookup per generation finds everything about a counter (the stored events were kept apart, by token, before:
     3-6 µs a call over 1,000 counters, 17% of the API's event loop under c=32 AddAndGetCount)."""
 
-    __slots__ = ("ends", "writes")
+    __slots__ = ("acked", "ends", "last_record", "worker_has", "writes")
 
     def __init__(self, ends: float) -> None:
         self.ends = ends
         self.writes: dict[str, list[Any]] = {}
+        self.last_record = -1  # the group commit's latest record when the generation ended (-1: not ended)
+        self.acked: dict[int, int] | None = None  # the acknowledged ends, once every record up to it settled
+        self.worker_has = False  # the worker has persisted every record of it: `rows` passes it over
 
 
 class EarlyPersist:
@@ -125,9 +156,11 @@ class EarlyPersist:
     that may be stored; `store_and_count(rows, ...)` stores them and answers the counter's count including them
     (group-committed per loop pass), or fails with the store's error (the caller then waits for the worker)."""
 
-    def __init__(self, events: EventStore, *, recent_s: float = 2.0) -> None:
+    def __init__(self, events: EventStore, *, recent_s: float = 2.0, progress: WriteProgress | None = None) -> None:
         self.events = events
         self.recent_s = recent_s
+        self.progress = progress
+        self._forgotten: dict[int, int] | None = None  # ends of forgotten writes the worker may not have yet
         # `note` runs on every durable write, so it must cost next to nothing: the last recent_s is kept in
         # generations of recent_s / _GENERATIONS, and forgetting drops a whole generation (no work per write).
         # Per write only plain values go into an existing list, never a new container object: the collector
@@ -167,11 +200,23 @@ class EarlyPersist:
         writes.append(acknowledged)
 
     def _next_generation(self) -> _Generation:
-        """Start a generation, forgetting those wholly older than recent_s."""
+        """Start a generation, forgetting those wholly older than recent_s (a forgotten generation the worker may
+        not have persisted yet blocks the early path until it has, see `rows`)."""
         now = time.monotonic()
         generations = self._generations
+        progress = self.progress
+        if progress is not None:
+            generations[-1].last_record = progress.started()
+            settled, ends = progress.settled(), None
+            for g in generations:
+                if g.acked is None and 0 <= g.last_record <= settled:
+                    g.acked = ends = ends or progress.acked_ends()
         while generations and generations[0].ends <= now - self.recent_s:
-            generations.popleft()
+            dropped = generations.popleft()
+            if progress is not None and not dropped.worker_has:
+                acked = dropped.acked if dropped.acked is not None else progress.acked_ends()
+                forgotten = self._forgotten or {}
+                self._forgotten = {p: max(end, forgotten.get(p, 0)) for p, end in (forgotten | acked).items()}
         generation = _Generation(now + self._span)
         generations.append(generation)
         return generation
@@ -182,7 +227,18 @@ class EarlyPersist:
         now_us = time.time_ns() // 1000 if now_us is None else now_us
         key = f"{ns.name}:{counter}"
         out = Rows()
+        progress = self.progress
+        if progress is not None and self._forgotten is not None:
+            if not progress.covers(self._forgotten):
+                out.blocked = True  # a forgotten write may be neither here nor in the store yet
+                return out
+            self._forgotten = None
         for generation in self._generations:
+            if generation.worker_has:
+                continue
+            if progress is not None and generation.acked is not None and progress.covers(generation.acked):
+                generation.worker_has = True  # every write of it is in the store (or dead-lettered by the worker)
+                continue
             flat = generation.writes.get(key)
             if flat is None:
                 continue

@@ -28,6 +28,7 @@ from query_api import metrics
 from query_api.arrivals import Arrivals
 from query_api.early_persist import EarlyPersist, eligible
 from query_api.live_reads import LiveReads
+from query_api.persist_progress import PersistProgress
 from query_api.plain_add import plain_add
 from query_api.signals import ReadSignals
 from query_api.topk import TopK, top_k
@@ -142,7 +143,7 @@ class CounterService:
                  events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
                  buckets: BucketStore | None = None, sketches: SketchStore | None = None,
                  read_your_write_timeout_s: float = 5.0,
-                 read_signal_lag_s: float = 5.0) -> None:
+                 read_signal_lag_s: float = 5.0, progress: PersistProgress | None = None) -> None:
         self.registry = registry
         self.producer = producer
         self.signals = signals
@@ -154,7 +155,10 @@ class CounterService:
         self.counters = counters
         self.read_your_write_timeout_s = read_your_write_timeout_s
         self.arrivals = Arrivals(events, timeout_s=read_your_write_timeout_s)
-        self.early = EarlyPersist(events)
+        # With the worker's progress known, the writes it has are passed over, so they can be kept longer than
+        # they stay admissible (query_api.persist_progress)
+        self.progress = progress
+        self.early = EarlyPersist(events, recent_s=2.0 if progress is None else 4.0, progress=progress)
         self.live = LiveReads(events)  # the events after a rollup, read for every reader of a pass at once
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
         self.watermark_us = 0  # the lowest persist watermark stored (`follow_watermark`); 0: not known
@@ -507,7 +511,10 @@ class CounterService:
         early = await self.counted_early(ns, counter, event_time, token)
         if early is not None:
             return early
+        ends = self.progress.acked_ends() if self.progress is not None and eligible(ns) else None
         await self.wait_persisted(ns, counter, event_time, token, item_key)
+        if ends is not None:  # an earlier write may be in another partition the worker has not reached
+            await self.wait_worker_has(ends, token)
         count, rollup_ts = await self.rollup_of(ns, counter)  # no read signal: the write's own persist signals it
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
 
@@ -526,6 +533,16 @@ class CounterService:
         except Exception:  # logged by EarlyPersist; the worker will store them
             return None
         return Count(ns, counter, live, rollup_ts or None)
+
+    async def wait_worker_has(self, ends: Mapping[int, int], token: str) -> None:
+        """Wait until the worker has persisted every record before `ends`: an AddAndGetCount that this process could
+        not count itself (the worker lags, or one of its writes is not admissible here any more) counts this
+        process's earlier acknowledged writes of the counter too, wherever they are."""
+        assert self.progress is not None
+        if not await self.progress.wait_covers(ends, self.read_your_write_timeout_s):
+            raise NotCountedYet(
+                f"the write is durable (token {token!r}) but earlier writes were not persisted within "
+                f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token")
 
     async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
         if not await self.arrivals.wait(ns.name, (counter, event_time, token, item_key)):

@@ -40,6 +40,35 @@ class KeepingProducer:
         return future
 
 
+class WorkerOffsets:
+    """`early_persist.WriteProgress` over `KeepingProducer`: each send is one record of partition 0, acknowledged
+    at once; the worker has persisted the records before `persisted` (moved by `Stack.worker`)."""
+
+    def __init__(self, producer: KeepingProducer) -> None:
+        self.producer = producer
+        self.persisted = 0
+
+    def started(self) -> int:
+        return len(self.producer.sent)
+
+    def settled(self) -> int:
+        return len(self.producer.sent)
+
+    def acked_ends(self) -> dict[int, int]:
+        return {0: len(self.producer.sent)}
+
+    def covers(self, ends: dict[int, int]) -> bool:
+        return self.persisted >= ends.get(0, 0)
+
+    async def wait_covers(self, ends: dict[int, int], timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not self.covers(ends):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(0.001)
+        return True
+
+
 class NoSignals:
     def emit(self, *_args: object) -> None:
         pass
@@ -57,14 +86,16 @@ async def until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0
 
 
 class Stack:
-    def __init__(self, tmp: Path, recent_s: float = 2.0, timeout_s: float = 5.0) -> None:
+    def __init__(self, tmp: Path, recent_s: float = 2.0, timeout_s: float = 5.0, offsets: bool = False) -> None:
         self.events = SqliteEventStore(tmp / "events.sqlite3", lambda _ns: PART)
         self.rollups = SqliteRollupStore(tmp / "rollups.sqlite3")
         self.producer = KeepingProducer()
+        self.progress = WorkerOffsets(self.producer) if offsets else None
         self.svc = CounterService(REGISTRY, producer=self.producer, signals=NoSignals(),  # type: ignore[arg-type]
                                   events=self.events, rollups=self.rollups, cache=InProcessRollupCache(),
-                                  counters=None, read_your_write_timeout_s=timeout_s)  # type: ignore[arg-type]
-        self.svc.early = EarlyPersist(self.events, recent_s=recent_s)
+                                  counters=None, read_your_write_timeout_s=timeout_s,  # type: ignore[arg-type]
+                                  progress=self.progress)  # type: ignore[arg-type]
+        self.svc.early = EarlyPersist(self.events, recent_s=recent_s, progress=self.progress)
 
     async def worker(self, reached_kafka_us: int) -> PreparedBatch:
         """The persist path on every record sent so far, each having reached Kafka at `reached_kafka_us`."""
@@ -72,6 +103,8 @@ class Stack:
                    for i, m in enumerate(self.producer.sent)]
         out = prepare(records, REGISTRY)
         await self.events.write_events(out.rows)
+        if self.progress is not None:
+            self.progress.persisted = len(records)
         return out
 
     async def add_and_get_with_worker(self, delta: int, token: str, generation_time: int | None = None,
@@ -88,7 +121,7 @@ class Stack:
         await self.rollups.close()
 
 
-def run(tmp: Path, scenario, **kwargs: float) -> None:
+def run(tmp: Path, scenario, **kwargs: float | bool) -> None:
     async def main() -> None:
         stack = Stack(tmp, **kwargs)
         try:
@@ -139,3 +172,38 @@ def test_an_event_dated_after_it_was_sent_is_the_workers_alone(tmp_path: Path, a
         else:
             assert (await answer).count == 1
     run(tmp_path, scenario, timeout_s=0.5)
+
+
+def test_a_clear_the_worker_has_not_persisted_is_counted_after_this_process_forgot_it(tmp_path: Path) -> None:
+    """The worker lags past the time this process remembers its writes (recent_s; a restart, a rebalance): an
+    acknowledged ClearCount is forgotten here and not in the store yet. The AddAndGetCount after it must not count
+    the 100 events before the clear (it answered 101): it waits for the worker to have every earlier record of
+    this process, by the offsets the worker has committed, then counts 1."""
+    async def scenario(stack: Stack) -> None:
+        await stack.events.write_events([(NS.name, "c", now_us() - 1 * S, "old", "", 100, False)])
+        await stack.svc.write(NS, "c", 0, MutationOp.CLEAR, "clear", None)
+        await asyncio.sleep(0.2)  # past recent_s (0.1 s): the next write forgets the clear
+        answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "w1", None))
+        await until(lambda: answer.done() or any(stack.svc.arrivals._waiting.values()),
+                    "an answer, or the call to wait for the worker")
+        assert not answer.done(), f"answered {answer.result().count} without the worker"
+        await stack.worker(now_us())
+        assert (await answer).count == 1
+    run(tmp_path, scenario, recent_s=0.1, offsets=True)
+
+
+def test_writes_the_worker_has_persisted_are_passed_over_even_when_no_longer_admissible(tmp_path: Path) -> None:
+    """A write dated 4 s back blocks the early path while the worker may not have it (the first test above);
+    once the worker's offsets cover its record, it is in the store and the early path counts it from there
+    (before, the call waited for a worker that does not run here: NotCountedYet)."""
+    async def scenario(stack: Stack) -> None:
+        await stack.svc.write(NS, "c", 10, MutationOp.ADD, "w0", now_us() - 4 * S)
+        await asyncio.sleep(0.3)  # a generation is 0.25 s (recent_s 2 s): the next write ends w0's
+        await stack.svc.write(NS, "c", 1, MutationOp.ADD, "w1", None)
+        await stack.worker(now_us())  # the worker persists both, and its offsets move past them
+        await asyncio.sleep(0.3)
+        await stack.svc.write(NS, "other", 1, MutationOp.ADD, "x", None)  # turns the generations
+        rows = stack.svc.early.rows(NS, "c")
+        assert not rows.blocked and "w0" not in [r[3] for r in rows]  # w1 may come again: it is admissible
+        assert (await stack.svc.add_and_get(NS, "c", 1, "w2", None)).count == 12
+    run(tmp_path, scenario, offsets=True, timeout_s=0.5)

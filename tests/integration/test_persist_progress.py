@@ -1,0 +1,64 @@
+"""The API's view of how far the worker has persisted its writes (query_api.persist_progress), against the real
+session broker: the group commit's acknowledged ends per partition, and a consumer group's commits read back."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from producers.asyncio_producer import AsyncProducer
+from producers.group_commit import GroupCommitProducer
+from query_api.broker_offsets import BrokerOffsets
+from query_api.persist_progress import PersistProgress
+from schemas import Mutation
+from tests.helpers import make_topic, read_all
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 3
+
+
+def commit(bootstrap: str, group: str, topic: str, offsets: dict[int, int]) -> None:
+    """What the persist consumer does once a batch is stored."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, o) for p, o in offsets.items()], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def test_progress_follows_acknowledged_records_and_the_persist_groups_commits(kafka_bootstrap: str,
+                                                                              topic_name: str) -> None:
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    group = f"{topic_name}.persist"
+    now = time.time_ns() // 1000
+
+    async def scenario() -> tuple[dict[int, int], list[bool]]:
+        kafka = AsyncProducer(kafka_bootstrap, client_id="test-progress", timeout_s=10.0)
+        gc = GroupCommitProducer(kafka, topic=topic_name)
+        await gc.start()
+        progress = PersistProgress(gc, BrokerOffsets(kafka_bootstrap), group=group, interval_s=0.05)
+        progress.start()
+        for i in range(7):  # one record a pass, round-robin over the partitions
+            await gc.send([Mutation("my_dataset", "c", 1, now + i, f"t{i}", "")])
+        assert gc.records_started == gc.records_settled == 7
+        ends = progress.acked_ends()
+        seen = [progress.covers(ends)]  # nothing committed (and nothing read yet)
+        await asyncio.to_thread(commit, kafka_bootstrap, group, topic_name, {p: e - 1 for p, e in ends.items()})
+        seen.append(await progress.wait_covers(ends, 1.0))  # one record short on each partition: never
+        await asyncio.to_thread(commit, kafka_bootstrap, group, topic_name, ends)
+        seen.append(await progress.wait_covers(ends, 10.0))
+        await progress.stop()
+        await gc.stop()
+        await kafka.stop()
+        return ends, seen
+
+    ends, seen = asyncio.run(asyncio.wait_for(scenario(), 60))
+    last = {}
+    for record in read_all(kafka_bootstrap, topic_name):
+        last[record.partition] = record.offset + 1
+    assert ends == last and sum(1 for _ in ends) == PARTITIONS
+    assert seen == [False, False, True]
