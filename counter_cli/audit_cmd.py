@@ -8,7 +8,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from control_plane import CounterType, NamespaceRegistry
 from counter_cli.common import console, fail, namespaces_or_exit, settings_or_exit
@@ -19,6 +19,7 @@ from jobs.audit import (
     RowWriter,
     SeriesOptions,
     SeriesResult,
+    export_format,
     iso,
     run_audit,
     run_series_audit,
@@ -38,7 +39,8 @@ starts at the count just before --from (computed from the store), so it always e
 Token-less JSON mutations show their Kafka position as token (kafka:<topic>:<partition>:<offset>:<index>).
 
 Rows go to stdout (or --output FILE). Interrupt it (Ctrl-C) at any time; with --output, run the same command
-again with --resume to continue after the last complete row (the file is never left half-written).
+again with --resume (and the same --format) to continue: the rows of the last event time in the file are
+exported again, whole (a second Ctrl-C may have cut their group short; a torn last line is dropped).
 
 With --by minute|hour|day it prints the counter's time buckets instead, as GetCountSeries answers them: one row
 per bucket of the range [--from, --to) (edges aligned outwards to whole buckets; default: from the first stored
@@ -115,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
     opts = AuditOptions(args.namespace, args.counter, after_us, upto_us)
     header = True
     if args.resume:
-        if args.output is None or not args.output.exists():
-            fail("--resume continues an export into an existing --output file")
-        opts = opts.resumed(args.output, args.format)
+        opts = _resumed(args, opts)
         header = args.output.stat().st_size == 0
     elif args.output is not None and args.output.exists() and args.output.stat().st_size:
         fail(f"{args.output} exists: pass --resume to continue it, or remove it")
@@ -153,6 +153,25 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"stored rollup: {state.count:,} at {iso(state.rollup_ts)}; audit total at that time "
                   f"{at_rollup:,}: {verdict}", highlight=False)
     return 0 if match else 1
+
+
+Resumable = TypeVar("Resumable", AuditOptions, SeriesOptions)
+
+
+def _resumed(args: argparse.Namespace, opts: Resumable) -> Resumable:
+    """`opts` continuing the export in --output, which must hold one of this kind, in --format."""
+    if args.output is None or not args.output.exists():
+        fail("--resume continues an export into an existing --output file")
+    found = export_format(args.output)
+    if found is not None and found != args.format:
+        fail(f"{args.output} holds a {found} export, not {args.format}: resume it with --format {found}, or give "
+             "another --output")
+    try:
+        return opts.resumed(args.output, args.format)
+    except (ValueError, KeyError) as exc:
+        what = "bucket series (--by)" if isinstance(opts, SeriesOptions) else "event export (no --by)"
+        fail(f"{args.output} is not a {args.format} {what} this command can continue ({exc!r} in its last rows): "
+             "give another --output")
 
 
 class _TableWriter:
@@ -191,9 +210,7 @@ def _run_series(args: argparse.Namespace, settings: Settings, registry: Namespac
     opts = SeriesOptions(ns.name, args.counter, g, start, end)
     header = True
     if args.resume:
-        if args.output is None or not args.output.exists():
-            fail("--resume continues an export into an existing --output file")
-        opts = opts.resumed(args.output, args.format)
+        opts = _resumed(args, opts)
         header = args.output.stat().st_size == 0
     elif args.output is not None and args.output.exists() and args.output.stat().st_size:
         fail(f"{args.output} exists: pass --resume to continue it, or remove it")

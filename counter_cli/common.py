@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from confluent_kafka import KafkaError, KafkaException
 from rich.console import Console
 from rich.text import Text
 
@@ -56,6 +57,13 @@ def resolve_bootstrap(settings: Settings, explicit: str | None) -> str:
         fail("no Kafka broker: pass --bootstrap, set COUNTER_KAFKA_BOOTSTRAP, or start one with `counter up` "
              f"(its endpoints are read from {settings.endpoints_path})")
     return bootstrap
+
+
+def kafka_failure(exc: KafkaException, bootstrap: str) -> str:
+    """A failing broker in one line: the client's own message (not the KafkaError repr) and where it was."""
+    err = exc.args[0] if exc.args else None
+    text = err.str() if isinstance(err, KafkaError) else str(exc)
+    return f"Kafka at {bootstrap}: {text} (is the broker running? `counter up` starts one)"
 
 
 def job_settings(bootstrap: str, data_dir: Path | None) -> Settings:

@@ -7,9 +7,11 @@ import argparse
 import json
 from pathlib import Path
 
-from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, settings_or_exit
+from confluent_kafka import KafkaException
+
+from counter_cli.common import console, fail, kafka_failure, namespaces_or_exit, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import Interrupt, RichProgress
-from jobs.dlq import DeadRecord, iso, load_sent, read_dead_letters, resubmit, select, state_path
+from jobs.dlq import DeadRecord, SentLog, iso, pending, read_dead_letters, resubmit, select, state_path
 from schemas.dead_letter import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC, TRUNCATED
 from streams.topics import TopicError
 
@@ -41,7 +43,10 @@ one older than the namespace's accept_limit is rejected again ("event_time ... b
 Kafka"): fix those by producing new mutations, not by re-submitting. Undecodable records stay undecodable.
 Token-less JSON records take the new record's time and position as their identity, so each re-submission
 counts again: progress is kept in <COUNTER_DATA_DIR>/dlq/<dlq topic>.json and a rerun never re-sends a
-record it already sent (--force does; harmless for records with tokens, which are idempotent).
+record it already sent (--force does; harmless for records with tokens, which are idempotent). A record is
+known by its source (topic, partition, offset, time) and bytes, not its DLQ position: of several dead letters
+of one source mutation only one is re-submitted, and a new dead letter at a DLQ position a restarted local
+broker reused is not taken for an old one.
 Interrupt it (Ctrl-C) at any time and run it again to continue.
 Exit status: 0 done, 1 delivery failed, 130 interrupted."""
 
@@ -57,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ls = verbs.add_parser("list", help="show dead letters with their reasons", description=DESCRIPTION,
                           epilog=LIST_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(ls)
-    ls.add_argument("--limit", type=int, default=None, help="show at most N (the newest last)")
+    ls.add_argument("--limit", type=int, default=None, help="show only the newest N (the newest last; 0: all)")
     ls.add_argument("--format", choices=("table", "jsonl"), default="table",
                     help="table (stdout, one line each) or jsonl (full headers, value as text/hex)")
     ls.set_defaults(run=run_list)
@@ -100,15 +105,19 @@ def _read(args: argparse.Namespace, bootstrap: str, topic: str) -> list[DeadReco
             records = read_dead_letters(bootstrap, topic, progress=progress)
         except TopicError as exc:
             fail(str(exc), code=1)
+        except KafkaException as exc:
+            fail(kafka_failure(exc, bootstrap), code=1)
     return select(records, reason=args.reason, positions=positions)
 
 
 def run_list(args: argparse.Namespace) -> int:
+    if args.limit is not None and args.limit < 0:
+        fail("--limit must be >= 0 (0 shows all)")
     settings = settings_or_exit(data_dir=args.data_dir)
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.dlq_topic
     records = _read(args, bootstrap, topic)
-    sent = load_sent(state_path(settings, topic))
+    sent = SentLog(state_path(settings, topic))
     shown = records[-args.limit:] if args.limit else records
     for r in shown:
         if args.format == "jsonl":
@@ -122,9 +131,9 @@ def run_list(args: argparse.Namespace) -> int:
                               "source_offset": _int(r.headers.get(SOURCE_OFFSET)),
                               "source_timestamp_us": _int(r.headers.get(SOURCE_TIMESTAMP)),
                               "key": r.key.decode(errors="replace") if r.key is not None else None,
-                              "preview": r.preview(200), "resubmitted": sent.get(r.position), **value}))
+                              "preview": r.preview(200), "resubmitted": sent.get(r), **value}))
         else:
-            mark = "  [resubmitted]" if r.position in sent else ""
+            mark = "  [resubmitted]" if r in sent else ""
             print(f"{r.position:>8}  {iso(r.timestamp_us)}  {r.source:32}  {r.preview(60):60}  {r.reason}{mark}")
     kinds: dict[str, int] = {}
     for r in records:
@@ -132,7 +141,7 @@ def run_list(args: argparse.Namespace) -> int:
     summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
     console.print(f"{len(records):,} dead letter(s) in {topic}" + (f" matching ({summary})" if records else "")
                   + (f"; showing the last {len(shown)}" if len(shown) < len(records) else "")
-                  + f"; {sum(1 for r in records if r.position in sent):,} already resubmitted", highlight=False)
+                  + f"; {sum(1 for r in records if r in sent):,} already resubmitted", highlight=False)
     return 0
 
 
@@ -149,10 +158,11 @@ def run_replay(args: argparse.Namespace) -> int:
     topic = args.topic or settings.dlq_topic
     target = args.to_topic or settings.mutations_topic
     state = state_path(settings, topic)
-    sent = load_sent(state)
     records = _read(args, bootstrap, topic)
-    todo = [r for r in records if args.force or r.position not in sent]
-    skipped = len(records) - len(todo)
+    todo, skipped, duplicates = pending(records, SentLog(state), force=args.force)
+    if duplicates:
+        console.print(f"{duplicates:,} dead letter(s) repeat a source mutation of another one (dead-lettered twice): "
+                      "each source mutation is re-submitted once", highlight=False)
     cut = [r for r in todo if TRUNCATED in r.headers]
     if cut:  # only the start of their value is here: sent on, it would be dead-lettered again as undecodable
         todo = [r for r in todo if TRUNCATED not in r.headers]
@@ -169,10 +179,12 @@ def run_replay(args: argparse.Namespace) -> int:
     progress = RichProgress(console)
     try:
         with Interrupt() as stop, progress:  # SIGINT: finish the chunk in hand, then stop (twice: now)
-            result = resubmit(bootstrap, target, todo, state=state, sent=sent, progress=progress, stop=stop,
+            result = resubmit(bootstrap, target, todo, state=state, force=args.force, progress=progress, stop=stop,
                               shards=registry.shard_counts())
     except TopicError as exc:
         fail(str(exc), code=1)
+    except KafkaException as exc:
+        fail(kafka_failure(exc, bootstrap), code=1)
     console.print(f"re-submitted {result.done:,} dead letter(s) from {topic} to {target} ({progress.summary()}); "
                   f"{skipped:,} skipped as already re-submitted (--force re-sends them)", highlight=False)
     if result.errors:

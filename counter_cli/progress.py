@@ -45,12 +45,14 @@ class _CountColumn(ProgressColumn):
 
 
 class _RateColumn(ProgressColumn):
-    """Recent speed (rich's sliding window), or the overall average before there is a window."""
+    """Recent speed (rich's sliding window), or this run's average before there is a window: without the units a
+    resumed job had done before (the task's `initial` field), which would inflate it."""
 
     def render(self, task: Task) -> Text:
         speed = task.speed
         if speed is None and task.elapsed:
-            speed = task.completed / task.elapsed if task.elapsed > 0 else None
+            done = task.completed - task.fields.get("initial", 0)
+            speed = done / task.elapsed if task.elapsed > 0 else None
         unit = task.fields.get("unit", "")
         if not speed:
             return Text(f"- {unit}/s", style="progress.data.speed")
@@ -82,7 +84,7 @@ class ProgressBar:
             TextColumn("{task.fields[note]}"), console=console or default_console, transient=False,
             speed_estimate_period=10.0)
         self._task: TaskID = self._progress.add_task(description, total=total, completed=completed,
-                                                     unit=unit, note="", start=False)
+                                                     unit=unit, note="", initial=completed, start=False)
         self._started = time.monotonic()
         self._initial = completed
 

@@ -9,8 +9,18 @@ import logging
 import sys
 from pathlib import Path
 
+from confluent_kafka import KafkaException
+
 from control_plane import ConfigError
-from counter_cli.common import add_verb, console, fail, job_settings, resolve_bootstrap, settings_or_exit
+from counter_cli.common import (
+    add_verb,
+    console,
+    fail,
+    job_settings,
+    kafka_failure,
+    resolve_bootstrap,
+    settings_or_exit,
+)
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.recount import RETRY, CounterRecount, RecountError, RecountJob, RecountOptions, RecountSummary, rfc3339
 from jobs.runtime import open_runtime
@@ -121,6 +131,9 @@ def run(args: argparse.Namespace) -> int:
     except (SettingsError, ConfigError, TopicError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KafkaException as exc:  # the broker (the persist watermark's partition count) cannot be reached
+        print(f"error: {kafka_failure(exc, bootstrap)}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)
         return 130

@@ -16,7 +16,15 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 
 from control_plane import ConfigError
-from counter_cli.common import add_verb, console, fail, job_settings, resolve_bootstrap, settings_or_exit
+from counter_cli.common import (
+    add_verb,
+    console,
+    fail,
+    job_settings,
+    kafka_failure,
+    resolve_bootstrap,
+    settings_or_exit,
+)
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.replay import ReplayError, ReplayOptions, ReplayResult, run_replay
 from streams.positions import parse_position
@@ -129,8 +137,11 @@ def run(args: argparse.Namespace) -> int:
     except ReplayError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         return 2
-    except (SettingsError, ConfigError, TopicError, KafkaException) as exc:
+    except (SettingsError, ConfigError, TopicError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KafkaException as exc:
+        print(f"error: {kafka_failure(exc, bootstrap)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted; run the same command again to resume", file=sys.stderr)

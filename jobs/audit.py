@@ -1,9 +1,10 @@
 """Audit: the individual increments and clears that make up a count, oldest first, with the running total.
 
 `audit` streams the events of a counter in (after_us, upto_us] as rows to a writer, grouped by event_time so
-a stop never splits a group: an export into a file resumes after its last complete row (`resume_point`),
-with the running total that row carries. The rows' formats (JSONL, CSV) are here too, because a resumed
-export reads its own last row back.
+a stop never splits a group. A hard stop (a second Ctrl-C, a kill) can still end a file inside a group, so an
+export into a file resumes by cutting its last event_time group off and continuing after the row before it, with
+the running total that row carries (`AuditOptions.resumed`). The rows' formats (JSONL, CSV) are here too,
+because a resumed export reads its own rows back.
 
 `audit_series` (`counter audit --by minute|hour|day`) streams a counter's time buckets instead: the series the
 API's GetCountSeries answers (`sinks.windows.series_range` and `fill_series`: aligned, retention-clamped,
@@ -18,6 +19,8 @@ import bisect
 import csv
 import io
 import json
+import mmap
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -115,6 +118,19 @@ class RowWriter:
         self.out.flush()
 
 
+def export_format(path: Path) -> str | None:
+    """The format of an export file, from its first byte: jsonl (a JSON object) or csv (a header); None: empty."""
+    with path.open("rb") as f:
+        head = f.read(1)
+    return None if not head else "jsonl" if head == b"{" else "csv"
+
+
+def _parse(line: str, fmt: str, fields: list[str], key: str) -> Row:
+    """``key`` and the running total of one row (ValueError or KeyError for a row of another kind of export)."""
+    row = json.loads(line) if fmt == "jsonl" else dict(zip(fields, next(csv.reader([line])), strict=True))
+    return {key: int(row[key]), "running_total": int(row["running_total"])}
+
+
 def last_row(path: Path, fmt: str, fields: list[str] = FIELDS, key: str = "event_time_us") -> Row | None:
     """``key`` and the running total of the last complete row of an interrupted export (a torn last line is
     cut off the file)."""
@@ -123,15 +139,31 @@ def last_row(path: Path, fmt: str, fields: list[str] = FIELDS, key: str = "event
         data = data[: data.rfind(b"\n") + 1]
         path.write_bytes(data)
     lines = data.decode().splitlines()
-    if fmt == "csv":
-        if len(lines) < 2:
-            return None
-        row = dict(zip(fields, next(csv.reader([lines[-1]])), strict=True))
-    elif not lines:
+    if len(lines) < (2 if fmt == "csv" else 1):
         return None
-    else:
-        row = json.loads(lines[-1])
-    return {key: int(row[key]), "running_total": int(row["running_total"])}
+    return _parse(lines[-1], fmt, fields, key)
+
+
+def cut_last_group(path: Path, fmt: str) -> Row | None:
+    """Cut the rows of the last event_time (and a torn last line) off an interrupted event export: a hard stop may
+    have cut that group short. The event_time_us and running total of the last row kept (None: none, a CSV keeps
+    its header). The file is mapped, not read: an export may be large."""
+    if path.stat().st_size == 0:
+        return None
+    before = None
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        first = data.find(b"\n") + 1 if fmt == "csv" else 0  # after the header
+        cut = end = max(first, data.rfind(b"\n") + 1)
+        group = None
+        while end > first:
+            start = max(first, data.rfind(b"\n", first, end - 1) + 1)
+            row = _parse(data[start:end - 1].decode(), fmt, FIELDS, "event_time_us")
+            if group is not None and row["event_time_us"] != group:
+                before = row
+                break
+            group, cut, end = row["event_time_us"], start, start
+    os.truncate(path, cut)
+    return before
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +175,14 @@ class AuditOptions:
     start_total: int | None = None  # the running total at after_us when known (a resumed export)
 
     def resumed(self, path: Path, fmt: str) -> AuditOptions:
-        """These options continuing the export in `path` after its last complete row (if it has one)."""
-        last = last_row(path, fmt)
-        if last is None:
+        """These options continuing the export in `path`: its last event_time group is cut off (`cut_last_group`)
+        and exported again, after the row before it, from that row's running total (no row before it: from the
+        start). ValueError or KeyError when `path` holds another kind of export."""
+        before = cut_last_group(path, fmt)
+        if before is None:
             return self
-        # every event_time group is written whole: continue after that time, from that total
-        return AuditOptions(self.namespace, self.counter, last["event_time_us"], self.upto_us,
-                            last["running_total"])
+        return AuditOptions(self.namespace, self.counter, before["event_time_us"], self.upto_us,
+                            before["running_total"])
 
 
 @dataclass(slots=True)

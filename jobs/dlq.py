@@ -1,13 +1,18 @@
 """Dead letters: read the DLQ topic to its end, select records, and re-submit them to the mutations topic.
 
-Re-submission progress is kept in <data dir>/dlq/<dlq topic>.json ({"resubmitted": {"P:O": {...}}}): only
-records the broker acknowledged are recorded, after every chunk, so a stopped run loses nothing and a rerun
-never re-sends a record it already sent (unless forced: token-less JSON records would count again).
+Re-submission progress is kept in <data dir>/dlq/<dlq topic>.json (`SentLog`): only records the broker
+acknowledged are recorded, after every chunk, so a stopped run loses nothing and a rerun never re-sends a record
+it already sent (unless forced: token-less JSON records would count again). Records are known by their source
+(`DeadRecord.identity`), not by their DLQ position: one source record may be dead-lettered twice (a worker
+redelivery, `counter replay --dead-letter`), and the local broker, which keeps topics in memory, reuses DLQ
+positions after a restart.
 """
 
 from __future__ import annotations
 
-import json
+import calendar
+import functools
+import hashlib
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -17,15 +22,19 @@ from typing import Any, cast
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from jobs.progress import NullProgress, Progress, Stop, never
+from jobs.state import read_json, write_json_atomic
 from producers.partitioner import partition_for
 from schemas import MICROS, DecodeError, decode_mutations
-from schemas.dead_letter import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC, parse_headers
+from schemas.dead_letter import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC, parse_headers
 from streams.positions import PartitionEnds, fetch_positions
 from streams.settings import Settings
 from streams.topics import partition_count
 
 CHUNK = 100  # records produced (and acknowledged) between two saves of the progress
 POLL_RECORDS = 1000  # records asked of each poll of the DLQ
+DELIVERY_TIMEOUT_S = 30  # the producer fails a record the broker has not acknowledged by then
+SETTLE_S = 2 * DELIVERY_TIMEOUT_S  # how long a chunk may take to be acknowledged or failed
+SENT_VERSION = 2  # of the progress file: keyed by DeadRecord.identity (version 1, unversioned: by DLQ position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +53,16 @@ class DeadRecord:
     @property
     def reason(self) -> str:
         return self.headers.get(REASON, "?")
+
+    @property
+    def identity(self) -> str:
+        """The dead-lettered mutation: its source record's topic, partition, offset and time, and its bytes (the
+        rejected mutations of one batch record share the source position; a restarted local broker reuses
+        offsets, not times). Every dead letter of one source mutation has it; none of another has."""
+        h = self.headers
+        digest = hashlib.sha256(self.value).hexdigest()[:16]
+        return (f"{h.get(SOURCE_TOPIC, '?')}:{h.get(SOURCE_PARTITION, '?')}:{h.get(SOURCE_OFFSET, '?')}:"
+                f"{h.get(SOURCE_TIMESTAMP, '?')}:{digest}")
 
     @property
     def source(self) -> str:
@@ -138,21 +157,72 @@ def state_path(settings: Settings, topic: str) -> Path:
     return settings.data_dir / "dlq" / f"{topic}.json"
 
 
-def load_sent(path: Path) -> dict[str, Any]:
-    """Position ("P:O") -> {at, to, reason} of every record already re-submitted."""
+class SentLog:
+    """The dead letters already re-submitted, as saved in the progress file: identity -> {at, to, reason, position}.
+
+    A file of version 1 keyed them by DLQ position ("P:O"), which a restarted local broker reuses: such an entry
+    still marks the record at its position when that record was dead-lettered before the entry was written, so a
+    new dead letter at a reused position is not taken for it. Those entries are kept as they are."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        data = read_json(path)
+        saved = _dicts(data.get("resubmitted"))
+        if data.get("version") == SENT_VERSION:
+            self.entries, self.by_position = saved, _dicts(data.get("by_dlq_position"))
+        else:
+            self.entries, self.by_position = {}, saved
+
+    def get(self, r: DeadRecord) -> dict[str, Any] | None:
+        """Its entry when `r` was re-submitted already."""
+        entry = self.entries.get(r.identity)
+        if entry is None and (old := self.by_position.get(r.position)) is not None:
+            at = _epoch_s(old.get("at"))
+            if at is None or r.timestamp_us < (at + 1) * MICROS:  # "at" has whole seconds
+                entry = old
+        return entry
+
+    def __contains__(self, r: DeadRecord) -> bool:
+        return self.get(r) is not None
+
+    def add(self, r: DeadRecord, target: str, at: str) -> None:
+        self.entries[r.identity] = {"at": at, "to": target, "reason": r.reason, "position": r.position}
+
+    def save(self) -> None:
+        data: dict[str, Any] = {"version": SENT_VERSION, "resubmitted": self.entries}
+        if self.by_position:
+            data["by_dlq_position"] = self.by_position
+        write_json_atomic(self.path, data)
+
+
+def _dicts(value: object) -> dict[str, Any]:
+    """The entries of a saved map whose values are objects (anything else in a damaged file is dropped)."""
+    return {k: v for k, v in value.items() if isinstance(v, dict)} if isinstance(value, dict) else {}
+
+
+def _epoch_s(text: object) -> int | None:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    sent = data.get("resubmitted", {}) if isinstance(data, dict) else {}
-    return sent if isinstance(sent, dict) else {}
+        return calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return None
 
 
-def save_sent(path: Path, sent: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"resubmitted": sent}, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+def pending(records: Iterable[DeadRecord], sent: SentLog, *, force: bool = False) -> tuple[list[DeadRecord], int, int]:
+    """The records to re-submit, one per source mutation (a second dead letter of it would count it twice when it
+    carries no token), without those `sent` already (all of them with `force`); and how many were left out as
+    already re-submitted, and as duplicates."""
+    todo: list[DeadRecord] = []
+    seen: set[str] = set()
+    already = duplicates = 0
+    for r in records:
+        if r.identity in seen:
+            duplicates += 1
+        elif not force and r in sent:
+            already += 1
+        else:
+            todo.append(r)
+        seen.add(r.identity)
+    return todo, already, duplicates
 
 
 def iso(us: int) -> str:
@@ -166,45 +236,57 @@ class ResubmitResult:
     interrupted: bool = False
 
 
-def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: Path,
-             sent: dict[str, Any] | None = None, progress: Progress | None = None,
-             stop: Stop = never, shards: Mapping[str, int] | None = None) -> ResubmitResult:
+def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: Path, force: bool = False,
+             progress: Progress | None = None, stop: Stop = never,
+             shards: Mapping[str, int] | None = None) -> ResubmitResult:
     """Re-produce the records' original bytes to `target` (keyed by their mutation's counter, or its shard in a
-    namespace of `shards`), CHUNK at a time, recording each acknowledged one in `state`; stops after a chunk with
-    a delivery error or on `stop`. TopicError when `target` is missing."""
+    namespace of `shards`), CHUNK at a time, recording each acknowledged one in `state` (`SentLog`); one record per
+    source mutation, none already re-submitted unless `force` (`pending`). Stops after a chunk with a delivery
+    error or on `stop`. TopicError when `target` is missing."""
     progress = progress or NullProgress()
-    sent = load_sent(state) if sent is None else sent
+    sent = SentLog(state)
+    records = pending(records, sent, force=force)[0]
     partitions = partition_count(bootstrap, target)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                         "linger.ms": 5, "client.id": "counter-dlq-replay"})
+                         "linger.ms": 5, "message.timeout.ms": DELIVERY_TIMEOUT_S * 1000,
+                         "client.id": "counter-dlq-replay"})
     result = ResubmitResult()
+
+    def delivered(r: DeadRecord, err: KafkaError | None, _msg: object) -> None:  # of every chunk, into one log
+        if err is None:
+            sent.add(r, target, iso(time.time_ns() // 1000))
+            result.done += 1
+        else:
+            result.errors.append(f"{r.position}: {err.str()}")
+
     progress.start("re-submitting", total=len(records), unit="records")
     try:
         for start in range(0, len(records), CHUNK):
             chunk = records[start:start + CHUNK]
-            acked: list[DeadRecord] = []
             for r in chunk:
                 key = r.produce_key(shards)
-
-                def on_delivery(err: KafkaError | None, _msg: object, r: DeadRecord = r,
-                                acked: list[DeadRecord] = acked) -> None:
-                    if err is None:
-                        acked.append(r)
-                    else:
-                        result.errors.append(f"{r.position}: {err.str()}")
-
                 kwargs: dict[str, Any] = {"partition": partition_for(key, partitions)} if key else {}
-                producer.produce(target, key=key, value=r.value, on_delivery=on_delivery, **kwargs)
-            producer.flush(30)
-            now = iso(time.time_ns() // 1000)
-            for r in acked:  # only acknowledged records count as re-submitted
-                sent[r.position] = {"at": now, "to": target, "reason": r.reason}
-            save_sent(state, sent)
-            result.done += len(acked)
+                producer.produce(target, key=key, value=r.value,
+                                 on_delivery=functools.partial(delivered, r), **kwargs)
+            if left := _settle(producer):
+                result.errors.append(f"{left} record(s) neither acknowledged nor failed after {SETTLE_S}s: a rerun "
+                                     "re-sends them, and a token-less one may then count twice")
+            sent.save()
             progress.advance(len(chunk))
             if result.errors or stop():
                 break
     finally:
+        sent.save()  # a hard stop too: what was acknowledged is never re-sent
         progress.finish()
     result.interrupted = stop()
     return result
+
+
+def _settle(producer: Producer) -> int:
+    """Flush until every produced record is acknowledged or failed (the producer fails it after
+    DELIVERY_TIMEOUT_S); the records still queued after SETTLE_S (0: none). Short flushes keep Ctrl-C prompt."""
+    deadline = time.monotonic() + SETTLE_S
+    left = producer.flush(1.0)
+    while left and time.monotonic() < deadline:
+        left = producer.flush(1.0)
+    return left or 0

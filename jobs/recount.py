@@ -279,8 +279,8 @@ async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, ro
             d.action = "behind"
         if state is not None:
             result.count, result.rollup_ts = state.count, state.rollup_ts
-            if cache is not None and result.status == "ok":
-                await cache.set(name, counter, state.count, state.rollup_ts, ns.ttl_s)
+            if cache is not None and result.status == "ok":  # read at our start: a worker may have moved it since
+                await _refresh_cache(cache, rollups, ns, counter, state.count, state.rollup_ts)
         return result
 
     if windows is not None:  # the buckets first: the rollup written next certifies them (as in the worker)
@@ -317,10 +317,10 @@ async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, ro
 
 async def _refresh_cache(cache: RollupCache, rollups: RollupStore, ns: Namespace, counter: str, count: int,
                          rollup_ts: int) -> None:
-    """Set the cache, then make sure a rollup worker that moved the counter meanwhile is not overwritten
-    with our older value (a few rounds: each one only follows a newer stored rollup)."""
+    """Cache our rollup unless the cache holds a later one (forward-only, as the workers cache theirs), then follow
+    a rollup a worker stored meanwhile, in case its own cache write came first or never came (a few rounds)."""
     for _ in range(3):
-        await cache.set(ns.name, counter, count, rollup_ts, ns.ttl_s)
+        await cache.advance(ns.name, counter, count, rollup_ts, ns.ttl_s)
         now = await rollups.get(ns.name, counter)
         if now is None or now.rollup_ts <= rollup_ts:
             return

@@ -22,7 +22,7 @@ import contextlib
 import math
 import time
 from collections import Counter as Tally
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -36,7 +36,7 @@ from agents.persist_path import persist_batch
 from agents.watermark import is_heartbeat
 from control_plane.admission import rollup_boundary
 from jobs.progress import NullProgress, Progress, Stop, never
-from jobs.recount import CounterRecount, recounter_of
+from jobs.recount import RETRY, CounterRecount, Recounter, recounter_of
 from jobs.runtime import Runtime, open_runtime
 from jobs.state import Busy, exclusive, fmt_time, read_json, safe_name, write_json_atomic
 from producers.asyncio_producer import AsyncProducer
@@ -127,13 +127,19 @@ class _Writer:
     from a `now` before the commit (the write takes far less than LATE_MARGIN). Late rows are written per
     counter, and a counter whose late rows were new needs a recount; with more than `precise_up_to` late
     counters in a batch they are written at once and, when any was new, all of them are recounted.
+
+    Late counters are `in_doubt` from before their write until it returns, and `checkpoint` (the replay's save,
+    which keeps them in the saved recount set) runs before the write: a failure or kill after the write but before
+    the replay saves its state would otherwise lose them, since a rerun finds their events stored, not new.
     """
 
     precise_up_to = 32  # late counters in a batch written one by one; more: one write (see __call__)
 
-    def __init__(self, runtime: Runtime, recount: set[Key]) -> None:
+    def __init__(self, runtime: Runtime, recount: set[Key], checkpoint: Callable[[], None] = lambda: None) -> None:
         self.runtime = runtime
         self.recount = recount
+        self.checkpoint = checkpoint
+        self.in_doubt: set[Key] = set()  # late counters whose write has not returned yet
         self.restored = 0  # new late events
         self.new = 0
 
@@ -151,6 +157,9 @@ class _Writer:
                 late.setdefault((row[0], row[1]), []).append(row)
             else:
                 fresh.append(row)
+        if late.keys() - self.recount:
+            self.in_doubt.update(late)
+            self.checkpoint()  # recounting a counter whose events turn out to be stored already is harmless
         events = self.runtime.events
         new = await events.write_events(fresh) if fresh else 0
         if len(late) <= self.precise_up_to:
@@ -169,8 +178,10 @@ class _Writer:
                 self.recount.add(key)
                 self.restored += n
                 new += n
+        self.in_doubt.difference_update(late)
         if fresh and time.time_ns() // 1000 - started > LATE_MARGIN_US:  # absurdly slow write: be safe
             self.recount.update((r[0], r[1]) for r in fresh)
+            self.checkpoint()
         self.new += new
         return new
 
@@ -230,6 +241,9 @@ class Replay:
             self.end = parse_position(options.end, allow_earliest=False) if options.end else None
         except ValueError as exc:
             raise ReplayError(str(exc)) from None
+        if options.namespace is not None and options.namespace not in runtime.registry:
+            raise ReplayError(f"--namespace {options.namespace!r} is not in the namespace file (known: "
+                              f"{', '.join(runtime.registry.names())})")
         self.counters = set(options.counters)
         self.state: dict = {}
         self.recount: set[Key] = set()
@@ -240,7 +254,7 @@ class Replay:
         self.read = 0  # records read in this run (progress)
         self.total = 0  # the progress total (an estimate that only grows)
         self.kafka = _Kafka(settings, self.bootstrap)
-        self.writer = _Writer(runtime, self.recount)
+        self.writer = _Writer(runtime, self.recount, self._save)
 
     # -- set-up -------------------------------------------------------------------------------------
 
@@ -329,6 +343,10 @@ class Replay:
                     interrupted = await self._recount()
             except KeyboardInterrupt:  # a hard stop (second Ctrl-C): the batch in hand is abandoned (re-reading
                 interrupted = True     # it is harmless)
+            except Exception:
+                with contextlib.suppress(OSError):  # keep the recount set learned so far (the failure is raised)
+                    self._save()
+                raise
             finally:
                 progress.finish()
                 await self._tell_workers()
@@ -344,6 +362,7 @@ class Replay:
         records: list[RawRecord] = []
         offsets: dict[int, int] = {}
         read = 0
+        skipped: Tally[str] = Tally()  # heartbeats, before_from: tallied with the batch, once it is persisted
         for m in messages:
             err = m.error()
             if err is not None:
@@ -357,17 +376,18 @@ class Replay:
             offsets[partition] = offset + 1
             read += 1
             if from_us is not None and timestamp_us < from_us:
-                self.totals["before_from"] += 1
+                skipped["before_from"] += 1
                 continue
             headers = m.headers()
             if not m.value() and is_heartbeat(headers):
-                self.totals["heartbeats"] += 1
+                skipped["heartbeats"] += 1
             records.append(RawRecord(self.topic, partition, offset, timestamp_us // 1000, m.key(), m.value(),
                                      headers or ()))
         if records:
             await self._persist(records)
         if offsets:
             self.totals["records"] += read
+            self.totals.update(skipped)
             self.positions.update(offsets)
             self._save()  # the recount set must be durable before the offsets that would skip its cause
             consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
@@ -422,24 +442,7 @@ class Replay:
         """Recount the counters with restored late events; returns whether it was interrupted."""
         if not self.options.recount:
             return False
-        stop = self.stop
-        recounter = recounter_of(self.runtime)
-        results: list[CounterRecount] = []
-        for key in sorted(self.recount):
-            if stop():
-                return True
-            if key[0] not in self.runtime.registry:
-                self.recount.discard(key)
-                continue
-            result = await recounter.once(*key)
-            if result.action not in ("behind", "raced"):
-                results.append(result)
-                self.recount.discard(key)
-                self._save()
-        for result in await recounter.retry(10.0, stop):
-            results.append(result)
-            if result.action not in ("behind", "raced"):
-                self.recount.discard((result.namespace, result.counter))
+        results = await self._recount_each(recounter_of(self.runtime))
         self._save()
         self.totals["recounted"] += sum(1 for r in results if r.action == "written")
         self.totals["drift_fixed"] += sum(1 for r in results if r.action == "written" and r.status != "ok")
@@ -449,11 +452,32 @@ class Replay:
                               f"(drift {r.drift:+,}, {r.action})")
         if len(drifted) > 10:
             self.progress.log(f"  ... and {len(drifted) - 10:,} more")
-        return stop()
+        return self.stop()
+
+    async def _recount_each(self, recounter: Recounter) -> list[CounterRecount]:
+        """Recount each counter (dropping it from the set), then retry those behind the watermark. On a stop, the
+        results so far: the caller tallies the counters written before it, which have left the saved set."""
+        results: list[CounterRecount] = []
+        for key in sorted(self.recount):
+            if self.stop():
+                return results
+            if key[0] not in self.runtime.registry:
+                self.recount.discard(key)
+                continue
+            result = await recounter.once(*key)
+            if result.action not in RETRY:
+                results.append(result)
+                self.recount.discard(key)
+                self._save()
+        for result in await recounter.retry(10.0, self.stop):
+            results.append(result)
+            if result.action not in RETRY:
+                self.recount.discard((result.namespace, result.counter))
+        return results
 
     def _save(self) -> None:
         self.state["totals"] = dict(self.totals)
-        self.state["recount"] = [list(k) for k in sorted(self.recount)]
+        self.state["recount"] = [list(k) for k in sorted(self.recount | self.writer.in_doubt)]
         self.state["positions"] = {str(p): o for p, o in sorted(self.positions.items())}
         self.state["updated_at"] = fmt_time(time.time_ns() // 1000)
         write_json_atomic(self.state_path, self.state)

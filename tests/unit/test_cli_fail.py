@@ -1,11 +1,18 @@
-"""counter_cli.common.fail: the one way the CLI reports an error."""
+"""counter_cli.common.fail: the one way the CLI reports an error; the verbs' failures that must use it."""
 
 from __future__ import annotations
 
+import argparse
+from typing import NoReturn
+
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from rich.console import Console
 
-from counter_cli import common
+from control_plane import parse_namespaces
+from counter_cli import common, dlq_cmd, recount_cmd
+from counter_cli.main import build_parser
+from jobs.dlq import DeadRecord
 
 
 def test_fail_prints_the_message_unwrapped_and_unparsed_and_exits_with_the_code(monkeypatch, capsys):
@@ -16,3 +23,56 @@ def test_fail_prints_the_message_unwrapped_and_unparsed_and_exits_with_the_code(
     assert exited.value.code == 3
     err = capsys.readouterr().err
     assert err == f"error: {path}:2: field [delta] must be an integer\n"  # one line, brackets kept
+
+
+# -- a broker that cannot be reached: one clear line and exit 1, never a traceback ---------------------------------
+
+UNREACHABLE = KafkaException(KafkaError(KafkaError._TRANSPORT,
+                                        "Failed to get metadata: Local: Broker transport failure"))
+
+
+def _unreachable(*_args: object, **_kwargs: object) -> NoReturn:
+    raise UNREACHABLE
+
+
+def _cli(tmp_path, *argv: str) -> argparse.Namespace:
+    return build_parser().parse_args([*argv, "--bootstrap", "127.0.0.1:1", "--data-dir", str(tmp_path)])
+
+
+def _broker_error(capsys) -> str:
+    err = " ".join(capsys.readouterr().err.split())
+    assert "Traceback" not in err and "KafkaError{" not in err
+    return err
+
+
+def test_recount_without_a_broker_fails_with_a_clear_message(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(recount_cmd, "open_runtime", _unreachable)
+    assert recount_cmd.run(_cli(tmp_path, "recount", "ns", "--all")) == 1
+    assert ("error: Kafka at 127.0.0.1:1: Failed to get metadata: Local: Broker transport failure (is the broker "
+            "running? `counter up` starts one)") in _broker_error(capsys)
+
+
+@pytest.mark.parametrize("verb", ["list", "replay"])
+def test_dlq_without_a_broker_fails_with_a_clear_message(tmp_path, monkeypatch, capsys, verb):
+    monkeypatch.setattr(dlq_cmd, "read_dead_letters", _unreachable)
+    args = _cli(tmp_path, "dlq", verb)
+    with pytest.raises(SystemExit) as exited:
+        args.run(args)
+    assert exited.value.code == 1
+    assert "error: Kafka at 127.0.0.1:1: Failed to get metadata" in _broker_error(capsys)
+
+
+def test_dlq_replay_fails_clearly_when_the_broker_goes_away_while_resubmitting(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(dlq_cmd, "_read", lambda *_: [DeadRecord(0, 0, 1, b"k", b"{}", {})])
+    registry = parse_namespaces({"namespaces": {"ns": {"counter_type": "EVENTUAL"}}})
+    monkeypatch.setattr(dlq_cmd, "namespaces_or_exit", lambda settings: (None, registry))
+    monkeypatch.setattr(dlq_cmd, "resubmit", _unreachable)
+    with pytest.raises(SystemExit) as exited:
+        dlq_cmd.run_replay(_cli(tmp_path, "dlq", "replay"))
+    assert exited.value.code == 1 and "error: Kafka at 127.0.0.1:1" in _broker_error(capsys)
+
+
+def test_dlq_list_limit_must_not_be_negative(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        dlq_cmd.run_list(_cli(tmp_path, "dlq", "list", "--limit", "-1"))
+    assert exited.value.code == 2 and "error: --limit must be >= 0 (0 shows all)" in capsys.readouterr().err

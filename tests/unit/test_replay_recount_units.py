@@ -16,7 +16,7 @@ from control_plane import parse_namespaces
 from control_plane.admission import rollup_boundary
 from counter_cli import recount_cmd, replay_cmd
 from counter_cli.main import build_parser
-from counter_cli.progress import ProgressBar
+from counter_cli.progress import ProgressBar, _RateColumn
 from jobs.audit import RunningTotal, last_row
 from jobs.dlq import DeadRecord
 from jobs.recount import Recounter, RecountOptions, recount_counter
@@ -151,6 +151,30 @@ def test_recount_never_moves_a_rollup_backwards(stores):
     assert run(rollups.get("ev", "c")).count == 50
     run(rollups.write_rollup("ev", "c", 2, T + 4))  # now right (clear at T+3, then +2)
     assert recount(events, rollups, watermark_us=T).action == "unchanged"
+
+
+def test_an_unchanged_recount_never_puts_an_older_rollup_in_the_cache(stores):
+    """A worker rolls the counter up while the recount reads events (the usual reason it is behind): the cache must
+    keep the worker's newer value, not get the rollup the recount read at its start."""
+    events, rollups = stores
+    _seed(events, rollups, stored=2, stored_ts=T + 4)  # right: the clear at T+3, then +2
+    cache = InProcessRollupCache()
+    run(cache.set("ev", "c", 2, T + 4))
+    aggregate = events.aggregate
+
+    async def worker_rolls_up_meanwhile(*args, **kwargs):
+        out = await aggregate(*args, **kwargs)
+        if run_once:
+            run_once.pop()
+            await rollups.write_rollup("ev", "c", 102, T + 11 * MICROS)
+            await cache.set("ev", "c", 102, T + 11 * MICROS)
+        return out
+
+    run_once = [True]
+    events.aggregate = worker_rolls_up_meanwhile
+    r = recount(events, rollups, cache, watermark_us=T)  # boundary before the stored rollup: unchanged
+    assert (r.status, r.action) == ("ok", "unchanged")
+    assert run(cache.get("ev", "c")) == (102, T + 11 * MICROS)
 
 
 def test_recount_since_takes_its_base_from_the_stored_rollup(stores):
@@ -304,6 +328,16 @@ def test_progress_bar_shows_rate_and_eta_or_elapsed():
         text = buf.getvalue()
         assert "working" in text and "40" in text and "records/s" in text and expect in text, text
         assert bar.completed == 40 and "40 records in" in bar.summary()
+
+
+def test_a_resumed_progress_bar_rates_only_this_runs_work():
+    buf = io.StringIO()
+    with ProgressBar("recounting", total=60_000, unit="counters", completed=59_990,
+                     console=Console(file=buf, width=160, force_terminal=False)) as bar:
+        bar.advance(1)
+        task = bar._progress.tasks[0]
+        task.start_time = task.get_time() - 0.5  # half a second into the run, before rich has a speed window
+        assert _RateColumn().render(task).plain == "2 counters/s"
 
 
 def test_a_recount_behind_a_standing_watermark_asks_the_workers_to_move_it(stores):

@@ -1,0 +1,120 @@
+"""`counter audit --resume` after a hard stop: a group of events sharing one event_time is never left half
+exported, and a file of the other format (or another kind of export) is refused, not appended to."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from counter_cli import audit_cmd
+from counter_cli.main import build_parser
+from jobs.audit import AuditOptions, RowWriter, audit, cut_last_group
+from schemas import MICROS
+from sinks import Partitioning, SqliteEventStore, SqliteRollupStore
+
+T = 1_700_000_000 * MICROS
+NAMESPACES = """namespaces:
+  ev: {counter_type: EVENTUAL, accept_limit: 2s, max_clock_skew: 500ms}
+"""
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def stores(tmp_path):
+    part = Partitioning(4, 10, 60)
+    events = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: part)
+    rollups = SqliteRollupStore(tmp_path / "rollups.sqlite3")
+    yield events, rollups
+    run(events.close())
+    run(rollups.close())
+
+
+class HardStop:
+    """The export file; a KeyboardInterrupt (a second Ctrl-C) after `rows` rows."""
+
+    def __init__(self, out, rows: int) -> None:
+        self.out, self.rows = out, rows
+
+    def write(self, text: str) -> None:
+        self.out.write(text)
+        self.rows -= 1
+        if not self.rows:
+            raise KeyboardInterrupt
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_resumed_export_redoes_the_group_a_hard_stop_cut_short(stores, tmp_path, fmt):
+    events, rollups = stores
+    group = [("ev", "c", T + 1, f"kafka:m:0:7:{i}", "", 1, False) for i in range(5)]  # one batch record's
+    run(events.write_events([("ev", "c", T, "first", "", 1, False), *group, ("ev", "c", T + 2, "last", "", 1, False)]))
+    path = tmp_path / f"audit.{fmt}"
+    header = fmt == "csv"
+    with path.open("a") as f, pytest.raises(KeyboardInterrupt):  # the header, "first" and 2 rows of the group
+        run(audit(events, rollups, AuditOptions("ev", "c"), RowWriter(HardStop(f, 3 + header), fmt, header)))
+    with path.open("a") as f:
+        f.write('{"event_ti' if fmt == "jsonl" else "2023-11-14T")  # and a torn line
+    resumed = AuditOptions("ev", "c").resumed(path, fmt)
+    assert (resumed.after_us, resumed.start_total) == (T, 1)  # after "first", from its total
+    assert len(path.read_text().splitlines()) == 1 + header  # the group's rows and the torn line are cut
+    with path.open("a") as f:
+        run(audit(events, rollups, resumed, RowWriter(f, fmt, False)))
+    lines = path.read_text().splitlines()[header:]
+    totals = [json.loads(line)["running_total"] for line in lines] if fmt == "jsonl" else \
+        [int(line.rsplit(",", 1)[1]) for line in lines]
+    assert totals == list(range(1, 8))
+
+
+def test_an_export_that_is_one_group_starts_over(stores, tmp_path):
+    events, rollups = stores
+    run(events.write_events([("ev", "c", T, f"t{i}", "", 1, False) for i in range(3)]))
+    path = tmp_path / "audit.csv"
+    with path.open("a") as f, pytest.raises(KeyboardInterrupt):
+        run(audit(events, rollups, AuditOptions("ev", "c"), RowWriter(HardStop(f, 3), "csv", True)))
+    options = AuditOptions("ev", "c", after_us=5)
+    assert options.resumed(path, "csv") is options
+    assert path.read_text() == "event_time,event_time_us,op,token,item_key,delta,counted,running_total\n"
+    assert cut_last_group(path, "csv") is None and path.read_text().count("\n") == 1
+
+
+@pytest.fixture
+def cli_env(tmp_path, monkeypatch):
+    (tmp_path / "namespaces.yaml").write_text(NAMESPACES)
+    monkeypatch.setenv("COUNTER_NAMESPACES", str(tmp_path / "namespaces.yaml"))
+    return tmp_path
+
+
+def _audit(tmp_path, *extra: str) -> int:
+    return audit_cmd.run(build_parser().parse_args(["audit", "ev", "c", "--data-dir", str(tmp_path), *extra]))
+
+
+@pytest.mark.parametrize(("content", "fmt", "found"), [
+    ('{"event_time_us": 1, "running_total": 1}\n', "csv", "jsonl"),
+    ("event_time,event_time_us,op,token,item_key,delta,counted,running_total\nx,1,add,t,,1,true,1\n", "jsonl", "csv"),
+])
+def test_resume_refuses_a_file_of_the_other_format(cli_env, capsys, content, fmt, found):
+    out = cli_env / "export"
+    out.write_text(content)
+    with pytest.raises(SystemExit) as exited:
+        _audit(cli_env, "--output", str(out), "--resume", "--format", fmt)
+    assert exited.value.code == 2 and out.read_text() == content
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"holds a {found} export, not {fmt}: resume it with --format {found}, or give another --output" in err
+
+
+def test_resume_refuses_another_kind_of_export(cli_env, capsys):
+    out = cli_env / "series.jsonl"
+    content = '{"bucket_start_us": 0, "running_total": 3}\n'
+    out.write_text(content)
+    with pytest.raises(SystemExit) as exited:
+        _audit(cli_env, "--output", str(out), "--resume")
+    assert exited.value.code == 2 and out.read_text() == content
+    err = " ".join(capsys.readouterr().err.split())
+    assert "is not a jsonl event export (no --by) this command can continue" in err

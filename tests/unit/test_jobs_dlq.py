@@ -1,0 +1,130 @@
+"""`jobs.dlq` and `counter dlq` with the producer faked: re-submission is known by the source mutation, not the DLQ
+position (duplicates, positions a restarted broker reuses, progress files of the old format), and every
+acknowledgement is recorded however long the broker takes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+import jobs.dlq as dlq
+from counter_cli import dlq_cmd
+from counter_cli.main import build_parser
+from schemas import MICROS
+from schemas.dead_letter import DeadLetter, parse_headers
+
+NOW_US = time.time_ns() // 1000
+
+
+class FakeProducer:
+    """Acknowledges everything at the first flush after `slow_flushes` flushes that time out (return the queue
+    length); `never_settles` keeps every record queued."""
+
+    produced: list[bytes] = []
+    slow_flushes = 0
+    never_settles = False
+
+    def __init__(self, conf: dict) -> None:
+        self.queue: list = []
+
+    def produce(self, topic, key=None, value=None, on_delivery=None, partition=None) -> None:
+        FakeProducer.produced.append(value)
+        self.queue.append(on_delivery)
+
+    def flush(self, timeout: float) -> int:
+        if FakeProducer.never_settles:
+            return len(self.queue)
+        if FakeProducer.slow_flushes:
+            FakeProducer.slow_flushes -= 1
+            return len(self.queue)
+        for on_delivery in self.queue:
+            on_delivery(None, None)
+        self.queue = []
+        return 0
+
+
+@pytest.fixture(autouse=True)
+def producer(monkeypatch):
+    monkeypatch.setattr(dlq, "Producer", FakeProducer)
+    monkeypatch.setattr(dlq, "partition_count", lambda bootstrap, topic: 1)
+    monkeypatch.setattr(FakeProducer, "produced", [])
+    monkeypatch.setattr(FakeProducer, "slow_flushes", 0)
+    monkeypatch.setattr(FakeProducer, "never_settles", False)
+
+
+def dead(counter: str = "c", *, source_offset: int = 42, dlq_offset: int = 0, source_us: int = NOW_US,
+         dead_us: int = NOW_US, token: bool = False) -> dlq.DeadRecord:
+    """A dead letter of an unknown namespace's mutation (token-less JSON unless `token`)."""
+    mutation: dict = {"namespace": "newns", "counter_name": counter, "delta": 1}
+    if token:
+        mutation["idempotency_token"] = {"token": counter, "generation_time": source_us}
+    key, value, headers = DeadLetter(b"newns:" + counter.encode(), json.dumps(mutation).encode(),
+                                     "unknown namespace 'newns'", "counter-mutations", 0, source_offset,
+                                     source_us).record()
+    return dlq.DeadRecord(0, dlq_offset, dead_us, key, value, parse_headers(headers))
+
+
+def test_the_identity_is_the_source_mutation_not_the_dlq_position():
+    one, again = dead(dlq_offset=0), dead(dlq_offset=7)  # one source record dead-lettered twice
+    assert one.identity == again.identity and one.position != again.position
+    assert dead("other").identity != one.identity  # another mutation of the same batch record
+    assert dead(source_us=NOW_US + 1).identity != one.identity  # a restarted broker's record at the same offset
+
+
+def test_a_source_mutation_dead_lettered_twice_is_resubmitted_once(tmp_path):
+    state = tmp_path / "dlq.json"
+    result = dlq.resubmit("fake:9092", "counter-mutations", [dead(dlq_offset=0), dead(dlq_offset=1)], state=state)
+    assert (result.done, result.errors, len(FakeProducer.produced)) == (1, [], 1)
+    todo, already, duplicates = dlq.pending([dead(dlq_offset=0), dead(dlq_offset=1)], dlq.SentLog(state))
+    assert (todo, already, duplicates) == ([], 1, 1)
+    todo, already, duplicates = dlq.pending([dead(dlq_offset=0), dead(dlq_offset=1)], dlq.SentLog(state), force=True)
+    assert (len(todo), already, duplicates) == (1, 0, 1)  # --force re-sends, still once
+
+
+def test_a_new_dead_letter_at_a_reused_dlq_position_is_resubmitted(tmp_path, monkeypatch):
+    """The local broker keeps topics in memory: after a restart the DLQ's offsets start at 0 again."""
+    args = build_parser().parse_args(["dlq", "replay", "--bootstrap", "fake:9092", "--data-dir", str(tmp_path)])
+    for counter, source_offset in (("first", 10), ("second", 99)):
+        monkeypatch.setattr(dlq_cmd, "_read", lambda a, b, t, c=counter, o=source_offset: [
+            dead(c, source_offset=o, dlq_offset=0, token=True)])
+        assert dlq_cmd.run_replay(args) == 0
+    assert [json.loads(v)["counter_name"] for v in FakeProducer.produced] == ["first", "second"]
+
+
+def test_a_progress_file_keyed_by_dlq_position_still_marks_what_it_sent(tmp_path):
+    """Version 1 files name DLQ positions: an entry marks the record there only if that record was dead-lettered
+    before the entry was written (a later one took a reused position)."""
+    state = tmp_path / "dlq.json"
+    at = NOW_US - 60 * MICROS
+    state.write_text(json.dumps({"resubmitted": {"0:0": {"at": dlq.iso(at), "to": "counter-mutations",
+                                                         "reason": "unknown namespace 'newns'"}}}))
+    sent = dlq.SentLog(state)
+    old, new = dead(dead_us=at - MICROS), dead("new", dead_us=at + 5 * MICROS)
+    assert old in sent and new not in sent
+    result = dlq.resubmit("fake:9092", "counter-mutations", [old, new], state=state)
+    assert result.done == 1 and [json.loads(v)["counter_name"] for v in FakeProducer.produced] == ["new"]
+    saved = json.loads(state.read_text())
+    assert saved["version"] == dlq.SENT_VERSION and list(saved["resubmitted"]) == [new.identity]
+    assert "0:0" in saved["by_dlq_position"] and old in dlq.SentLog(state)
+
+
+def test_records_acknowledged_after_a_slow_flush_are_all_recorded(tmp_path):
+    state = tmp_path / "dlq.json"
+    FakeProducer.slow_flushes = 1  # the first flush times out with the whole chunk still queued
+    records = [dead(f"c{i}", dlq_offset=i) for i in range(dlq.CHUNK + 1)]  # two chunks
+    result = dlq.resubmit("fake:9092", "counter-mutations", records, state=state)
+    assert (result.done, result.errors) == (dlq.CHUNK + 1, [])
+    assert all(r in dlq.SentLog(state) for r in records)
+
+
+def test_records_never_acknowledged_are_an_error_and_the_run_stops(tmp_path, monkeypatch):
+    monkeypatch.setattr(dlq, "SETTLE_S", 0)
+    FakeProducer.never_settles = True
+    records = [dead(f"c{i}", dlq_offset=i) for i in range(dlq.CHUNK + 1)]
+    result = dlq.resubmit("fake:9092", "counter-mutations", records, state=tmp_path / "dlq.json")
+    assert result.done == 0 and len(FakeProducer.produced) == dlq.CHUNK  # the second chunk is not sent
+    assert result.errors == [f"{dlq.CHUNK} record(s) neither acknowledged nor failed after 0s: a rerun re-sends "
+                             "them, and a token-less one may then count twice"]
+    assert not dlq.SentLog(tmp_path / "dlq.json").entries
