@@ -10,18 +10,38 @@ URL format (every query parameter is optional)::
         &fetch_size=5000&timeout=10&connect_timeout=10&schema_wait=30
         &pending_shards=16                           partitions of the pending-rollup marker table
         &ttl_grace=86400                             seconds added to delete_after for the table TTL
+        &unsafe_consistency=1                        accept a consistency whose reads may miss writes (see below)
         &table_ids=1                                 deterministic table ids for slice tables
         &create=0                                    create keyspace and tables on open (tests, dev)
         &protocol=5                                  native protocol version (default: negotiated)
 
 A port may be written on any host; all hosts share one port (default 9042). User and password
 are percent-decoded; the password never appears in ``repr`` or :meth:`CassandraConfig.redacted`.
+
+``consistency`` applies to reads and writes alike, and the stores read their own writes (the event
+store looks stored identities up before inserting, the rollup and bucket stores read a write back to
+learn whether it applied). So the level must be valid for reads (not ANY), and a read must meet the
+replicas a write reached: ``2 x replicas(level) > replication factor`` (ONE or LOCAL_ONE with RF 3,
+TWO with RF 4 break that; QUORUM-type levels never do). Such a level is refused unless
+``unsafe_consistency=1`` says to accept it: a re-sent event the read misses is then inserted again and
+reported new (a replay recounts for nothing; a re-used token with another delta may replace the first),
+and a rollup or bucket write may be reported not applied, or applied when it was overtaken (a wasted
+re-signal or a stale cache entry). The replication factor checked is the URL's ``replication``
+(default 3), which should match the keyspace's.
+
+TTLs: Cassandra < 5.0, and 5.0 in its default ``storage_compatibility_mode: CASSANDRA_4``, cannot
+store an expiry after 2038-01-19T03:14:06Z and by default rejects such writes (CASSANDRA-14092). Every
+TTL the stores send is capped at write time (:class:`ExpiryCap`) so the expiry stays a margin
+before that date; a retention longer than what is left until then is cut, with one warning.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -32,20 +52,34 @@ __all__ = [
     "MAX_TTL_SECONDS",
     "CassandraConfig",
     "CassandraUrlError",
+    "ExpiryCap",
+    "ExpiryOverflow",
     "bucket_ttl_seconds",
+    "capped_ttl",
     "event_ttl_seconds",
     "index_ttl_seconds",
     "parse_cassandra_url",
     "with_replication",
 ]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_PORT = 9042
 MAX_TTL_SECONDS = 630_720_000  # Cassandra's cap: 20 years
+# The latest expiry (epoch seconds, 2038-01-19T03:14:06Z) Cassandra < 5.0 and 5.0 in storage_compatibility_mode
+# CASSANDRA_4 can store: a write expiring later is rejected (CASSANDRA-14092, default policy REJECT).
+MAX_EXPIRY_S = 2_147_483_646
+# TTLs keep expiries this far before MAX_EXPIRY_S: the coordinator adds the TTL to *its* clock, maybe later
+# than ours, and a retried or hinted write may be applied later still.
+EXPIRY_MARGIN_S = 86_400
 INDEX_TTL_MARGIN_S = 3600  # bucket-index rows outlive the events they point at
 
 CONSISTENCY_LEVELS = (
     "ANY", "ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE",
 )
+# Replicas a request at a counting level waits for, and whether they are counted in the local DC only;
+# the other levels (QUORUM, LOCAL_QUORUM, EACH_QUORUM, ALL) make any read meet any write by construction.
+_COUNTED_LEVELS = {"ONE": (1, False), "TWO": (2, False), "THREE": (3, False), "LOCAL_ONE": (1, True)}
 SERIAL_LEVELS = ("SERIAL", "LOCAL_SERIAL")
 
 _IDENT = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
@@ -85,6 +119,7 @@ class CassandraConfig:
     table_ids: bool = True
     create: bool = False
     protocol_version: int | None = None
+    unsafe_consistency: bool = False  # accept a consistency whose reads may miss the preceding writes
 
     def redacted(self) -> str:
         """The URL without the password, for logs and error messages."""
@@ -146,6 +181,7 @@ def parse_cassandra_url(url: str) -> CassandraConfig:
         raise CassandraUrlError("cassandra URL options 'cert' and 'key' go together (client certificate)")
     if (config.ca_file or config.cert_file) and not config.tls:
         raise CassandraUrlError("cassandra URL gives 'ca'/'cert' but not tls=1")
+    check_consistency(config)
     return config
 
 
@@ -153,8 +189,45 @@ def with_replication(config: CassandraConfig, text: str) -> CassandraConfig:
     """``config`` with the replication given as ``N`` or ``dc1:N,dc2:M`` (as the URL option)."""
     kw: dict[str, Any] = {}  # field name -> value of that field's type (the option parsers check them)
     _replication("replication", text, kw)
-    return replace(config, replication=kw.get("replication", ()),
-                   replication_factor=int(kw.get("replication_factor", config.replication_factor)))
+    changed = replace(config, replication=kw.get("replication", ()),
+                      replication_factor=int(kw.get("replication_factor", config.replication_factor)))
+    check_consistency(changed)
+    return changed
+
+
+def check_consistency(config: CassandraConfig) -> None:
+    """Refuse a ``consistency`` the stores cannot work with (see the module docstring); the message names
+    the option. Reads and writes share the level, so ANY (write-only) is refused outright."""
+    level = config.consistency
+    if level == "ANY":
+        raise CassandraUrlError("bad consistency='ANY': it is valid for writes only, and the stores read with "
+                                "the same level (use LOCAL_QUORUM, the default, or QUORUM)")
+    counted = _COUNTED_LEVELS.get(level)
+    if counted is None:
+        return
+    replicas, local = counted
+    rf = _local_rf(config) if local else _total_rf(config)
+    if replicas > rf:
+        raise CassandraUrlError(f"bad consistency={level!r}: it waits for {replicas} replicas but replication "
+                                f"gives {rf}, so every request would fail as unavailable")
+    if 2 * replicas <= rf and not config.unsafe_consistency:
+        raise CassandraUrlError(
+            f"bad consistency={level!r}: with replication factor {rf} a read ({replicas} replica(s)) may miss "
+            f"the write it follows ({replicas} replica(s)), and the stores read their own writes (stored events, "
+            f"rollup and bucket read-backs); use LOCAL_QUORUM (the default) or QUORUM, or add "
+            f"unsafe_consistency=1 to accept that risk")
+
+
+def _total_rf(config: CassandraConfig) -> int:
+    return sum(rf for _dc, rf in config.replication) if config.replication else config.replication_factor
+
+
+def _local_rf(config: CassandraConfig) -> int:
+    """The local DC's replication factor; the largest of any DC when the URL does not say which is local."""
+    if not config.replication:
+        return config.replication_factor
+    per_dc = dict(config.replication)
+    return per_dc.get(config.local_dc or "", max(per_dc.values()))
 
 
 def _safe(text: str) -> str:
@@ -297,6 +370,7 @@ _OPTIONS = {
     "table_ids": _flag("table_ids"),
     "create": _flag("create"),
     "protocol": _protocol,
+    "unsafe_consistency": _flag("unsafe_consistency"),
 }
 
 
@@ -310,7 +384,8 @@ def event_ttl_seconds(delete_after_s: float | None, seconds_per_slice: int, grac
     ``ttl = delete_after + seconds_per_slice + grace`` a row never expires before its slice was due
     to be dropped plus ``grace``, so the TTL only matters when rollups (and with them retention) are
     stalled for longer than ``grace``: then the backstop wins over "delete only rolled-up events",
-    bounding disk use. 0 (no TTL) when ``delete_after`` is unknown; capped at Cassandra's 20 years.
+    bounding disk use. 0 (no TTL) when ``delete_after`` is unknown; capped at Cassandra's 20 years
+    (and at write time by :class:`ExpiryCap`).
     """
     if delete_after_s is None or delete_after_s <= 0:
         return 0
@@ -332,9 +407,48 @@ def bucket_ttl_seconds(retention_s: float | None, width_s: int, slice_s: int, gr
     and retention with a slice-aligned cutoff drops it up to one slice after it expired; so with
     ``ttl = retention + width + slice + grace`` the TTL never fires before retention would have dropped the
     bucket, and only bounds disk use when retention does not run. 0 (no TTL) when the granularity is kept
-    forever; capped at Cassandra's 20 years.
+    forever; capped at Cassandra's 20 years (and at write time by :class:`ExpiryCap`).
     """
     if retention_s is None or retention_s <= 0:
         return 0
     ttl = math.ceil(retention_s) + int(width_s) + int(slice_s) + max(0, int(grace_s))
     return min(ttl, MAX_TTL_SECONDS)
+
+
+# -- the 2038 expiry limit ----------------------------------------------------------------------------
+
+class ExpiryOverflow(RuntimeError):
+    """No TTL can keep an expiry before Cassandra's limit any more: upgrade to Cassandra 5.0 with
+    ``storage_compatibility_mode: NONE`` (then drop the cap) rather than write data that expires at once."""
+
+
+def capped_ttl(ttl_s: int, now_s: float) -> int:
+    """``ttl_s`` cut so a write sent at ``now_s`` expires ``EXPIRY_MARGIN_S`` before ``MAX_EXPIRY_S``;
+    0 (no TTL: never expires, so never overflows) stays 0."""
+    if ttl_s <= 0:
+        return 0
+    room = MAX_EXPIRY_S - EXPIRY_MARGIN_S - math.ceil(now_s)
+    if room < 1:
+        raise ExpiryOverflow(f"a TTL written now cannot expire before {MAX_EXPIRY_S} (2038-01-19T03:14:06Z) "
+                             f"less {EXPIRY_MARGIN_S}s: this Cassandra storage format cannot hold it")
+    return min(int(ttl_s), room)
+
+
+class ExpiryCap:
+    """Caps TTLs as they are bound (:func:`capped_ttl` at the clock's now), and warns once per subject
+    (a namespace's events, a granularity's buckets) whose configured retention gets cut, so an operator
+    learns that data will expire before 2038 instead of every write failing."""
+
+    def __init__(self, clock_s: Callable[[], float] = time.time) -> None:
+        self._clock_s = clock_s
+        self._warned: set[str] = set()
+
+    def __call__(self, ttl_s: int, subject: str = "") -> int:
+        """``ttl_s`` capped as of now; a cut warns once per non-empty ``subject``."""
+        capped = capped_ttl(ttl_s, self._clock_s())
+        if capped < ttl_s and subject and subject not in self._warned:
+            self._warned.add(subject)
+            log.warning("%s: TTL %ds cut to %ds so that rows expire before 2038-01-19 (Cassandra < 5.0, or 5.0 in "
+                        "storage_compatibility_mode CASSANDRA_4, rejects later expiries); data is kept %.1f years, "
+                        "not as long as configured", subject, ttl_s, capped, capped / (365.25 * 86_400))
+        return capped

@@ -291,7 +291,7 @@ _SCHEMA_HEADER = """\
 --     event_time bigint, event_id text, event_item_key text, delta bigint, is_clear boolean,
 --     PRIMARY KEY ((namespace, counter_name, time_bucket, event_bucket), event_time, event_id, event_item_key)
 -- ) WITH CLUSTERING ORDER BY (event_time DESC, event_id ASC, event_item_key ASC)
---   AND default_time_to_live = <delete_after + seconds_per_slice + ttl_grace>
+--   AND default_time_to_live = <delete_after + seconds_per_slice + ttl_grace, capped before 2038-01-19>
 --   AND compaction = {'class': 'TimeWindowCompactionStrategy', 'compaction_window_unit': 'MINUTES',
 --                     'compaction_window_size': <seconds_per_slice / 8 in minutes>}
 --   AND id = '<uuid5 of keyspace.table>';
@@ -449,6 +449,10 @@ class EventCql:
         return Stmt("counters.forget", f"DELETE FROM {self.ks}.event_counters WHERE namespace = ? AND shard = ?",
                     (namespace, shard))
 
+    def index_remove(self, namespace: str, counter: str, time_bucket: int, event_bucket: int) -> Stmt:
+        return Stmt("index.remove", f"DELETE FROM {self.ks}.event_buckets WHERE namespace = ? AND counter_name = ? "
+                    "AND time_bucket = ? AND event_bucket = ?", (namespace, counter, time_bucket, event_bucket))
+
     def index_trim(self, namespace: str, counter: str, below_tb: int) -> Stmt:
         return Stmt("index.trim", f"DELETE FROM {self.ks}.event_buckets WHERE namespace = ? AND counter_name = ? "
                     "AND time_bucket < ?", (namespace, counter, below_tb))
@@ -459,14 +463,18 @@ class EventCql:
         return (namespace, counter, time_bucket, event_bucket)
 
     def insert(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
-               event_time: int, event_id: str, item_key: str, delta: int, is_clear: bool) -> Stmt:
-        """Write timestamp = event time: a re-sent event carries the same timestamp, so replicas
-        converge on one value even when two writers race on one identity."""
+               event_time: int, event_id: str, item_key: str, delta: int, is_clear: bool, ttl_s: int) -> Stmt:
+        """Write timestamp = event time, so a re-sent event carries the same timestamp and range deletes
+        stamped later shadow it. Two writes of one identity therefore tie on the timestamp, and Cassandra
+        (4.0+, CASSANDRA-14592) resolves each cell on its own: a tombstone first, then the later expiry,
+        then the greater value (bytes compared unsigned) -- not the first write (see sinks.cassandra.events).
+        ``ttl_s`` is bound per write (0: none), capped at write time below the 2038 expiry limit; it
+        overrides the table's ``default_time_to_live``."""
         return Stmt("event.insert", f"INSERT INTO {self.ks}.{table} (namespace, counter_name, time_bucket, "
                     "event_bucket, event_time, event_id, event_item_key, delta, is_clear) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?",
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?",
                     (namespace, counter, time_bucket, event_bucket, event_time, event_id, item_key, delta,
-                     bool(is_clear), event_time), table=table)
+                     bool(is_clear), event_time, ttl_s), table=table)
 
     def span_keys(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
                   lo_incl: int, hi_incl: int) -> Stmt:

@@ -23,10 +23,29 @@ Layout (statements in ``sinks.cassandra.cql``):
 
 Writes are idempotent by primary key without lightweight transactions: rows already stored are
 looked up first (one range read per partition of the batch) and only new identities are inserted,
-``USING TIMESTAMP`` = event time. So the first write of an identity wins, re-sends cost a read, and
-``write_events`` can return how many rows were new. Two writers racing on one identity both insert
-the same event (same key, same timestamp): stored once; a reused token with another delta then
-resolves deterministically (Cassandra keeps the greater value on equal timestamps).
+``USING TIMESTAMP`` = event time and ``USING TTL`` = the namespace's backstop (capped below the 2038
+expiry limit at write time). An identity is stored once whatever happens (it is the primary key), re-sends
+cost a read, and ``write_events`` can return how many rows were new: a re-sent event that
+``delete_rolled_up`` deleted reads as absent and is inserted again, but the range tombstone (stamped
+later than any event time) shadows it, so inserts older than a possible cutoff (``_floor``) are read
+back and counted only if visible.
+
+Which *content* an identity keeps is first-write-wins only when the later write reads the earlier one.
+Two writes of one identity carry the same write timestamp (its event time), and Cassandra (4.0+,
+CASSANDRA-14592) resolves equal timestamps per cell: a tombstone wins, then the cell expiring later, then
+the greater value (bytes compared unsigned: a negative delta beats any positive one, ``true`` beats
+``false``). Writes that carry a TTL expire ``now + ttl`` on their coordinator's clock, so among them the
+one applied in a later second wins; without a TTL the greater value does, cell by cell, so ``delta`` and
+``is_clear`` may come from different writes. That happens only when two writes of one identity with
+different content both miss each other: (a) writers racing on one identity (a partition moving between
+workers mid-batch, both persisting the same batch: same content, so nothing changes), (b) a client re-using
+an idempotency token with another delta while the first write's read-before-write misses it: a timed-out
+write that landed on fewer replicas than a quorum read meets, or racing writers. Then the identity
+counts once, with one of the deltas (not necessarily the first), replicas converge on the same one, and a
+rollup computed before they converged may hold the other: counts stay off by the difference until a
+recount. Making it first-write-wins would take a lightweight transaction per event (Paxos: four round
+trips), which the design rejects for the hot path; with identical re-sends, the normal case, none of this
+matters.
 
 Aggregation over ``(after, upto]``: the latest clear is found in the partitions flagged
 ``has_clear`` (their rows are read); every other partition is summed by Cassandra
@@ -36,10 +55,11 @@ Aggregation over ``(after, upto]``: the latest clear is found in the partitions 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from sinks.base import ScanCursor
-from sinks.cassandra.config import event_ttl_seconds, index_ttl_seconds
+from sinks.cassandra.config import ExpiryCap, event_ttl_seconds, index_ttl_seconds
 from sinks.cassandra.cql import (
     COUNTER_SHARDS,
     MIN_BIGINT,
@@ -51,7 +71,7 @@ from sinks.cassandra.cql import (
     parts_for,
     slice_table_name,
 )
-from sinks.cassandra.session import Executor, MissingTable
+from sinks.cassandra.session import Executor, MissingTable, run_bounded
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
 from sinks.sketches import BucketItems, bucket_items_of
 from sinks.windows import BucketSum, bucket_sums_of
@@ -71,8 +91,12 @@ class CassandraEventStore:
 
     def __init__(self, executor: Executor, partitioning_for: Callable[[str], Partitioning], *,
                  delete_after_for: Callable[[str], float | None] | None = None, ttl_grace_s: int = 86_400,
-                 table_ids: bool = True) -> None:
+                 table_ids: bool = True, expiry_cap: ExpiryCap | None = None,
+                 clock_us: Callable[[], int] = lambda: time.time_ns() // 1000) -> None:
         self._x = executor
+        self._cap = expiry_cap or ExpiryCap()
+        self._clock_us = clock_us
+        self._cutoffs: dict[tuple[str, str], int] = {}  # (namespace, counter) -> delete_rolled_up's latest cutoff
         self._cql = EventCql(executor.keyspace)
         self._partitioning_for = partitioning_for
         self._delete_after_for = delete_after_for
@@ -107,20 +131,25 @@ class CassandraEventStore:
         if part is None:
             return EMPTY_AGGREGATE
         parts = await self._parts(namespace, counter, after_us, upto_us, part)
-        if not parts:
-            return EMPTY_AGGREGATE
-        flagged = [p for p in parts if p.has_clear]
-        plain = [p for p in parts if not p.has_clear]
-        rows: list[tuple] = []
-        for result in await self._x.run_all([self._rows(p, namespace, counter, after_us, upto_us) for p in flagged],
-                                            missing_ok=True):
-            rows.extend(result or ())
-        return await self._combine(namespace, counter, after_us, upto_us, part, rows, plain)
+        return await self._aggregate_parts(namespace, counter, after_us, upto_us, part, parts)
 
     async def aggregate_many(self, namespace: str, windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
-        """One aggregate after another: each already fans its partition reads out up to the session's
-        concurrency, so running several at once would only queue behind the same bound."""
-        return [await self.aggregate(namespace, c, after, upto) for c, after, upto in windows]
+        """The windows' bucket-index rows in one fan-out and one catalog refresh (as ``_window_rows``), then the
+        windows' partition reads, windows concurrently up to the session's concurrency (``run_bounded``): a batch
+        of small windows does not wait on one round trip after another."""
+        found = await self._window_parts(namespace, windows)
+        out = [EMPTY_AGGREGATE] * len(windows)
+        if found is None:
+            return out
+        part, live, parts = found
+
+        async def one(k: int) -> Aggregate:
+            _i, counter, after, upto = live[k]
+            return await self._aggregate_parts(namespace, counter, after, upto, part, parts[k])
+        results = await run_bounded(range(len(live)), one, max(1, self._x.concurrency), missing_ok=False)
+        for (i, *_window), agg in zip(live, results, strict=True):
+            out[i] = agg or EMPTY_AGGREGATE
+        return out
 
     async def write_and_aggregate(self, rows: Sequence[EventRow], namespace: str,
                                   windows: Sequence[tuple[str, int, int]]) -> list[Aggregate]:
@@ -151,18 +180,10 @@ class CassandraEventStore:
     async def _window_rows(self, namespace: str, windows: Sequence[tuple[str, int, int]]) -> dict[int, list[tuple]]:
         """The event rows ``(event_time, event_id, event_item_key, delta, is_clear)`` of each window (by index):
         the windows' bucket-index rows in one fan-out, then every event partition of every window in another."""
-        live = [(i, c, after, upto) for i, (c, after, upto) in enumerate(windows) if upto > after]
-        part = await self._pin(namespace, create=False) if live else None
-        if part is None:
+        found = await self._window_parts(namespace, windows)
+        if found is None:
             return {}
-        index = await self._x.run_all([self._cql.index_range(namespace, c, *index_bounds(after, upto, part))
-                                       for _i, c, after, upto in live])
-        parts = [parts_for(namespace, rows or (), after, upto, part)
-                 for (_i, _c, after, upto), rows in zip(live, index, strict=True)]
-        known = self._known.get(namespace, set())
-        if any(p.table not in known for ps in parts for p in ps):  # as in _parts: one catalog refresh
-            known = await self._refresh_catalog(namespace)
-            parts = [[p for p in ps if p.table in known] for ps in parts]
+        _part, live, parts = found
         stmts: list[Stmt] = []
         owners: list[int] = []
         for (i, c, after, upto), ps in zip(live, parts, strict=True):
@@ -172,6 +193,25 @@ class CassandraEventStore:
         for i, rows in zip(owners, await self._x.run_all(stmts, missing_ok=True), strict=True):
             events.setdefault(i, []).extend(rows or ())
         return events
+
+    async def _window_parts(self, namespace: str, windows: Sequence[tuple[str, int, int]]
+                            ) -> tuple[Partitioning, list[tuple[int, str, int, int]], list[list[Part]]] | None:
+        """The non-empty windows ``(index, counter, after, upto)`` and their event partitions: the bucket-index
+        rows in one fan-out, then (as ``_parts``) one catalog refresh if some table is unknown. None when
+        nothing of the namespace is stored."""
+        live = [(i, c, after, upto) for i, (c, after, upto) in enumerate(windows) if upto > after]
+        part = await self._pin(namespace, create=False) if live else None
+        if part is None:
+            return None
+        index = await self._x.run_all([self._cql.index_range(namespace, c, *index_bounds(after, upto, part))
+                                       for _i, c, after, upto in live])
+        parts = [parts_for(namespace, rows or (), after, upto, part)
+                 for (_i, _c, after, upto), rows in zip(live, index, strict=True)]
+        known = self._known.get(namespace, set())
+        if any(p.table not in known for ps in parts for p in ps):
+            known = await self._refresh_catalog(namespace)
+            parts = [[p for p in ps if p.table in known] for ps in parts]
+        return part, live, parts
 
     async def scan(self, namespace: str, counter: str, after_us: int, upto_us: int, *,
                    after: ScanCursor | None = None, limit: int = 10_000) -> list[EventRow]:
@@ -250,13 +290,35 @@ class CassandraEventStore:
             return 0
         parts = await self._parts(namespace, counter, MIN_BIGINT, cutoff - 1, part)
         c = self._cql
-        counts = await self._x.run_all([c.count_before(p.table, namespace, counter, p.time_bucket, p.event_bucket,
-                                                       cutoff) for p in parts], missing_ok=True)
+        tail = self._settled_tail(parts, cutoff, rolled_up_to_us, part)
+        found = await self._x.run_all([
+            *(c.count_before(p.table, namespace, counter, p.time_bucket, p.event_bucket, cutoff) for p in parts),
+            *(c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket, cutoff - 1, 2**63 - 1) for p in tail)],
+            missing_ok=True)
+        counts, left = found[:len(parts)], found[len(parts):]
+        if len(self._cutoffs) >= _REGISTERED_MAX:
+            self._cutoffs.clear()
+        self._cutoffs[(namespace, counter)] = max(cutoff, self._cutoffs.get((namespace, counter), cutoff))
         await self._x.run_all([c.delete_before(p.table, namespace, counter, p.time_bucket, p.event_bucket, cutoff)
                                for p in parts], missing_ok=True)
-        # index rows of buckets that ended before the cutoff point at nothing any more
-        await self._x.run(c.index_trim(namespace, counter, cutoff // part.bucket_us))
+        # index rows of buckets that ended before the cutoff point at nothing any more, nor do those of the
+        # cutoff's bucket whose partition kept no event (else counters() would list a counter without events)
+        emptied = {p.event_bucket for p, r in zip(tail, left, strict=True) if not (r and int(r[0][1] or 0))}
+        await self._x.run_all([c.index_trim(namespace, counter, cutoff // part.bucket_us),
+                               *(c.index_remove(namespace, counter, cutoff // part.bucket_us, eb)
+                                 for eb in sorted(emptied))])
         return sum(int(r[0][0] or 0) for r in counts if r)
+
+    @staticmethod
+    def _settled_tail(parts: list[Part], cutoff: int, rolled_up_to_us: int, part: Partitioning) -> list[Part]:
+        """The partitions of the bucket holding ``cutoff`` whose index rows may go once they hold no event: only
+        when the whole bucket is rolled up (no event of it can still arrive, so no writer is between its index
+        row and its events) and lies in one slice (its partitions here are all it has)."""
+        edge = cutoff // part.bucket_us
+        first, last = edge * part.bucket_us, (edge + 1) * part.bucket_us - 1
+        if last > rolled_up_to_us or part.slice_of(first) != part.slice_of(last):
+            return []
+        return [p for p in parts if p.time_bucket == edge]
 
     async def drop_expired_slices(self, namespace: str, before_us: int, rolled_up_to_us: int) -> int:
         cutoff = min(before_us, rolled_up_to_us + 1)
@@ -320,14 +382,40 @@ class CassandraEventStore:
         self._pinned[namespace] = stored
         return stored
 
+    def _delete_after(self, namespace: str) -> float | None:
+        if self._delete_after_for is None:
+            return None
+        try:
+            return self._delete_after_for(namespace)
+        except KeyError:
+            return None
+
     def _ttl(self, namespace: str, part: Partitioning) -> int:
-        delete_after = None
-        if self._delete_after_for is not None:
-            try:
-                delete_after = self._delete_after_for(namespace)
-            except KeyError:
-                delete_after = None
-        return event_ttl_seconds(delete_after, part.seconds_per_slice, self._ttl_grace_s)
+        """The namespace's event TTL, capped below the 2038 expiry limit as of now. Every event write binds it
+        (overriding the table's ``default_time_to_live``, which was capped when the table was created); bucket-
+        index rows get an hour more, unless that crosses the limit too (then they expire with their events)."""
+        return self._cap(event_ttl_seconds(self._delete_after(namespace), part.seconds_per_slice, self._ttl_grace_s),
+                         f"namespace {namespace!r} events")
+
+    def _floor(self, namespace: str, counter: str) -> int:
+        """Event times below which a re-sent event may have been deleted by ``delete_rolled_up``, whose range
+        tombstone (stamped later than any event time) then shadows the re-insert: this process's own cutoffs,
+        and ``delete_after`` ago (how far back retention deletes)."""
+        floor = self._cutoffs.get((namespace, counter), MIN_BIGINT)
+        delete_after = self._delete_after(namespace)
+        if delete_after:
+            floor = max(floor, self._clock_us() - int(delete_after * 1_000_000))
+        return floor
+
+    async def _shadowed(self, doubtful: dict[tuple[str, str, str, int, int], list[tuple[int, str, str]]]) -> int:
+        """How many of the identities just inserted below their floor stay invisible (shadowed by a range delete):
+        read back, one range per partition. Only old re-sends (replays) pay for it."""
+        keys = list(doubtful)
+        found = await self._x.run_all([self._cql.span_keys(*k, min(i[0] for i in doubtful[k]),
+                                                           max(i[0] for i in doubtful[k])) for k in keys],
+                                      missing_ok=True)
+        return sum(len(set(doubtful[k]) - {(int(t), eid, key) for t, eid, key in rows or ()})
+                   for k, rows in zip(keys, found, strict=True))
 
     async def _refresh_catalog(self, namespace: str) -> set[str]:
         """The namespace's slice tables as the catalog lists them now (and remember them)."""
@@ -352,6 +440,19 @@ class CassandraEventStore:
             known = await self._refresh_catalog(namespace)
             parts = [p for p in parts if p.table in known]
         return parts
+
+    async def _aggregate_parts(self, namespace: str, counter: str, after_us: int, upto_us: int, part: Partitioning,
+                               parts: list[Part]) -> Aggregate:
+        """Aggregate of one window from its event partitions: flagged ones read row by row, the rest summed."""
+        if not parts:
+            return EMPTY_AGGREGATE
+        flagged = [p for p in parts if p.has_clear]
+        plain = [p for p in parts if not p.has_clear]
+        rows: list[tuple] = []
+        for result in await self._x.run_all([self._rows(p, namespace, counter, after_us, upto_us) for p in flagged],
+                                            missing_ok=True):
+            rows.extend(result or ())
+        return await self._combine(namespace, counter, after_us, upto_us, part, rows, plain)
 
     def _rows(self, p: Part, namespace: str, counter: str, after_us: int, upto_us: int) -> Stmt:
         return self._cql.rows(p.table, namespace, counter, p.time_bucket, p.event_bucket, after_us, upto_us)
@@ -401,6 +502,7 @@ class CassandraEventStore:
             p = await self._pin(namespace, create=True)
             assert p is not None
             parts[namespace] = p
+        ttls = {ns: self._ttl(ns, p) for ns, p in parts.items()}  # capped below 2038 now, bound by every write below
         new_tables: dict[str, tuple[str, int]] = {}
         index: dict[tuple[str, str, int, int], bool] = {}
         groups: dict[tuple[str, str, str, int, int], list[EventRow]] = {}
@@ -423,14 +525,14 @@ class CassandraEventStore:
             new_tables = {t: v for t, v in new_tables.items() if t not in listed or t in recreate}
         for table, (namespace, slice_no) in sorted(new_tables.items()):
             p = parts[namespace]
-            await self._x.ddl(c.create_slice(table, ttl_s=self._ttl(namespace, p),
+            await self._x.ddl(c.create_slice(table, ttl_s=ttls[namespace],
                                              seconds_per_slice=p.seconds_per_slice, table_ids=self._table_ids))
             await self._x.run(c.add_slice(namespace, slice_no, table, p))
             self._known.setdefault(namespace, set()).add(table)
         # 2. index rows (and clear flags), and the counter registry, before the events they point at
         unregistered = {(ns, counter) for ns, counter, _tb, _eb in index} - self._registered
         await self._x.run_all([
-            *(c.index_add(ns, counter, tb, eb, has_clear=clear, ttl_s=index_ttl_seconds(self._ttl(ns, parts[ns])))
+            *(c.index_add(ns, counter, tb, eb, has_clear=clear, ttl_s=self._cap(index_ttl_seconds(ttls[ns])))
               for (ns, counter, tb, eb), clear in index.items()),
             *(c.register_counter(ns, counter) for ns, counter in sorted(unregistered))])
         if len(self._registered) + len(unregistered) > _REGISTERED_MAX:
@@ -441,12 +543,16 @@ class CassandraEventStore:
         spans = await self._x.run_all([
             c.span_keys(*k, min(r[2] for r in groups[k]), max(r[2] for r in groups[k])) for k in keys])
         inserts: list[Stmt] = []
+        doubtful: dict[tuple[str, str, str, int, int], list[tuple[int, str, str]]] = {}  # maybe deleted before
         for k, found in zip(keys, spans, strict=True):
             table, ns, counter, tb, eb = k
             stored = {(int(t), eid, key) for t, eid, key in (found or ())}
+            floor = self._floor(ns, counter)
             for row in groups[k]:
                 if (row[2], row[3], row[4]) not in stored:
-                    inserts.append(c.insert(table, ns, counter, tb, eb, row[2], row[3], row[4], row[5], row[6]))
-        # 4. the new events
+                    inserts.append(c.insert(table, ns, counter, tb, eb, *row[2:7], ttls[ns]))
+                    if row[2] < floor:
+                        doubtful.setdefault(k, []).append((row[2], row[3], row[4]))
+        # 4. the new events; those a range delete shadows were not new
         await self._x.run_all(inserts)
-        return len(inserts)
+        return len(inserts) - (await self._shadowed(doubtful) if doubtful else 0)

@@ -39,10 +39,13 @@ row" (it ignores rollups of counters that were never pending): retention is then
 counter clustered by name; ``is_full`` is written only by full registrations, so it never goes back to unset.
 ``full_only`` filters client-side, page by page (the partition is bounded by max_combinations' subsets).
 
-``delete``: row and marker tombstones are written ``USING TIMESTAMP max(now, stored timestamps)``;
+``delete``: row and marker tombstones are written ``USING TIMESTAMP T = max(now, stored timestamps)``;
 a counter deleted at time T can only be rolled up again with boundaries after T (which the rollup
-boundary reaches within about accept_limit), and events before T no longer bump it. A namespace-
-wide delete scans the rollups table (paged, client-side filter): an ops action, not a hot path.
+boundary reaches within about accept_limit), and events with ``event_time <= T`` persisted after the
+delete no longer bump it or mark it pending: the tombstone shadows them. Unlike SQLite, where the next
+bump recreates the row; until an event after T or a read signals the counter, the sweep does not see it
+and ``min_rollup_ts`` does not hold retention for it (infra/README.md, Retention). A namespace-wide
+delete scans the rollups table (paged, client-side filter): an ops action, not a hot path.
 """
 
 from __future__ import annotations

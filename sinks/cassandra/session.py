@@ -21,8 +21,8 @@ import logging
 import ssl
 import threading
 import weakref
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from cassandra import ConsistencyLevel, InvalidRequest
 from cassandra.auth import PlainTextAuthProvider
@@ -47,6 +47,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class MissingTable(Exception):
@@ -88,14 +91,16 @@ def is_missing_table(exc: BaseException) -> bool:
 
 # -- bounded fan-out -------------------------------------------------------------------------------------
 
-async def run_bounded(stmts: Sequence[Stmt], one, limit: int, *, missing_ok: bool) -> list[list[tuple] | None]:
+async def run_bounded(stmts: Sequence[T], one: Callable[[T], Awaitable[R]], limit: int, *,
+                      missing_ok: bool) -> list[R | None]:
     """Run ``one(stmt)`` for every statement with at most ``limit`` in flight; results in order.
 
     The first error stops scheduling more statements and is raised (statements already sent
     complete in the background: every statement is idempotent, so a retry of the whole call is safe).
-    With ``missing_ok`` a :class:`MissingTable` yields ``None`` for that statement instead.
+    With ``missing_ok`` a :class:`MissingTable` yields ``None`` for that statement instead. The items may
+    be other work than statements (the event store runs a batch's aggregates through it).
     """
-    results: list[list[tuple] | None] = [None] * len(stmts)
+    results: list[R | None] = [None] * len(stmts)
     if not stmts:
         return results
     next_index = 0
@@ -259,6 +264,9 @@ class CassandraSession:
         self._refs = 1
         log.info("connected to %s (dc=%s, consistency=%s)", self.config.redacted(), self.config.local_dc or "auto",
                  self.config.consistency)
+        if self.config.unsafe_consistency:
+            log.warning("cassandra consistency %s accepted with unsafe_consistency=1: reads may miss the writes they "
+                        "follow (see sinks.cassandra.config)", self.config.consistency)
         return self
 
     def acquire(self) -> None:

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
-from sinks.cassandra.config import bucket_ttl_seconds
+from sinks.cassandra.config import ExpiryCap, bucket_ttl_seconds
 from sinks.cassandra.cql import COUNTER_SHARDS, SlicedCql, Stmt
 from sinks.cassandra.session import Executor
 from sinks.windows import BucketRange, Granularity, slice_bounds
@@ -45,6 +45,7 @@ class SlicedPartitions:
                  retention_for: Callable[[str, Granularity], float | None] | None = None,
                  ttl_grace_s: int = 86_400, clock_us: Callable[[], int] = now_us) -> None:
         self.executor = executor
+        self._cap = ExpiryCap(lambda: clock_us() / 1e6)
         self.ttl_grace_s = ttl_grace_s
         self._cql = cql
         self._what = what
@@ -54,14 +55,16 @@ class SlicedPartitions:
         self._slices: set[tuple[str, Granularity, int]] = set()  # (namespace, g, slice) in the slices table
 
     def ttl(self, namespace: str, g: Granularity) -> int:
-        """The TTL of a row of granularity ``g`` (and of the catalog rows naming its slice): 0 for none."""
+        """The TTL of a row of granularity ``g`` (and of the catalog rows naming its slice): 0 for none; capped
+        as of now so it expires before Cassandra's 2038 limit (every statement binds it when it is sent)."""
         retention = None
         if self._retention_for is not None:
             try:
                 retention = self._retention_for(namespace, g)
             except KeyError:
                 retention = None
-        return bucket_ttl_seconds(retention, g.width_us // 1_000_000, g.slice_us // 1_000_000, self.ttl_grace_s)
+        ttl = bucket_ttl_seconds(retention, g.width_us // 1_000_000, g.slice_us // 1_000_000, self.ttl_grace_s)
+        return self._cap(ttl, f"namespace {namespace!r} {g.value} {self._what}s")
 
     async def register(self, namespace: str, keys: Iterable[Key], also: Sequence[Stmt] = ()) -> None:
         """Write the catalog rows of the partitions holding ``keys`` that this process has not registered yet, with

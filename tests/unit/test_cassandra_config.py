@@ -5,9 +5,14 @@ from __future__ import annotations
 import pytest
 
 from sinks.cassandra.config import (
+    EXPIRY_MARGIN_S,
+    MAX_EXPIRY_S,
     MAX_TTL_SECONDS,
     CassandraConfig,
     CassandraUrlError,
+    ExpiryCap,
+    ExpiryOverflow,
+    capped_ttl,
     event_ttl_seconds,
     index_ttl_seconds,
     parse_cassandra_url,
@@ -139,3 +144,67 @@ def test_index_rows_outlive_their_events():
     assert index_ttl_seconds(0) == 0
     assert index_ttl_seconds(1000) == 1000 + 3600
     assert index_ttl_seconds(MAX_TTL_SECONDS) == MAX_TTL_SECONDS
+
+
+
+# -- the 2038 expiry limit (CASSANDRA-14092) ---------------------------------------------------------------
+
+JAN_2030 = 1_893_456_000
+
+
+def test_ttls_are_capped_so_writes_expire_before_2038():
+    limit = MAX_EXPIRY_S - EXPIRY_MARGIN_S
+    assert MAX_EXPIRY_S == 2_147_483_646  # 2038-01-19T03:14:06Z
+    assert capped_ttl(3600, JAN_2030) == 3600  # short TTLs untouched
+    assert capped_ttl(0, JAN_2030) == 0  # no TTL never expires, so never overflows
+    assert JAN_2030 + capped_ttl(MAX_TTL_SECONDS, JAN_2030) == limit
+    assert JAN_2030 + capped_ttl(15 * 365 * 86_400, JAN_2030 + 0.5) <= limit  # a fractional now rounds up
+    with pytest.raises(ExpiryOverflow):
+        capped_ttl(3600, limit)
+
+
+def test_a_cut_retention_is_warned_about_once_per_subject(caplog):
+    cap = ExpiryCap(lambda: JAN_2030)
+    with caplog.at_level("WARNING", logger="sinks.cassandra.config"):
+        assert cap(MAX_TTL_SECONDS, "namespace 'a' events") < MAX_TTL_SECONDS
+        cap(MAX_TTL_SECONDS, "namespace 'a' events")
+        cap(MAX_TTL_SECONDS, "namespace 'b' events")
+        cap(MAX_TTL_SECONDS)  # no subject: quiet
+        cap(3600, "namespace 'c' events")  # not cut
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["namespace 'a' events", "namespace 'b' events"]
+
+
+# -- consistency: valid for reads, and reads meet writes -----------------------------------------------------
+
+@pytest.mark.parametrize("query, names", [
+    ("consistency=ANY", "bad consistency='ANY': it is valid for writes only"),
+    ("consistency=ANY&unsafe_consistency=1", "bad consistency='ANY'"),  # no opt-in makes ANY readable
+    ("consistency=ONE", "bad consistency='ONE': with replication factor 3"),
+    ("consistency=LOCAL_ONE&dc=dc1", "bad consistency='LOCAL_ONE': with replication factor 3"),
+    ("consistency=LOCAL_ONE&dc=dc1&replication=dc1:2,dc2:1", "replication factor 2"),
+    ("consistency=ONE&replication=dc1:1,dc2:1", "replication factor 2"),  # ONE may read the other DC
+    ("consistency=TWO&replication=4", "bad consistency='TWO': with replication factor 4"),
+    ("consistency=THREE&replication=2", "bad consistency='THREE': it waits for 3 replicas but replication gives 2"),
+])
+def test_consistency_levels_that_break_the_stores_are_refused(query, names):
+    with pytest.raises(CassandraUrlError) as info:
+        parse_cassandra_url(f"cassandra://h/ks?{query}")
+    assert names in str(info.value) and "consistency" in str(info.value)
+
+
+@pytest.mark.parametrize("query", [
+    "", "consistency=QUORUM", "consistency=EACH_QUORUM&replication=dc1:3,dc2:3", "consistency=ALL",
+    "consistency=ONE&replication=1",  # one replica: every read meets every write
+    "consistency=TWO",  # 2 + 2 > 3
+    "consistency=LOCAL_ONE&dc=dc1&replication=dc1:1,dc2:3",
+    "consistency=ONE&unsafe_consistency=1",  # explicitly accepted
+])
+def test_consistency_levels_whose_reads_meet_writes_are_accepted(query):
+    config = parse_cassandra_url(f"cassandra://h/ks?{query}")
+    assert config.unsafe_consistency == ("unsafe_consistency=1" in query)
+
+
+def test_changing_the_replication_rechecks_the_consistency():
+    config = parse_cassandra_url("cassandra://h/ks?consistency=ONE&replication=1")
+    with pytest.raises(CassandraUrlError, match="bad consistency='ONE'"):
+        with_replication(config, "3")

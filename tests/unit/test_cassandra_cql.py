@@ -114,10 +114,10 @@ def test_compaction_window_is_about_an_eighth_of_a_slice(seconds, minutes):
 
 
 def test_event_insert_is_idempotent_by_key_with_the_event_time_as_write_timestamp():
-    s = E.insert("t1", "ns", "c", 7, 2, 1_000_123, "id", "", -5, True)
+    s = E.insert("t1", "ns", "c", 7, 2, 1_000_123, "id", "", -5, True, 3600)
     assert s.cql == ("INSERT INTO ks.t1 (namespace, counter_name, time_bucket, event_bucket, event_time, event_id, "
-                     "event_item_key, delta, is_clear) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ?")
-    assert s.params == ("ns", "c", 7, 2, 1_000_123, "id", "", -5, True, 1_000_123)
+                     "event_item_key, delta, is_clear) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) USING TIMESTAMP ? AND TTL ?")
+    assert s.params == ("ns", "c", 7, 2, 1_000_123, "id", "", -5, True, 1_000_123, 3600)  # TTL bound per write
     assert "IF NOT EXISTS" not in s.cql and s.table == "t1" and markers(s.cql) == len(s.params)
 
 

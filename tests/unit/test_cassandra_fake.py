@@ -1,9 +1,11 @@
 """The Cassandra stores' logic against an in-memory fake of the statements they send.
 
 The fake implements each statement ``op`` of ``sinks.cassandra.cql`` with Cassandra's semantics
-that the design relies on: cells resolved by write timestamp (ties: the greater value), tombstones
+that the design relies on: each cell resolved on its own by write timestamp, ties as Cassandra 4.0+
+breaks them (CASSANDRA-14592: the later expiry, then the greater value as unsigned bytes), tombstones
 shadowing writes with timestamps <= theirs, clustering order, range deletes, dropped tables raising
-"unconfigured table". It checks every statement's bind-marker count too. With it, the whole shared
+"unconfigured table", writes expiring after 2038-01-19 rejected (CASSANDRA-14092, policy REJECT).
+It checks every statement's bind-marker count too. With it, the whole shared
 store contract suite runs here without a server; what it cannot show (that Cassandra accepts the
 CQL, and behaves as modelled) is for the contract suite on a real cluster (COUNTER_TEST_CASSANDRA).
 """
@@ -11,14 +13,17 @@ CQL, and behaves as modelled) is for the contract suite on a real cluster (COUNT
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 
 import pytest
+from cassandra import InvalidRequest
 
 from sinks.cassandra.buckets import CassandraBucketStore
+from sinks.cassandra.config import EXPIRY_MARGIN_S, MAX_EXPIRY_S, MAX_TTL_SECONDS, ExpiryCap
 from sinks.cassandra.cql import Stmt
 from sinks.cassandra.events import CassandraEventStore
 from sinks.cassandra.rollups import CassandraRollupStore
@@ -32,13 +37,37 @@ def _now_us() -> int:
     return time.time_ns() // 1000
 
 
-def _wins(new: tuple[int, object], old: tuple[int, object] | None) -> bool:
-    """Cassandra cell reconciliation: the higher timestamp wins; on a tie the greater value."""
+NEVER = 2**63  # the expiry of a cell written without a TTL: later than any
+
+
+def cell_bytes(value: object) -> bytes | tuple:
+    """A value as Cassandra compares it on a timestamp tie: its serialized bytes, compared unsigned (bigint
+    big-endian two's complement, so -1 > 10; boolean one byte; text UTF-8). A tuple holds cells written
+    together with one timestamp (bucket value and computed_upto): compared cell by cell, as Cassandra does."""
+    if isinstance(value, tuple):
+        return tuple(cell_bytes(v) for v in value)
+    if isinstance(value, bool):
+        return b"\x01" if value else b"\x00"
+    if isinstance(value, int):
+        return value.to_bytes(8, "big", signed=True)
+    if isinstance(value, str):
+        return value.encode()
+    assert isinstance(value, bytes), value
+    return value
+
+
+def _wins(new: tuple, old: tuple | None) -> bool:
+    """Cassandra 4.0+ reconciliation of one cell ``(timestamp, value[, expiry])``: the higher timestamp wins;
+    on a tie the later expiry (a cell without TTL never expires), then the greater value (``cell_bytes``). A
+    tombstone would win any tie: the fake keeps tombstones apart and checks them on read."""
     if old is None:
         return True
     if new[0] != old[0]:
         return new[0] > old[0]
-    return repr(new[1]) > repr(old[1])
+    new_expiry, old_expiry = (new[2] if len(new) > 2 else NEVER), (old[2] if len(old) > 2 else NEVER)
+    if new_expiry != old_expiry:
+        return new_expiry > old_expiry
+    return cell_bytes(new[1]) > cell_bytes(old[1])
 
 
 class FakeCassandra:
@@ -50,13 +79,16 @@ class FakeCassandra:
         self.log: list[Stmt] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.peaks: dict[str, int] = {}  # op -> most requests in flight when one of that op started
         self.refs = 1
         self.closed = False
         self.fail_next: dict[str, int] = {}  # op -> how many upcoming calls raise
+        self.clock_s = time.time  # the coordinator's clock: a TTL expires at clock_s() + ttl
+        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         # event store
         self.tables: set[str] = set()
         self.ddl_log: list[str] = []
-        self.events: dict[str, dict[tuple, dict[tuple, tuple[int, tuple]]]] = {}
+        self.events: dict[str, dict[tuple, dict[tuple, dict[str, tuple[int, object, int]]]]] = {}  # -> cells
         self.range_tombs: dict[str, dict[tuple, list[tuple[int, int]]]] = {}
         self.pins: dict[str, tuple[int, int, int]] = {}
         self.catalog: dict[str, dict[int, tuple[str, int, int]]] = defaultdict(dict)
@@ -95,9 +127,17 @@ class FakeCassandra:
         assert stmt.cql.count("?") == len(stmt.params), (stmt.op, stmt.cql, stmt.params)
         assert stmt.cql.startswith(("SELECT", "INSERT", "UPDATE", "DELETE")), stmt.cql
         assert f" {self.keyspace}." in stmt.cql, stmt.cql
+        loop = asyncio.get_running_loop()
+        if loop not in self._slots:  # as CassandraSession: requests in flight bounded per event loop
+            self._slots = {loop: asyncio.Semaphore(self.concurrency)}
+        async with self._slots[loop]:
+            return await self._run(stmt)
+
+    async def _run(self, stmt: Stmt) -> list[tuple]:
         self.log.append(stmt)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.peaks[stmt.op] = max(self.peaks.get(stmt.op, 0), self.in_flight)
         try:
             await asyncio.sleep(0)  # let other requests interleave
             if self.fail_next.get(stmt.op):
@@ -117,6 +157,7 @@ class FakeCassandra:
         await asyncio.sleep(0)
         if stmt.op == "slice.create":
             assert stmt.cql.startswith(f"CREATE TABLE IF NOT EXISTS {self.keyspace}.{stmt.table} (")
+            self._expiry(int(stmt.cql.split("default_time_to_live = ")[1].split()[0]))  # must hold from creation on
             if stmt.table not in self.tables:
                 self.tables.add(stmt.table)
                 self.events[stmt.table] = {}
@@ -138,6 +179,18 @@ class FakeCassandra:
 
     # -- helpers --------------------------------------------------------------------------------
 
+    def _expiry(self, ttl: int) -> int:
+        """When a cell written now with ``ttl`` expires (NEVER for 0). As Cassandra < 5.0 with the default
+        expiration_date_overflow_policy REJECT, a write expiring after 2038-01-19T03:14:06Z fails."""
+        assert isinstance(ttl, int) and 0 <= ttl <= MAX_TTL_SECONDS, ttl
+        if not ttl:
+            return NEVER
+        expiry = int(self.clock_s()) + ttl
+        if expiry > MAX_EXPIRY_S:
+            raise InvalidRequest(f"ttl of {ttl} seconds exceeds maximum supported expiration date of "
+                                 "2038-01-19T03:14:06+00:00 (CASSANDRA-14092)")
+        return expiry
+
     def _table(self, stmt: Stmt) -> dict[tuple, dict[tuple, tuple[int, tuple]]]:
         if stmt.table not in self.tables:
             raise MissingTable(stmt.table)
@@ -147,8 +200,8 @@ class FakeCassandra:
         """Live rows of a partition in clustering order (event_time DESC, event_id, event_item_key)."""
         rows = self._table(stmt).get(pk, {})
         tombs = self.range_tombs[stmt.table].get(pk, [])
-        live = [(ck, value) for ck, (ts, value) in rows.items()
-                if not any(ck[0] < cutoff and tomb_ts >= ts for cutoff, tomb_ts in tombs)]
+        live = [(ck, (cells["delta"][1], cells["is_clear"][1])) for ck, cells in rows.items()
+                if not any(ck[0] < cutoff and tomb_ts >= cells["delta"][0] for cutoff, tomb_ts in tombs)]
         live.sort(key=lambda item: (-item[0][0], item[0][1], item[0][2]))
         return live
 
@@ -174,9 +227,11 @@ class FakeCassandra:
         self.catalog[ns].pop(slice_no, None)
 
     def _index_add(self, stmt, ns, c, tb, eb, ttl):
+        self._expiry(ttl)
         self.index[(ns, c)].setdefault((tb, eb), False)
 
     def _index_add_clear(self, stmt, ns, c, tb, eb, ttl):
+        self._expiry(ttl)
         self.index[(ns, c)][(tb, eb)] = True
 
     def _index_range(self, stmt, ns, c, lo, hi):
@@ -198,16 +253,20 @@ class FakeCassandra:
     def _counters_forget(self, stmt, ns, shard):
         self.registry.pop((ns, shard), None)
 
+    def _index_remove(self, stmt, ns, c, tb, eb):
+        self.index[(ns, c)].pop((tb, eb), None)
+
     def _index_trim(self, stmt, ns, c, below):
         for key in [k for k in self.index[(ns, c)] if k[0] < below]:
             del self.index[(ns, c)][key]
 
-    def _event_insert(self, stmt, ns, c, tb, eb, t, eid, key, delta, clear, ts):
+    def _event_insert(self, stmt, ns, c, tb, eb, t, eid, key, delta, clear, ts, ttl):
         assert isinstance(clear, bool) and ts == t
-        partition = self._table(stmt).setdefault((ns, c, tb, eb), {})
-        new = (ts, (delta, clear))
-        if _wins(new, partition.get((t, eid, key))):
-            partition[(t, eid, key)] = new
+        expiry = self._expiry(ttl)
+        row = self._table(stmt).setdefault((ns, c, tb, eb), {}).setdefault((t, eid, key), {})
+        for name, value in (("delta", delta), ("is_clear", clear)):  # each cell reconciled on its own
+            if _wins((ts, value, expiry), row.get(name)):
+                row[name] = (ts, value, expiry)
 
     def _event_span(self, stmt, ns, c, tb, eb, lo, hi):
         return [ck for ck, _ in self._visible(stmt, (ns, c, tb, eb)) if lo <= ck[0] <= hi]
@@ -311,6 +370,7 @@ class FakeCassandra:
     def _wbucket_write(self, stmt, ts, ttl, value, upto, ns, c, g, slice_no, start):
         assert ts == upto and isinstance(ttl, int) and ttl >= 0
         assert start // _SLICE_US[g] == slice_no, "a bucket must be written in its own slice's partition"
+        self._expiry(ttl)
         rows = self.buckets[(ns, c, g, slice_no)]
         if _wins((ts, (value, upto)), rows.get(start, (None, None))[:2] if start in rows else None):
             rows[start] = (ts, (value, upto), ttl)
@@ -327,6 +387,7 @@ class FakeCassandra:
         self.bucket_tombs[(ns, c, g, slice_no)].append((last_start, ts))
 
     def _wslices_add(self, stmt, ns, g, slice_no, ttl):
+        self._expiry(ttl)
         self.window_slices[(ns, g)][slice_no] = ttl
 
     def _wslices_list(self, stmt, ns, g):
@@ -336,6 +397,7 @@ class FakeCassandra:
         self.window_slices[(ns, g)].pop(slice_no, None)
 
     def _wcounters_add(self, stmt, ns, g, slice_no, shard, c, ttl):
+        self._expiry(ttl)
         self.window_counters[(ns, g, slice_no, shard)][c] = ttl
 
     def _wcounters_list(self, stmt, ns, g, slice_no, shard):
@@ -363,6 +425,7 @@ class FakeCassandra:
 
     def _wrank_add(self, stmt, ns, sig, g, start, value, base, ts, ttl):
         assert isinstance(ttl, int) and ttl >= 0 and isinstance(value, int)
+        self._expiry(ttl)
         key = (value, base)
         old = self.ranks[(ns, sig, g, start)].get(key)
         if old is None or ts >= old[0]:
@@ -408,6 +471,7 @@ class FakeCassandra:
 
     def _wranklists_add(self, stmt, ns, g, slice_no, sig, start, ttl):
         assert start // _SLICE_US[g] == slice_no, "a rank list is listed in its own bucket slice"
+        self._expiry(ttl)
         self.rank_lists[(ns, g, slice_no)][(sig, start)] = ttl
 
     def _wranklists_list(self, stmt, ns, g, slice_no):
@@ -452,6 +516,7 @@ class FakeCassandra:
     def _wsketch_write(self, stmt, ts, ttl, sketch, upto, ns, c, g, slice_no, start):
         assert ts == upto and isinstance(ttl, int) and ttl >= 0 and isinstance(sketch, bytes)
         assert start // _SLICE_US[g] == slice_no, "a sketch must be written in its own slice's partition"
+        self._expiry(ttl)
         rows = self.sketches[(ns, c, g, slice_no)]
         if _wins((ts, (sketch, upto)), rows[start][:2] if start in rows else None):
             rows[start] = (ts, (sketch, upto), ttl)
@@ -474,6 +539,7 @@ class FakeCassandra:
         self.sketch_tombs[(ns, c, g, slice_no)].append((last_start, ts))
 
     def _sslices_add(self, stmt, ns, g, slice_no, ttl):
+        self._expiry(ttl)
         self.sketch_slices[(ns, g)][slice_no] = ttl
 
     def _sslices_list(self, stmt, ns, g):
@@ -483,6 +549,7 @@ class FakeCassandra:
         self.sketch_slices[(ns, g)].pop(slice_no, None)
 
     def _scounters_add(self, stmt, ns, g, slice_no, shard, c, ttl):
+        self._expiry(ttl)
         self.sketch_counters[(ns, g, slice_no, shard)][c] = ttl
 
     def _scounters_list(self, stmt, ns, g, slice_no, shard):
@@ -969,3 +1036,111 @@ def test_bucket_maintenance_on_cassandra_matches_sqlite(tmp_path):
         for store in (c_events, c_buckets, s_events, s_buckets):
             await store.close()
     asyncio.run(body())
+
+
+# -- the review's fixes: TTLs before 2038, per-cell reconciliation, batched aggregates, deletes --------------
+
+YEAR = 365 * 86_400
+
+
+def _bound_ttls(fake: FakeCassandra) -> list[int]:
+    """Every TTL the stores sent: bound per statement, and the slice tables' defaults."""
+    ttls = [s.params[-1] for s in fake.log if s.op in ("event.insert", "index.add", "index.add_clear",
+                                                       "wslices.add", "wcounters.add", "wrank.add", "wranklists.add")]
+    ttls += [s.params[1] for s in fake.log if s.op == "wbucket.write"]
+    return ttls + [int(cql.split("default_time_to_live = ")[1].split()[0]) for cql in fake.ddl_log]
+
+
+def test_a_long_retention_is_capped_before_2038_and_warned_about_once(caplog):
+    """19 years of retention: before the cap every write expired after 2038-01-19 and Cassandra (like the fake)
+    rejected it, stalling the pipeline."""
+    fake = FakeCassandra()
+    _, events, _ = fake_stores(fake, delete_after_for=lambda ns: 19.0 * YEAR)
+    buckets = fake_bucket_store(fake, retention_for=lambda ns, g: 19.0 * YEAR)
+    t = DAY0 + 5 * M
+    with caplog.at_level(logging.WARNING, logger="sinks.cassandra.config"):
+        for i in range(2):
+            assert asyncio.run(events.write_events([ev("ns", BASE + i, f"e{i}", 1)])) == 1
+            assert asyncio.run(buckets.write_buckets("ns", [("c", MINUTE, t, i + 1, t + i + 1)])) == [True]
+    ttls = _bound_ttls(fake)
+    assert len(ttls) >= 8 and all(0 < ttl <= MAX_EXPIRY_S - EXPIRY_MARGIN_S - int(time.time()) + 1 for ttl in ttls)
+    cuts = [r.getMessage() for r in caplog.records if "cut to" in r.getMessage()]
+    assert len(cuts) == 2 and "'ns' events" in cuts[0] and "'ns' minute buckets" in cuts[1]  # once per subject
+
+
+def test_the_cap_is_computed_at_write_time():
+    """A TTL bound per statement shrinks as 2038 nears: a month before the limit even one year is cut."""
+    now = MAX_EXPIRY_S - 30 * 86_400
+    fake = FakeCassandra()
+    fake.clock_s = lambda: now
+    _, events, _ = fake_stores(fake, delete_after_for=lambda ns: 1.0 * YEAR, expiry_cap=ExpiryCap(lambda: now))
+    asyncio.run(events.write_events([ev("ns", BASE + 1, "a", 1)]))
+    assert set(_bound_ttls(fake)) == {30 * 86_400 - EXPIRY_MARGIN_S}
+
+
+def test_the_fake_reconciles_each_cell_like_cassandra():
+    """Equal timestamps (CASSANDRA-14592): the later expiry wins, then the greater value as unsigned bytes;
+    comparing reprs would keep 5 over 10."""
+    assert _wins((7, 10), (7, 5)) and not _wins((7, 5), (7, 10))
+    assert _wins((7, -1), (7, 10))  # two's complement: a negative bigint's bytes are greater
+    assert _wins((7, True), (7, False)) and _wins((7, "b"), (7, "a"))
+    assert _wins((7, 1, 200), (7, 9, 100)) and _wins((7, 1), (7, 9, 100))  # later expiry; no TTL never expires
+    assert _wins((8, 1, 100), (7, 9, 200))  # the timestamp first
+
+
+def test_a_reused_identity_is_not_first_write_wins_when_writers_miss_each_other():
+    """Two writers of one identity that both read it absent (a race, or a read that missed a partly-landed
+    write) both insert it: stored once, counted once, but with the delta Cassandra's tie-break keeps."""
+    fake = FakeCassandra()
+    stores = [fake_stores(fake)[1] for _ in range(2)]
+
+    async def race(deltas: tuple[int, int], eid: str) -> list[int]:
+        return list(await asyncio.gather(*(s.write_events([ev("ns", BASE + 1, eid, d)])
+                                           for s, d in zip(stores, deltas, strict=True))))
+    assert asyncio.run(race((5, 10), "x")) == [1, 1]  # both reported new
+    assert asyncio.run(race((10, -1), "y")) == [1, 1]
+    rows = {r[3]: r[5] for r in asyncio.run(stores[0].scan("ns", "c", 0, BASE + S))}
+    assert rows == {"x": 10, "y": -1}  # the greater value as bytes, not the first write
+    agg = asyncio.run(stores[0].aggregate("ns", "c", 0, BASE + S))
+    assert (agg.delta, agg.events) == (9, 2)
+
+
+def test_aggregate_many_runs_its_windows_concurrently():
+    fake, events, _ = fake_stores()
+    asyncio.run(events.write_events([ev("ns", BASE + i * S, f"e{i}", 1, counter=f"c{i}") for i in range(12)]))
+    fake.log.clear()
+    windows = [(f"c{i}", 0, BASE + 20 * S) for i in range(12)]
+    aggs = asyncio.run(events.aggregate_many("ns", windows))
+    assert [a.delta for a in aggs] == [1] * 12
+    ops = [s.op for s in fake.log]
+    assert ops.count("index.range") == 12 and "slices.list" not in ops
+    assert fake.peaks["event.sum"] > 1  # one partition per window: sequential windows never overlap
+
+
+def test_counters_forget_a_counter_whose_events_were_all_deleted(tmp_path):
+    """The index row of the cutoff's bucket goes too once its partition is empty, as SQLite lists only
+    counters with events."""
+    from sinks.sqlite.events import SqliteEventStore
+
+    _, events, _ = fake_stores()
+    sqlite = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: contract.PART)
+    rows = [ev("ns", BASE + 1, "a", 1, counter="gone"), ev("ns", BASE + 1, "b", 1, counter="kept"),
+            ev("ns", BASE + 3, "c", 1, counter="kept")]
+
+    async def body() -> None:
+        for store in (events, sqlite):
+            await store.write_events(rows)
+            for counter in ("gone", "kept"):
+                assert await store.delete_rolled_up("ns", counter, BASE + 2, BASE + 30 * S) == 1
+            assert await store.counters("ns") == ["kept"]
+        await sqlite.close()
+    asyncio.run(body())
+
+
+def test_re_sent_events_shadowed_by_a_delete_are_not_counted_new():
+    _, events, _ = fake_stores()
+    rows = [ev("ns", BASE + 1, "a", 1), ev("ns", BASE + 5, "b", 1)]
+    assert asyncio.run(events.write_events(rows)) == 2
+    assert asyncio.run(events.delete_rolled_up("ns", "c", BASE + 2, BASE + 30 * S)) == 1
+    assert asyncio.run(events.write_events(rows)) == 0  # "a" is re-inserted but stays deleted; "b" is stored
+    assert asyncio.run(events.aggregate("ns", "c", 0, BASE + S)).delta == 1
