@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
@@ -195,9 +195,10 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
             if event_time is None:
                 event_time = timestamp_us
                 if event_time < MIN_EVENT_TIME:  # a record stamped 0 or -1 (none) by its client: no time to count at
-                    value_out = (value or b"") if single else _reencode(m, event_time, event_id or "", value)
-                    out.dead.append(_dead(rec, value_out, f"the mutation has no generation_time and its record's "
-                                                          f"timestamp ({rec.timestamp} ms) is no time", timestamp_us))
+                    out.dead.append(_dead_mutation(
+                        rec, m, index, single, event_time, event_id or "", timestamp_us,
+                        f"the mutation has no generation_time and its record's timestamp ({rec.timestamp} ms) is no "
+                        "time"))
                     continue
             if event_id is None:  # a JSON record without a token: its Kafka position is its identity
                 event_id = f"kafka:{identity_topic or rec.topic}:{partition}:{rec.offset}:{index}"
@@ -208,16 +209,16 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
                     ns: Namespace = admission.ns  # type: ignore[assignment]  # None only with a refusal
                     extra = extras_refusal(ns, dimensions, item, is_clear, delta=delta, item_key=item_key)
                     if extra is not None:
-                        value_out = (value or b"") if single else _reencode(m, event_time, event_id, value)
-                        out.dead.append(_dead(rec, value_out, f"field '{extra[0]}': {extra[1]}", timestamp_us))
+                        out.dead.append(_dead_mutation(rec, m, index, single, event_time, event_id, timestamp_us,
+                                                       f"field '{extra[0]}': {extra[1]}"))
                         continue
                     if item:  # a UNIQUE namespace's add: its item is the event's item key, the event counts one
                         item_key, delta = item, 1
                     if dimensions:
-                        value_out = (value or b"") if single else _reencode(m, event_time, event_id, value)
                         out.dimensioned.append(dimensioned_write(
                             namespace, counter, dimensions, event_time, event_id, item_key, delta,
-                            ns.dimensions.max_combinations, _dead(rec, value_out, "", timestamp_us),
+                            ns.dimensions.max_combinations,
+                            _dead_mutation(rec, m, index, single, event_time, event_id, timestamp_us, ""),
                             arrived - admission.accept_us))
                         continue
                 rows_append((namespace, counter, event_time, event_id, item_key, 0 if is_clear else delta, is_clear))
@@ -229,19 +230,25 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
                 continue
             reason = admission.refusal or admission_error(
                 event_time, arrived, admission.ns)  # type: ignore[arg-type]  # None only with a refusal (above)
-            value_out = (value or b"") if single else _reencode(m, event_time, event_id, value)
-            out.dead.append(_dead(rec, value_out, reason or "not admitted", timestamp_us))
+            out.dead.append(_dead_mutation(rec, m, index, single, event_time, event_id, timestamp_us,
+                                           reason or "not admitted"))
     out.records = n
     return out
 
 
-def _reencode(m: Mutation, event_time: int, event_id: str, value: bytes | None) -> bytes:
-    """A rejected mutation of a batch record, alone, with the identity it was given (so a re-submit keeps it);
-    the whole record when that mutation cannot be encoded (e.g. a token-less one stamped before 2000)."""
+def _dead_mutation(rec: KafkaRecord, m: Mutation, index: int, single: bool, event_time: int, event_id: str,
+                   timestamp_us: int, reason: str) -> DeadLetter:
+    """A rejected mutation's dead letter: the record as it arrived when it holds only that mutation; else that
+    mutation alone, re-encoded with the identity it was given (so a re-submit keeps it), or, when it cannot be
+    encoded (e.g. a token-less one stamped before 2000), the whole record, marked with the mutation's index
+    (`dlq.whole_record`): re-sent, it would count its other mutations again."""
+    if single:
+        return _dead(rec, rec.value or b"", reason, timestamp_us)
     try:
-        return encode_mutation(m._replace(event_time=event_time, event_id=event_id))
+        value = encode_mutation(m._replace(event_time=event_time, event_id=event_id))
     except Exception:  # e.g. a ValidationError: the DLQ keeps what arrived instead
-        return value or b""
+        return replace(_dead(rec, rec.value or b"", reason, timestamp_us), whole_record_of=index)
+    return _dead(rec, value, reason, timestamp_us)
 
 
 def _dead(rec: KafkaRecord, value: bytes, reason: str, timestamp_us: int) -> DeadLetter:

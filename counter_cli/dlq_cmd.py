@@ -12,7 +12,14 @@ from confluent_kafka import KafkaException
 from counter_cli.common import console, fail, kafka_failure, namespaces_or_exit, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.dlq import DeadRecord, SentLog, iso, pending, read_dead_letters, resubmit, select, state_path
-from schemas.dead_letter import SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC, TRUNCATED
+from schemas.dead_letter import (
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TIMESTAMP,
+    SOURCE_TOPIC,
+    TRUNCATED,
+    WHOLE_RECORD,
+)
 from streams.topics import TopicError
 
 DESCRIPTION = """\
@@ -169,6 +176,13 @@ def run_replay(args: argparse.Namespace) -> int:
         console.print(f"{len(cut):,} dead letter(s) too large for the DLQ hold only the start of their record "
                       f"(first: {cut[0].position}, from {cut[0].source}); not re-submitted: the whole record is at "
                       "that source position", highlight=False)
+    whole = [r for r in todo if WHOLE_RECORD in r.headers]
+    if whole:  # the rejected mutation could not be encoded alone: its record's other mutations were counted
+        todo = [r for r in todo if WHOLE_RECORD not in r.headers]
+        console.print(f"{len(whole):,} dead letter(s) hold the whole batch record of a mutation that could not be "
+                      f"encoded alone (first: {whole[0].position}, mutation {whole[0].headers[WHOLE_RECORD]} of the "
+                      f"record at {whole[0].source}); not re-submitted: its other mutations were counted, and "
+                      "re-sent they would count again", highlight=False)
     if args.dry_run:
         for r in todo:
             print(f"{r.position:>8}  {r.preview(60):60}  {r.reason}")

@@ -4,7 +4,9 @@ Wire format of `counter-mutations-dlq`: the record key and value are the origina
 mutation of a batch record, that mutation alone, re-encoded with the identity it was given); the headers
 below say why it was rejected and where it came from. The persist agent writes them, `counter dlq` reads them.
 A value too large for a DLQ record next to its headers is cut, and `dlq.truncated` holds its original size: the
-source headers still locate the whole record in its topic.
+source headers still locate the whole record in its topic. A rejected mutation of a batch record that cannot be
+encoded alone (no valid time to encode it with) is dead-lettered as the whole record, and `dlq.whole_record` holds
+its index in it: re-sending that record would count its other mutations again.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ SOURCE_OFFSET = "dlq.offset"
 SOURCE_TIMESTAMP = "dlq.timestamp_us"
 TRUNCATED = "dlq.truncated"  # the original value's size in bytes, when only its start is carried
 KEY_TRUNCATED = "dlq.key_truncated"  # the original key's size in bytes, when only its start is carried
+WHOLE_RECORD = "dlq.whole_record"  # the rejected mutation's index, when the value is its whole batch record
 
 MAX_RECORD_BYTES = (1 << 20) - 1024
 """Key, value and headers of a DLQ record at most: the producers' message.max.bytes (1 MiB), less room for the
@@ -41,12 +44,17 @@ class DeadLetter:
     partition: int
     offset: int
     timestamp_us: int
+    whole_record_of: int | None = None  # the value is the whole batch record; the rejected mutation is this one
 
     def headers(self) -> Headers:
         reason = self.reason if len(self.reason) <= MAX_REASON_CHARS else self.reason[:MAX_REASON_CHARS] + "…"
-        return [(REASON, reason.encode()), (SOURCE_TOPIC, self.topic.encode()),
-                (SOURCE_PARTITION, str(self.partition).encode()), (SOURCE_OFFSET, str(self.offset).encode()),
-                (SOURCE_TIMESTAMP, str(self.timestamp_us).encode())]
+        headers: Headers = [
+            (REASON, reason.encode()), (SOURCE_TOPIC, self.topic.encode()),
+            (SOURCE_PARTITION, str(self.partition).encode()), (SOURCE_OFFSET, str(self.offset).encode()),
+            (SOURCE_TIMESTAMP, str(self.timestamp_us).encode())]
+        if self.whole_record_of is not None:
+            headers.append((WHOLE_RECORD, str(self.whole_record_of).encode()))
+        return headers
 
     def record(self, max_bytes: int = MAX_RECORD_BYTES) -> tuple[bytes | None, bytes, Headers]:
         """Key, value and headers to produce: within `max_bytes`, the key and value cut (and said so in a header)

@@ -319,28 +319,46 @@ def test_a_dead_letter_resubmitted_after_its_cause_is_fixed_is_counted_once(pipe
     assert len(audit) == 5 and audit[-1]["running_total"] == 10
 
 
-def test_a_dead_letter_cut_to_fit_the_dlq_is_not_resubmitted(pipeline):
-    """A bad record too large for a DLQ record next to its headers is dead-lettered with only the start of its value
-    (`dlq.truncated`, schemas.dead_letter). Re-submitting that start would only dead-letter it again as
-    undecodable: `counter dlq replay` leaves it out and says where the whole record is."""
+def dead_letters_then_dry_run(pipeline, letters: list, said: str) -> str:
+    """Produce the dead letters to the DLQ as the worker does; `counter dlq replay --dry-run`'s messages once they
+    say `said` (the DLQ read to its end)."""
     from confluent_kafka import Producer
 
-    from schemas.dead_letter import DeadLetter
-
-    whole = b'{"namespace": "my_dataset", "counter_name": "c", "delta": "' + b"9" * 1_100_000 + b'"}'
-    cut = DeadLetter(None, whole, "field 'delta': not an integer", pipeline.mutations_topic, 3, 42, now_us())
-    fine = DeadLetter(None, b"{}", "field 'namespace': missing", pipeline.mutations_topic, 3, 43, now_us())
     dlq = Producer({"bootstrap.servers": pipeline.bootstrap, "message.max.bytes": 1 << 20})
-    for key, value, headers in (cut.record(), fine.record()):
+    for key, value, headers in (d.record() for d in letters):
         dlq.produce(pipeline.dlq_topic, value, key, headers=headers)
     assert dlq.flush(20) == 0
 
     def dry_run() -> str | None:
         out = cli(pipeline, "dlq", "replay", "--dry-run").stderr
-        return out if "would re-submit 1 " in out else None
+        return out if said in out else None
 
-    out = wait_for(dry_run, 30, interval=0.5, message="both dead letters to be read")
+    return wait_for(dry_run, 30, interval=0.5, message=f"the dry run to say {said!r}")
+
+
+def test_a_dead_letter_cut_to_fit_the_dlq_is_not_resubmitted(pipeline):
+    """A bad record too large for a DLQ record next to its headers is dead-lettered with only the start of its value
+    (`dlq.truncated`, schemas.dead_letter). Re-submitting that start would only dead-letter it again as
+    undecodable: `counter dlq replay` leaves it out and says where the whole record is."""
+    from schemas.dead_letter import DeadLetter
+
+    whole = b'{"namespace": "my_dataset", "counter_name": "c", "delta": "' + b"9" * 1_100_000 + b'"}'
+    cut = DeadLetter(None, whole, "field 'delta': not an integer", pipeline.mutations_topic, 3, 42, now_us())
+    fine = DeadLetter(None, b"{}", "field 'namespace': missing", pipeline.mutations_topic, 3, 43, now_us())
+    out = dead_letters_then_dry_run(pipeline, [cut, fine], "would re-submit 1 ")
     assert "1 dead letter(s) too large for the DLQ" in out and f"{pipeline.mutations_topic}[3]@42" in out, out
+
+
+def test_a_dead_letter_holding_its_whole_batch_record_is_not_resubmitted(pipeline):
+    """A rejected mutation that cannot be encoded alone is dead-lettered as its whole batch record (marked
+    `dlq.whole_record`): its neighbours were counted, so `counter dlq replay` leaves it out and says why."""
+    from schemas.dead_letter import DeadLetter
+
+    record = b'[{"namespace": "my_dataset", "counter_name": "c", "delta": 1}, {"namespace": "my_dataset"}]'
+    whole = DeadLetter(None, record, "no time", pipeline.mutations_topic, 2, 77, now_us(), whole_record_of=1)
+    fine = DeadLetter(None, b"{}", "field 'namespace': missing", pipeline.mutations_topic, 2, 78, now_us())
+    out = dead_letters_then_dry_run(pipeline, [whole, fine], "hold the whole batch record")
+    assert f"mutation 1 of the record at {pipeline.mutations_topic}[2]@77" in out, out
 
 
 def test_an_interrupted_replay_resumes_and_ends_exact(pipeline):

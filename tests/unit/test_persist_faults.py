@@ -22,7 +22,7 @@ from control_plane import parse_namespaces
 from producers.asyncio_producer import AsyncProducer
 from producers.client import DeliveryError
 from schemas import MICROS, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
-from schemas.dead_letter import MAX_RECORD_BYTES, REASON, TRUNCATED, DeadLetter
+from schemas.dead_letter import MAX_RECORD_BYTES, REASON, TRUNCATED, WHOLE_RECORD, DeadLetter
 from sinks import Partitioning, SqliteEventStore, SqliteRollupStore
 from streams.settings import Settings
 
@@ -151,13 +151,22 @@ def test_a_poison_record_is_dead_lettered_and_its_neighbours_stored(tmp_path: Pa
     assert value == DEEP and headers["dlq.offset"] == b"1" and b"nested deeper" in headers[REASON]
 
 
-def test_a_rejected_mutation_that_cannot_be_re_encoded_is_dead_lettered_with_its_record() -> None:
+def test_a_rejected_mutation_that_cannot_be_re_encoded_is_dead_lettered_with_its_record_marked() -> None:
     """F1: a token-less JSON array stamped before 2000 takes the record time as event time, which Avro refuses:
-    the DLQ gets the original record rather than prepare() raising."""
-    body = json.dumps([{"namespace": "ev", "counter_name": "c", "delta": 1}] * 2).encode()
+    the DLQ gets the original record rather than prepare() raising, marked with the mutation's index
+    (`dlq.whole_record`), since its neighbour was counted and re-sending the record would count it again."""
+    good = {"namespace": "ev", "counter_name": "c", "delta": 1,
+            "idempotency_token": {"token": "t1", "generation_time": T}}
+    body = json.dumps([good, {"namespace": "ev", "counter_name": "c", "delta": 1}]).encode()
     out = prepare([rec(5, 0, body)], REGISTRY, {0: T})
-    assert out.rows == [] and [d.value for d in out.dead] == [body, body]
-    assert all("timestamp (0 ms) is no time" in d.reason for d in out.dead)
+    assert [row[3] for row in out.rows] == ["t1"]
+    [dead] = out.dead
+    assert dead.value == body and "timestamp (0 ms) is no time" in dead.reason
+    assert dict(dead.record()[2])[WHOLE_RECORD] == b"1"
+    ahead = {**good, "idempotency_token": {"token": "t2", "generation_time": T + 60 * MICROS}}  # not admitted
+    [alone] = prepare([rec(5, T, json.dumps([good, ahead]).encode())], REGISTRY, {0: T}).dead
+    assert [m.event_id for m in decode_mutations(alone.value)] == ["t2"]  # re-encoded alone: no marker
+    assert WHOLE_RECORD not in dict(alone.record()[2])
 
 
 @pytest.mark.parametrize("stamped_ms", [0, -1, 946_684_799_999])  # none given, "no timestamp", 1999-12-31
