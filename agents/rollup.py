@@ -84,7 +84,8 @@ async def rollup_counters(ns: Namespace, counters: Sequence[str], *, events: Eve
                     for (c, _, rollup_ts, _), agg in zip(todo, aggs, strict=True)]
             await maintain_buckets(ns, work, events=events, buckets=buckets, now_us=now_us, continue_minutes=True)
             if sketches is not None and ns.counts_unique:
-                await maintain_sketches(ns, work, events=events, sketches=sketches, buckets=buckets, now_us=now_us)
+                await maintain_sketches(ns, work, events=events, sketches=sketches, buckets=buckets, now_us=now_us,
+                                        worker_step=True)
         new_counts = [apply_aggregate(count, agg) for (_, count, _, _), agg in zip(todo, aggs, strict=True)]
         applied = await rollups.write_rollups(ns.name, [(c, n, boundary) for (c, *_), n in
                                                         zip(todo, new_counts, strict=True)])

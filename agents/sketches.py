@@ -14,8 +14,9 @@ In a UNIQUE namespace (``ns.unique``) every bucket also has an HLL sketch of the
 
 A union is idempotent and a sketch is rebuilt from immutable events, so a re-run step, a replay or a recount
 computes the same sketches again: nothing a retry or a duplicate does can move an estimate. Sources are guarded as
-for buckets: minutes only from events newer than ``delete_after``, parents only from children still retained (or
-recomputed in this call); the rest is left as stored.
+for buckets: in a recount, minutes only from events newer than ``delete_after``; parents only from children still
+retained (or recomputed in this call); the rest is left as stored. A worker's step (``worker_step``) starts from
+rollup_ts however late it runs (``agents.windows.events_floor``).
 
 Clears are the bucket store's (``maintain_buckets`` bumps them first): readers mask sketches with them as they
 mask buckets.
@@ -28,17 +29,15 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agents.windows import BucketWork, merge_steps, recompute_parents, retention_floor
+from agents.windows import BucketWork, events_floor, merge_steps, minutes_from, recompute_parents, retention_floor
 from control_plane import Namespace
 from sinks import BucketStore, EventStore, SketchStore
 from sinks.sketches import SketchRow, Union, sketch_of
-from sinks.windows import CHAIN, BucketRange, Granularity, align_down, align_up, is_masked
+from sinks.windows import CHAIN, BucketRange, Granularity, is_masked
 
 __all__ = ["SketchMaintenance", "maintain_sketches"]
 
 log = logging.getLogger(__name__)
-
-_US = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +52,12 @@ class SketchMaintenance:
 
 async def maintain_sketches(ns: Namespace, items: Iterable[BucketWork | tuple[str, int, int, int | None]], *,
                             events: EventStore, sketches: SketchStore, buckets: BucketStore,
-                            now_us: int | None = None) -> SketchMaintenance:
+                            now_us: int | None = None, worker_step: bool = False) -> SketchMaintenance:
     """Recompute the sketches of a batch of counters of a UNIQUE namespace for their rollup steps (module doc).
 
     A handful of store calls for the whole batch: the minutes' items, the stored clears, the stored children of
-    the touched hours and days, and the writes. Nothing for a namespace that is not UNIQUE.
+    the touched hours and days, and the writes. Nothing for a namespace that is not UNIQUE. ``worker_step``: the
+    worker's rollups, as ``continue_minutes`` for buckets (no events floor); off, a recount's step.
     """
     if ns.unique is None:
         return SketchMaintenance()
@@ -68,11 +68,10 @@ async def maintain_sketches(ns: Namespace, items: Iterable[BucketWork | tuple[st
         return SketchMaintenance()
     now = time.time_ns() // 1000 if now_us is None else now_us
     store_floor = {g: retention_floor(now, ns.windows.retention_s(g)) for g in chain}
-    events_floor = now - int(ns.retention.delete_after_s * _US)
     minute = Granularity.MINUTE
 
     # 1. minutes, from the items of every minute meeting (rollup_ts, B], each rebuilt whole
-    known_from = {w.counter: align_up(max(align_down(w.rollup_ts + 1, minute), events_floor), minute) for w in work}
+    known_from = minutes_from(work, events_floor(ns, now, worker_step=worker_step))
     todo = [w for w in work if known_from[w.counter] <= w.boundary]
     windows = [(w.counter, known_from[w.counter] - 1, w.boundary) for w in todo]
     found = await events.bucket_items_many(ns.name, windows, minute.width_us) if windows else []

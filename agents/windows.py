@@ -21,11 +21,15 @@ are refused (same boundary) or rewrite equal values (later boundary), so nothing
 *before* writing the rollup that moves ``rollup_ts`` to ``B``: a crash in between leaves the rollup behind and
 the next rollup recomputes the same buckets, and a rollup_ts then always certifies its buckets.
 
-A bucket is recomputed only while its sources are complete: minutes from events newer than the namespace's
-``delete_after`` (older ones may be deleted), hours from minutes still within their retention or recomputed in
-this call, days likewise from hours. A recount from zero thus rebuilds what the events still support and
-leaves older buckets as they were, instead of overwriting them with partial sums. Buckets already past their
-own retention are used for their parents but not written back.
+A bucket is recomputed only while its sources are complete: hours from minutes still within their retention or
+recomputed in this call, days likewise from hours; and, in a recount (which recomputes from before the counter's
+rollup_ts), minutes from events newer than the namespace's ``delete_after`` only (older rolled-up ones may be
+deleted). A recount from zero thus rebuilds what the events still support and leaves older buckets as they were,
+instead of overwriting them with partial sums. A worker's step (``continue_minutes``) starts from the counter's
+rollup_ts however late it runs: no store deletes an event a rollup has not passed (SQLite deletes rolled-up events
+only; Cassandra's TTL backstop, when a rollup stalls past it, takes the events from the rollup's total as well), so
+its minutes hold exactly what its rollup adds and the buckets since the last clear keep summing to the total.
+Buckets already past their own retention are used for their parents but not written back.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from control_plane import Namespace
 from sinks import BucketStore, EventStore
 from sinks.windows import CHAIN, BucketRange, BucketRow, Granularity, align_down, align_up, masked
 
-__all__ = ["BucketWork", "Maintenance", "maintain_buckets", "merge_steps", "recompute_parents", "retention_floor"]
+__all__ = ["BucketWork", "Maintenance", "events_floor", "maintain_buckets", "merge_steps", "minutes_from",
+           "recompute_parents", "retention_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +81,10 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
                            continue_minutes: bool = False) -> Maintenance:
     """Recompute the buckets of a batch of counters of ``ns`` for their rollup steps (see the module doc).
 
-    ``continue_minutes``: the minute holding a step's rollup_ts may continue from its stored sum (the worker's
-    rollups). Off, every minute is summed whole from its events: a recount compares the stored buckets with
-    what the events say, so it must not start from a stored one.
+    ``continue_minutes``: the worker's rollups. The minute holding a step's rollup_ts may continue from its stored
+    sum, and the step starts from rollup_ts however old (see the module doc). Off (a recount), every minute is
+    summed whole from its events, which must be newer than ``delete_after``: a recount compares the stored buckets
+    with what the events say, so it must not start from a stored one, nor from events that may be gone.
 
     A handful of store calls for the whole batch, never one per counter or bucket: the minutes' sums, the
     stored clears, the stored children of the touched hours and days, the clears' bump and the writes.
@@ -89,12 +95,11 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
         return Maintenance()
     now = time.time_ns() // 1000 if now_us is None else now_us
     store_floor = {g: retention_floor(now, ns.windows.retention_s(g)) for g in chain}  # buckets ending after it kept
-    events_floor = now - int(ns.retention.delete_after_s * _US)
     minute = Granularity.MINUTE
 
     # 1. minutes, from the events of every minute meeting (rollup_ts, B], each summed whole; the minute holding
     #    rollup_ts continues from its stored sum when that sum was computed up to exactly rollup_ts
-    known_from = {w.counter: align_up(max(align_down(w.rollup_ts + 1, minute), events_floor), minute) for w in work}
+    known_from = minutes_from(work, events_floor(ns, now, worker_step=continue_minutes))
     todo = [w for w in work if known_from[w.counter] <= w.boundary]
     partial = await _stored_partial_minutes(ns.name, todo, known_from, buckets) if continue_minutes else {}
     windows = [(w.counter, w.rollup_ts if w.counter in partial else known_from[w.counter] - 1, w.boundary)
@@ -192,6 +197,19 @@ async def recompute_parents(chain: tuple[Granularity, ...], computed: dict[Granu
             computed[parent][(c, p)] = combine(c, child, values)
         known_from = {c: align_up(k, parent) for c, k in known_from.items()}
     return skipped
+
+
+def events_floor(ns: Namespace, now_us: int, *, worker_step: bool) -> int:
+    """The oldest event time a step may recompute minutes from: ``delete_after`` ago for a recount (older rolled-up
+    events may be deleted), none for a worker's step (every event after rollup_ts is still stored: module doc)."""
+    return _NEVER if worker_step else now_us - int(ns.retention.delete_after_s * _US)
+
+
+def minutes_from(work: Iterable[BucketWork], floor_us: int) -> dict[str, int]:
+    """Per counter, the start of the first minute a step recomputes: the one holding its first time after
+    rollup_ts, or the first whole minute at or after ``floor_us`` (see :func:`events_floor`)."""
+    minute = Granularity.MINUTE
+    return {w.counter: align_up(max(align_down(w.rollup_ts + 1, minute), floor_us), minute) for w in work}
 
 
 def merge_steps(work: Iterable[BucketWork]) -> list[BucketWork]:

@@ -42,7 +42,7 @@ from query_api.models import (
 from query_api.service import GROUP_READS, CounterService
 from query_api.windows import DEFAULT_MAX_BUCKETS, Series, granularity_of, parse_window
 from schemas import MICROS, Dimensions, MutationOp, ValidationError, combination, parse_generation_time
-from sinks import EventStore, SketchStore
+from sinks import BucketStore, EventStore, SketchStore
 from sinks.sketches import Estimate, Union, estimate
 from sinks.windows import Granularity, WindowError, is_masked, retained_from, series_range, tile
 
@@ -99,28 +99,32 @@ def _sketches(service: CounterService) -> SketchStore:
     return service.sketches
 
 
-async def sketch_union(sketches: SketchStore, clears: Mapping[str, int] | None, ns: Namespace, counter: str,
-                       start_us: int | None, end_us: int, *, now_us: int, clear_us: int | None = None) -> SketchUnion:
+async def sketch_union(sketches: SketchStore, buckets: BucketStore, ns: Namespace, counter: str,
+                       start_us: int | None, end_us: int, *, now_us: int) -> SketchUnion:
     """The union of ``counter``'s sketches tiling ``[start_us, end_us)`` (None: since its latest clear, or the
-    epoch), masked by its latest clear ``clear_us`` (or ``clears[counter]``). One batched read."""
+    epoch), masked by its latest clear. The clear is read *after* the sketches, as a window's count reads it after
+    its buckets (``query_api.windows``): the worker bumps it before it writes the sketches computed with it, so no
+    sketch read is masked by an older clear than it was made under. The total's range starts at the clear read
+    before (one more call): a later clear only masks more of it."""
     assert ns.unique is not None
-    if clears is not None:
-        clear_us = clears.get(counter)
+    lo = start_us
+    if lo is None:
+        lo = (await buckets.clears(ns.name, [counter])).get(counter, 0)
     chain = tuple(Granularity(g) for g in ns.windows.granularities)
     floors = {g: retained_from(g, now_us, ns.windows.retention_s(g)) for g in chain}
-    lo = (clear_us if clear_us is not None else 0) if start_us is None else start_us
     try:
         tiling = tile(lo, end_us, chain, floors)
     except WindowError as exc:
         raise WindowError(exc.reason, field=exc.field or "window") from None
     found = await sketches.read_sketches_many(ns.name, [(counter, s.granularity, s.start_us, s.end_us)
                                                         for s in tiling.segments])
+    clear_us = (await buckets.clears(ns.name, [counter])).get(counter)
     union = Union(ns.unique.lg_k)
     upto = 0
     for seg, rows in zip(tiling.segments, found, strict=True):
         for start, sketch, computed_upto in rows:
             upto = max(upto, computed_upto)
-            if not is_masked(seg.granularity, start, clear_us):
+            if not is_masked(seg.granularity, start, clear_us, computed_upto):
                 union.add_sketch(sketch)
     return SketchUnion(union, tiling.start_us, tiling.end_us, upto, clear_us)
 
@@ -157,9 +161,12 @@ async def get_unique(service: CounterService, ns: Namespace, counter: str,
     if buckets is None:
         raise RuntimeError("no bucket store: the service was built without one")
     start, end = parse_window(window, now) if window is not None else (None, now + 1)
-    clears = await buckets.clears(ns.name, [counter])
-    got = await sketch_union(_sketches(service), clears, ns, counter, start, end, now_us=now)
+    # The rollup before the sketches (as CounterService.get_window reads it before the buckets): a rollup writes its
+    # sketches before its rollup_ts, so sketches read after are at least as fresh. Read the other way round, a
+    # rollup landing in between moved as_of past items the sketches read did not hold, and the live items started
+    # after them.
     _, rollup_ts = await service.rollup_of(ns, counter)
+    got = await sketch_union(_sketches(service), buckets, ns, counter, start, end, now_us=now)
     service.signal_if_stale(ns, counter, rollup_ts)
     as_of = max(rollup_ts, got.upto_us)
     union = got.union
@@ -223,11 +230,11 @@ async def unique_series(service: CounterService, ns: Namespace, counter: str, gr
     buckets = service.buckets
     if buckets is None:
         raise RuntimeError("no bucket store: the service was built without one")
-    clear = (await buckets.clears(ns.name, [counter])).get(counter)
+    _, rollup_ts = await service.rollup_of(ns, counter)  # before the sketches, as get_unique reads it
     [rows] = await _sketches(service).read_sketches_many(ns.name, [(counter, g, lo, hi)])
-    stored = {start: (0 if is_masked(g, start, clear) else estimate(sketch).rounded) for start, sketch, _u in rows}
+    clear = (await buckets.clears(ns.name, [counter])).get(counter)  # after the sketches: see sketch_union
+    stored = {start: (0 if is_masked(g, start, clear, u) else estimate(sketch).rounded) for start, sketch, u in rows}
     filled = tuple((start, stored.get(start, 0)) for start in range(lo, hi, g.width_us))
-    _, rollup_ts = await service.rollup_of(ns, counter)
     upto = max((row[2] for row in rows), default=0)
     return Series(g, lo, hi, filled, upto), max(rollup_ts, upto) or None
 

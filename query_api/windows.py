@@ -12,10 +12,17 @@ an API answers with 422.
   ``max_buckets`` of them (its pure part, ``series_range`` and ``fill_series``, lives in ``sinks.windows``:
   `counter audit --by` prints the same series).
 
-Both read the counter's latest clear and mask with it: a bucket that ended at or before the clear reads 0.
-Two store calls per request (the clear, then the buckets in one batched read). ``tiled_counts`` is the same
-reading for many counters at once, still two store calls, over a tiling or a signed cover of it
-(``sinks.windows.signed_cover``): Top-K's exact counts of its candidates.
+Both read the counter's latest clear and mask with it: a bucket that ended at or before the clear reads 0, and so
+does one computed up to a boundary before it (``sinks.windows.is_masked``). Two store calls per request: the
+buckets in one batched read, then the clear. The clear comes *after* the buckets: the worker bumps a clear before
+it writes the buckets computed with it, so every bucket read is masked by a clear at least as recent as the one it
+was computed under (read the other way round, a rollup step landing in between shows its new buckets under the old
+clear: the erased buckets count). A bucket written before the clear read it holds only events the clear erased, or
+none. ``tiled_counts`` is the same reading for many counters at once, still two store calls, over a tiling or a
+signed cover of it (``sinks.windows.signed_cover``): Top-K's exact counts of its candidates.
+
+Windows start in the year 2000 at the earliest, as event times do (``schemas.MIN_EVENT_TIME``): a longer ``last``
+is refused, not clamped, so an answer never claims a range it could not hold.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from control_plane import Namespace, parse_duration
-from schemas import parse_generation_time
+from schemas import MIN_EVENT_TIME, parse_generation_time
 from schemas.validation import ValidationError
 from sinks import BucketStore
 from sinks.windows import (
@@ -37,6 +44,7 @@ from sinks.windows import (
     TooManyBuckets,
     WindowError,
     fill_series,
+    holds,
     masked,
     retained_from,
     series_range,
@@ -122,9 +130,7 @@ def parse_window(spec: Mapping[str, object], now_us: int, *, field: str = "windo
             seconds = parse_duration(spec["last"])
         except ValueError as exc:
             raise WindowError(str(exc), field=f"{field}.last") from None
-        if seconds <= 0:
-            raise WindowError(f"must be a positive duration (got {spec['last']!r})", field=f"{field}.last")
-        return now_us - int(seconds * _US), now_us
+        return _last(spec["last"], seconds, now_us, field=f"{field}.last"), now_us
     if "start" not in spec:
         raise WindowError("needs last, or start (and optionally end)", field=field)
     try:
@@ -135,6 +141,17 @@ def parse_window(spec: Mapping[str, object], now_us: int, *, field: str = "windo
     if end <= start:
         raise WindowError("must be after start", field=f"{field}.end" if "end" in spec else f"{field}.start")
     return start, end
+
+
+def _last(value: object, seconds: float, now_us: int, *, field: str) -> int:
+    """The start of a window of ``seconds`` ending at ``now_us``: at least a microsecond long, and not before the
+    earliest time an event can have (checked before the multiplication: the duration may be astronomical)."""
+    if seconds * _US < 1:
+        raise WindowError(f"must be a positive duration of a microsecond or more (got {value!r})", field=field)
+    if seconds * _US > now_us - MIN_EVENT_TIME:
+        raise WindowError(f"reaches before 2000-01-01T00:00:00Z, the earliest time counted (got {value!r})",
+                          field=field)
+    return now_us - int(seconds * _US)
 
 
 def window_tiling(ns: Namespace, start_us: int, end_us: int, now_us: int) -> Tiling:
@@ -149,51 +166,80 @@ def window_tiling(ns: Namespace, start_us: int, end_us: int, now_us: int) -> Til
         raise WindowError(exc.reason, field=exc.field or "window") from None
 
 
+# (sign, granularity, start, value, computed_upto or None for a value known without a read): one bucket of a count
+_Counted = tuple[int, Granularity, int, int, int | None]
+
+
 async def tiled_counts(buckets: BucketStore, ns: Namespace, counters: Sequence[str], parts: Sequence[SignedSegment],
                        known: Sequence[Mapping[tuple[Granularity, int], int]] | None = None) -> list[TiledCount]:
     """Each counter's count over the buckets of ``parts`` (a tiling's segments, each +1, or a signed cover), in
     order: its stored buckets there, masked by its latest clear, each counted with its part's sign. Two store
-    calls for the whole batch (the clears, then every counter's runs of buckets).
+    calls for the whole batch (every counter's runs of buckets, then the clears: see the module doc).
 
     ``known`` (per counter): stored values of some of its buckets the caller already holds, by ``(granularity,
-    start)`` (0 for a bucket known not to exist); only the others are read, as runs of consecutive buckets. Known
-    values are masked and signed like read ones. ``rows`` counts the buckets read and the clears found."""
+    start)`` (0 for a bucket known not to exist); only the others are read, as runs of consecutive buckets (a run
+    without known buckets is one range, however long). Known values are masked and signed like read ones, but a
+    known non-zero bucket holding the clear is read again (a third call, only then): it was read before the clear,
+    without the boundary that tells whether it predates it. ``rows`` counts the buckets read and the clears found."""
     if not counters:
         return []
-    clears = await buckets.clears(ns.name, counters)
-    ranges: list[tuple[str, Granularity, int, int]] = []
-    owners: list[tuple[int, int]] = []  # (counter index, sign)
-    for i, counter in enumerate(counters):
-        mine = known[i] if known is not None else {}
-        for sign, seg in parts:
-            g, width = seg.granularity, seg.granularity.width_us
-            start = seg.start_us
-            while start < seg.end_us:  # runs of buckets not known
-                if (g, start) in mine:
-                    start += width
-                    continue
-                end = start + width
-                while end < seg.end_us and (g, end) not in mine:
-                    end += width
-                ranges.append((counter, g, start, end))
-                owners.append((i, sign))
-                start = end
-    found = await buckets.read_buckets_many(ns.name, ranges) if ranges else []
-    counts = [0] * len(counters)
-    uptos = [0] * len(counters)
-    rows = [int(c in clears) for c in counters]
-    for (i, sign), (_c, g, _lo, _hi), got in zip(owners, ranges, found, strict=True):
+    mines: Sequence[Mapping[tuple[Granularity, int], int]] = known if known is not None else [{}] * len(counters)
+    ranges, owners = _unknown_runs(counters, parts, mines)
+    got: list[list[_Counted]] = [[] for _ in counters]
+    rows = [0] * len(counters)
+    await _read_into(buckets, ns, ranges, owners, got, rows)
+    clears = await buckets.clears(ns.name, counters)  # after the buckets: see the module doc
+    signs = {(seg.granularity, start): sign for sign, seg in parts
+             for start in range(seg.start_us, seg.end_us, seg.granularity.width_us)} if known is not None else {}
+    again: list[tuple[str, Granularity, int, int]] = []
+    again_owners: list[tuple[int, int]] = []
+    for i, mine in enumerate(mines):
         clear = clears.get(counters[i])
-        counts[i] += sign * sum(masked(g, start, value, clear) for start, value, _upto in got)
-        uptos[i] = max([uptos[i], *(upto for _s, _v, upto in got)])
-        rows[i] += len(got)
-    if known is not None:
-        signs = {(seg.granularity, start): sign for sign, seg in parts
-                 for start in range(seg.start_us, seg.end_us, seg.granularity.width_us)}
-        for i, mine in enumerate(known):
-            clear = clears.get(counters[i])
-            counts[i] += sum(signs[(g, start)] * masked(g, start, value, clear) for (g, start), value in mine.items())
-    return [TiledCount(n, u, r) for n, u, r in zip(counts, uptos, rows, strict=True)]
+        rows[i] += int(clear is not None)
+        for (g, start), value in mine.items():
+            if value and holds(g, start, clear):
+                again.append((counters[i], g, start, start + g.width_us))
+                again_owners.append((i, signs[(g, start)]))
+            else:
+                got[i].append((signs[(g, start)], g, start, value, None))
+    await _read_into(buckets, ns, again, again_owners, got, rows)
+    out = []
+    for i, counted in enumerate(got):
+        clear = clears.get(counters[i])
+        count = sum(sign * masked(g, start, value, clear, upto) for sign, g, start, value, upto in counted)
+        out.append(TiledCount(count, max((upto or 0 for *_rest, upto in counted), default=0), rows[i]))
+    return out
+
+
+def _unknown_runs(counters: Sequence[str], parts: Sequence[SignedSegment],
+                  mines: Sequence[Mapping[tuple[Granularity, int], int]]
+                  ) -> tuple[list[tuple[str, Granularity, int, int]], list[tuple[int, int]]]:
+    """The ranges of buckets to read (each counter's runs of buckets not known, per part) and their owners
+    ``(counter index, sign)``: a run spans the gap between two known buckets, never stepped bucket by bucket."""
+    ranges: list[tuple[str, Granularity, int, int]] = []
+    owners: list[tuple[int, int]] = []
+    for i, counter in enumerate(counters):
+        for sign, seg in parts:
+            g = seg.granularity
+            start = seg.start_us
+            for k in sorted(s for kg, s in mines[i] if kg == g and seg.start_us <= s < seg.end_us):
+                if start < k:
+                    ranges.append((counter, g, start, k))
+                    owners.append((i, sign))
+                start = k + g.width_us
+            if start < seg.end_us:
+                ranges.append((counter, g, start, seg.end_us))
+                owners.append((i, sign))
+    return ranges, owners
+
+
+async def _read_into(buckets: BucketStore, ns: Namespace, ranges: Sequence[tuple[str, Granularity, int, int]],
+                     owners: Sequence[tuple[int, int]], got: list[list[_Counted]], rows: list[int]) -> None:
+    """Read ``ranges`` in one call (none if empty) and add their buckets to their owners' ``got`` and ``rows``."""
+    found = await buckets.read_buckets_many(ns.name, ranges) if ranges else []
+    for (i, sign), (_c, g, _lo, _hi), stored in zip(owners, ranges, found, strict=True):
+        got[i].extend((sign, g, start, value, upto) for start, value, upto in stored)
+        rows[i] += len(stored)
 
 
 async def window_count(buckets: BucketStore, ns: Namespace, counter: str, start_us: int, end_us: int, *,
@@ -216,8 +262,8 @@ async def series(buckets: BucketStore, ns: Namespace, counter: str, granularity:
     now = time.time_ns() // 1000 if now_us is None else now_us
     lo, hi = series_range(g, start_us, end_us, now_us=now, retention_s=ns.windows.retention_s(g),
                           max_buckets=max_buckets)
-    clear = (await buckets.clears(ns.name, [counter])).get(counter)
     [rows] = await buckets.read_buckets_many(ns.name, [(counter, g, lo, hi)])
+    clear = (await buckets.clears(ns.name, [counter])).get(counter)  # after the buckets: see the module doc
     filled = fill_series(g, lo, hi, rows, clear)
     return Series(g, lo, hi, filled, max((row[2] for row in rows), default=0))
 

@@ -9,7 +9,8 @@ and both storage backends share them, so every process cuts time the same way.
 * Clears are applied by **masking at read time**: with a counter's latest clear at ``c``, a bucket whose end is
   ``<= c`` reads 0, and the bucket holding ``c`` was computed from the adds strictly after ``c`` only. Windows
   ending at or before a clear then read 0 without rewriting old buckets, and the buckets since the clear sum to
-  the counter's total.
+  the counter's total. A bucket computed up to a boundary before ``c`` holds only events before it and reads 0
+  too: the worker bumps the clear before it rewrites the buckets, and a reader in between sees the old ones.
 * Storage partitions buckets by ``slice``: ``start // g.slice_us``, so a partition never holds more than
   1440 minutes, 768 hours or 366 days of one counter.
 """
@@ -42,6 +43,7 @@ __all__ = [
     "cover",
     "expiry_cutoff",
     "fill_series",
+    "holds",
     "is_masked",
     "masked",
     "retained_from",
@@ -154,14 +156,24 @@ def slice_bounds(g: Granularity, slice_no: int) -> tuple[int, int]:
     return slice_no * g.slice_us, (slice_no + 1) * g.slice_us
 
 
-def is_masked(g: Granularity, start_us: int, last_clear_us: int | None) -> bool:
-    """Whether a clear at ``last_clear_us`` erased the whole bucket (it ended at or before the clear)."""
-    return last_clear_us is not None and start_us + g.width_us <= last_clear_us
+def is_masked(g: Granularity, start_us: int, last_clear_us: int | None, computed_upto_us: int | None = None) -> bool:
+    """Whether a clear at ``last_clear_us`` erased the whole bucket: it ended at or before the clear, or (given its
+    ``computed_upto_us``) it was computed up to a boundary before the clear, so it holds only events the clear
+    erased (a bucket read between the worker's clear bump and its rewrite)."""
+    if last_clear_us is None:
+        return False
+    return start_us + g.width_us <= last_clear_us or (computed_upto_us is not None and computed_upto_us < last_clear_us)
 
 
-def masked(g: Granularity, start_us: int, value: int, last_clear_us: int | None) -> int:
-    """A stored bucket's value as read after the counter's latest clear."""
-    return 0 if is_masked(g, start_us, last_clear_us) else value
+def masked(g: Granularity, start_us: int, value: int, last_clear_us: int | None,
+           computed_upto_us: int | None = None) -> int:
+    """A stored bucket's value as read after the counter's latest clear (see :func:`is_masked`)."""
+    return 0 if is_masked(g, start_us, last_clear_us, computed_upto_us) else value
+
+
+def holds(g: Granularity, start_us: int, t_us: int | None) -> bool:
+    """Whether the bucket holds the time ``t_us`` (None: no time)."""
+    return t_us is not None and start_us <= t_us < start_us + g.width_us
 
 
 def retained_from(g: Granularity, now_us: int, retention_s: float | None) -> int | None:
@@ -391,7 +403,9 @@ def series_range(g: Granularity, start_us: int, end_us: int, *, now_us: int, ret
     start older than the granularity's retention clamped to its oldest retained bucket (see
     :func:`retained_from`). ``WindowError`` for an empty range or one ending before that bucket;
     ``TooManyBuckets`` beyond ``max_buckets`` (None: no limit)."""
-    if end_us <= start_us:
+    if end_us <= start_us:  # a start in the future is at fault even when end was given (or defaulted to now)
+        if start_us > now_us:
+            raise WindowError(f"must not be in the future (now is {now_us}) unless end is after it", field="start")
         raise WindowError(f"must be after start ({start_us})", field="end")
     lo, hi = align_down(start_us, g), align_up(end_us, g)
     oldest = retained_from(g, now_us, retention_s)
@@ -408,7 +422,7 @@ def series_range(g: Granularity, start_us: int, end_us: int, *, now_us: int, ret
 def fill_series(g: Granularity, lo: int, hi: int, rows: Iterable[StoredBucket],
                 last_clear_us: int | None) -> tuple[tuple[int, int], ...]:
     """``(start_us, count)`` of every ``g`` bucket starting in ``[lo, hi)`` (aligned), ascending: the stored
-    ``rows`` (as ``BucketStore.read_buckets_many`` returns them) masked by the counter's latest clear, and 0
-    where nothing is stored."""
-    stored = {start: value for start, value, _upto in rows}
-    return tuple((start, masked(g, start, stored.get(start, 0), last_clear_us)) for start in range(lo, hi, g.width_us))
+    ``rows`` (as ``BucketStore.read_buckets_many`` returns them) masked by the counter's latest clear (read after
+    them: see :func:`is_masked`), and 0 where nothing is stored."""
+    stored = {start: masked(g, start, value, last_clear_us, upto) for start, value, upto in rows}
+    return tuple((start, stored.get(start, 0)) for start in range(lo, hi, g.width_us))

@@ -202,7 +202,9 @@ def test_audit_series_is_the_api_series(world: World) -> None:
     with pytest.raises(WindowError):
         series_range(MINUTE, 0, H, now_us=10 * H, retention_s=3600)  # ends before the oldest retained minute
     assert series_range(MINUTE, 30 * S, H, now_us=H + 5 * M, retention_s=3600) == (5 * M, H)  # clamped
-    assert fill_series(HOUR, 0, 3 * H, [(H, 5, 9), (2 * H, 7, 9)], 2 * H) == ((0, 0), (H, 0), (2 * H, 7))
+    assert fill_series(HOUR, 0, 3 * H, [(H, 5, 3 * H), (2 * H, 7, 3 * H)], 2 * H) == ((0, 0), (H, 0), (2 * H, 7))
+    # computed before the clear (read between the worker's clear bump and its rewrite): only erased events
+    assert fill_series(HOUR, 2 * H, 3 * H, [(2 * H, 7, 2 * H - 1)], 2 * H) == ((2 * H, 0),)
 
 
 def test_audit_series_says_why_a_total_is_not_compared(world: World) -> None:

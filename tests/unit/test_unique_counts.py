@@ -37,7 +37,7 @@ from sinks import (
     open_sketch_store,
 )
 from sinks.sketches import Estimate, estimate
-from sinks.windows import CHAIN, Granularity
+from sinks.windows import CHAIN, Granularity, WindowError
 
 S = 1_000_000
 M, H, D = 60 * S, 3600 * S, 86400 * S
@@ -101,12 +101,11 @@ class Stack:
         return {(g, s): (b, u) for g, rows in zip(CHAIN, found, strict=True) for s, b, u in rows}
 
     def total(self, ns: Namespace, counter: str, now: int) -> Estimate:
-        clears = self.run(self.buckets.clears(ns.name, [counter]))
-        return self.run(sketch_union(self.sketches, clears, ns, counter, None, now, now_us=now)).union.estimate()
+        return self.run(sketch_union(self.sketches, self.buckets, ns, counter, None, now, now_us=now)).union.estimate()
 
     def window(self, ns: Namespace, counter: str, start: int, end: int, now: int) -> Estimate:
-        clears = self.run(self.buckets.clears(ns.name, [counter]))
-        return self.run(sketch_union(self.sketches, clears, ns, counter, start, end, now_us=now)).union.estimate()
+        return self.run(sketch_union(self.sketches, self.buckets, ns, counter, start, end,
+                                     now_us=now)).union.estimate()
 
 
 @pytest.fixture
@@ -223,6 +222,22 @@ def test_parents_whose_children_are_gone_are_left_as_stored(stack: Stack) -> Non
     done = stack.run(maintain_sketches(U, [BucketWork("c", 0, t0 + 2 * M + 1)], events=stack.events,
                                        sketches=stack.sketches, buckets=stack.buckets, now_us=later))
     assert sum(done.written.values()) == 0 and stack.stored("u", "c") == kept
+
+
+def test_a_rollup_later_than_delete_after_still_puts_its_items_in_sketches(stack: Stack) -> None:
+    """A worker step starts from rollup_ts however late it runs: events it has not rolled up are never deleted."""
+    t0 = DAY0 + 1 * H
+    stack.write([row("u", "c", t0 + i * S, f"u{i}", f"x{i}") for i in range(40)])
+    stack.step(U, ["c"], t0 + 8 * D)  # the first rollup, eight days after the events
+    assert round(stack.total(U, "c", t0 + 8 * D + M).estimate) == 40
+    assert {g for g, _start in stack.stored("u", "c")} == {HOUR, DAY}  # the minutes are past their retention
+
+
+def test_a_window_reaching_before_2000_is_refused_at_once(stack: Stack) -> None:
+    for last in ("1000000d", "99999999999999999999999d"):
+        with pytest.raises(WindowError, match="before 2000") as info:
+            stack.run(get_unique(stack.service, U, "c", {"last": last}))
+        assert info.value.field == "window.last"
 
 
 def test_a_recount_gets_events_a_replay_restored_into_the_sketches(stack: Stack) -> None:

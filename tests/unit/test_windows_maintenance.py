@@ -268,11 +268,28 @@ def test_a_recount_leaves_buckets_whose_sources_are_gone_as_they_were(tmp_path: 
     now = T0 + 12 * H + 30 * M  # events before now - 3 h may be gone, minutes before now - 2 h too
     env.run(env.buckets.drop_expired("ns", MINUTE, now - 2 * H))
     env.run(env.events.delete_rolled_up("ns", "c", now - 3 * H, end))
-    result = env.step("c", now - SETTLE, rollup_from=0, now_us=now)
+    result = env.step("c", now - SETTLE, rollup_from=0, now_us=now, continue_minutes=False)  # a recount's step
     assert result.skipped == {HOUR: 1}  # the hour holding the events' cutoff: half its minutes are gone
     assert env.stored("c", HOUR) == hours_before and env.stored("c", DAY) == days_before
     # the recomputed minutes are all past their 2 h retention: used for their hours, not written back
     assert result.computed[MINUTE] > 0 and env.stored("c", MINUTE) == {}
+    env.close()
+
+
+def test_a_rollup_later_than_delete_after_still_puts_its_events_in_buckets(tmp_path: Path) -> None:
+    """No store deletes an event a rollup has not passed: a worker step nine days late (rollups stalled, events
+    kept) starts from rollup_ts like any other, so the hours and days since the last clear sum to the total (the
+    minutes that old are past their retention: computed for their hours, not written)."""
+    env = Env(tmp_path, namespace({"retention": {"minute": "2d", "hour": "90d", "day": "forever"}}, delete_after="7d"))
+    rows = [ev(T0 + k * 7 * M, f"e{k}", 1 + k % 3) for k in range(30)]  # up to DAY0 + 1h16m
+    env.write(rows)
+    env.step("c", DAY0 - H)  # on time: the events before DAY0 - 1h
+    env.write([ev(DAY0 + 9 * D, "late", 4)])
+    now = DAY0 + 9 * D + M
+    env.step("c", now - SETTLE, now_us=now)  # the next step, nine days late
+    total = env.rollup["c"][0]
+    assert total == sum(r[5] for r in rows) + 4
+    assert sum(env.stored("c", DAY).values()) == total and sum(env.stored("c", HOUR).values()) == total
     env.close()
 
 

@@ -18,10 +18,12 @@ from query_api.windows import (
     granularity_of,
     parse_window,
     series,
+    tiled_counts,
     window_count,
 )
+from schemas import MIN_EVENT_TIME
 from sinks import EventRow, Partitioning, SqliteBucketStore, SqliteEventStore
-from sinks.windows import Granularity, align_down
+from sinks.windows import Granularity, Segment, SignedSegment, align_down
 
 S = 1_000_000
 M, H, D = 60 * S, 3600 * S, 86400 * S
@@ -89,6 +91,16 @@ def history(tmp_path_factory: pytest.TempPathFactory):
 
 def reading(directory: Path):
     return CountingStore(SqliteBucketStore(directory / "buckets.sqlite3"))
+
+
+class Known(dict):
+    """Known bucket values that count their lookups."""
+
+    lookups = 0
+
+    def __contains__(self, key: object) -> bool:
+        self.lookups += 1
+        return super().__contains__(key)
 
 
 def expected_count(rows: list[EventRow], lo: int, hi: int, upto: int, counter: str = "c") -> int:
@@ -235,11 +247,36 @@ def test_granularity_errors_name_the_field(windows, value, reason) -> None:
     assert granularity_of(NS, " Hour ") is HOUR
 
 
+def test_a_long_run_of_buckets_is_read_as_one_range_never_stepped(history) -> None:
+    """A run of buckets between two known ones (or a whole segment) is one range, found without visiting its
+    buckets one by one: a million minutes cost what two ranges cost."""
+    directory, rows = history
+    store = reading(directory)
+    busy = align_down(min(r[2] for r in rows if r[1] == "d" and r[2] >= DAY0 + 8 * H), MINUTE)  # minutes kept
+    known = Known({(MINUTE, busy): 0})
+    parts = [SignedSegment(1, Segment(MINUTE, DAY0, DAY0 + 10**6 * M)), SignedSegment(1, Segment(DAY, 0, DAY0))]
+    [got] = asyncio.run(tiled_counts(store, NS, ["d"], parts, [known]))
+    assert known.lookups == 0 and store.calls == 2
+    [whole] = asyncio.run(tiled_counts(store, NS, ["d"], parts))
+    [minute] = asyncio.run(tiled_counts(store, NS, ["d"], [SignedSegment(1, Segment(MINUTE, busy, busy + M))]))
+    assert minute.count != 0 and got.count == whole.count - minute.count
+
+
+def test_a_series_starting_in_the_future_names_its_start(history) -> None:
+    """Without an end (now), the start is at fault, not the end the client never gave."""
+    directory, _rows = history
+    with pytest.raises(WindowError, match="future") as info:
+        asyncio.run(series(reading(directory), NS, "c", HOUR, NOW + D, NOW, now_us=NOW))
+    assert info.value.field == "start"
+
+
 # -- window specs ----------------------------------------------------------------------------------------
 
 
 def test_parse_window() -> None:
     assert parse_window({"last": "1h"}, NOW) == (NOW - H, NOW)
+    assert parse_window({"last": "0.000001s"}, NOW) == (NOW - 1, NOW)
+    assert parse_window({"last": f"{NOW - MIN_EVENT_TIME}us"}, NOW) == (MIN_EVENT_TIME, NOW)  # back to 2000 exactly
     assert parse_window({"last": 90}, NOW) == (NOW - 90 * S, NOW)
     assert parse_window({"start": "2023-12-09T00:00:00Z", "end": "2023-12-10T00:00:00Z"}, NOW) == (
         1_702_080_000 * S, 1_702_166_400 * S)
@@ -249,6 +286,12 @@ def test_parse_window() -> None:
 @pytest.mark.parametrize(("spec", "field", "reason"), [
     ({"last": "soon"}, "window.last", "cannot parse duration"),
     ({"last": 0}, "window.last", "positive"),
+    ({"last": "0.0000001s"}, "window.last", "a microsecond or more"),  # not an empty window past the parse
+    ({"last": "1000000d"}, "window.last", "before 2000-01-01"),  # refused before any bucket is tiled or read
+    ({"last": "99999999999999999999999d"}, "window.last", "before 2000-01-01"),
+    ({"start": "1999-12-31T23:59:59Z"}, "window.start", "2000..2200"),
+    ({"start": "2200-12-31T00:00:00Z", "end": "2201-01-01T00:00:00Z"}, "window.end", "2000..2200"),
+    ({"start": "2100-01-01T00:00:00Z"}, "window.start", "after start"),  # a future start, end defaulting to now
     ({"last": "1h", "start": "2023-12-09T00:00:00Z"}, "window.last", "not both"),
     ({"end": "2023-12-09T00:00:00Z"}, "window", "needs last, or start"),
     ({"start": "yesterday"}, "window.start", "."),
