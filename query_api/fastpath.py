@@ -18,7 +18,7 @@ import orjson
 
 from control_plane import CounterType, Namespace
 from query_api.responses import add_json, count_json, window_json
-from query_api.service import CounterService, Written
+from query_api.service import CounterService, Identity, Written, identity_of
 from schemas import INT64_MAX, INT64_MIN, MutationOp, ValidationError, validate_counter_name
 
 GET_COUNT, ADD_COUNT, ADD_AND_GET = b"/v1/GetCount", b"/v1/AddCount", b"/v1/AddAndGetCount"
@@ -87,12 +87,25 @@ def _durable(service: CounterService, ns: Namespace, path: bytes, req: dict[str,
     except ValidationError:  # nothing was sent: the route answers with the field named
         return None
     if path == ADD_COUNT:
-        return acknowledged, partial(_written, written)
+        return acknowledged, _WrittenAnswer(written)
     return service.count_after(written, acknowledged), count_json
 
 
-def _written(written: Written, _acknowledged: None) -> bytes:
-    return add_json(written)
+class _WrittenAnswer:
+    """Renders a durable AddCount's answer once its record is acknowledged. It carries the write's `identity` for
+    the answer of a failure (query_api.responses.error_response): the record's failure is shared by its writes."""
+
+    __slots__ = ("written",)
+
+    def __init__(self, written: Written) -> None:
+        self.written = written
+
+    def __call__(self, _acknowledged: None) -> bytes:
+        return add_json(self.written)
+
+    @property
+    def identity(self) -> Identity | None:
+        return identity_of(self.written)
 
 
 _ADDED: dict[tuple[str, str], bytes] = {}  # BEST_EFFORT AddCount bodies: they do not depend on the count

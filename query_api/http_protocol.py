@@ -85,7 +85,8 @@ _HEADS = _Heads()
 class _Answers:
     """The plain AddCounts (query_api.plain_add) waiting on one group-commit record, answered in one callback when
     the broker has acknowledged it (or with the 503 of its failure): no future, callback or task per request.
-    `waiting` is flat, four values per request: its protocol, its cycle, its answer and when it arrived."""
+    `waiting` is flat, five values per request: its protocol, its cycle, its answer, when it arrived and its event
+    time (with the token in its answer, the identity its failure answers)."""
 
     __slots__ = ("tasks", "waiting")
 
@@ -99,23 +100,34 @@ class _Answers:
         status, failure = _outcome(acknowledged, _NO_BODY, "plain AddCount failed")  # b"" once acknowledged
         waiting = self.waiting
         head = _HEADS.get(waiting[0].server_state.default_headers, status)  # the server's: one for all connections
-        for i in range(0, len(waiting), 4):
-            protocol, cycle, answer, _started = waiting[i:i + 4]
+        for i in range(0, len(waiting), 5):
+            protocol, cycle, answer, _started, event_time = waiting[i:i + 5]
             try:
-                protocol._respond_with(cycle, head, failure or answer)
+                body = _failed(acknowledged, failure, answer, event_time) if failure else answer
+                protocol._respond_with(cycle, head, body)
             except Exception:  # one connection's trouble must not leave the record's other writes unanswered
                 log.exception("answering a plain AddCount failed")
         now = time.perf_counter()
-        metrics.record_many(ADD_COUNT_ENDPOINT, status, [now - started for started in waiting[3::4]])
+        metrics.record_many(ADD_COUNT_ENDPOINT, status, [now - started for started in waiting[3::5]])
+
+
+def _failed(acknowledged: asyncio.Future[None], failure: bytes, answer: bytes, event_time: int) -> bytes:
+    """A plain AddCount's answer when its record failed: the failure's body, with the write's identity when the
+    failure is a service error (its token is in the answer it would have had)."""
+    exc = acknowledged.exception() if not acknowledged.cancelled() else None
+    if not isinstance(exc, SERVICE_ERRORS):
+        return failure
+    return orjson.dumps(error_response(exc, (orjson.loads(answer)["idempotency_token"], event_time))[1])
 
 
 def _outcome(future: asyncio.Future[Any], render: Callable[[Any], bytes], *failed: object) -> tuple[int, bytes]:
     """A settled fast call's status and body: `render` of its result, or the response of its failure (a service
-    error as the app maps it, anything else a 500, logged with `failed`: a message and its arguments)."""
+    error as the app maps it, with the write's identity when `render` carries one, anything else a 500, logged
+    with `failed`: a message and its arguments)."""
     try:
         return 200, render(future.result())
     except SERVICE_ERRORS as exc:
-        status, detail = error_response(exc)
+        status, detail = error_response(exc, getattr(render, "identity", None))
         return status, orjson.dumps(detail)  # compact, like the app's JSONResponse
     except (Exception, asyncio.CancelledError):
         log.exception(*failed)
@@ -168,13 +180,13 @@ class CounterHttpProtocol(HttpToolsProtocol):
         if plain is None:
             return False
         self._idle_since = None
-        answer, acknowledged = plain
+        answer, acknowledged, event_time = plain
         fast: Any = cycle  # uvicorn types it RequestResponseCycle; a FastCycle on this path
         if type(fast) is FastCycle and fast.keep_alive and not fast.disconnected:  # the last one's, answered
             fast.response_complete = False  # reused: a request object less per write on a keep-alive connection
         else:
             fast = self._fast_cycle(keep_alive=True)  # HTTP/1.1, no close
-        self._answer_when_acknowledged(answer, acknowledged, fast)
+        self._answer_when_acknowledged(answer, acknowledged, event_time, fast)
         return True
 
     # -- httptools parser callbacks ---------------------------------------------------------------------
@@ -214,8 +226,8 @@ class CounterHttpProtocol(HttpToolsProtocol):
         service = self.app_state["service"]
         try:
             if self.url == ADD_COUNT and (plain := service.write_plain(body)) is not None:
-                answer, acknowledged = plain
-                self._answer_when_acknowledged(answer, acknowledged, self._fast_cycle())
+                answer, acknowledged, event_time = plain
+                self._answer_when_acknowledged(answer, acknowledged, event_time, self._fast_cycle())
                 return
             call = fast_call(service, self.url, body)
         except Exception as exc:  # raised before any await: answered by _done like a failed call
@@ -247,14 +259,15 @@ class CounterHttpProtocol(HttpToolsProtocol):
         # uvicorn's shutdown waits while this set is not empty; it is typed set[Task], a Future serves as well
         self.tasks.add(future)  # type: ignore[arg-type]
 
-    def _answer_when_acknowledged(self, answer: bytes, acknowledged: asyncio.Future[None], cycle: FastCycle) -> None:
+    def _answer_when_acknowledged(self, answer: bytes, acknowledged: asyncio.Future[None], event_time: int,
+                                  cycle: FastCycle) -> None:
         """Answer a plain AddCount with `answer` once its record is acknowledged, in one callback per record."""
         answers = _ANSWERS.get(acknowledged)
         if answers is None:
             answers = _ANSWERS[acknowledged] = _Answers(self.tasks)
             acknowledged.add_done_callback(answers.answer)
             self.tasks.add(acknowledged)  # type: ignore[arg-type]  # as in on_message_complete
-        answers.waiting += (self, cycle, answer, time.perf_counter())
+        answers.waiting += (self, cycle, answer, time.perf_counter(), event_time)
 
     def _begin_app_request(self) -> None:
         """uvicorn's own on_message_begin (the ASGI scope), keeping what the parser has read since."""

@@ -26,6 +26,7 @@ from query_api.service import (
     BrokerUnavailable,
     Count,
     Grouped,
+    Identity,
     NamespaceNotFound,
     NotCountedYet,
     Ranked,
@@ -132,8 +133,19 @@ def add_response(w: Written) -> AddCountResponse:
                             durable=w.ns.counter_type is not CounterType.BEST_EFFORT, idempotency_token=w.token)
 
 
-def error_response(exc: Exception) -> tuple[int, dict]:
-    """Status and body for one of SERVICE_ERRORS: one mapping for the FastAPI handlers and the fast path."""
+def error_response(exc: Exception, identity: Identity | None = None) -> tuple[int, dict]:
+    """Status and body for one of SERVICE_ERRORS: one mapping for the FastAPI handlers and the fast path. A durable
+    write that failed (503) or was not counted in time (504) answers its identity (`identity`, or the exception's):
+    the token and event time (epoch µs, as generation_time accepts it) a retry must send to be counted once, which
+    the client never saw when this process drew them."""
+    identity = identity or getattr(exc, "identity", None)
+    status, body = _error_response(exc)
+    if identity is not None and status in (503, 504):
+        body["idempotency_token"] = {"token": identity[0], "generation_time": identity[1]}
+    return status, body
+
+
+def _error_response(exc: Exception) -> tuple[int, dict]:
     if isinstance(exc, Rejected):
         return 422, {"detail": [{"loc": ["body", *exc.field.split(".")], "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, WindowError):

@@ -63,12 +63,24 @@ class NamespaceNotFound(LookupError):
     pass
 
 
+Identity = tuple[str, int]  # a durable write's idempotency token and event time (µs): what a safe retry re-sends
+
+
 class BrokerUnavailable(RuntimeError):
-    pass
+    """The broker did not acknowledge a write. `identity`: the write's token and event time, which its 503 answers
+    (a retry with them is counted once, also when this process drew them for a write that brought none)."""
+
+    def __init__(self, message: str, identity: Identity | None = None) -> None:
+        super().__init__(message)
+        self.identity = identity
 
 
 class NotCountedYet(TimeoutError):
-    """The write is durable but was not persisted within the read-your-write wait."""
+    """The write is durable but was not persisted within the read-your-write wait (`identity` as above)."""
+
+    def __init__(self, message: str, identity: Identity | None = None) -> None:
+        super().__init__(message)
+        self.identity = identity
 
 
 class Rejected(ValueError):
@@ -136,6 +148,13 @@ class Written(NamedTuple):
     token: str | None
     event_time: int | None
     value: int | None = None  # BEST_EFFORT: the new count
+
+
+def identity_of(written: Written | None) -> Identity | None:
+    """A durable write's token and event time (None for a BEST_EFFORT one, which has neither)."""
+    if written is None or written.token is None or written.event_time is None:
+        return None
+    return written.token, written.event_time
 
 
 class CounterService:
@@ -280,7 +299,7 @@ class CounterService:
             return Written(ns, counter, None, None, await self.add_best_effort(ns, counter, delta))
         written, acknowledged = self.write_durable(ns, counter, delta, op, token, generation_time, item_key,
                                                    dimensions, item)
-        await self.acknowledged(acknowledged)
+        await self.acknowledged(acknowledged, written)
         return written
 
     def write_durable(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
@@ -298,11 +317,12 @@ class CounterService:
             self.early.note(m, acknowledged)  # a later AddAndGetCount of the counter stores it with its own
         return Written(ns, counter, m.event_id, m.event_time), acknowledged
 
-    def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
+    def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None], int] | None:
         """`write_durable` for an AddCount body in its plainest form, read and encoded in C (query_api.plain_add):
         the answer's JSON and the future of the broker's acknowledgement. None when the body is not that form, the
         namespace is not in `plain_types`, the token or generation time is invalid (the route names the field) or
-        the C build is absent: the caller takes the Python path. Rejected when admission refuses the time."""
+        the C build is absent: the caller takes the Python path. Rejected when admission refuses the time. The
+        event time comes along: a failure answers it with the token (query_api.responses.error_response)."""
         plain = self._plain_add
         if plain is None or (read := plain.read_add(body, self.plain_types)) is None:
             return None
@@ -320,9 +340,9 @@ class CounterService:
         avro_body, answer = encoded
         acknowledged = self.producer.send_body(avro_body)
         self.early.note_event(namespace, counter, (event_time, token, "", delta, False), acknowledged)
-        return answer, acknowledged
+        return answer, acknowledged, event_time
 
-    def write_plain_request(self, data: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
+    def write_plain_request(self, data: bytes) -> tuple[bytes, asyncio.Future[None], int] | None:
         """`write_plain` for a whole request (query_api.http_protocol's shortcut): one C call reads the request and,
         when it brings no token, draws the event's time and token and encodes it (`_plain_add.add_request`); one
         that brings a token or a generation time goes through `write_plain`. None when `data` is not one plain
@@ -335,7 +355,7 @@ class CounterService:
         avro_body, answer, key, event = taken
         acknowledged = self.producer.send_body(avro_body)
         self.early.note_keyed(key, event, acknowledged)
-        return answer, acknowledged
+        return answer, acknowledged, event[0]
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
         """A BEST_EFFORT add (memcached only): the new count. An awaitable rather than a coroutine, so the fast
@@ -353,11 +373,11 @@ class CounterService:
         await self.acknowledged(acknowledged)
 
     @staticmethod
-    async def acknowledged(future: asyncio.Future[None]) -> None:
+    async def acknowledged(future: asyncio.Future[None], written: Written | None = None) -> None:
         try:
             await future
         except DeliveryError as exc:
-            raise BrokerUnavailable(str(exc)) from exc
+            raise BrokerUnavailable(str(exc), identity_of(written)) from exc
 
     # -- reads ------------------------------------------------------------------------------------------
 
@@ -503,7 +523,7 @@ class CounterService:
         """The count once a durable write is acknowledged and persisted: AddAndGetCount's read-your-write. In an
         eligible namespace this process stores the event itself, with its recent writes of the counter before it,
         and reads the count in the same store call (query_api.early_persist), instead of waiting for the worker."""
-        await self.acknowledged(acknowledged)
+        await self.acknowledged(acknowledged, written)
         ns, counter = written.ns, written.counter
         # a durable write always has its event time and token (write_durable sets them)
         event_time, token = written.event_time, written.token
@@ -514,7 +534,7 @@ class CounterService:
         ends = self.progress.acked_ends() if self.progress is not None and eligible(ns) else None
         await self.wait_persisted(ns, counter, event_time, token, item_key)
         if ends is not None:  # an earlier write may be in another partition the worker has not reached
-            await self.wait_worker_has(ends, token)
+            await self.wait_worker_has(ends, (token, event_time))
         count, rollup_ts = await self.rollup_of(ns, counter)  # no read signal: the write's own persist signals it
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
 
@@ -534,21 +554,24 @@ class CounterService:
             return None
         return Count(ns, counter, live, rollup_ts or None)
 
-    async def wait_worker_has(self, ends: Mapping[int, int], token: str) -> None:
+    async def wait_worker_has(self, ends: Mapping[int, int], identity: Identity) -> None:
         """Wait until the worker has persisted every record before `ends`: an AddAndGetCount that this process could
         not count itself (the worker lags, or one of its writes is not admissible here any more) counts this
         process's earlier acknowledged writes of the counter too, wherever they are."""
         assert self.progress is not None
+        token = identity[0]
         if not await self.progress.wait_covers(ends, self.read_your_write_timeout_s):
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but earlier writes were not persisted within "
-                f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token")
+                f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token",
+                identity)
 
     async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
         if not await self.arrivals.wait(ns.name, (counter, event_time, token, item_key)):
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but was not counted within "
-                f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token")
+                f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token",
+                (token, event_time))
 
 
     # -- dimensions -------------------------------------------------------------------------------------

@@ -446,9 +446,14 @@ def test_broker_and_memcached_outages(memcached_address, tmp_path):
             env.workers[0].stop()
             broker.stop()
             started = time.monotonic()
-            r = post(env, "/v1/AddCount", fresh(POST_ADD, delta=100))
+            sent = fresh(POST_ADD, delta=100)
+            r = post(env, "/v1/AddCount", sent)
             assert r.status_code == 503 and "broker" in r.json()["detail"], r.text
             assert time.monotonic() - started < 15
+            assert r.json()["idempotency_token"]["token"] == sent["idempotency_token"]["token"]
+            plain = post(env, "/v1/AddCount", {"namespace": "my_dataset", "counter_name": "plain", "delta": 1})
+            drawn = plain.json().get("idempotency_token") or {}  # the token and time the API drew for it
+            assert plain.status_code == 503 and drawn.get("token") and isinstance(drawn.get("generation_time"), int)
             assert get_count(env, "my_dataset", "counter123") == 3  # reads still served, nothing half-written
             assert c.get("/readyz").status_code == 503
     finally:

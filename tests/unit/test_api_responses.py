@@ -38,3 +38,20 @@ def test_count_json_equals_the_model(ns: Namespace, counter: str, count: int, ro
 def test_add_json_equals_the_model(ns: Namespace, counter: str, token: str | None, event_time: int) -> None:
     w = Written(ns, counter, token, event_time)
     assert add_json(w) == add_response(w).model_dump_json().encode()
+
+
+def test_a_failed_or_uncounted_durable_write_answers_the_identity_a_retry_must_send() -> None:
+    """A write without a token gets one drawn by the API: its 503 (not acknowledged) or 504 (not counted in time)
+    answers that token and event time, which a retry sends to be counted once; other errors answer none."""
+    from producers import DeliveryError
+    from query_api.responses import error_response
+    from query_api.service import BrokerUnavailable, NotCountedYet, Rejected
+
+    identity = ("tok", 1_800_000_000_000_001)
+    expected = {"token": "tok", "generation_time": 1_800_000_000_000_001}
+    assert error_response(BrokerUnavailable("down", identity)) == (503, {"detail": "down",
+                                                                        "idempotency_token": expected})
+    assert error_response(NotCountedYet("late", identity))[1]["idempotency_token"] == expected
+    assert error_response(DeliveryError("down"), identity)[1]["idempotency_token"] == expected  # a shared failure
+    assert error_response(BrokerUnavailable("down")) == (503, {"detail": "down"})
+    assert "idempotency_token" not in error_response(Rejected("delta", "bad"), identity)[1]

@@ -176,9 +176,9 @@ class FakeService:
         self.plain: dict[bytes, bytes] = {}  # write_plain's answers by body; any other body: None (the Python path)
         self.plain_raises: dict[bytes, Exception] = {}  # bodies write_plain refuses (as admission does)
 
-    def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
+    def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None], int] | None:
         """As CounterService.write_plain: the bodies of `plain` share one future per loop pass, as group commit's
-        records do."""
+        records do; each write's event time is PLAIN_EVENT_TIME."""
         if body in self.plain_raises:
             self.calls.append(("write_plain", body))
             raise self.plain_raises[body]
@@ -190,9 +190,9 @@ class FakeService:
         if not self._pass_open:
             self._pass_open = True
             asyncio.get_running_loop().call_soon(setattr, self, "_pass_open", False)
-        return answer, shared
+        return answer, shared, PLAIN_EVENT_TIME
 
-    def write_plain_request(self, data: bytes) -> tuple[bytes, asyncio.Future[None]] | None:
+    def write_plain_request(self, data: bytes) -> tuple[bytes, asyncio.Future[None], int] | None:
         """As CounterService.write_plain_request: the body of a whole plain request (the real C reader) goes to
         `write_plain`."""
         body = BUILD.plain_request(data) if BUILD is not None else None
@@ -493,6 +493,9 @@ def test_add_and_get_waits_for_the_acknowledgement_and_the_count(run, recorded) 
 # -- plain AddCounts (CounterService.write_plain: one future per group-commit record) -------------------------------
 
 
+PLAIN_EVENT_TIME = 1_800_000_000_123_456
+
+
 def plain_service(*counters: str) -> tuple[FakeService, dict[str, bytes]]:
     """A FakeService taking the plain AddCount of each counter in `ev`: its body and its answer."""
     service = FakeService()
@@ -537,10 +540,13 @@ def test_a_failed_record_answers_each_of_its_plain_adds_with_the_error(run, reco
             c.send(post("/v1/AddCount", body))
         service.settle(exception=exc)
         await until(lambda: all(c.transport.data for c in connections), "the error responses")
-        expected = (orjson.dumps(error_response(exc)[1]) if status == 503
-                    else b'{"detail":"Internal Server Error"}')
-        for c in connections:
-            assert c.transport.take() == fast_response(status, expected)
+        for c, counter in zip(connections, bodies, strict=True):
+            if status == 503:  # with the token and event time this process drew: a retry with them counts once
+                detail = {"detail": str(exc), "idempotency_token": {"token": f"token-{counter}",
+                                                                    "generation_time": PLAIN_EVENT_TIME}}
+                assert c.transport.take() == fast_response(status, orjson.dumps(detail))
+            else:
+                assert c.transport.take() == fast_response(status, b'{"detail":"Internal Server Error"}')
         assert [(e, s) for e, s, _ in recorded] == [("/v1/AddCount", status)] * 2
     run(scenario)
     if status == 500:
