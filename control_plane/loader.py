@@ -35,6 +35,8 @@ __all__ = ["NAME_PATTERN", "default_config_path", "load_namespaces", "parse_name
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _TOP_LEVEL_KEYS = ("defaults", "namespaces")
 _EXAMPLE = Path(__file__).resolve().parent / "examples" / "namespaces.yaml"
+_QUOTED_KEY = re.compile(r'"(?:[^"\\\n]|\\.)*"\s*:')
+_BARE_MEMBER = re.compile(r'"(?:[^"\\\n]|\\.)*"\s*:\s*[\[{]')
 
 
 def default_config_path() -> Path:
@@ -95,6 +97,8 @@ def _parse_text(text: str, fmt: str | None) -> Any:
     try:
         return _json(text)
     except ConfigError as json_error:
+        if _json_styled(text):  # YAML would read broken JSON as something else and blame a field
+            raise json_error from None
         try:
             doc = _yaml(text)
         except ConfigError as yaml_error:
@@ -110,6 +114,19 @@ def _looks_like_json(text: str) -> bool:
     except ValueError:
         return True  # an unterminated /* comment: only JSON has those
     return head in ('{', '[', '"')
+
+
+def _json_styled(text: str) -> bool:
+    """Whether the text is meant as JSON, so its JSON error is the one to report: it opens a ``{``/``[`` holding a
+    quoted key, or is a bare ``"key": {...}``/``[...]`` member (the Netflix post's fragment). YAML flow text
+    (``{namespaces: {...}}``) has no quoted keys and still falls back to YAML."""
+    try:
+        cleaned = lenient_json.strip_comments(text).lstrip()
+    except ValueError:
+        return True  # an unterminated /* comment: only JSON has those
+    if cleaned[:1] in ("{", "["):
+        return _QUOTED_KEY.search(cleaned) is not None
+    return _BARE_MEMBER.match(cleaned) is not None
 
 
 def _json(text: str) -> Any:

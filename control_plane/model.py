@@ -143,7 +143,11 @@ class TimePartition:
 
 @dataclass(frozen=True, slots=True)
 class Retention:
-    """When an event time slice stops taking writes, and when its events may be deleted."""
+    """When an event time slice closes, and when its events may be deleted.
+
+    ``close_after_s`` is informational (the Netflix shape's slice close, checked to lie between accept_limit and
+    delete_after): admission already ends a slice's writes accept_limit after it; ``delete_after_s`` drives
+    retention."""
 
     close_after_s: float
     delete_after_s: float

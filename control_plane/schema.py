@@ -41,7 +41,11 @@ from .model import (
 from .presets import preset_fields
 
 __all__ = [
+    "COUNT_LIMITS",
     "FIELDS",
+    "MAX_DURATION_S",
+    "MAX_TTL_S",
+    "MIN_DURATION_S",
     "SECTIONS",
     "Setting",
     "flatten_flat",
@@ -81,6 +85,28 @@ SCOPES: tuple[str, ...] = ("read", "write")
 
 _DIGITS = re.compile(r"[0-9]+")
 T = TypeVar("T")
+
+_DAY_S = 86400
+_YEAR_S = 365 * _DAY_S
+# Durations end up as microseconds in int64 columns and sums (accept_limit + skew + ...): 100 years stays far
+# inside int64 and above anything sane. Below 1 ms a duration is a unit slip ("1ns" is 0 µs: every event rejected).
+MAX_DURATION_S = 100 * _YEAR_S
+MIN_DURATION_S = 0.001
+# memcached takes an expiry above 30 days as an absolute unix time, and reads one past 2^31 (2038) as already
+# passed: longer TTLs could not be stored (sinks.memcached also clamps what it sends).
+MAX_TTL_S = 10 * _YEAR_S
+# Upper bounds of the integer fields: each (bound, why). Values beyond them overflow a store's columns or hold
+# more memory than any machine has, long after start-up.
+COUNT_LIMITS: Mapping[str, tuple[int, str]] = {
+    "queue_config.num_queues": (10_000, "as many as the rollup topic's partitions can be"),
+    "queue_config.coalesce_ms": (3_600_000, "1h: counters converge coalesce_ms after their last write"),
+    "queue_config.capacity_bytes": (16 << 30, "16 GiB of pending signals per queue"),
+    "rollup_batch_count": (10_000, "counters rolled up together per namespace"),
+    "time_partition.buckets_per_id": (1_024, "every read scans each bucket"),
+    "time_partition.seconds_per_bucket": (_YEAR_S, "365 days"),
+    "time_partition.seconds_per_slice": (_YEAR_S, "365 days; retention drops whole slices"),
+    "dimensions.max_combinations": (1_000_000, "each combination is tracked per counter"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +227,10 @@ class _Resolver:
         except ValueError as exc:
             raise self.error(path, str(exc)) from None
 
+    def count(self, path: str) -> int:
+        """A positive integer field, at most its ``COUNT_LIMITS`` bound."""
+        return self.get(path, _bounded_int(*COUNT_LIMITS[path]))
+
     def error(self, path: str, reason: str) -> ConfigError:
         setting = self.fields.get(path)
         if setting is not None and setting.where is None and path not in ("counter_type", "cardinality"):
@@ -219,14 +249,14 @@ class _Resolver:
 
     def build(self) -> Namespace:
         queue = QueueConfig(
-            num_queues=self.get("queue_config.num_queues", _positive_int),
-            coalesce_ms=self.get("queue_config.coalesce_ms", _positive_int),
-            capacity_bytes=self.get("queue_config.capacity_bytes", _positive_int),
+            num_queues=self.count("queue_config.num_queues"),
+            coalesce_ms=self.count("queue_config.coalesce_ms"),
+            capacity_bytes=self.count("queue_config.capacity_bytes"),
         )
         partition = TimePartition(
-            buckets_per_id=self.get("time_partition.buckets_per_id", _positive_int),
-            seconds_per_bucket=self.get("time_partition.seconds_per_bucket", _positive_int),
-            seconds_per_slice=self.get("time_partition.seconds_per_slice", _positive_int),
+            buckets_per_id=self.count("time_partition.buckets_per_id"),
+            seconds_per_bucket=self.count("time_partition.seconds_per_bucket"),
+            seconds_per_slice=self.count("time_partition.seconds_per_slice"),
         )
         if partition.seconds_per_slice % partition.seconds_per_bucket:
             path = self.blame("time_partition.seconds_per_slice", "time_partition.seconds_per_bucket")
@@ -235,8 +265,44 @@ class _Resolver:
                 f"seconds_per_slice ({partition.seconds_per_slice}) must be a positive multiple of "
                 f"seconds_per_bucket ({partition.seconds_per_bucket}) so buckets never straddle slices",
             )
+        accept_limit, skew = self._admission()
+        retention = self._event_retention(accept_limit, skew)
+        return Namespace(
+            name=self.name,
+            counter_type=self.counter_type,
+            cardinality=self.cardinality,
+            ttl_s=self.get("ttl", _ttl),
+            queue=queue,
+            rollup_batch_count=self.count("rollup_batch_count"),
+            time_partition=partition,
+            accept_limit_s=accept_limit,
+            max_clock_skew_s=skew,
+            retention=retention,
+            store=self.get("store", _choice(STORES)),
+            cache=self.get("cache", _choice(CACHES)),
+            api_keys=self._api_keys(),
+            windows=self._windows(),
+            dimensions=self._dimensions(),
+            shards=self._shards(),
+            **self._aggregation(),
+        )
+
+    def _admission(self) -> tuple[float, float]:
+        """``(accept_limit, max_clock_skew)``: a client behind by the skew it may have must still be admitted."""
         accept_limit = self.get("accept_limit", _duration(positive=True))
         skew = self.get("max_clock_skew", _duration(positive=False))
+        if accept_limit < skew:
+            raise self.error(
+                self.blame("accept_limit", "max_clock_skew"),
+                f"accept_limit ({_span(accept_limit)}) must be >= max_clock_skew ({_span(skew)}): a client whose "
+                "clock is behind by the declared skew would have its events rejected as too old",
+            )
+        return accept_limit, skew
+
+    def _event_retention(self, accept_limit: float, skew: float) -> Retention:
+        """Events are deleted only once no longer admitted; ``close_after`` is informational (the Netflix shape's
+        slice close; admission already ends writes to a slice ``accept_limit`` after it), so it only has to be
+        consistent: between ``accept_limit`` and ``delete_after``."""
         retention = Retention(
             close_after_s=self.get("retention.close_after", _duration(positive=True)),
             delete_after_s=self.get("retention.delete_after", _duration(positive=True)),
@@ -255,25 +321,13 @@ class _Resolver:
                 f"delete_after ({retention.delete_after_s:g}s) must be greater than accept_limit + "
                 f"max_clock_skew ({accept_limit + skew:g}s), or events would be deleted while still admitted",
             )
-        return Namespace(
-            name=self.name,
-            counter_type=self.counter_type,
-            cardinality=self.cardinality,
-            ttl_s=self.get("ttl", _ttl),
-            queue=queue,
-            rollup_batch_count=self.get("rollup_batch_count", _positive_int),
-            time_partition=partition,
-            accept_limit_s=accept_limit,
-            max_clock_skew_s=skew,
-            retention=retention,
-            store=self.get("store", _choice(STORES)),
-            cache=self.get("cache", _choice(CACHES)),
-            api_keys=self._api_keys(),
-            windows=self._windows(),
-            dimensions=self._dimensions(),
-            shards=self._shards(),
-            **self._aggregation(),
-        )
+        if retention.close_after_s < accept_limit:
+            raise self.error(
+                self.blame("retention.close_after", "accept_limit"),
+                f"close_after ({_span(retention.close_after_s)}) must be >= accept_limit ({_span(accept_limit)}): "
+                "a slice cannot close while events for it are still admitted",
+            )
+        return retention
 
     def _aggregation(self) -> dict[str, Any]:
         """``aggregation: SUM | UNIQUE`` and ``unique: {lg_k}``: UNIQUE counts distinct items with HLL sketches kept
@@ -319,7 +373,7 @@ class _Resolver:
                                           "combinations (nothing is rolled up); remove it or use EVENTUAL/ACCURATE")
             return NO_DIMENSIONS
         keys = self.get("dimensions.keys", _dimension_keys)
-        max_combinations = self.get("dimensions.max_combinations", _positive_int)
+        max_combinations = self.count("dimensions.max_combinations")
         if not keys:
             if self.own("dimensions.max_combinations"):
                 raise self.error("dimensions.max_combinations", "bounds the combinations of declared dimensions: "
@@ -488,6 +542,8 @@ def _retention(granularity: str) -> Callable[[Any], float | None]:
         if seconds < width:
             raise ValueError(f"must keep at least one {granularity} bucket ({_span(width)}), or {FOREVER!r} "
                              f"(got {_show(value)})")
+        if seconds > MAX_DURATION_S:
+            raise ValueError(f"must be at most {_span(MAX_DURATION_S)}, or {FOREVER!r} (got {_show(value)})")
         return seconds
 
     return convert
@@ -577,7 +633,18 @@ def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str]:
     return convert
 
 
+def _bounded_int(maximum: int, why: str) -> Callable[[Any], int]:
+    def convert(value: object) -> int:
+        number = _positive_int(value)
+        if number > maximum:
+            raise ValueError(f"must be at most {maximum:,} ({why}), got {number:,}")
+        return number
+
+    return convert
+
+
 def _duration(*, positive: bool) -> Callable[[Any], float]:
+    """Seconds within [MIN_DURATION_S, MAX_DURATION_S] (or 0 when not ``positive``): kept as µs in int64."""
     def convert(value: object) -> float:
         try:
             seconds = parse_duration(value)
@@ -585,12 +652,18 @@ def _duration(*, positive: bool) -> Callable[[Any], float]:
             raise ValueError(f"invalid duration: {exc}") from None
         if positive and seconds <= 0:
             raise ValueError(f"must be a positive duration (got {_show(value)})")
+        if 0 < seconds < MIN_DURATION_S:
+            raise ValueError(f"must be at least 1ms{'' if positive else ' (or 0)'}: it is kept in whole "
+                             f"microseconds (got {_show(value)})")
+        if seconds > MAX_DURATION_S:
+            raise ValueError(f"must be at most {_span(MAX_DURATION_S)} (got {_show(value)})")
         return seconds
 
     return convert
 
 
 def _ttl(value: object) -> float | None:
+    """Seconds until a memcached entry expires, or None (never); at most MAX_TTL_S (memcached's 2038 limit)."""
     if value is None:
         return None  # explicit null: never expire
     try:
@@ -599,4 +672,7 @@ def _ttl(value: object) -> float | None:
         raise ValueError(f"invalid duration: {exc} (use null for no expiry)") from None
     if seconds <= 0:
         raise ValueError(f"must be a positive duration, or null for no expiry (got {_show(value)})")
+    if seconds > MAX_TTL_S:
+        raise ValueError(f"must be at most {_span(MAX_TTL_S)} (memcached cannot hold a later expiry); use null "
+                         f"for no expiry (got {_show(value)})")
     return seconds

@@ -5,6 +5,7 @@ A bad value stops start-up with a message naming the environment variable, never
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,10 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "COUNTER_"
+HOUR_S, HOUR_MS = 3600, 3_600_000
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+# Kafka's legal topic names (and Faust derives its own topics and the group from the worker id).
+_KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 class SettingsError(ValueError):
@@ -21,7 +26,8 @@ class SettingsError(ValueError):
 class Settings(BaseSettings):
     """Where the broker, store, cache and namespace file are, and how topics are shaped."""
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    # No inf/nan: "inf" as an interval would never fire, and 1e400 parses as inf.
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True, allow_inf_nan=False)
 
     kafka_bootstrap: str | None = Field(
         None, description="host:port[,host:port] of the Kafka cluster; unset = start the local Tansu broker")
@@ -29,10 +35,11 @@ class Settings(BaseSettings):
     cache: str = Field("auto", description="'auto' (local memcached if installed), 'memory' or 'memcached://host:port'")
     namespaces: Path | None = Field(None, description="namespace configuration file (YAML or JSON)")
     data_dir: Path = Field(Path(".counter"), description="SQLite files, endpoints.json and logs")
-    api_host: str = "127.0.0.1"
+    api_host: str = Field("127.0.0.1", min_length=1)
     api_port: int = Field(8080, ge=0, le=65535)
     api_workers: int = Field(1, ge=1, le=64, description="API processes sharing the port (one per core)")
-    api_keep_alive_s: float = Field(5.0, gt=0, description="an idle HTTP keep-alive connection is closed after this")
+    api_keep_alive_s: float = Field(5.0, gt=0, le=HOUR_S, description=(
+        "an idle HTTP keep-alive connection is closed after this"))
     worker_port: int = Field(6066, ge=0, le=65535, description="worker web port (Prometheus /metrics)")
     mutations_topic: str = "counter-mutations"
     rollups_topic: str = "counter-rollups"
@@ -41,69 +48,96 @@ class Settings(BaseSettings):
     rollups_partitions: int = Field(8, ge=1, le=10_000)
     dlq_partitions: int = Field(1, ge=1, le=10_000)
     replication_factor: int = Field(1, ge=1, le=15)
-    mutations_retention_ms: int = Field(7 * 24 * 3600 * 1000, ge=-1)
+    mutations_retention_ms: int = Field(7 * 24 * HOUR_MS, ge=-1, le=100 * 365 * 24 * HOUR_MS, description=(
+        "Kafka retention of the mutations topic: -1 (forever) or at least an hour (a worker down longer loses "
+        "writes; seconds given as ms land below it)"))
     worker_id: str = Field("counter-worker", description="Faust app id = consumer group of all workers")
-    worker_log_level: str = "warning"
-    group_session_timeout_s: float = Field(10.0, ge=1, description="consumer group session timeout")
-    group_rebalance_timeout_s: float = Field(
-        5.0, ge=1, description="how long a rebalance waits for members to rejoin (Tansu waits all of it "
-                               "before completing a join, so keep it short)")
-    persist_batch_max: int = Field(20_000, ge=1, description="records per persist batch at most (one "
-                                   "transaction); a client-side batched record carries up to hundreds of mutations")
-    persist_batch_bytes: int = Field(8 << 20, ge=1024, description="record bytes per persist batch at most")
-    persist_checkpoint_ms: int = Field(250, ge=1, description="how often the counters persisted batches touched "
-                                       "are signalled for rollup and the batches' offsets committed (at most half "
-                                       "the shortest coalesce_ms)")
-    persist_batch_within_ms: int = Field(200, ge=1, description="longest wait for records before a persist batch "
-                                         "goes with what it has (the broker's fetch wait; the local broker answers "
-                                         "a waiting fetch only when it times out): while ACCURATE writes arrive, "
-                                         "whose reads add the persisted events live, and when idle")
-    persist_eventual_within_ms: int = Field(1000, ge=1, description="the same wait while only EVENTUAL writes "
-                                            "arrive, whose reads come from rollups that wait out coalesce_ms anyway: "
-                                            "at most half the worker's rollup window (the shortest coalesce_ms), "
-                                            "never below persist_batch_within_ms; longer gathers larger batches "
-                                            "(less CPU per write)")
-    persist_prompt_within_ms: int = Field(10, ge=1, description="the same wait while read-your-write writes "
-                                          "arrive (AddAndGetCount with dimensions or items): it bounds their "
-                                          "persist latency")
-    persist_prompt_for_s: float = Field(2.0, ge=0, description="how long the persist consumer keeps the wait "
-                                        "that records asked for (read-your-write, ACCURATE, EVENTUAL) after the last "
-                                        "of them")
-    persist_fetch_min_bytes: int = Field(1, ge=1, description="the broker answers a persist fetch once it holds "
-                                         "this many bytes, or after the fetch's wait; the persist consumer paces its "
-                                         "fetches itself (at most one per wait), so 1 answers a paced fetch at once")
-    persist_drain_s: float = Field(0.0, ge=0, description="on a clean stop, how long the worker keeps persisting "
-                                   "the records its partitions held when the stop began before it leaves (0: it "
-                                   "leaves them to the next owner, as Kafka keeps them); `counter up` sets 30 for "
-                                   "its local broker, which keeps topics in memory only")
-    watermark_interval_ms: int = Field(250, ge=10, description="how often the persist watermark is refreshed")
-    watermark_idle_interval_ms: int = Field(2000, ge=10, description="how often heartbeats go down the mutations "
-                                            "partitions once only heartbeats were persisted for that long (a local "
-                                            "broker's fetches cost by the length of the partitions they read); "
-                                            "only as far as the rollup window hides it: at most half of "
-                                            "coalesce_ms - accept_limit - max_clock_skew, never below "
-                                            "watermark_interval_ms; none once the watermark covers every write")
-    sweep_interval_s: float = Field(5.0, gt=0, description="how often stale counters are re-signalled")
-    read_signal_lag_s: float = Field(
-        5.0, ge=0, description="a GetCount signals a rollup when the counter's rollup lags the newest possible "
-                               "boundary by more than this (0: every read signals, throttled to 1/s per counter)")
-    retention_interval_s: float = Field(300.0, gt=0, description="how often expired, rolled-up slices are dropped")
-    rollup_max_signals: int = Field(50_000, ge=1, description="signals coalesced at most per rollup window")
+    worker_log_level: str = Field("warning", description=f"one of {', '.join(LOG_LEVELS)}")
+    group_session_timeout_s: float = Field(10.0, ge=1, le=1800, description=(
+        "consumer group session timeout (a broker refuses more than its group.max.session.timeout.ms, 30 min)"))
+    group_rebalance_timeout_s: float = Field(5.0, ge=1, le=HOUR_S, description=(
+        "how long a rebalance waits for members to rejoin (Tansu waits all of it before completing a join, so keep "
+        "it short)"))
+    persist_batch_max: int = Field(20_000, ge=1, le=1_000_000, description=(
+        "records per persist batch at most (one transaction); a client-side batched record carries up to hundreds "
+        "of mutations"))
+    persist_batch_bytes: int = Field(8 << 20, ge=1024, le=1 << 30, description=(
+        "record bytes per persist batch at most"))
+    persist_checkpoint_ms: int = Field(250, ge=1, le=HOUR_MS, description=(
+        "how often the counters persisted batches touched are signalled for rollup and the batches' offsets "
+        "committed (at most half the shortest coalesce_ms)"))
+    persist_batch_within_ms: int = Field(200, ge=1, le=HOUR_MS, description=(
+        "longest wait for records before a persist batch goes with what it has (the broker's fetch wait; the local "
+        "broker answers a waiting fetch only when it times out): while ACCURATE writes arrive, whose reads add the "
+        "persisted events live, and when idle"))
+    persist_eventual_within_ms: int = Field(1000, ge=1, le=HOUR_MS, description=(
+        "the same wait while only EVENTUAL writes arrive, whose reads come from rollups that wait out coalesce_ms "
+        "anyway: at most half the worker's rollup window (the shortest coalesce_ms), never below "
+        "persist_batch_within_ms; longer gathers larger batches (less CPU per write)"))
+    persist_prompt_within_ms: int = Field(10, ge=1, le=HOUR_MS, description=(
+        "the same wait while read-your-write writes arrive (AddAndGetCount with dimensions or items): it bounds "
+        "their persist latency"))
+    persist_prompt_for_s: float = Field(2.0, ge=0, le=HOUR_S, description=(
+        "how long the persist consumer keeps the wait that records asked for (read-your-write, ACCURATE, EVENTUAL) "
+        "after the last of them"))
+    persist_fetch_min_bytes: int = Field(1, ge=1, le=100_000_000, description=(
+        "the broker answers a persist fetch once it holds this many bytes, or after the fetch's wait; the persist "
+        "consumer paces its fetches itself (at most one per wait), so 1 answers a paced fetch at once"))
+    persist_drain_s: float = Field(0.0, ge=0, le=HOUR_S, description=(
+        "on a clean stop, how long the worker keeps persisting the records its partitions held when the stop began "
+        "before it leaves (0: it leaves them to the next owner, as Kafka keeps them); `counter up` sets 30 for its "
+        "local broker, which keeps topics in memory only"))
+    watermark_interval_ms: int = Field(250, ge=10, le=HOUR_MS, description=(
+        "how often the persist watermark is refreshed"))
+    watermark_idle_interval_ms: int = Field(2000, ge=10, le=HOUR_MS, description=(
+        "how often heartbeats go down the mutations partitions once only heartbeats were persisted for that long "
+        "(a local broker's fetches cost by the length of the partitions they read); only as far as the rollup "
+        "window hides it: at most half of coalesce_ms - accept_limit - max_clock_skew, never below "
+        "watermark_interval_ms; none once the watermark covers every write"))
+    sweep_interval_s: float = Field(5.0, gt=0, le=HOUR_S, description="how often stale counters are re-signalled")
+    read_signal_lag_s: float = Field(5.0, ge=0, le=24 * HOUR_S, description=(
+        "a GetCount signals a rollup when the counter's rollup lags the newest possible boundary by more than this "
+        "(0: every read signals, throttled to 1/s per counter)"))
+    retention_interval_s: float = Field(300.0, gt=0, le=24 * HOUR_S, description=(
+        "how often expired, rolled-up slices are dropped"))
+    rollup_max_signals: int = Field(50_000, ge=1, le=10_000_000, description=(
+        "signals coalesced at most per rollup window"))
 
     @field_validator("kafka_bootstrap")
     @classmethod
     def _bootstrap_hosts(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        for part in value.split(","):
-            host, sep, port = part.strip().rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise ValueError(f"expected host:port[,host:port], got {part.strip()!r}")
+        _check_host_ports(value, "host:port[,host:port]")
         return value.strip()
+
+    @field_validator("mutations_retention_ms")
+    @classmethod
+    def _retention_ms(cls, value: int) -> int:
+        if value == -1 or value >= HOUR_MS:
+            return value
+        raise ValueError(f"expected -1 (keep forever) or at least {HOUR_MS} (an hour, in milliseconds)")
+
+    @field_validator("worker_log_level")
+    @classmethod
+    def _log_level(cls, value: str) -> str:
+        if value.strip().lower() in LOG_LEVELS:
+            return value.strip().lower()
+        raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+
+    @field_validator("mutations_topic", "rollups_topic", "dlq_topic", "worker_id")
+    @classmethod
+    def _kafka_name(cls, value: str) -> str:
+        """Kafka refuses other topic names only when the topic is created; Faust names topics after the worker id."""
+        if _KAFKA_NAME.fullmatch(value) and value not in (".", ".."):
+            return value
+        raise ValueError("expected 1-249 of A-Z a-z 0-9 . _ - (Kafka's legal topic and group names)")
 
     @field_validator("store")
     @classmethod
     def _store_scheme(cls, value: str) -> str:
+        if value.startswith("sqlite://") and not value.removeprefix("sqlite://").startswith("/"):
+            raise ValueError(f"expected 'sqlite:///absolute/dir' (three slashes), got {value!r}")
         if value == "sqlite" or value.startswith(("sqlite://", "cassandra://")):
             return value
         raise ValueError(f"expected 'sqlite', 'sqlite:///dir' or 'cassandra://hosts/keyspace', got {value!r}")
@@ -111,13 +145,29 @@ class Settings(BaseSettings):
     @field_validator("cache")
     @classmethod
     def _cache_scheme(cls, value: str) -> str:
-        if value in ("auto", "memory") or value.startswith("memcached://"):
+        if value in ("auto", "memory"):
+            return value
+        if value.startswith("memcached://"):
+            _check_host_ports(value.removeprefix("memcached://").rstrip("/"), "memcached://host:port[,host:port]")
             return value
         raise ValueError(f"expected 'auto', 'memory' or 'memcached://host:port', got {value!r}")
 
     @property
     def endpoints_path(self) -> Path:
         return self.data_dir / "endpoints.json"
+
+
+def _check_host_ports(value: str, expected: str) -> None:
+    """Every comma-separated part is host:port with a port in 1..65535 (caught here, not at the first connect)."""
+    parts = [part.strip() for part in value.split(",")]
+    if not any(parts):
+        raise ValueError(f"expected {expected}, got no server")
+    for part in parts:
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"expected {expected}, got {part!r}")
+        if not 1 <= int(port) <= 65535:
+            raise ValueError(f"port {port} of {part!r} is outside 1..65535")
 
 
 def load_settings(**overrides: Any) -> Settings:

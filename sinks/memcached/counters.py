@@ -22,6 +22,7 @@ __all__ = ["MemcachedCounters", "best_effort_key"]
 BIAS = 1 << 63
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_RELATIVE_TTL_S = 30 * 24 * 3600
+_MAX_ABSOLUTE_EXPIRE = 2**31 - 1
 _MAX_REMEMBERED = 100_000  # touch times kept per process
 
 
@@ -60,7 +61,9 @@ def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
 def _expire(ttl_s: float | None) -> int:
     if not ttl_s or ttl_s <= 0:
         return 0
-    return int(time.time() + ttl_s) if ttl_s > _MAX_RELATIVE_TTL_S else max(1, int(ttl_s))
+    if ttl_s > _MAX_RELATIVE_TTL_S:  # an absolute unix time, which memcached reads as int32: past 2038 is "expired"
+        return min(int(time.time() + ttl_s), _MAX_ABSOLUTE_EXPIRE)
+    return max(1, int(ttl_s))
 
 
 class MemcachedCounters:

@@ -22,6 +22,7 @@ __all__ = ["MemcachedRollupCache", "cache_key", "parse_servers"]
 log = logging.getLogger(__name__)
 
 _MAX_RELATIVE_TTL_S = 30 * 24 * 3600  # memcached reads larger expiries as absolute unix times
+_MAX_ABSOLUTE_EXPIRE = 2**31 - 1
 
 
 def cache_key(namespace: str, counter: str) -> str:
@@ -176,8 +177,8 @@ class MemcachedRollupCache:
     def _expire(ttl_s: float | None) -> int:
         if not ttl_s or ttl_s <= 0:
             return 0  # no expiry
-        if ttl_s > _MAX_RELATIVE_TTL_S:
-            return int(time.time() + ttl_s)
+        if ttl_s > _MAX_RELATIVE_TTL_S:  # absolute, read as int32 by memcached: past 2038 would be already expired
+            return min(int(time.time() + ttl_s), _MAX_ABSOLUTE_EXPIRE)
         return max(1, math.ceil(ttl_s))
 
     async def _guard(self, node: _Node, op: Callable[[AsyncMemcached], Awaitable[Any]], default: Any) -> Any:

@@ -977,6 +977,31 @@ def test_unparseable_file_reports_path_and_line(
     assert str(err).startswith(f"{path}: line {line}")
 
 
+@pytest.mark.parametrize(("text", "line"), [
+    ('"persistence_configuration": [1 2]', 1),  # YAML reads [1 2] as ["1 2"] and would blame a field
+    ('{"namespaces": {"a": {"counter_type": "EVENTUAL",\n  "api_keys": [1 2]}}}', 2),
+    ('\n[{"name": "a",\n  "counter_type": "EVENTUAL", "api_keys": [1 2]}]', 3),
+])
+def test_json_styled_text_reports_its_json_error_not_a_yaml_reading(tmp_path: Path, text: str, line: int) -> None:
+    for parse in (lambda: parse_namespaces(text), lambda: load_namespaces(_write(tmp_path / "ns.conf", text))):
+        with pytest.raises(ConfigError) as info:
+            parse()
+        assert "invalid JSON" in info.value.reason and info.value.line == line, str(info.value)
+
+
+@pytest.mark.parametrize("text", [
+    "{namespaces: {x: {counter_type: EVENTUAL}}}",  # YAML flow style: no quoted keys
+    '"namespaces":\n  x:\n    counter_type: EVENTUAL\n',  # YAML with a quoted key
+])
+def test_yaml_that_is_not_json_styled_still_loads(text: str) -> None:
+    assert "x" in parse_namespaces(text)
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 def test_duplicate_json_key_is_rejected(tmp_path: Path) -> None:
     path = tmp_path / "dup.json"
     path.write_text(

@@ -19,7 +19,7 @@ from sinks import SqliteRollupStore, written_key
 
 REGISTRY = parse_namespaces({"namespaces": {
     "ev": {"counter_type": "EVENTUAL", "accept_limit": "2s", "max_clock_skew": "500ms"},
-    "acc": {"counter_type": "ACCURATE", "accept_limit": "1s", "max_clock_skew": "3s"},
+    "acc": {"counter_type": "ACCURATE", "accept_limit": "3s", "max_clock_skew": "1s"},
     "be": {"counter_type": "BEST_EFFORT", "accept_limit": "60s", "max_clock_skew": "60s"},
 }})
 T = 1_800_000_000 * MICROS
@@ -56,7 +56,7 @@ def test_the_tracker_keeps_each_partitions_latest_write_and_never_goes_back() ->
 
 def test_the_covering_watermark_lets_a_rollup_count_every_admitted_event_of_the_write() -> None:
     covering = covering_watermark({0: T - MICROS, 3: T, -1: T - 5 * MICROS}, REGISTRY.values())
-    assert covering == T + 4 * MICROS + 1  # the latest write; acc: 3 s skew + 1 s accept; BEST_EFFORT has no rollups
+    assert covering == T + 4 * MICROS + 1  # the latest write; acc: 3 s accept + 1 s skew; BEST_EFFORT has no rollups
     assert covering_watermark({}, REGISTRY.values()) is None  # nothing written: nothing to cover
     for ns in (REGISTRY["ev"], REGISTRY["acc"]):
         latest = T + int(ns.max_clock_skew_s * MICROS)  # the latest event time admitted from a record at T
