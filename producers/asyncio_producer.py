@@ -5,6 +5,7 @@ broker (Tansu) refuses, and librdkafka does the per-record work in C. `produce` 
 the event loop; one thread waits in librdkafka's `poll` for delivery reports and settles each record's future
 on the loop: one thread hop per record, none per caller (callers that share a record share its future).
 Used by the API's group commit, the rollup-signal sender and the worker's dead letters and heartbeats.
+A handle fenced after a broker stall is replaced (`handle.RenewingProducer`), on the poll thread, not the loop.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
-from producers.client import DeliveryError, release
+from producers.client import DeliveryError
+from producers.handle import RenewingProducer
 from schemas.dead_letter import Headers
 
 log = logging.getLogger(__name__)
@@ -32,11 +34,11 @@ class AsyncProducer:
                  config: Mapping[str, Any] | None = None) -> None:
         self.bootstrap = bootstrap_servers
         self.timeout_s = timeout_s
-        self._producer = Producer({
+        self._kafka = RenewingProducer({
             "bootstrap.servers": bootstrap_servers, "client.id": client_id, "acks": "all",
             "enable.idempotence": True, "linger.ms": 0, "socket.nagle.disable": True,
             "message.timeout.ms": int(timeout_s * 1000), "message.max.bytes": 1 << 20, **(config or {}),
-        })
+        }, name=client_id)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._acked: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset after its latest acknowledged
         self._closed = threading.Event()
@@ -49,12 +51,13 @@ class AsyncProducer:
             self._poller.start()
 
     async def stop(self, timeout_s: float = 5.0) -> None:
-        """Wait for what is in flight, then disconnect."""
-        await asyncio.to_thread(self._producer.flush, timeout_s)
+        """Wait up to `timeout_s` for what is in flight, then disconnect: records still unacknowledged then fail
+        at once (DeliveryError), rather than hold the shutdown up for the producer's whole delivery timeout."""
+        await asyncio.to_thread(self._kafka.flush, timeout_s)
         self._closed.set()
         if self._poller.is_alive():
             await asyncio.to_thread(self._poller.join, 2.0)
-        release(self._producer)
+        await asyncio.to_thread(self._kafka.close)
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None, *, partition: int = -1,
                 headers: Headers | None = None) -> asyncio.Future[None]:
@@ -66,8 +69,8 @@ class AsyncProducer:
             assert loop is not None  # start() bound it
         future: asyncio.Future[None] = loop.create_future()
         try:
-            self._producer.produce(topic, value, key, partition=partition, headers=headers,
-                                   on_delivery=functools.partial(self._delivered, future))
+            self._kafka.produce(topic, value, key, partition=partition, headers=headers,
+                                on_delivery=functools.partial(self._delivered, future))
         except (BufferError, KafkaException) as exc:  # local queue full, or the client is failing
             future.set_exception(DeliveryError(f"cannot produce to {topic!r}: {type(exc).__name__}: {exc}"))
         return future
@@ -76,7 +79,7 @@ class AsyncProducer:
         """The topic's partition count; DeliveryError when the broker or the topic is not there."""
         def ask() -> int:
             try:
-                meta = self._producer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+                meta = self._kafka.current.list_topics(topic, timeout=timeout_s).topics.get(topic)
             except KafkaException as exc:
                 raise DeliveryError(f"broker {self.bootstrap} unreachable: {exc.args[0].str()}") from exc
             if meta is None or meta.error is not None or not meta.partitions:
@@ -88,7 +91,7 @@ class AsyncProducer:
         """Raise DeliveryError unless the broker answers a metadata request within `timeout_s`."""
         def ask() -> None:
             try:
-                self._producer.list_topics(timeout=timeout_s)
+                self._kafka.current.list_topics(timeout=timeout_s)
             except KafkaException as exc:
                 raise DeliveryError(f"broker {self.bootstrap} unreachable: {exc.args[0].str()}") from exc
         await asyncio.to_thread(ask)
@@ -111,7 +114,7 @@ class AsyncProducer:
     def _poll_loop(self) -> None:
         """Wait in librdkafka for delivery reports (the GIL is released while it waits)."""
         while not self._closed.is_set():
-            self._producer.poll(0.2)
+            self._kafka.current.poll(0.2)
 
 
 def _settle(future: asyncio.Future[None], error: str | None, timeout_s: float) -> None:

@@ -3,23 +3,27 @@
 A small explicit client over confluent-kafka: acks=all with the idempotent producer, records keyed
 `namespace:counter` (`namespace:counter#k` in a namespace with shards, `schemas.shard_key`) on the partition the
 Java murmur2 partitioner picks, optional client-side batching of many mutations into one record per partition,
-and delivery failures that always reach the caller.
+and delivery failures that always reach the caller, carrying the mutations they failed so that a retry re-sends
+them unchanged (same tokens and event times: counted once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
 from control_plane import NamespaceRegistry
+from producers.handle import RenewingProducer
 from producers.partitioner import partition_for
 from schemas import (
     MAX_SHARDS,
@@ -32,15 +36,23 @@ from schemas import (
     validate_mutation,
 )
 
+log = logging.getLogger(__name__)
+
 DEFAULT_TOPIC = "counter-mutations"
+MAX_RECORD_BYTES = 900_000  # below the broker's default message.max.bytes (1 MB): larger batches are split
 
 
 class DeliveryError(RuntimeError):
-    """Mutations the broker did not acknowledge; `failures` holds (record key, reason) pairs."""
+    """Mutations the broker did not acknowledge. `failures` holds (record key, reason) pairs; `mutations` the
+    failed mutations as they were sent (tokens and event times included), for `CounterProducer.retry`: re-sent
+    unchanged, a mutation the broker did store after all is still counted once. Empty when the failure is not
+    about given mutations (e.g. records still unacknowledged when `flush` gave up: their futures will say)."""
 
-    def __init__(self, message: str, failures: list[tuple[str, str]] | None = None) -> None:
+    def __init__(self, message: str, failures: list[tuple[str, str]] | None = None,
+                 mutations: Iterable[Mutation] = ()) -> None:
         super().__init__(message)
         self.failures = failures or []
+        self.mutations = list(mutations)
 
 
 _token_prefix = ""
@@ -80,6 +92,49 @@ class _Pending:
         self.since = time.monotonic()
 
 
+def _check_arguments(batch_size: int, linger_ms: float, delivery_timeout_ms: int) -> None:
+    """Refuse settings that would silently never send (a negative linger) or that librdkafka reads otherwise."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1 (got {batch_size!r})")
+    if isinstance(linger_ms, bool) or not isinstance(linger_ms, int | float) or not math.isfinite(linger_ms) \
+            or linger_ms < 0:
+        raise ValueError(f"linger_ms must be a finite number >= 0 (got {linger_ms!r})")
+    if isinstance(delivery_timeout_ms, bool) or not isinstance(delivery_timeout_ms, int) or delivery_timeout_ms < 1:
+        raise ValueError(f"delivery_timeout_ms must be an integer >= 1 (got {delivery_timeout_ms!r})")
+
+
+def _records(ms: list[Mutation]) -> list[tuple[list[Mutation], bytes]]:
+    """The records carrying `ms`: one, or as many as keep each within MAX_RECORD_BYTES (a lone mutation larger
+    than that goes as it is, and fails with librdkafka's reason)."""
+    value = encode_mutation(ms[0]) if len(ms) == 1 else encode_batch(ms)
+    if len(value) <= MAX_RECORD_BYTES or len(ms) == 1:
+        return [(ms, value)]
+    parts = min(len(ms), -(-len(value) // MAX_RECORD_BYTES) + 1)
+    step = -(-len(ms) // parts)
+    return [record for i in range(0, len(ms), step) for record in _records(ms[i:i + step])]
+
+
+def _settle_when_all(parts: list[Future[None]], whole: Future[None]) -> None:
+    """Settle `whole` once every part has: failed with all the parts' failed mutations if any part failed."""
+    left = [len(parts)]
+    lock = threading.Lock()
+
+    def part_done(_: Future[None]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        errors = [e for e in (p.exception() for p in parts) if isinstance(e, DeliveryError)]
+        if not errors:
+            whole.set_result(None)
+            return
+        whole.set_exception(DeliveryError(str(errors[0]), [f for e in errors for f in e.failures],
+                                          [m for e in errors for m in e.mutations]))
+
+    for part in parts:
+        part.add_done_callback(part_done)
+
+
 def _shard_counts(shards: Mapping[str, int] | NamespaceRegistry | None) -> dict[str, int]:
     """Namespace -> shards (only those above 1), checked: a bad count fails at construction, not per send."""
     if shards is None:
@@ -95,16 +150,6 @@ def _shard_counts(shards: Mapping[str, int] | NamespaceRegistry | None) -> dict[
     return out
 
 
-def release(producer: Producer) -> None:
-    """Shut a flushed librdkafka handle down now, rather than when it is garbage collected: until then it
-    keeps reconnecting (and logging it) to a broker that may be gone. Older confluent-kafka releases have no
-    `Producer.close` and free the handle only on collection."""
-    close = getattr(producer, "close", None)
-    if close is not None:
-        with contextlib.suppress(Exception):
-            close()
-
-
 class CounterProducer:
     """Produce AddCount / ClearCount mutations to the mutations topic.
 
@@ -117,14 +162,17 @@ class CounterProducer:
     `{"plays": 32}`, or the loaded `NamespaceRegistry` itself; a namespace left out has one key per counter.
     A write then goes to `namespace:counter#k`, k chosen by its idempotency token (`schemas.shard_key`), so a
     retry lands on the same partition and one hot counter spreads over many.
+
+    A DeliveryError (from a future, `flush` or `close`) carries the mutations it failed: `retry(error)` re-sends
+    them unchanged, so a write whose first attempt did reach the broker is still counted once. After a broker
+    stall the librdkafka handle may be fenced; it is replaced by a new one (`handle.RenewingProducer`).
     """
 
     def __init__(self, bootstrap_servers: str, *, topic: str = DEFAULT_TOPIC, batch_size: int = 1,
                  linger_ms: float = 5.0, delivery_timeout_ms: int = 30_000,
                  config: Mapping[str, Any] | None = None, track_failures: bool = True,
                  shards: Mapping[str, int] | NamespaceRegistry | None = None) -> None:
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
+        _check_arguments(batch_size, linger_ms, delivery_timeout_ms)
         self.shards = _shard_counts(shards)
         self.topic = topic
         self.batch_size = batch_size
@@ -132,7 +180,7 @@ class CounterProducer:
         # A long-lived caller that awaits every future (the API) turns this off so failures do not pile up.
         self.track_failures = track_failures
         self.metadata_timeout_s = 10.0
-        self._producer = Producer({
+        self._kafka = RenewingProducer({
             "bootstrap.servers": bootstrap_servers,
             "acks": "all",
             "enable.idempotence": True,
@@ -141,12 +189,15 @@ class CounterProducer:
             "message.timeout.ms": delivery_timeout_ms,
             "client.id": "counter-producer",
             **(config or {}),
-        })
+        }, name="counter-producer")
         self._num_partitions: int | None = None
         self.records_sent = 0  # Kafka records produced (a batch record carries many mutations)
         self._pending: dict[int, _Pending] = {}
         self._failures: list[tuple[str, str]] = []
+        self._failed: list[Mutation] = []  # the mutations of `_failures`, for the DeliveryError flush raises
         self._lock = threading.Lock()
+        self._sending = 0  # batches taken out of _pending and not yet handed to librdkafka
+        self._sent = threading.Condition(self._lock)  # notified when _sending drops to 0
         self._closed = False
         self._wake = threading.Event()  # set by sends: the idle poller sleeps on it instead of polling
         self._poller = threading.Thread(target=self._poll_loop, name="counter-producer-poll", daemon=True)
@@ -186,10 +237,14 @@ class CounterProducer:
         if self._closed:
             raise RuntimeError("CounterProducer is closed")
         key = self.key_of(mutation)
-        partition = partition_for(key, self._partitions())
+        try:
+            partition = partition_for(key, self._partitions())
+        except DeliveryError as exc:
+            exc.mutations = [mutation]
+            raise
         if self.batch_size == 1:
             future: Future[None] = Future()
-            self._produce(key, encode_mutation(mutation), partition, future, 1)
+            self._produce(key, encode_mutation(mutation), partition, future, [mutation])
             return future
         with self._lock:
             pending = self._pending.get(partition)
@@ -201,9 +256,24 @@ class CounterProducer:
             full = len(pending.mutations) >= self.batch_size
             if full:
                 del self._pending[partition]
+                self._sending += 1
         if full:
-            self._send_batch(partition, pending)
+            self._send_taken([(partition, pending)])
         return future
+
+    def retry(self, error: DeliveryError) -> Future[None]:
+        """Send the mutations `error` failed again, unchanged (tokens and event times), so that each is counted
+        once even if its first attempt reached the broker. The future fails with a DeliveryError to retry in turn.
+        A caller may equally `send` each of `error.mutations` itself."""
+        if not error.mutations:
+            raise ValueError("this DeliveryError names no mutations to retry (records left in flight by flush(): "
+                             "their own futures fail with them if they are not delivered)")
+        futures = list({id(f): f for f in map(self.send, error.mutations)}.values())
+        if len(futures) == 1:
+            return futures[0]
+        whole: Future[None] = Future()
+        _settle_when_all(futures, whole)
+        return whole
 
     def key_of(self, mutation: Mutation) -> bytes:
         """The record key `send` gives `mutation`: `namespace:counter`, or its shard's key (`schemas.shard_key`)."""
@@ -211,27 +281,39 @@ class CounterProducer:
         return (mutation.key if shards == 1 else mutation.sharded_key(shards)).encode()
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Send everything buffered and wait for acknowledgements; raise DeliveryError on any failure."""
-        self._drain(older_than=None)
-        remaining = self._producer.flush(timeout)
+        """Send everything buffered and wait for acknowledgements; raise DeliveryError on any failure, with the
+        failed mutations (`retry` them)."""
+        deadline = time.monotonic() + timeout
+        try:
+            self._drain(older_than=None)
+            drained: DeliveryError | None = None
+        except DeliveryError as exc:  # recorded with the others below, unless failures are not tracked
+            drained = exc
+        with self._sent:  # batches another thread took out of _pending are handed to librdkafka first
+            self._sent.wait_for(lambda: not self._sending, max(0.0, deadline - time.monotonic()))
+        remaining = self._kafka.flush(max(0.0, deadline - time.monotonic())) + self._sending
         with self._lock:
             failures, self._failures = self._failures, []
+            failed, self._failed = self._failed, []
         if failures:
             raise DeliveryError(
                 f"{len(failures)} record(s) were not delivered to {self.topic!r}; first: {failures[0][1]}",
-                failures)
+                failures, failed)
+        if drained is not None:
+            raise drained
         if remaining:
             raise DeliveryError(f"{remaining} record(s) not acknowledged by the broker within {timeout:.1f}s")
 
     def ping(self, timeout: float = 1.0) -> None:
         """Raise DeliveryError unless the broker answers a metadata request within `timeout`."""
         try:
-            self._producer.list_topics(self.topic, timeout=timeout)
+            self._kafka.current.list_topics(self.topic, timeout=timeout)
         except KafkaException as exc:
             raise DeliveryError(f"broker unreachable: {exc.args[0].str()}") from exc
 
     def close(self, timeout: float = 30.0) -> None:
-        """Flush and stop; raises DeliveryError if anything was not delivered."""
+        """Flush and stop; raises DeliveryError if anything was not delivered. Records still unacknowledged after
+        `timeout` are given up: their futures fail with DeliveryError rather than never settling."""
         if self._closed:
             return
         try:
@@ -241,7 +323,7 @@ class CounterProducer:
             self._wake.set()
             self._poller.join(timeout=2.0)
             if not self._poller.is_alive():
-                release(self._producer)
+                self._kafka.close()
 
     def __enter__(self) -> CounterProducer:
         return self
@@ -258,7 +340,8 @@ class CounterProducer:
     def _partitions(self) -> int:
         if self._num_partitions is None:
             try:
-                meta = self._producer.list_topics(self.topic, timeout=self.metadata_timeout_s).topics.get(self.topic)
+                meta = self._kafka.current.list_topics(self.topic, timeout=self.metadata_timeout_s).topics.get(
+                    self.topic)
             except KafkaException as exc:
                 raise DeliveryError(f"broker unreachable: {exc.args[0].str()}") from exc
             if meta is None or meta.error is not None or not meta.partitions:
@@ -268,34 +351,69 @@ class CounterProducer:
             self._num_partitions = len(meta.partitions)
         return self._num_partitions
 
-    def _send_batch(self, partition: int, pending: _Pending) -> None:
-        ms = pending.mutations
-        value = encode_mutation(ms[0]) if len(ms) == 1 else encode_batch(ms)
-        self._produce(self.key_of(ms[0]), value, partition, pending.future, len(ms))
+    def _send_taken(self, taken: list[tuple[int, _Pending]]) -> None:
+        """Send batches taken out of _pending (counted in _sending until handed over, which `flush` waits for).
+        Each batch is tried; the first failure is raised once all are (every failure is recorded)."""
+        errors: list[DeliveryError] = []
+        try:
+            for partition, pending in taken:
+                try:
+                    self._send_batch(partition, pending)
+                except DeliveryError as exc:
+                    errors.append(exc)
+        finally:
+            with self._sent:
+                self._sending -= len(taken)
+                if not self._sending:
+                    self._sent.notify_all()
+        if errors:
+            raise errors[0]
 
-    def _produce(self, key: bytes, value: bytes, partition: int, future: Future[None], count: int) -> None:
+    def _send_batch(self, partition: int, pending: _Pending) -> None:
+        records = _records(pending.mutations)
+        futures = [pending.future] if len(records) == 1 else [Future() for _ in records]
+        if len(records) > 1:
+            _settle_when_all(futures, pending.future)
+        errors: list[DeliveryError] = []
+        for (ms, value), future in zip(records, futures, strict=True):
+            try:
+                self._produce(self.key_of(ms[0]), value, partition, future, ms)
+            except DeliveryError as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _produce(self, key: bytes, value: bytes, partition: int, future: Future[None],
+                 mutations: list[Mutation]) -> None:
         def on_delivery(err: KafkaError | None, _msg: object) -> None:
             if err is None:
                 future.set_result(None)
-                return
-            reason = err.str()
-            if self.track_failures:
-                with self._lock:
-                    self._failures.extend([(key.decode(errors="replace"), reason)] * count)
-            future.set_exception(DeliveryError(f"not delivered: {reason}", [(key.decode(), reason)]))
+            else:
+                self._fail(future, key, "not delivered", err.str(), mutations)
 
         while True:
             try:
-                self._producer.produce(self.topic, value=value, key=key, partition=partition,
-                                       on_delivery=on_delivery)
+                self._kafka.produce(self.topic, value, key, partition=partition, on_delivery=on_delivery)
                 self.records_sent += 1
                 self._wake.set()
                 return
             except BufferError:  # local queue full: serve callbacks until there is room
-                self._producer.poll(0.05)
+                self._kafka.current.poll(0.05)
             except KafkaException as exc:
-                future.set_exception(DeliveryError(f"cannot produce: {exc}"))
-                raise DeliveryError(f"cannot produce to {self.topic!r}: {exc}") from exc
+                error = self._fail(future, key, f"cannot produce to {self.topic!r}", str(exc), mutations)
+                raise error from exc
+
+    def _fail(self, future: Future[None], key: bytes, what: str, reason: str,
+              mutations: list[Mutation]) -> DeliveryError:
+        """Fail a record's future with its mutations, and record them for the next `flush`/`close`."""
+        failure = (key.decode(errors="replace"), reason)
+        if self.track_failures:
+            with self._lock:
+                self._failures.extend([failure] * len(mutations))
+                self._failed.extend(mutations)
+        error = DeliveryError(f"{what}: {reason}", [failure], mutations)
+        future.set_exception(error)
+        return error
 
     def _drain(self, older_than: float | None) -> None:
         now = time.monotonic()
@@ -303,20 +421,32 @@ class CounterProducer:
             ready = [(p, b) for p, b in self._pending.items() if older_than is None or now - b.since >= older_than]
             for partition, _ in ready:
                 del self._pending[partition]
-        for partition, pending in ready:
-            self._send_batch(partition, pending)
+            self._sending += len(ready)
+        if ready:
+            self._send_taken(ready)
 
     def _poll_loop(self) -> None:
         """Serve delivery callbacks and send batches that have lingered long enough; with nothing buffered or
         in flight, sleep until the next send. (Polling every linger_ms while idle woke this thread 1,000 times
-        a second in the API, and each wake-up took the GIL from the event loop.)"""
+        a second in the API, and each wake-up took the GIL from the event loop.) A batch that cannot be sent
+        is recorded for `flush`/`close`; nothing ends this thread but `close`."""
         while not self._closed:
-            if self._pending:
-                self._producer.poll(min(0.05, self.linger_s))
-                self._drain(older_than=self.linger_s)
-            elif len(self._producer):  # in flight: a delivery report ends the wait at once
-                self._producer.poll(0.05)
-            else:
+            try:
+                self._poll_once()
+            except DeliveryError as exc:
+                log.warning("counter-producer: a lingered batch was not sent (flush() reports it): %s", exc)
+            except Exception:
+                log.exception("counter-producer: the sending thread failed; continuing")
                 self._wake.wait(0.05)
-                self._wake.clear()  # a send racing this clear is seen by the checks above
-                self._producer.poll(0)
+
+    def _poll_once(self) -> None:
+        producer = self._kafka.current
+        if self._pending:
+            producer.poll(min(0.05, self.linger_s))
+            self._drain(older_than=self.linger_s)
+        elif len(producer):  # in flight: a delivery report ends the wait at once
+            producer.poll(0.05)
+        else:
+            self._wake.wait(0.05)
+            self._wake.clear()  # a send racing this clear is seen by the checks above
+            producer.poll(0)

@@ -36,14 +36,13 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from producers.asyncio_producer import AsyncProducer
-from producers.client import DeliveryError
+from producers.client import MAX_RECORD_BYTES, DeliveryError
 from schemas import Mutation, is_v2, mutation_body, record_of_bodies, v2_body
 from schemas.record_headers import READ_YOUR_WRITE_HEADERS
 
 log = logging.getLogger(__name__)
 
 RETRY_RULE = "retry with the same idempotency token and generation_time: it is counted once"
-MAX_RECORD_BYTES = 900_000  # below the broker's default message.max.bytes (1 MB)
 
 
 class GroupCommitObserver(Protocol):

@@ -131,8 +131,8 @@ class Captured(CounterProducer):
         self._num_partitions = partitions
         self.records: list[tuple[bytes, bytes, int, int]] = []
 
-    def _produce(self, key: bytes, value: bytes, partition: int, future: Any, count: int) -> None:
-        self.records.append((key, value, partition, count))
+    def _produce(self, key: bytes, value: bytes, partition: int, future: Any, mutations: list[Mutation]) -> None:
+        self.records.append((key, value, partition, len(mutations)))
         future.set_result(None)
 
 

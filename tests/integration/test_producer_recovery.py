@@ -1,0 +1,175 @@
+"""CounterProducer and AsyncProducer after a broker stall longer than their delivery timeout, against a broker of
+this module's own (frozen with SIGSTOP, like a hung host): the idempotent producer's handle is fenced by then, and
+must be replaced; a write that failed is retried from its DeliveryError with its token, and counted once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+
+import pytest
+
+from infra.broker import LocalBroker
+from producers import CounterProducer, DeliveryError
+from producers.asyncio_producer import AsyncProducer
+from schemas import decode_mutations
+from tests.helpers import make_topic, read_all
+
+pytestmark = pytest.mark.integration
+
+STALL_S = 3.0  # longer than the producers' delivery timeout below
+TIMEOUT_MS = 2000
+RENEWED = "replaced it with a new one"
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    with LocalBroker(tmp_path_factory.mktemp("stalled-broker") / "broker.log") as local:
+        yield local
+
+
+def stalled(broker: LocalBroker, write: Callable[[], Future[None]]) -> DeliveryError:
+    """Freeze the broker past the delivery timeout during `write`; the DeliveryError it fails with."""
+    broker.pause()
+    try:
+        future = write()
+        with pytest.raises(DeliveryError) as info:
+            future.result(TIMEOUT_MS / 1000 + 10)
+    finally:
+        time.sleep(max(0.0, STALL_S - TIMEOUT_MS / 1000))
+        broker.resume()
+    return info.value
+
+
+def until_delivered(attempt: Callable[[], Future[None]], timeout: float = 15.0) -> int:
+    """Retry `attempt` until one is acknowledged; the number of attempts that failed first."""
+    deadline, failed = time.monotonic() + timeout, 0
+    while True:
+        try:
+            attempt().result(10)
+            return failed
+        except DeliveryError:
+            failed += 1
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def renewals(caplog: pytest.LogCaptureFixture) -> int:
+    return sum(RENEWED in r.getMessage() for r in caplog.records)
+
+
+def test_counter_producer_writes_again_after_a_stall_longer_than_its_delivery_timeout(
+        broker: LocalBroker, topic_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="producers.handle")
+    make_topic(broker.bootstrap, topic_name, 1)
+    producer = CounterProducer(broker.bootstrap, topic=topic_name, delivery_timeout_ms=TIMEOUT_MS)
+    try:
+        producer.add("my_dataset", "warmup", 1).result(10)
+        stalled(broker, lambda: producer.add("my_dataset", "likes", 1, token="stalled"))
+        failed = until_delivered(lambda: producer.add("my_dataset", "likes", 1, token="after"))
+        assert failed <= 1  # at most the write that finds the handle fenced
+        for i in range(5):  # and it stays usable
+            producer.add("my_dataset", "likes", 1, token=f"later-{i}").result(10)
+        assert renewals(caplog) == 1
+    finally:
+        with pytest.raises(DeliveryError):  # the stalled write (and the fenced one) are reported
+            producer.close(5)
+
+
+def test_a_failed_write_retried_from_its_error_keeps_its_token_and_is_counted_once(
+        broker: LocalBroker, topic_name: str) -> None:
+    make_topic(broker.bootstrap, topic_name, 1)
+    producer = CounterProducer(broker.bootstrap, topic=topic_name, delivery_timeout_ms=TIMEOUT_MS)
+    try:
+        producer.add("my_dataset", "warmup", 1).result(10)
+        error = stalled(broker, lambda: producer.add("my_dataset", "likes", 1))  # a token drawn by the client
+        (sent,) = error.mutations
+        assert sent.counter_name == "likes" and sent.event_id
+
+        deadline = time.monotonic() + 15
+        while True:  # the caller's retry: the failed mutations, as they were
+            try:
+                producer.retry(error).result(10)
+                break
+            except DeliveryError as again:
+                assert again.mutations == [sent] and time.monotonic() < deadline, again
+                error = again
+                time.sleep(0.5)
+    finally:
+        with pytest.raises(DeliveryError):
+            producer.close(5)
+    likes = [m for r in read_all(broker.bootstrap, topic_name) for m in decode_mutations(r.value)
+             if m.counter_name == "likes"]
+    assert likes and {(m.event_id, m.event_time) for m in likes} == {(sent.event_id, sent.event_time)}
+
+
+def test_async_producer_writes_again_after_a_stall_longer_than_its_timeout(
+        broker: LocalBroker, topic_name: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="producers.handle")
+    make_topic(broker.bootstrap, topic_name, 1)
+
+    async def scenario() -> int:
+        kafka = AsyncProducer(broker.bootstrap, client_id="test-stall", timeout_s=TIMEOUT_MS / 1000)
+        kafka.start()
+        try:
+            await kafka.produce(topic_name, b"warmup", partition=0)
+            broker.pause()
+            try:
+                with pytest.raises(DeliveryError):
+                    await asyncio.wait_for(kafka.produce(topic_name, b"stalled", partition=0), 10)
+            finally:
+                await asyncio.sleep(max(0.0, STALL_S - TIMEOUT_MS / 1000))
+                broker.resume()
+            failed, deadline = 0, time.monotonic() + 15
+            while True:
+                try:
+                    await asyncio.wait_for(kafka.produce(topic_name, b"after", partition=0), 10)
+                    break
+                except DeliveryError:
+                    failed += 1
+                    assert time.monotonic() < deadline, "the producer never wrote again"
+                    await asyncio.sleep(0.5)
+            for _ in range(5):
+                await asyncio.wait_for(kafka.produce(topic_name, b"later", partition=0), 10)
+            return failed
+        finally:
+            await kafka.stop(2.0)
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60)) <= 1
+    assert renewals(caplog) == 1
+
+
+def test_async_producer_stop_settles_the_futures_of_records_never_acknowledged() -> None:
+    """Records still unacknowledged when stop() gives up fail at once, rather than hold stop() (closing the handle
+    used to flush again, for the whole delivery timeout) or leave their awaiters hanging."""
+
+    async def scenario() -> None:
+        connections: list[asyncio.StreamWriter] = []
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            connections.append(writer)
+            while await reader.read(65536):  # reads every request, answers none
+                pass
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        kafka = AsyncProducer(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", client_id="test-stop",
+                              timeout_s=20.0)
+        try:
+            kafka.start()
+            future = kafka.produce("counter-mutations", b"never acknowledged", partition=0)
+            await asyncio.sleep(0.2)
+            started = time.monotonic()
+            await kafka.stop(timeout_s=0.5)
+            with pytest.raises(DeliveryError):
+                await asyncio.wait_for(future, 5)
+            assert time.monotonic() - started < 5.0
+        finally:
+            server.close()
+            for writer in connections:
+                writer.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))

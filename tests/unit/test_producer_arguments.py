@@ -1,0 +1,52 @@
+"""CounterProducer refuses settings it cannot honour, and splits batches too large for one record (no broker)."""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import Future
+
+import pytest
+
+from producers import CounterProducer, DeliveryError
+from producers.client import MAX_RECORD_BYTES, _records, _settle_when_all
+from schemas import Mutation, decode_mutations
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"linger_ms": -1}, "linger_ms"),
+    ({"linger_ms": math.nan}, "linger_ms"),
+    ({"linger_ms": math.inf}, "linger_ms"),
+    ({"linger_ms": "5"}, "linger_ms"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": 2.5}, "batch_size"),
+    ({"delivery_timeout_ms": 0}, "delivery_timeout_ms"),
+    ({"delivery_timeout_ms": -5}, "delivery_timeout_ms"),
+])
+def test_bad_arguments_fail_at_construction_naming_the_argument(kwargs, name) -> None:
+    with pytest.raises(ValueError, match=name):
+        CounterProducer("127.0.0.1:1", **kwargs)
+
+
+def mutation(i: int) -> Mutation:
+    return Mutation("my_dataset", "hot", 1, 1_730_000_000_000_000 + i, f"token-{i:06d}-" + "x" * 60)
+
+
+def test_a_batch_too_large_for_one_record_is_split_in_order() -> None:
+    ms = [mutation(i) for i in range(12_000)]
+    records = _records(ms)
+    assert len(records) >= 2 and all(len(value) <= MAX_RECORD_BYTES for _, value in records)
+    assert [m for part, _ in records for m in part] == ms
+    assert [m for _, value in records for m in decode_mutations(value)] == ms
+    assert _records(ms[:10]) == [(ms[:10], _records(ms[:10])[0][1])]  # a small batch stays one record
+
+
+def test_a_split_batch_fails_with_the_failed_parts_mutations_only() -> None:
+    parts: list[Future[None]] = [Future(), Future(), Future()]
+    whole: Future[None] = Future()
+    _settle_when_all(parts, whole)
+    parts[0].set_result(None)
+    parts[1].set_exception(DeliveryError("not delivered: x", [("k", "x")], [mutation(1), mutation(2)]))
+    assert not whole.done()
+    parts[2].set_result(None)
+    error = whole.exception()
+    assert isinstance(error, DeliveryError) and error.mutations == [mutation(1), mutation(2)]
