@@ -73,7 +73,17 @@ class _Rebalance(ConsumerRebalanceListener):
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
         log.info("persist owns mutations partitions %s", sorted(tp.partition for tp in assigned))
-        self.owner.on_assigned({tp.partition for tp in assigned if tp.topic == self.owner.topic})
+        mine = [tp for tp in assigned if tp.topic == self.owner.topic]
+        consumer = self.owner._consumer
+        committed = []
+        if consumer is not None:
+            try:
+                committed = [await consumer.committed(tp) for tp in mine]
+            except KafkaError as exc:  # not known: as if some were, the owner then assumes a previous owner
+                log.warning("could not read the committed offsets of %s: %s", sorted(tp.partition for tp in mine),
+                            exc)
+                committed = [-1]
+        self.owner.on_assigned({tp.partition for tp in mine}, any(c is not None for c in committed))
 
 
 def has_unread(consumer: AIOKafkaConsumer) -> bool | None:
@@ -157,7 +167,8 @@ class PersistConsumer:
     broker answers a fetch once it holds `min_bytes`, or after the wait with none. The wait is `FetchPace`'s: for
     `prompt_for_s` after a batch, the shortest of `prompt_wait_ms` (a record carried the read-your-write header)
     and `namespace_waits[ns]` for the namespaces it persisted; `wait_ms` otherwise.
-    `on_assigned(partitions)` and `on_revoked(partitions)` tell the owner of a handover (the arrival floors), and
+    `on_assigned(partitions, persisted_before)` (whether the group had committed offsets there: a previous owner
+    persisted some) and `on_revoked(partitions)` tell the owner of a handover (the arrival floors), and
     `on_committed({partition: next offset})` of each commit, once the broker has it.
     """
 
@@ -166,7 +177,7 @@ class PersistConsumer:
                  prompt_wait_ms: int = 10, prompt_for_s: float = 2.0, namespace_waits: Mapping[str, int] | None = None,
                  min_bytes: int = 1, drain_s: float = 0.0,
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 5_000,
-                 on_assigned: Callable[[set[int]], None] = lambda _partitions: None,
+                 on_assigned: Callable[[set[int], bool], None] = lambda _partitions, _before: None,
                  on_revoked: Callable[[set[int]], Awaitable[None]] = _nothing_revoked,
                  on_committed: Callable[[dict[int, int]], None] = lambda _offsets: None) -> None:
         self.topic = topic

@@ -92,15 +92,18 @@ class Pipeline:
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
 
-    def partitions_assigned(self, partitions: set[int]) -> None:
-        """A handover: start from the published arrival floors, and have every worker heartbeat past now.
+    def partitions_assigned(self, partitions: set[int], persisted_before: bool) -> None:
+        """A handover: start from the published arrival floors, and have every worker heartbeat past now when a
+        previous owner persisted records there (`persisted_before`: the group had committed offsets).
 
-        The previous owner may have persisted and committed a write without publishing when it reached Kafka (a
-        crash, or a revoke, before its next tick): then no worker's heartbeats would be needed for it, the
-        watermark would stand below it, and it would wait for some later write to be rolled up. Asking for
-        heartbeats past the handover (`agents.watermark.request_heartbeats`) covers whatever it persisted."""
+        That owner may have persisted and committed a write without publishing when it reached Kafka (a crash, or
+        a revoke, before its next tick): then no worker's heartbeats would be needed for it, the watermark would
+        stand below it, and it would wait for some later write to be rolled up. Asking for heartbeats past the
+        handover (`agents.watermark.request_heartbeats`) covers whatever it persisted. Partitions nobody consumed
+        before ask for nothing: a fresh idle stack stays quiet."""
         self.arrivals.assigned(partitions)
-        self.handover_at = time.time_ns() // 1000
+        if persisted_before:
+            self.handover_at = time.time_ns() // 1000
 
     async def forget_partitions(self, partitions: set[int]) -> None:
         """A handover: the next owner starts from the arrival floors published. Waits for a publication in

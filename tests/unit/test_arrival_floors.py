@@ -249,7 +249,7 @@ def test_a_handover_asks_for_heartbeats_past_what_the_previous_owner_persisted(t
         await a.forget_partitions({0})  # no tick ran: the write's time was never published
         b = stack.worker()
         assigned_at = time.time_ns() // 1000
-        b.partitions_assigned({0})
+        b.partitions_assigned({0}, True)
         owned, marks, _ = await b.publish_watermarks()
         covering = await b.covering()
         return (covering is not None and heartbeats_needed(marks, owned, covering),
