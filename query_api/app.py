@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -129,7 +131,8 @@ class RequestMetrics:
             path = scope["path"]
             # a matched route's template (/v1/namespaces/{namespace}): one series per endpoint, not per namespace
             template = getattr(scope.get("route"), "path", None)
-            endpoint = (template if isinstance(template, str) else path) if path.startswith("/v1/") else "other"
+            # any other path is "other": a label per path a client makes up would grow the metrics without end
+            endpoint = template if isinstance(template, str) and path.startswith("/v1/") else "other"
             metrics.record(endpoint, status, time.perf_counter() - started)
 
 
@@ -156,9 +159,18 @@ class JsonBodies:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
             headers = scope["headers"]
-            if not any(name == b"content-type" and is_json_type(value) for name, value in headers):
+            types = [value for name, value in headers if name == b"content-type"]
+            if len(types) != 1 or not is_json_type(types[0]):  # several: Starlette reads the first, whatever it is
                 scope = {**scope, "headers": [h for h in headers if h[0] != b"content-type"] + [_JSON_TYPE]}
         await self.app(scope, receive, send)
+
+
+def _safe_error(error: Mapping[str, Any]) -> dict[str, Any]:
+    """A validation error's loc, msg and type, as text any JSON encoder takes (a key may hold a lone surrogate)."""
+    def text(value: object) -> object:
+        return value.encode("utf-8", "backslashreplace").decode() if isinstance(value, str) else value
+    return {"loc": [text(part) for part in error.get("loc", ())], "msg": text(str(error.get("msg", ""))),
+            "type": text(str(error.get("type", "")))}
 
 
 def _install_middleware(app: FastAPI) -> None:
@@ -183,6 +195,12 @@ def _install_handlers(app: FastAPI) -> None:
                                              "type": "json_invalid"}]}, status_code=422)
         return await http_exception_handler(request, exc)
 
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        """FastAPI's 422, without the input it echoes: a body holding 1e999, NaN or a lone surrogate escape is
+        valid JSON to the parser but not to the response encoder (it answered 500), and a huge body was echoed."""
+        return JSONResponse({"detail": [_safe_error(e) for e in exc.errors()]}, status_code=422)
+
     # Starlette types a handler as taking any Exception; it calls each with the class it is registered for
+    app.add_exception_handler(RequestValidationError, invalid)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, http_error)  # type: ignore[arg-type]
     app.add_exception_handler(Forbidden, forbidden)  # type: ignore[arg-type]

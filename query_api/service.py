@@ -223,14 +223,14 @@ class CounterService:
         """A write's event time and token: the generation time if given (validated, and refused where the pipeline
         would dead-letter it: admission), else now; the token if given (validated), else a new one."""
         now = time.time_ns() // 1000
-        if generation_time is None:
-            event_time = now
-        else:
-            event_time = parse_generation_time(generation_time, field="idempotency_token.generation_time")
-            reason = admission_error(event_time, now, ns)
-            if reason is not None:
-                raise Rejected("idempotency_token.generation_time", reason)
-        return event_time, new_token() if token is None else validate_token(token, field="idempotency_token.token")
+        token = new_token() if token is None else validate_token(token, field="idempotency_token.token")
+        if generation_time is None:  # the token first: the routes' model names it before any time
+            return now, token
+        event_time = parse_generation_time(generation_time, field="idempotency_token.generation_time")
+        reason = admission_error(event_time, now, ns)
+        if reason is not None:
+            raise Rejected("idempotency_token.generation_time", reason)
+        return event_time, token
 
     @staticmethod
     def delta_of(ns: Namespace, delta: int | None) -> int:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fastapi import FastAPI
+from pydantic import BaseModel
 
+from query_api import app as api
 from query_api.app import JsonBodies, is_json_type
 
 
@@ -47,3 +50,72 @@ def test_json_types_and_other_methods_are_left_alone() -> None:
     typed = [(b"host", b"t"), (b"content-type", b"application/json; charset=utf-8")]
     assert seen_headers("POST", typed) == typed
     assert seen_headers("GET", [(b"host", b"t")]) == [(b"host", b"t")]
+
+
+def test_several_content_types_reach_the_app_as_one_json_type() -> None:
+    """Starlette reads the first Content-Type: text/plain then application/json was read as text by the routes
+    while the fast paths counted it (from a review)."""
+    out = seen_headers("POST", [(b"content-type", b"text/plain"), (b"content-type", b"application/json")])
+    assert [v for k, v in out if k == b"content-type"] == [b"application/json"]
+
+
+class EchoBody(BaseModel):
+    delta: int
+    counter_name: str
+
+
+async def echo(body: EchoBody) -> dict:
+    return {"delta": body.delta}
+
+
+def routes_app(recorded: list[tuple[str, int]]) -> FastAPI:
+    """A FastAPI app with the API's handlers and middleware and one typed route (no broker, no stores)."""
+    app = FastAPI()
+    api._install_middleware(app)
+    api._install_handlers(app)
+    app.post("/v1/Echo")(echo)
+    return app
+
+
+@pytest.mark.parametrize("body", [
+    b'{"delta": 1e999, "counter_name": "c"}',  # valid JSON the response encoder refused: it answered 500
+    b'{"delta": NaN, "counter_name": "c"}',
+    b'{"delta": "x", "counter_name": "\\ud800"}',  # a lone surrogate escape
+    b'{"delta": 1, "counter_name": 5, "\\ud800": 1}',
+])
+def test_invalid_bodies_are_a_422_naming_the_field_never_a_500(body: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    import httpx
+
+    from query_api import metrics
+
+    recorded: list[tuple[str, int]] = []
+    monkeypatch.setattr(metrics, "record", lambda endpoint, status, _s: recorded.append((endpoint, status)))
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=routes_app(recorded))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/v1/Echo", content=body, headers={"content-type": "application/json"})
+
+    r = asyncio.run(post())
+    assert r.status_code == 422, r.text
+    assert all(e["loc"][0] == "body" and "input" not in e for e in r.json()["detail"])
+    assert recorded == [("/v1/Echo", 422)]
+
+
+def test_a_path_no_route_matches_is_counted_as_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A label per made-up path would grow the request metrics without end (from a review)."""
+    import httpx
+
+    from query_api import metrics
+
+    recorded: list[tuple[str, int]] = []
+    monkeypatch.setattr(metrics, "record", lambda endpoint, status, _s: recorded.append((endpoint, status)))
+
+    async def get() -> None:
+        transport = httpx.ASGITransport(app=routes_app(recorded))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for i in range(3):
+                await client.post(f"/v1/junk-{i}", content=b"{}")
+
+    asyncio.run(get())
+    assert recorded == [("other", 404)] * 3

@@ -188,3 +188,12 @@ def test_a_whole_plain_request_with_its_own_token_goes_through_write_plain(fixed
 
     answer, declined = asyncio.run(scenario())
     assert answer["idempotency_token"] == "retry-safe-1" and declined is None
+
+
+def test_a_bad_token_is_named_before_a_refused_time_as_the_routes_model_names_it() -> None:
+    """A 257-byte token with a 2024 generation_time: the fast path named the time, the route the token (review)."""
+    from schemas import ValidationError
+
+    with pytest.raises(ValidationError) as bad:
+        CounterService.event_identity(REGISTRY["my_dataset"], "t" * 257, "2024-10-05T14:48:00Z")
+    assert bad.value.field == "idempotency_token.token"
