@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter
 
-from control_plane import CounterType
+from control_plane import CounterType, Namespace
 from query_api.dependencies import ERRORS, CallerKey, Service, authorize
 from query_api.models import (
     AddCountRequest,
@@ -17,10 +19,12 @@ from query_api.models import (
     UniqueCountResponse,
 )
 from query_api.responses import add_response, count_response
-from query_api.service import Rejected, Written
+from query_api.service import CounterService, Rejected, Written
 from query_api.unique import add_and_get_unique, unique_response
 from schemas import Mutation, MutationOp
+from sinks.best_effort import CounterOverflow
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["writes"])
 
 
@@ -75,7 +79,10 @@ async def clear_count(body: ClearCountRequest, service: Service, key: CallerKey)
 @router.post("/BatchAddCount", response_model=BatchAddCountResponse, responses=ERRORS)
 async def batch_add_count(body: BatchAddCountRequest, service: Service, key: CallerKey) -> BatchAddCountResponse:
     """Many AddCounts in one call: all validated first (nothing is sent if any is refused); the durable ones
-    travel in one record, so they are counted all or none."""
+    travel in one record, so they are counted all or none. BEST_EFFORT ones are applied first, one by one: when
+    one is refused (its count would leave int64) or memcached fails, or the durable record then fails, those
+    applied are taken back (best effort, as their type says) and the batch is refused: a refused batch counted
+    its durable writes before."""
     namespaces = [service.namespace(r.namespace) for r in body.requests]
     for ns in {n.name: n for n in namespaces}.values():
         authorize(ns, key, "write")
@@ -97,12 +104,33 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
                              t.generation_time if t else None, r.event_item_key, r.dimensions, r.item)
         prepared.append((r, delta, m))
         durable.append(m)
-    if durable:
-        await service.send_durably(durable)
+    values: dict[int, int] = {}  # BEST_EFFORT entries applied: index -> the new count
+    try:
+        for i, ((r, delta, mutation), ns) in enumerate(zip(prepared, namespaces, strict=True)):
+            if mutation is None:
+                try:
+                    values[i] = await service.add_best_effort(ns, r.counter_name, delta)
+                except CounterOverflow as exc:
+                    raise Rejected(f"requests.{i}.delta", str(exc)) from None
+        if durable:
+            await service.send_durably(durable)
+    except BaseException:
+        await _take_back(service, [(namespaces[i], prepared[i][0].counter_name, prepared[i][1]) for i in values])
+        raise
     results = []
-    for (r, delta, mutation), ns in zip(prepared, namespaces, strict=True):
+    for i, ((r, _delta, mutation), ns) in enumerate(zip(prepared, namespaces, strict=True)):
         if mutation is None:
-            results.append(add_response(await service.write(ns, r.counter_name, delta, MutationOp.ADD, None, None)))
+            results.append(add_response(Written(ns, r.counter_name, None, None, values[i])))
         else:
             results.append(add_response(Written(ns, r.counter_name, mutation.event_id, mutation.event_time)))
     return BatchAddCountResponse(results=results)
+
+
+async def _take_back(service: CounterService, applied: list[tuple[Namespace, str, int]]) -> None:
+    """Undo BEST_EFFORT adds of a refused batch (best effort: an undo that fails is logged)."""
+    for ns, counter, delta in reversed(applied):
+        try:
+            await service.add_best_effort(ns, counter, -delta)
+        except Exception as exc:
+            log.warning("could not take back BEST_EFFORT %+d on %s:%s of a refused batch: %s", delta, ns.name,
+                        counter, exc)

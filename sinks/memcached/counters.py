@@ -1,8 +1,10 @@
 """BEST_EFFORT counters: memcached `incr`/`decr` with a TTL, exact for negative deltas and totals.
 
 memcached counters are unsigned 64-bit: `decr` stops at zero and `incr` wraps at 2**64. Storing
-`count + 2**63` (a bias) keeps every signed 64-bit count in range, so both are exact: a decr below the bias
-is a negative count, and a count outside int64 is refused before it could wrap.
+`count + 2**63` (a bias) keeps every signed 64-bit count in range. Every delta is an `incr`, a negative one by
+2**64 - |delta| (modulo 2**64 that subtracts |delta|): a result that wrapped the wrong way says the count left
+int64, and the same `incr` arithmetic undoes it exactly before the write is refused. (A `decr` stopped at zero
+could not be undone: a refused decrement changed the count.)
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ def best_effort_key(namespace: str, counter: str) -> str:
     return "be#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
 
 
-def _command(delta: int) -> bytes:
-    return b"incr" if delta >= 0 else b"decr"
+def _amount(delta: int) -> int:
+    """What to `incr` by for `delta`: itself, or 2**64 - |delta| for a negative one."""
+    return delta if delta >= 0 else (1 << 64) + delta
 
 
 def _in_range(delta: int, raw: int) -> bool:
-    """False when an incr wrapped past 2**64 or a decr stopped at zero: the count left int64."""
-    return not ((delta > 0 and raw < delta) or (delta < 0 and raw == 0))
+    """False when the `incr` of `_amount(delta)` left int64: a positive delta wrapped past 2**64 (the result is
+    below the delta), a negative one did not wrap (the result is at least 2**64 - |delta|: below zero)."""
+    return raw >= delta if delta >= 0 else raw < (1 << 64) + delta
 
 
 def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
@@ -83,7 +87,7 @@ class MemcachedCounters:
         anything else continues in `_finish`."""
         key = best_effort_key(namespace, counter)
         result = self._client.event_loop().create_future()
-        self._client.arith(_command(delta), key, abs(delta),
+        self._client.arith(b"incr", key, _amount(delta),
                            functools.partial(self._settle, result, namespace, counter, key, delta, ttl_s))
         return result
 
@@ -101,7 +105,7 @@ class MemcachedCounters:
                     return
             if error is not None:
                 raise error
-            raw = arith_value(_command(delta), key, line)  # type: ignore[arg-type]  # error is None here
+            raw = arith_value(b"incr", key, line)  # type: ignore[arg-type]  # error is None here
         except MemcachedError as exc:
             result.set_exception(CounterUnavailable(str(exc)))
             return
@@ -121,13 +125,11 @@ class MemcachedCounters:
                     raise CounterUnavailable(f"memcached {self.address}: key {key} vanished repeatedly")
                 attempts += 1
                 await self._client.add(key, str(BIAS).encode(), _expire(ttl_s))
-                raw = await (self._client.incr(key, delta) if delta >= 0 else self._client.decr(key, -delta))
-            if not _in_range(delta, raw):
-                if delta > 0:  # wrapped past 2**64: undo (modular) and refuse
-                    await self._client.incr(key, (1 << 64) - delta)
-                    raise CounterOverflow(f"count of {namespace}:{counter} would exceed {INT64_MAX}")
-                # decr stopped at zero: the exact value is lost below INT64_MIN
-                raise CounterOverflow(f"count of {namespace}:{counter} would fall below {INT64_MIN}")
+                raw = await self._client.incr(key, _amount(delta))
+            if not _in_range(delta, raw):  # undo (modular) and refuse
+                await self._client.incr(key, _amount(-delta))
+                bound = f"exceed {INT64_MAX}" if delta > 0 else f"fall below {INT64_MIN}"
+                raise CounterOverflow(f"count of {namespace}:{counter} would {bound}")
             if self._touch_due(key, ttl_s):
                 self._touched[key] = time.monotonic()
                 await self._client.touch(key, _expire(ttl_s))

@@ -175,6 +175,17 @@ def test_batch_endpoints(stack):
     bad = [fresh(POST_ADD, counter_name=f"b{tag}-0"), {"namespace": "nope", "counter_name": "x", "delta": 1}]
     assert post(stack, "/v1/BatchAddCount", {"requests": bad}).status_code == 404
     assert post(stack, "/v1/GetCount", {"namespace": "my_dataset", "counter_name": f"b{tag}-0"}).json()["count"] == 1
+    # A BEST_EFFORT entry refused when applied (its count would leave int64): nothing of the batch is counted.
+    full = {"namespace": "my_dataset_best_effort", "counter_name": f"full{tag}"}
+    spare = {"namespace": "my_dataset_best_effort", "counter_name": f"spare{tag}"}
+    assert post(stack, "/v1/AddCount", {**full, "delta": 2**63 - 1}).status_code == 200
+    mixed = [fresh(POST_ADD, counter_name=f"m{tag}"), {**spare, "delta": 3}, {**full, "delta": 1}]
+    r = post(stack, "/v1/BatchAddCount", {"requests": mixed})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "requests", "2", "delta"], r.text
+    assert post(stack, "/v1/GetCount", spare).json()["count"] == 0  # applied, then taken back
+    assert post(stack, "/v1/GetCount", full).json()["count"] == 2**63 - 1
+    alone = post(stack, "/v1/AddAndGetCount", fresh(POST_ADD, counter_name=f"m{tag}", delta=1)).json()
+    assert alone["count"] == 1  # read-your-write: the batch's write of this counter was never sent
 
 
 @pytest.mark.parametrize("ns", ["my_dataset", "my_dataset_accurate"])

@@ -197,6 +197,11 @@ def test_best_effort_counters_create_refresh_ttl_and_refuse_overflow(memcached_a
         assert await counters.add(ns, "edge", -5, None) == -5
         with pytest.raises(CounterOverflow, match="below"):
             await counters.add(ns, "edge", -(2**63), None)
+        assert await counters.get(ns, "edge") == -5  # a refused decrement leaves the count as it was
+        assert await counters.add(ns, "bottom", -(2**63), None) == -(2**63)  # exactly INT64_MIN is a count
+        with pytest.raises(CounterOverflow, match="below"):
+            await counters.add(ns, "bottom", -1, None)
+        assert await counters.get(ns, "bottom") == -(2**63)
         assert await counters.add(ns, "top", 2**63 - 1, None) == 2**63 - 1
         with pytest.raises(CounterOverflow, match="exceed"):
             await counters.add(ns, "top", 1, None)
