@@ -119,3 +119,23 @@ def test_a_path_no_route_matches_is_counted_as_other(monkeypatch: pytest.MonkeyP
 
     asyncio.run(get())
     assert recorded == [("other", 404)] * 3
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_limit_is_a_413_not_read_whole(chunked: bool) -> None:
+    import httpx
+
+    big = b'{"delta": 1, "counter_name": "' + b"x" * (api.MAX_BODY_BYTES + 10) + b'"}'
+
+    async def chunks():  # no Content-Length: the limit is found while reading
+        for i in range(0, len(big), 1 << 16):
+            yield big[i:i + (1 << 16)]
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=routes_app([]))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/v1/Echo", content=chunks() if chunked else big,
+                                     headers={"content-type": "application/json"})
+
+    r = asyncio.run(post())
+    assert r.status_code == 413 and "over" in str(r.json()["detail"]), r.text
