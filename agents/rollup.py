@@ -1,7 +1,9 @@
 """Rollup: aggregate each signalled counter's immutable window (rollup_ts, B] and move its rollup forward.
 
 Counters whose last write is still ahead of their new rollup are returned for re-signalling, so every
-touched counter keeps circulating until it has converged (DESIGN invariant 6).
+touched counter keeps circulating until it has converged (DESIGN invariant 6). A batch that fails is rolled up
+again a counter at a time, so one failing counter holds back no other; one that still fails stays stale, and the
+sweep signals it again.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ async def rollup_counters(ns: Namespace, counters: Sequence[str], *, events: Eve
             if sketches is not None and ns.counts_unique:
                 await maintain_sketches(ns, work, events=events, sketches=sketches, buckets=buckets, now_us=now_us,
                                         worker_step=True)
-        new_counts = [apply_aggregate(count, agg) for (_, count, _, _), agg in zip(todo, aggs, strict=True)]
+        new_counts = [apply_aggregate(count, agg, (ns.name, c))  # saturated at the int64 bounds
+                      for (c, count, _, _), agg in zip(todo, aggs, strict=True)]
         applied = await rollups.write_rollups(ns.name, [(c, n, boundary) for (c, *_), n in
                                                         zip(todo, new_counts, strict=True)])
         raced: list[tuple[str, int]] = []
@@ -144,8 +147,30 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
             first = False
             mark = await watermark()
             started = time.monotonic()
-            results.extend(await rollup_counters(ns, counters[i:i + step], events=events, rollups=rollups,
-                                                 cache=cache, watermark_us=mark, buckets=buckets,
-                                                 sketches=sketches))
+            batch = counters[i:i + step]
+            try:
+                results.extend(await rollup_counters(ns, batch, events=events, rollups=rollups, cache=cache,
+                                                     watermark_us=mark, buckets=buckets, sketches=sketches))
+            except Exception:
+                log.exception("rollup batch of %d counter(s) of namespace %r failed; rolling them up one by one",
+                              len(batch), ns_name)
+                results.extend(await _one_by_one(ns, batch, events=events, rollups=rollups, cache=cache,
+                                                 watermark_us=mark, buckets=buckets, sketches=sketches))
             pressure.last_batch_s = time.monotonic() - started
+    return results
+
+
+async def _one_by_one(ns: Namespace, counters: Sequence[str], *, events: EventStore, rollups: RollupStore,
+                      cache: RollupCache, watermark_us: int, buckets: BucketStore | None,
+                      sketches: SketchStore | None) -> list[RollupResult]:
+    """The rollups of a failed batch, a counter at a time: one failing counter must not hold back the others (nor,
+    with the batch retried, every later batch of the worker). A counter that still fails is logged and left behind:
+    its rollup stays stale, so the sweep (or its next write's signal) tries it again."""
+    results: list[RollupResult] = []
+    for counter in dict.fromkeys(counters):
+        try:
+            results.extend(await rollup_counters(ns, [counter], events=events, rollups=rollups, cache=cache,
+                                                 watermark_us=watermark_us, buckets=buckets, sketches=sketches))
+        except Exception as exc:
+            log.error("rollup of %s:%s failed, left for its next signal or the sweep: %r", ns.name, counter, exc)
     return results

@@ -13,6 +13,7 @@ forward-only with ``computed_upto = B``:
    the stored buckets against the events, always sums whole);
 2. hours: every hour holding such a minute is the masked sum of its minutes (those before the recomputed
    range read back from the store); days likewise from hours. Only the namespace's granularities are kept.
+   Every bucket is saturated at the int64 bounds, as a counter's count is (``sinks.model.saturate``).
 3. the counter's latest clear is bumped before the buckets are written, so masking at read time (a bucket that
    ended at or before the clear reads 0) never shows the rewritten bucket under an older clear.
 
@@ -43,6 +44,7 @@ from typing import NamedTuple, TypeVar
 
 from control_plane import Namespace
 from sinks import BucketStore, EventStore
+from sinks.model import saturate
 from sinks.windows import CHAIN, BucketRange, BucketRow, Granularity, align_down, align_up, masked
 
 __all__ = ["BucketWork", "Maintenance", "events_floor", "maintain_buckets", "merge_steps", "minutes_from",
@@ -114,7 +116,7 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
         for start, value, clear, _events in per_minute:
             if before is not None and start == known_from[w.counter] and clear is None:
                 value += before  # no clear after rollup_ts in the minute: its earlier adds still count
-            computed[minute][(w.counter, start)] = value
+            computed[minute][(w.counter, start)] = saturate(value, (ns.name, w.counter))  # a bucket is an int64
             if clear is not None and clear > new_clears.get(w.counter, clear - 1):
                 new_clears[w.counter] = clear
     if not computed[minute] and not new_clears:
@@ -126,7 +128,8 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
 
     # 2. hours from minutes, days from hours: the touched parents whose children are all at hand
     def add_up(counter: str, child: Granularity, children: Mapping[int, int]) -> int:
-        return sum(masked(child, start, value, clear_of.get(counter)) for start, value in children.items())
+        return saturate(sum(masked(child, start, value, clear_of.get(counter)) for start, value in children.items()),
+                        (ns.name, counter))
 
     async def read_children(ranges: list[BucketRange]) -> list[list[tuple[int, int, int]]]:
         return await buckets.read_buckets_many(ns.name, ranges)

@@ -57,6 +57,6 @@ class LiveReads:
                 if not future.done():
                     future.set_exception(exc)
             return
-        for (_, count, _, _, future), aggregate in zip(reads, aggregates, strict=True):
+        for (counter, count, _, _, future), aggregate in zip(reads, aggregates, strict=True):
             if not future.done():  # a reader that went away (client disconnect) was cancelled
-                future.set_result(apply_aggregate(count, aggregate))
+                future.set_result(apply_aggregate(count, aggregate, (namespace, counter)))  # saturated at int64

@@ -35,6 +35,7 @@ from control_plane import Namespace, parse_duration
 from schemas import MIN_EVENT_TIME, parse_generation_time
 from schemas.validation import ValidationError
 from sinks import BucketStore
+from sinks.model import saturate
 from sinks.windows import (
     CHAIN,
     Granularity,
@@ -206,7 +207,8 @@ async def tiled_counts(buckets: BucketStore, ns: Namespace, counters: Sequence[s
     out = []
     for i, counted in enumerate(got):
         clear = clears.get(counters[i])
-        count = sum(sign * masked(g, start, value, clear, upto) for sign, g, start, value, upto in counted)
+        count = saturate(sum(sign * masked(g, start, value, clear, upto) for sign, g, start, value, upto in counted),
+                         (ns.name, counters[i]))  # each bucket is an int64, their sum need not be
         out.append(TiledCount(count, max((upto or 0 for *_rest, upto in counted), default=0), rows[i]))
     return out
 

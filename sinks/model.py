@@ -6,16 +6,21 @@ persist hot path allocates no per-event objects.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import xxhash
 
-__all__ = ["EMPTY_AGGREGATE", "Aggregate", "EventRow", "Partitioning", "RollupState", "apply_aggregate",
-           "later_than_stored", "prefix_end"]
+__all__ = ["EMPTY_AGGREGATE", "INT64_MAX", "INT64_MIN", "Aggregate", "EventRow", "Partitioning", "RollupState",
+           "apply_aggregate", "join_halves", "later_than_stored", "prefix_end", "saturate"]
+
+log = logging.getLogger(__name__)
 
 _US = 1_000_000
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
 K = TypeVar("K", bound=Hashable)
 
 # (namespace, counter, event_time_us, event_id, event_item_key, delta, is_clear)
@@ -97,9 +102,40 @@ class RollupState:
         return self.last_write_ts > self.rollup_ts
 
 
-def apply_aggregate(count: int, agg: Aggregate) -> int:
-    """The count after the aggregated range: a clear resets, otherwise deltas add."""
-    return agg.delta if agg.cleared else count + agg.delta
+def apply_aggregate(count: int, agg: Aggregate, key: Hashable = None) -> int:
+    """The count after the aggregated range: a clear resets, otherwise deltas add; saturated at the int64 bounds
+    (see :func:`saturate`; ``key`` names the counter in its warning)."""
+    return saturate(agg.delta if agg.cleared else count + agg.delta, key)
+
+
+# Counters already warned about (bounded: once full it starts over, so a key may be warned about again).
+_SATURATED: set[Hashable] = set()
+_SATURATED_MAX = 10_000
+
+
+def saturate(value: int, key: Hashable = None) -> int:
+    """``value`` clamped to ``[INT64_MIN, INT64_MAX]``: every count a store keeps or an API answers (a rollup's count,
+    a time bucket, a window's count) is an int64, while each delta alone fits int64 but their sum need not. Sums are
+    exact in Python ints (the stores' SQL sums too: see ``join_halves``) and saturate only here; the first time a
+    counter (``key``) saturates, a warning names it. Later deltas apply to the saturated value."""
+    if INT64_MIN <= value <= INT64_MAX:
+        return value
+    if key not in _SATURATED:
+        if len(_SATURATED) >= _SATURATED_MAX:
+            _SATURATED.clear()
+        _SATURATED.add(key)
+        name = ":".join(map(str, key)) if isinstance(key, tuple) else "a counter" if key is None else key
+        log.warning("count of %s left the int64 range (%d): saturated at %d (reported once per counter)", name,
+                    value, INT64_MAX if value > 0 else INT64_MIN)
+    return INT64_MAX if value > 0 else INT64_MIN
+
+
+def join_halves(high: int | None, low: int | None) -> int:
+    """A sum of int64 deltas from the sums of their high and low 32-bit halves (``SUM(delta >> 32)`` and
+    ``SUM(delta & 4294967295)``, None for no rows): exact, where ``SUM(delta)`` fails (SQLite: "integer overflow")
+    or wraps (Cassandra's bigint sum) once the total leaves int64. Each half's sum fits int64 for fewer than 2**31
+    rows (``>>`` is arithmetic, so ``high * 2**32 + low`` is each delta)."""
+    return ((high or 0) << 32) + (low or 0)
 
 
 def prefix_end(prefix: str) -> str | None:

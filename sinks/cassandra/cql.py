@@ -490,7 +490,10 @@ class EventCql:
 
     def sum(self, table: str, namespace: str, counter: str, time_bucket: int, event_bucket: int,
             after_us: int, upto_us: int) -> Stmt:
-        return Stmt("event.sum", f"SELECT sum(delta), count(*) FROM {self.ks}.{table} "
+        """The partition's sum of deltas and its events in (after_us, upto_us]. Summed as varint: the sum of bigints
+        is a bigint, which wraps silently once the total leaves int64 (each delta fits, their sum need not); a
+        varint sum is exact (a BigInteger), and the driver reads it as a Python int."""
+        return Stmt("event.sum", f"SELECT sum(cast(delta AS varint)), count(*) FROM {self.ks}.{table} "
                     f"WHERE {_PK} AND event_time > ? AND event_time <= ?",
                     (*self._key(namespace, counter, time_bucket, event_bucket), after_us, upto_us), table=table)
 

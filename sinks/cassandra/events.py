@@ -49,7 +49,8 @@ matters.
 
 Aggregation over ``(after, upto]``: the latest clear is found in the partitions flagged
 ``has_clear`` (their rows are read); every other partition is summed by Cassandra
-(``sum(delta), count(*)``), restricted to after the latest clear when there is one.
+(``sum(cast(delta AS varint)), count(*)``: a bigint sum would wrap once the total leaves int64, a varint sum is
+exact), restricted to after the latest clear when there is one.
 """
 
 from __future__ import annotations

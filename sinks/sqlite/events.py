@@ -38,7 +38,7 @@ import orjson
 import xxhash
 
 from sinks.base import ScanCursor
-from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
+from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, join_halves
 from sinks.sketches import BucketItems, bucket_items_of, combine_items
 from sinks.sqlite.bulk import RowsStatement, bulk_statement, insert_rows, json_rows
 from sinks.sqlite.sliced import open_layout
@@ -85,7 +85,9 @@ _WINDOWS_HEAD = "WITH k (i, namespace, counter, after_us, upto_us, tb_lo, tb_hi,
 _WINDOW_ROW = "(?, ?, ?, ?, ?, ?, ?, ?)"
 
 # Aggregates: per window the latest clear via the clears index, then one primary-key range scan starting at that
-# clear (or just after after_us), summing adds strictly after the clear; [window, latest clear, [sum, events]].
+# clear (or just after after_us), summing adds strictly after the clear; [window, latest clear, [NULL, sum, events]].
+# Each delta fits int64, but their sum need not, and SQLite's SUM then fails ("integer overflow"): `_summed` runs
+# the statement again summing the deltas' high and low 32-bit halves (sinks.model.join_halves).
 # The windows are materialized with their clears so each clear is looked up once. Time buckets: of after_us + 1 and
 # upto_us; width: the slice's bucket width (the clear's bucket is lc / width).
 _AGGREGATE_TAIL = """), c AS MATERIALIZED (
@@ -94,33 +96,36 @@ SELECT k.*, (SELECT MAX(event_time) FROM "{t}" INDEXED BY "{t}_clears"
                AND event_time > k.after_us AND event_time <= k.upto_us) AS lc
 FROM k)
 SELECT json_group_array(json_array(c.i, c.lc, (
-    SELECT json_array(COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (c.lc IS NULL OR e.event_time > c.lc)
-                                        THEN e.delta END), 0), COUNT(*))
+    SELECT json_array(NULL, COALESCE(SUM(d), 0), COUNT(*)) FROM (
+    SELECT CASE WHEN e.is_clear = 0 AND (c.lc IS NULL OR e.event_time > c.lc) THEN e.delta END AS d
     FROM "{t}" AS e
     WHERE e.namespace = c.namespace AND e.counter = c.counter
       AND (e.time_bucket, e.event_time) >= (COALESCE(c.lc / c.width, c.tb_lo), COALESCE(c.lc, c.after_us + 1))
-      AND (e.time_bucket, e.event_time) <= (c.tb_hi, c.upto_us))))
+      AND (e.time_bucket, e.event_time) <= (c.tb_hi, c.upto_us)))))
 FROM c
 """
+# The same with the sums of the deltas' high and low halves, [high, low, events] (`_summed`)
+_AGGREGATE_SPLIT_TAIL = _AGGREGATE_TAIL.replace("NULL, COALESCE(SUM(d), 0)", "SUM(d >> 32), SUM(d & 4294967295)")
 
 
 @functools.lru_cache(maxsize=256)
-def aggregate_statement(table: str) -> RowsStatement:
-    """The aggregate statement of one slice table (see ``_AGGREGATE_TAIL``)."""
-    return RowsStatement(_WINDOWS_HEAD, _WINDOW_ROW, _AGGREGATE_TAIL.format(t=table))
+def aggregate_statement(table: str, split: bool = False) -> RowsStatement:
+    """The aggregate statement of one slice table (see ``_AGGREGATE_TAIL``; `split`: the sums in halves)."""
+    tail = _AGGREGATE_SPLIT_TAIL if split else _AGGREGATE_TAIL
+    return RowsStatement(_WINDOWS_HEAD, _WINDOW_ROW, tail.format(t=table))
 
 
 # Bucket sums: per window (a correlated subquery: one window's rows sorted at a time, not all windows' at once, which
 # cost half as much again after a burst) the events of its range by one primary-key range scan (as _SCAN_FROM),
 # grouped by bucket start (floor-aligned to the width, the buckets' own), each bucket's latest clear (by the clears
-# index) bounding the adds summed: [window, [[bucket, sum, clear, events], ...]]. Time buckets: of after_us and
-# upto_us.
+# index) bounding the adds summed: [window, [[bucket, NULL, sum, clear, events], ...]] (in halves again past int64,
+# as the aggregates'). Time buckets: of after_us and upto_us.
 _BUCKET_SUMS_TAIL = """)
 SELECT json_group_array(json_array(k.i, (
-  SELECT json_group_array(json_array(b, total, lc, n)) FROM (
-    SELECT e.b AS b, cl.lc AS lc, COUNT(*) AS n,
-           COALESCE(SUM(CASE WHEN e.is_clear = 0 AND (cl.lc IS NULL OR e.event_time > cl.lc) THEN e.delta END), 0)
-             AS total
+  SELECT json_group_array(json_array(b, high, low, lc, n)) FROM (
+    SELECT b, lc, COUNT(*) AS n, NULL AS high, COALESCE(SUM(d), 0) AS low FROM (
+    SELECT e.b AS b, cl.lc AS lc,
+           CASE WHEN e.is_clear = 0 AND (cl.lc IS NULL OR e.event_time > cl.lc) THEN e.delta END AS d
     FROM (SELECT event_time - ((event_time % k.width) + k.width) % k.width AS b, event_time, delta, is_clear
           FROM "{t}" WHERE namespace = k.namespace AND counter = k.counter
            AND (time_bucket, event_time) > (k.tb_lo, k.after_us) AND (time_bucket, event_time) <= (k.tb_hi, k.upto_us)
@@ -128,10 +133,12 @@ SELECT json_group_array(json_array(k.i, (
     LEFT JOIN (SELECT event_time - ((event_time % k.width) + k.width) % k.width AS b, MAX(event_time) AS lc
                FROM "{t}" INDEXED BY "{t}_clears" WHERE namespace = k.namespace AND counter = k.counter
                 AND is_clear = 1 AND event_time > k.after_us AND event_time <= k.upto_us GROUP BY 1) AS cl
-      ON cl.b = e.b
-    GROUP BY e.b))))
+      ON cl.b = e.b)
+    GROUP BY b))))
 FROM k
 """
+_BUCKET_SUMS_SPLIT_TAIL = _BUCKET_SUMS_TAIL.replace("NULL AS high, COALESCE(SUM(d), 0) AS low",
+                                                  "SUM(d >> 32) AS high, SUM(d & 4294967295) AS low")
 
 # Bucket items (UNIQUE namespaces), by the same primary-key range scans: [window, event_time, item, is_clear] per
 # event, grouped per bucket in Python. Windows as the bucket sums' (the width unused).
@@ -144,9 +151,10 @@ FROM k JOIN "{t}" AS ev
 
 
 @functools.lru_cache(maxsize=256)
-def bucket_sums_statement(table: str) -> RowsStatement:
-    """The bucket sums statement of one slice table (see ``_BUCKET_SUMS_TAIL``)."""
-    return RowsStatement(_WINDOWS_HEAD, _WINDOW_ROW, _BUCKET_SUMS_TAIL.format(t=table))
+def bucket_sums_statement(table: str, split: bool = False) -> RowsStatement:
+    """The bucket sums statement of one slice table (see ``_BUCKET_SUMS_TAIL``; `split`: the sums in halves)."""
+    return RowsStatement(_WINDOWS_HEAD, _WINDOW_ROW,
+                         (_BUCKET_SUMS_SPLIT_TAIL if split else _BUCKET_SUMS_TAIL).format(t=table))
 
 
 @functools.lru_cache(maxsize=256)
@@ -501,8 +509,8 @@ class SqliteEventStore:
         cleared: dict[int, int] = {}  # window -> its latest clear
         for s, members in reversed(self._by_slice(conn, namespace, windows)):
             params = [self._aggregate_args(s, i, namespace, *windows[i]) for i in members if i not in cleared]
-            for i, last_clear, (total, n) in json_rows(conn, aggregate_statement(s.table), params):
-                delta[i] += total
+            for i, last_clear, (high, low, n) in _summed(conn, aggregate_statement, s.table, params):
+                delta[i] += join_halves(high, low)
                 events[i] += n
                 if last_clear is not None:
                     cleared[i] = last_clear
@@ -515,12 +523,12 @@ class SqliteEventStore:
         clear erasing the earlier part."""
         out: list[list[BucketSum]] = [[] for _ in windows]
         for s, members in self._by_slice(conn, namespace, windows):
-            found = json_rows(conn, bucket_sums_statement(s.table),
+            found = _summed(conn, bucket_sums_statement, s.table,
                               [self._range_args(s, i, namespace, *windows[i], width_us) for i in members])
             for i, buckets in found:
                 sums = out[i]
-                for start, total, last_clear, n in sorted(buckets or ()):
-                    part = (start, total, last_clear, n)
+                for start, high, low, last_clear, n in sorted(buckets or ()):
+                    part = (start, join_halves(high, low), last_clear, n)
                     sums.append(combine_sums(sums.pop(), part) if sums and sums[-1][0] == start else part)
         return out
 
@@ -604,3 +612,17 @@ class SqliteEventStore:
         if dropped:
             log.info("namespace %r: dropped %d expired slice(s) before %d", namespace, len(dropped), cutoff)
         return len(dropped)
+
+
+def _summed(conn: sqlite3.Connection, statement: Callable[[str, bool], RowsStatement], table: str,
+            params: Sequence[Sequence[object]]) -> list[list]:
+    """`json_rows` of a statement summing deltas (`aggregate_statement`, `bucket_sums_statement`): with SQLite's
+    SUM, whose result holds [NULL, sum]; when a sum leaves int64 (SUM fails: "integer overflow"), again with the
+    sums of the deltas' halves, [high, low] (sinks.model.join_halves joins either). Summing in halves always cost a
+    sixth more per aggregate; a counter past int64 is rare."""
+    try:
+        return json_rows(conn, statement(table, False), params)
+    except sqlite3.OperationalError as exc:
+        if "integer overflow" not in str(exc):
+            raise
+        return json_rows(conn, statement(table, True), params)

@@ -32,6 +32,7 @@ from sinks import (
     open_stores,
 )
 from sinks import Stores as OpenedStores
+from sinks.model import join_halves
 from sinks.sqlite.bulk import bulk_statement
 from sinks.sqlite.events import (
     aggregate_statement,
@@ -403,6 +404,30 @@ def test_bucket_sums_total_after_the_last_clear_equals_the_aggregate(stores: Sto
         last = max((c for _s, _v, c, _n in sums if c is not None), default=None)
         assert last == agg.last_clear_us
         assert sum(v for start, v, _c, _n in sums if last is None or start + 60 * S > last) == agg.delta
+
+
+def test_sums_past_int64_are_exact_and_a_rollup_saturates(stores: Stores) -> None:
+    """Each delta fits int64, their sum need not: aggregates and bucket sums stay exact, in the stores' own sums (of
+    plain partitions on Cassandra) and the rows read around a clear (SQLite's SUM failed past int64, Cassandra's
+    bigint sum wrapped); the count a rollup keeps saturates at the int64 bounds."""
+    ns, es = stores.namespace, stores.events
+    top, bottom = 2**63 - 1, -(2**63)
+    rows = [ev(ns, BASE + i * 2 * S, f"e{i}", bottom if i % 4 == 3 else top) for i in range(60)]  # 2 minutes
+    clear_at = BASE + 61 * S
+    rows += [ev(ns, clear_at, "k", clear=True), ev(ns, clear_at, "erased", top), ev(ns, clear_at + 1, "kept", top)]
+    stores.run(es.write_events(rows))
+    windows = [("c", 0, BASE + 59 * S), ("c", BASE + 9 * S, BASE + 31 * S), ("c", 0, BASE + 200 * S),
+               ("c", clear_at, BASE + 200 * S)]
+    for (counter, after, upto), agg in zip(windows, stores.run(es.aggregate_many(ns, windows)), strict=True):
+        check(agg, oracle(rows, after, upto))
+        assert abs(agg.delta) > top or after == BASE + 9 * S, agg  # the sums do leave int64
+        sums = stores.run(es.bucket_sums_many(ns, [(counter, after, upto)], 60 * S))[0]
+        assert sums == sums_oracle(rows, counter, after, upto, 60 * S)
+    total = stores.run(es.aggregate(ns, "c", 0, BASE + 59 * S))
+    assert total.delta == 23 * top + 7 * bottom and apply_aggregate(0, total) == top
+    assert apply_aggregate(-5, Aggregate(bottom, False, None, 1)) == bottom
+    assert stores.run(stores.rollups.write_rollup(ns, "c", apply_aggregate(0, total), BASE + 59 * S))
+    assert stores.run(stores.rollups.get(ns, "c")).count == top
 
 
 # -- bucket store ---------------------------------------------------------------------------------
@@ -803,9 +828,9 @@ def test_sqlite_aggregate_cost_depends_only_on_new_events(tmp_path: Path) -> Non
         assert any("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line for line in plan), plan
         ((table, _, _),) = await es.slices("ns")
         args = (recent - 1, recent + S, PART.time_bucket(recent), PART.time_bucket(recent + S), PART.bucket_us)
-        ((_, _, (big_delta, _)),), big_steps = _vm_steps(es.path, table, (0, "ns", "big", *args))
-        ((_, _, (tiny_delta, _)),), tiny_steps = _vm_steps(es.path, table, (0, "ns", "tiny", *args))
-        assert (big_delta, tiny_delta) == (4, 10)
+        ((_, _, (big_high, big_low, _)),), big_steps = _vm_steps(es.path, table, (0, "ns", "big", *args))
+        ((_, _, (tiny_high, tiny_low, _)),), tiny_steps = _vm_steps(es.path, table, (0, "ns", "tiny", *args))
+        assert (join_halves(big_high, big_low), join_halves(tiny_high, tiny_low)) == (4, 10)
         assert big_steps <= tiny_steps + 2, (big_steps, tiny_steps)  # 200k old events cost nothing
         await es.close()
     asyncio.run(body())
@@ -833,7 +858,7 @@ def test_sqlite_bucket_sums_read_the_range_by_primary_key(tmp_path: Path) -> Non
     assert events_reads and all("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line
                                 for line in events_reads), plan
     assert not any(line.startswith(f"SCAN {table}") for line in plan), plan
-    assert orjson.loads(rows) == [[0, [[BASE, 30, None, 30]]]]
+    assert orjson.loads(rows) == [[0, [[BASE, 0, 30, None, 30]]]]  # the sum as its high and low halves
 
 
 def test_sqlite_contains_seeks_each_identity_by_primary_key(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 import uuid
 from collections import defaultdict
@@ -54,6 +55,12 @@ def cell_bytes(value: object) -> bytes | tuple:
         return value.encode()
     assert isinstance(value, bytes), value
     return value
+
+
+def _bigint(value: int) -> None:
+    """As the driver serializes a bigint: a value outside int64 fails (struct.error, before anything is sent)."""
+    if not -(2**63) <= value < 2**63:
+        raise struct.error(f"bigint out of range: {value}")
 
 
 def _wins(new: tuple, old: tuple | None) -> bool:
@@ -276,7 +283,10 @@ class FakeCassandra:
 
     def _event_sum(self, stmt, ns, c, tb, eb, after, upto):
         chosen = [d for ck, (d, _) in self._visible(stmt, (ns, c, tb, eb)) if after < ck[0] <= upto]
-        return [(sum(chosen), len(chosen))]  # Cassandra: one row even when nothing matched
+        total = sum(chosen)
+        if not stmt.cql.startswith("SELECT sum(cast(delta AS varint)),"):  # a bigint sum: a Java long, it wraps
+            total = (total + 2**63) % 2**64 - 2**63
+        return [(total, len(chosen))]  # Cassandra: one row even when nothing matched
 
     def _event_count_before(self, stmt, ns, c, tb, eb, cutoff):
         return [(sum(1 for ck, _ in self._visible(stmt, (ns, c, tb, eb)) if ck[0] < cutoff),)]
@@ -305,6 +315,7 @@ class FakeCassandra:
         self._set_cell((ns, c), "lw", ts, lw)
 
     def _rollup_write(self, stmt, ts, count, rts, ns, c):
+        _bigint(count)
         self._set_cell((ns, c), "count", ts, count)
         self._set_cell((ns, c), "rts", ts, rts)
 
@@ -369,6 +380,7 @@ class FakeCassandra:
 
     def _wbucket_write(self, stmt, ts, ttl, value, upto, ns, c, g, slice_no, start):
         assert ts == upto and isinstance(ttl, int) and ttl >= 0
+        _bigint(value)
         assert start // _SLICE_US[g] == slice_no, "a bucket must be written in its own slice's partition"
         self._expiry(ttl)
         rows = self.buckets[(ns, c, g, slice_no)]
