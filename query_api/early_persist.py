@@ -304,6 +304,6 @@ class EarlyPersist:
                     continue
                 self._stored_now(written)
                 rows, written = [], []
-                for ((_, _, count, _, _), future), aggregate in zip(reads, aggregates, strict=True):
+                for ((_, counter, count, _, _), future), aggregate in zip(reads, aggregates, strict=True):
                     if not future.done():  # a reader that went away (client disconnect) was cancelled
-                        future.set_result(apply_aggregate(count, aggregate))
+                        future.set_result(apply_aggregate(count, aggregate, (namespace, counter)))
