@@ -116,6 +116,10 @@ class WriteProgress(Protocol):
         """Whether the worker has persisted every record before these offsets."""
         ...
 
+    def readable(self) -> bool:
+        """Whether the worker's offsets are known now (else `rows` does without them)."""
+        ...
+
 
 class Rows(list[EventRow]):
     """`EarlyPersist.rows`: the events to store, and where each is noted (its counter's flat list of writes and
@@ -227,7 +231,7 @@ class EarlyPersist:
         now_us = time.time_ns() // 1000 if now_us is None else now_us
         key = f"{ns.name}:{counter}"
         out = Rows()
-        progress = self.progress
+        progress = self.progress if self.progress is not None and self.progress.readable() else None
         if progress is not None and self._forgotten is not None:
             if not progress.covers(self._forgotten):
                 out.blocked = True  # a forgotten write may be neither here nor in the store yet

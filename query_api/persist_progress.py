@@ -63,15 +63,21 @@ class PersistProgress:
     def acked_ends(self) -> dict[int, int]:
         return self.producer.acked_ends()
 
-    def covers(self, ends: Mapping[int, int]) -> bool:
-        """Whether the worker has persisted every record before `ends` (partition -> offset), by offsets read within
-        the last few polls."""
+    def readable(self) -> bool:
+        """Whether the committed offsets were read within the last few polls (and keep them polled a while). Not
+        readable (just started or idle, the broker not answering, or no right to describe the persist group on a
+        secured cluster): read-your-write then does without them, as it did before they were read."""
         now = time.monotonic()
         self._asked_at = now
         if not self._wake.is_set():
             self._wake.set()
-        if now - self._read_at > 10 * self.interval_s:
-            return False  # not read lately (paused, or the broker does not answer): not known
+        return now - self._read_at <= 10 * self.interval_s
+
+    def covers(self, ends: Mapping[int, int]) -> bool:
+        """Whether the worker has persisted every record before `ends` (partition -> offset), by offsets read within
+        the last few polls (False when they were not)."""
+        if not self.readable():
+            return False
         committed = self.committed
         return all(committed.get(partition, -1) >= end for partition, end in ends.items())
 

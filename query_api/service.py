@@ -531,7 +531,8 @@ class CounterService:
         early = await self.counted_early(ns, counter, event_time, token)
         if early is not None:
             return early
-        ends = self.progress.acked_ends() if self.progress is not None and eligible(ns) else None
+        ends = (self.progress.acked_ends() if self.progress is not None and eligible(ns) and self.progress.readable()
+                else None)
         await self.wait_persisted(ns, counter, event_time, token, item_key)
         if ends is not None:  # an earlier write may be in another partition the worker has not reached
             await self.wait_worker_has(ends, (token, event_time))

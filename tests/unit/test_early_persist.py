@@ -252,3 +252,35 @@ def test_a_store_error_reaches_every_waiter_of_the_call_and_the_next_one_works(e
         assert await early.store_and_count([event_row(mutation("c", 1, "t0", at))], NS.name, "c", 0, at - 1, at) == 1
         assert [c[0] for c in events.calls] == [3, 1] and (await events.aggregate(NS.name, "c", at - 1, at)).delta == 1
     asyncio.run(scenario())
+
+
+class Unreadable:
+    """A WriteProgress whose offsets cannot be read (the broker away, no right to describe the persist group)."""
+
+    def started(self) -> int:
+        return 1
+
+    def settled(self) -> int:
+        return 1
+
+    def acked_ends(self) -> dict[int, int]:
+        return {0: 1}
+
+    def readable(self) -> bool:
+        return False
+
+    def covers(self, ends: dict[int, int]) -> bool:
+        raise AssertionError("covers asked though the offsets are not readable")
+
+
+def test_without_readable_offsets_rows_are_what_they_were_without_them(events) -> None:
+    """Read-your-write must not stall on offsets it cannot read: no generation is passed over, nothing forgotten
+    blocks (query_api.persist_progress.PersistProgress.readable)."""
+    async def scenario() -> None:
+        early = EarlyPersist(events, recent_s=0.2, progress=Unreadable())
+        early.note(mutation("c", 1, "old", now_us()), acknowledged())
+        await asyncio.sleep(0.3)
+        early.note(mutation("c", 2, "new", now_us()), acknowledged())  # forgets "old"
+        rows = early.rows(NS, "c")
+        assert not rows.blocked and [r[3] for r in rows] == ["new"]
+    asyncio.run(scenario())

@@ -60,6 +60,9 @@ class WorkerOffsets:
     def covers(self, ends: dict[int, int]) -> bool:
         return self.persisted >= ends.get(0, 0)
 
+    def readable(self) -> bool:
+        return True
+
     async def wait_covers(self, ends: dict[int, int], timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while not self.covers(ends):
