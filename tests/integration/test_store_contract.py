@@ -849,16 +849,21 @@ def test_sqlite_bucket_sums_read_the_range_by_primary_key(tmp_path: Path) -> Non
     conn, table = _fifty_events(tmp_path)
     try:
         args = (0, "ns", "c", BASE, BASE + 30 * S, PART.time_bucket(BASE), PART.time_bucket(BASE + 30 * S), 60 * S)
-        sql = bulk_statement(bucket_sums_statement(table), 1)
-        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args)]
-        ((rows,),) = conn.execute(sql, args).fetchall()
+        plans, found = [], []
+        for split in (False, True):  # SQLite's SUM, and the sums of halves used once a sum leaves int64
+            sql = bulk_statement(bucket_sums_statement(table, split), 1)
+            plans.append([r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql, args)])
+            ((rows,),) = conn.execute(sql, args).fetchall()
+            found.append(orjson.loads(rows))
     finally:
         conn.close()
-    events_reads = [line for line in plan if table in line and f"USING INDEX {table}_clears" not in line]
-    assert events_reads and all("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line
-                                for line in events_reads), plan
-    assert not any(line.startswith(f"SCAN {table}") for line in plan), plan
-    assert orjson.loads(rows) == [[0, [[BASE, 0, 30, None, 30]]]]  # the sum as its high and low halves
+    for plan in plans:
+        events_reads = [line for line in plan if table in line and f"USING INDEX {table}_clears" not in line]
+        assert events_reads and all("USING PRIMARY KEY" in line and "(time_bucket,event_time)>(?,?)" in line
+                                    for line in events_reads), plan
+        assert not any(line.startswith(f"SCAN {table}") for line in plan), plan
+    assert found == [[[0, [[BASE, None, 30, None, 30]]]],  # [bucket, NULL, sum, clear, events]
+                     [[0, [[BASE, 0, 30, None, 30]]]]]  # the sum as its high and low halves
 
 
 def test_sqlite_contains_seeks_each_identity_by_primary_key(tmp_path: Path) -> None:
