@@ -10,6 +10,7 @@ as they would have anyway; their callers retry them with the same idempotency to
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -25,6 +26,9 @@ Delivered = Callable[[KafkaError | None, Any], None]
 # Delivery or produce errors after which the handle never writes again.
 FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
                     KafkaError._FATAL})
+# Delivery errors by which the broker refused a record of a fenced producer: it was never written, so it is sent
+# again on the new handle.
+REFUSED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 SERVE_PURGED_S = 5.0  # how long a retired handle may take to report its purged records as failed
 
 
@@ -74,12 +78,19 @@ class RenewingProducer:
     def produce(self, topic: str, value: bytes, key: bytes | None, *, partition: int, on_delivery: Delivered,
                 headers: Any = None) -> None:
         """Produce on the current handle (BufferError when its queue is full). A handle that refuses the record
-        as fenced is renewed and the record produced on the new one."""
+        as fenced is renewed and the record produced on the new one; so is a record the broker refused as fenced
+        (`REFUSED`: never written), once, so that the first write after a stall does not fail too."""
+        self._produce(topic, value, key, partition, on_delivery, headers, resent=False)
+
+    def _produce(self, topic: str, value: bytes, key: bytes | None, partition: int, on_delivery: Delivered,
+                 headers: Any, *, resent: bool) -> None:
+        resend = None if resent else functools.partial(self._produce, topic, value, key, partition, on_delivery,
+                                                       headers, resent=True)
         for attempt in range(2):
             generation, producer = self.handle
             try:
                 producer.produce(topic, value, key, partition=partition, headers=headers,
-                                 on_delivery=self._watch(generation, on_delivery))
+                                 on_delivery=self._watch(generation, on_delivery, resend))
                 return
             except KafkaException as exc:
                 if attempt or not self.check(generation, exc.args[0]):
@@ -125,10 +136,14 @@ class RenewingProducer:
 
         return Producer({**self._config, "error_cb": on_error})
 
-    def _watch(self, generation: int, on_delivery: Delivered) -> Delivered:
+    def _watch(self, generation: int, on_delivery: Delivered, resend: Callable[[], None] | None) -> Delivered:
         def delivered(err: KafkaError | None, msg: Any) -> None:
-            if err is not None:
-                self.check(generation, err)
+            if err is not None and self.check(generation, err) and resend is not None and err.code() in REFUSED:
+                try:
+                    resend()  # on the renewed handle: its own report settles the caller
+                    return
+                except Exception:  # it could not be queued: report the refusal
+                    log.debug("re-sending a record refused as fenced failed", exc_info=True)
             on_delivery(err, msg)
 
         return delivered
