@@ -167,10 +167,15 @@ async def _one_by_one(ns: Namespace, counters: Sequence[str], *, events: EventSt
     with the batch retried, every later batch of the worker). A counter that still fails is logged and left behind:
     its rollup stays stale, so the sweep (or its next write's signal) tries it again."""
     results: list[RollupResult] = []
+    failed: list[tuple[str, Exception]] = []
     for counter in dict.fromkeys(counters):
         try:
             results.extend(await rollup_counters(ns, [counter], events=events, rollups=rollups, cache=cache,
                                                  watermark_us=watermark_us, buckets=buckets, sketches=sketches))
         except Exception as exc:
-            log.error("rollup of %s:%s failed, left for its next signal or the sweep: %r", ns.name, counter, exc)
+            failed.append((counter, exc))
+    if failed:  # one line a batch: with the store away every counter fails, and the sweep brings them back often
+        counter, exc = failed[0]
+        log.error("rollup of %d counter(s) of %r failed, left for their next signal or the sweep; the first, %r: %r",
+                  len(failed), ns.name, counter, exc)
     return results
