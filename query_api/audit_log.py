@@ -18,7 +18,7 @@ import json
 from collections import deque
 
 from control_plane import Namespace
-from schemas import MICROS
+from schemas import MAX_EVENT_TIME, MICROS, MIN_EVENT_TIME
 from sinks import EventStore
 from sinks.base import ScanCursor
 from sinks.model import EventRow
@@ -43,7 +43,8 @@ def encode_cursor(row: EventRow) -> str:
 def decode_cursor(text: str) -> ScanCursor:
     try:
         t, event_id, item_key = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
-        if type(t) is not int or not isinstance(event_id, str) or not isinstance(item_key, str):
+        if (type(t) is not int or not MIN_EVENT_TIME <= t <= MAX_EVENT_TIME or not isinstance(event_id, str)
+                or not isinstance(item_key, str)):  # a time no event has (2**70 answered 500: SQLite's int64)
             raise TypeError
     except (ValueError, TypeError) as exc:
         raise BadCursor(f"not a cursor this API issued: {text[:40]!r}") from exc

@@ -92,7 +92,13 @@ def test_audit_of_a_counter_without_events_is_empty(events, registry):
 
 
 def test_cursor_rejects_what_it_did_not_issue():
-    for text in ("", "nonsense", "WzEsMl0", "eyJhIjoxfQ"):
+    import base64
+
+    def cursor(t: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps([t, "a", ""]).encode()).decode().rstrip("=")
+
+    # a time no event has: 10**30 reached SQLite and answered 500 (from a review)
+    for text in ("", "nonsense", "WzEsMl0", "eyJhIjoxfQ", cursor(10**30), cursor(-1)):
         with pytest.raises(BadCursor):
             decode_cursor(text)
 
