@@ -202,7 +202,11 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
     lags: list[float] = []
     for p in partitions:
         mark = marks.get(p)
-        covered = mark is not None and (store is None or store.covering is None or mark >= store.covering)
+        # covered: past the latest write persisted, and nothing left unpersisted on the broker (a dead worker
+        # persists nothing more, so the latest write persisted stands still while records wait)
+        caught_up = broker is None or broker.mutations.lag(p) in (0, None)
+        covered = mark is not None and caught_up and (store is None or store.covering is None
+                                                      or mark >= store.covering)
         if (lag := 0.0 if covered else _lag(now, mark)) is not None:
             lags.append(lag)
         watermarks.append({

@@ -222,3 +222,14 @@ def _norm(base: str, target: str) -> str:
         elif p != ".":
             out.append(p)
     return "/".join(out)
+
+
+def test_a_watermark_past_the_latest_write_persisted_still_lags_while_records_wait(registry):
+    """A dead worker persists nothing more, so the latest write persisted stands still and its watermark covers
+    it: records waiting on the broker must still show as lag, not 0 (from a review)."""
+    store = StoreFigures({0: NOW - 3600 * MICROS, 1: NOW - 3600 * MICROS}, NOW - 3600 * MICROS - 1, {}, False, {})
+    offsets = TopicOffsets("m", {0: 0, 1: 0}, {0: 15_000, 1: 10_000}, {0: 10_000, 1: 10_000})
+    empty = TopicOffsets("x", {}, {}, {})
+    body = render(Snapshot(NOW, store, BrokerFigures(offsets, empty, empty, {}, []), {}, {}, None, {}), registry,
+                  _settings(), lambda name: True)
+    assert [w["lag_s"] for w in body["watermarks"]] == [3600.0, 0.0]  # partition 0 holds 5,000 unpersisted
