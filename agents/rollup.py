@@ -175,7 +175,7 @@ async def _one_by_one(ns: Namespace, counters: Sequence[str], *, events: EventSt
         except Exception as exc:
             failed.append((counter, exc))
     if failed:  # one line a batch: with the store away every counter fails, and the sweep brings them back often
-        counter, exc = failed[0]
+        first, error = failed[0]
         log.error("rollup of %d counter(s) of %r failed, left for their next signal or the sweep; the first, %r: %r",
-                  len(failed), ns.name, counter, exc)
+                  len(failed), ns.name, first, error)
     return results

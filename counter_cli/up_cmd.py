@@ -12,17 +12,21 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from confluent_kafka import KafkaException
+
 from counter_cli.common import (
     add_no_compile,
     build_native_parts,
     console,
     fail,
+    kafka_failure,
     namespaces_or_exit,
     settings_or_exit,
 )
@@ -79,7 +83,7 @@ class Interrupted(Exception):
 
 
 class StopSignals:
-    """SIGINT/SIGTERM. While running they ask the supervision loop to stop; while starting or stopping they
+    """SIGINT/SIGTERM/SIGHUP. While running they ask the supervision loop to stop; while starting or stopping they
     interrupt (a Ctrl-C during a slow start stops at once; a second Ctrl-C while stopping kills everything)."""
 
     def __init__(self) -> None:
@@ -88,7 +92,9 @@ class StopSignals:
         self.interrupting = True
 
     def install(self) -> None:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # SIGHUP too: a closed terminal or a dropped ssh session ended `counter up` at once, without the drain (the
+        # children, killed with it, lost the acknowledged writes the worker had not read)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._handle)
 
     def running(self) -> None:
@@ -109,8 +115,15 @@ class StopSignals:
 def run(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
     ns_path, registry = namespaces_or_exit(settings)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    lock = _lock_data_dir(settings.data_dir)  # held until the end of the stop, or of this process however it ends
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        lock = _lock_data_dir(settings.data_dir)  # held until the end of the stop, or of this process however it ends
+    except OSError as exc:
+        fail(f"data directory {settings.data_dir} (COUNTER_DATA_DIR): {exc.strerror or exc}", code=1)
+    for port, variable in ((settings.api_port, "COUNTER_API_PORT"), (settings.worker_port, "COUNTER_WORKER_PORT")):
+        if port and not _port_free(settings.api_host if variable == "COUNTER_API_PORT" else "127.0.0.1", port):
+            fail(f"port {port} is in use ({variable}): another `counter up` or server holds it; set {variable} to "
+                 "a free port, or 0 for any", code=1)
     signals = StopSignals()
     signals.install()
     stack = LocalStack(settings.data_dir)
@@ -121,6 +134,9 @@ def run(args: argparse.Namespace) -> int:
             endpoints = _start(stack, settings)
         except (ServiceError, TopicError) as exc:
             console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            return 1
+        except KafkaException as exc:  # COUNTER_KAFKA_BOOTSTRAP given but not answering
+            console.print(f"[bold red]error:[/] {kafka_failure(exc, settings.kafka_bootstrap or '?')}", highlight=False)
             return 1
         stop_timeout += float(stack.env.get("COUNTER_PERSIST_DRAIN_S", settings.persist_drain_s))  # the drain
         signals.running()  # from here a signal is a request to stop, also while printing below
@@ -165,6 +181,18 @@ def _lock_data_dir(data_dir: Path) -> IO[str]:
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether `port` can be bound now: the children's readiness check only asks whether something answers there,
+    so a port another server holds read as a child that is up (and then restarted forever)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:

@@ -35,6 +35,7 @@ def create_app(settings: Settings, *, app_id: str = "counter-worker") -> faust.A
         store="memory://",
         web_enabled=True,
         web_host="127.0.0.1",
+        web_bind="127.0.0.1",  # its /metrics and /ready for this host only (Faust binds 0.0.0.0 by default)
         web_port=settings.worker_port,
         topic_partitions=settings.mutations_partitions,
         topic_allow_declare=False,  # streams.topics creates topics with the right configs
