@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -43,11 +44,26 @@ def namespaces_or_exit(settings: Settings) -> tuple[Path, NamespaceRegistry]:
 
 
 def read_endpoints(settings: Settings) -> dict[str, Any]:
-    """Endpoints written by a running `counter up`, or {} when there is none."""
+    """Endpoints written by a running `counter up`, or {} when there is none: also when the file outlived it (a kill
+    -9, a power loss), which would point the other commands at a broker that is gone."""
     try:
-        return json.loads(settings.endpoints_path.read_text())
+        endpoints = json.loads(settings.endpoints_path.read_text())
     except (OSError, ValueError):
         return {}
+    pid = endpoints.get("supervisor_pid") if isinstance(endpoints, dict) else None
+    if not isinstance(endpoints, dict) or (isinstance(pid, int) and not _alive(pid)):
+        return {}
+    return endpoints
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
 
 
 def resolve_bootstrap(settings: Settings, explicit: str | None) -> str:

@@ -76,3 +76,22 @@ def test_dlq_list_limit_must_not_be_negative(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
         dlq_cmd.run_list(_cli(tmp_path, "dlq", "list", "--limit", "-1"))
     assert exited.value.code == 2 and "error: --limit must be >= 0 (0 shows all)" in capsys.readouterr().err
+
+
+def test_an_endpoints_file_that_outlived_its_counter_up_is_not_trusted(tmp_path, monkeypatch):
+    """After a kill -9 of `counter up` its endpoints file stays: the other commands must not take its broker (from a
+    review); the live supervisor's file is read as before."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from streams.settings import Settings
+
+    settings = Settings(data_dir=tmp_path)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for pid, trusted in ((gone.pid, False), (os.getpid(), True)):
+        written = {"kafka_bootstrap": "127.0.0.1:9", "supervisor_pid": pid}
+        settings.endpoints_path.write_text(json.dumps(written))
+        assert common.read_endpoints(settings) == (written if trusted else {})
