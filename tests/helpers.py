@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -34,6 +35,26 @@ def gone(pid: int) -> bool:
     """No such process, or a zombie nobody has reaped yet (a killed parent's children are reparented)."""
     fields = proc_stat(pid)
     return fields is None or fields[0] == "Z"
+
+
+@contextlib.asynccontextmanager
+async def silent_broker() -> AsyncIterator[tuple[str, list[asyncio.StreamWriter]]]:
+    """A TCP server that reads every request and answers none, as a hung broker: its bootstrap and the
+    connections made to it (closed with it)."""
+    connections: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)
+        while await reader.read(65536):
+            pass
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    try:
+        yield f"127.0.0.1:{server.sockets[0].getsockname()[1]}", connections
+    finally:
+        server.close()
+        for writer in connections:
+            writer.close()
 
 
 def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.05,

@@ -21,7 +21,7 @@ from schemas import Mutation, MutationOp, counter_key, decode_mutations, decode_
 from schemas.record_headers import READ_YOUR_WRITE_HEADER, has_header
 from streams.signals import SIGNALS_PER_RECORD, SignalSender
 from streams.topics import signal_partition
-from tests.helpers import make_topic, read_all
+from tests.helpers import make_topic, read_all, silent_broker
 
 pytestmark = pytest.mark.integration
 
@@ -289,38 +289,27 @@ def test_a_broker_that_does_not_answer_fails_records_in_flight_and_gathered() ->
     observed = Observed()
 
     async def scenario() -> None:
-        connections: list[asyncio.StreamWriter] = []
-
-        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            connections.append(writer)
-            while await reader.read(65536):  # reads every request, answers none
-                pass
-
-        server = await asyncio.start_server(silent, "127.0.0.1", 0)
-        bootstrap = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
-        kafka = AsyncProducer(bootstrap, client_id="test-silent", timeout_s=1.0)
-        gc = GroupCommitProducer(kafka, topic="counter-mutations", observer=observed)
-        try:
-            await gc.start()
-            assert connections, "the producer never reached the silent broker"
-            gc._partitions = 2  # as if the broker had answered at start-up and then fell silent
-            started = time.monotonic()
-            in_flight = gc.send([mutation(1)])
-            await asyncio.sleep(0)
-            gathered = gc.send([mutation(2), mutation(3)])  # waits for the record in flight
-            assert gathered is not in_flight
-            for future in (in_flight, gathered):
-                with pytest.raises(DeliveryError) as info:
-                    await asyncio.wait_for(future, 10)
-                assert RETRY_RULE in str(info.value) and "did not acknowledge" in str(info.value)
-            assert time.monotonic() - started < 8.0
-            assert observed.sent == [1, 2] and [ok for _, ok in observed.done] == [False, False]  # metrics: failed
-        finally:
-            await gc.stop()
-            await kafka.stop(timeout_s=1.0)
-            server.close()
-            for writer in connections:
-                writer.close()
+        async with silent_broker() as (bootstrap, connections):
+            kafka = AsyncProducer(bootstrap, client_id="test-silent", timeout_s=1.0)
+            gc = GroupCommitProducer(kafka, topic="counter-mutations", observer=observed)
+            try:
+                await gc.start()
+                assert connections, "the producer never reached the silent broker"
+                gc._partitions = 2  # as if the broker had answered at start-up and then fell silent
+                started = time.monotonic()
+                in_flight = gc.send([mutation(1)])
+                await asyncio.sleep(0)
+                gathered = gc.send([mutation(2), mutation(3)])  # waits for the record in flight
+                assert gathered is not in_flight
+                for future in (in_flight, gathered):
+                    with pytest.raises(DeliveryError) as info:
+                        await asyncio.wait_for(future, 10)
+                    assert RETRY_RULE in str(info.value) and "did not acknowledge" in str(info.value)
+                assert time.monotonic() - started < 8.0
+                assert observed.sent == [1, 2] and [ok for _, ok in observed.done] == [False, False]  # failed
+            finally:
+                await gc.stop()
+                await kafka.stop(timeout_s=1.0)
 
     run(scenario, timeout=60)
 

@@ -16,7 +16,7 @@ from infra.broker import LocalBroker
 from producers import CounterProducer, DeliveryError
 from producers.asyncio_producer import AsyncProducer
 from schemas import decode_mutations
-from tests.helpers import make_topic, read_all
+from tests.helpers import make_topic, read_all, silent_broker
 
 pytestmark = pytest.mark.integration
 
@@ -148,28 +148,18 @@ def test_async_producer_stop_settles_the_futures_of_records_never_acknowledged()
     used to flush again, for the whole delivery timeout) or leave their awaiters hanging."""
 
     async def scenario() -> None:
-        connections: list[asyncio.StreamWriter] = []
-
-        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            connections.append(writer)
-            while await reader.read(65536):  # reads every request, answers none
-                pass
-
-        server = await asyncio.start_server(silent, "127.0.0.1", 0)
-        kafka = AsyncProducer(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", client_id="test-stop",
-                              timeout_s=20.0)
-        try:
+        async with silent_broker() as (bootstrap, connections):
+            kafka = AsyncProducer(bootstrap, client_id="test-stop", timeout_s=20.0)
             kafka.start()
             future = kafka.produce("counter-mutations", b"never acknowledged", partition=0)
-            await asyncio.sleep(0.2)
+            deadline = time.monotonic() + 10
+            while not connections:  # the producer reached the silent broker
+                assert time.monotonic() < deadline, "the producer never connected"
+                await asyncio.sleep(0.01)
             started = time.monotonic()
             await kafka.stop(timeout_s=0.5)
             with pytest.raises(DeliveryError):
                 await asyncio.wait_for(future, 5)
             assert time.monotonic() - started < 5.0
-        finally:
-            server.close()
-            for writer in connections:
-                writer.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))

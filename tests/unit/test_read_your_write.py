@@ -72,6 +72,12 @@ class WorkerOffsets:
         return True
 
 
+def age(early: EarlyPersist, seconds: float) -> None:
+    """As if `seconds` had passed for the writes noted so far (their generations end that much earlier)."""
+    for generation in early._generations:
+        generation.ends -= seconds
+
+
 class NoSignals:
     def emit(self, *_args: object) -> None:
         pass
@@ -185,7 +191,7 @@ def test_a_clear_the_worker_has_not_persisted_is_counted_after_this_process_forg
     async def scenario(stack: Stack) -> None:
         await stack.events.write_events([(NS.name, "c", now_us() - 1 * S, "old", "", 100, False)])
         await stack.svc.write(NS, "c", 0, MutationOp.CLEAR, "clear", None)
-        await asyncio.sleep(0.2)  # past recent_s (0.1 s): the next write forgets the clear
+        age(stack.svc.early, 0.2)  # past recent_s (0.1 s): the next write forgets the clear
         answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "w1", None))
         await until(lambda: answer.done() or any(stack.svc.arrivals._waiting.values()),
                     "an answer, or the call to wait for the worker")
@@ -201,10 +207,10 @@ def test_writes_the_worker_has_persisted_are_passed_over_even_when_no_longer_adm
     (before, the call waited for a worker that does not run here: NotCountedYet)."""
     async def scenario(stack: Stack) -> None:
         await stack.svc.write(NS, "c", 10, MutationOp.ADD, "w0", now_us() - 4 * S)
-        await asyncio.sleep(0.3)  # a generation is 0.25 s (recent_s 2 s): the next write ends w0's
+        age(stack.svc.early, 0.3)  # a generation is 0.25 s (recent_s 2 s): the next write ends w0's
         await stack.svc.write(NS, "c", 1, MutationOp.ADD, "w1", None)
         await stack.worker(now_us())  # the worker persists both, and its offsets move past them
-        await asyncio.sleep(0.3)
+        age(stack.svc.early, 0.3)
         await stack.svc.write(NS, "other", 1, MutationOp.ADD, "x", None)  # turns the generations
         rows = stack.svc.early.rows(NS, "c")
         assert not rows.blocked and "w0" not in [r[3] for r in rows]  # w1 may come again: it is admissible
