@@ -83,13 +83,18 @@ class Interrupted(Exception):
 
 
 class StopSignals:
-    """SIGINT/SIGTERM/SIGHUP. While running they ask the supervision loop to stop; while starting or stopping they
-    interrupt (a Ctrl-C during a slow start stops at once; a second Ctrl-C while stopping kills everything)."""
+    """SIGINT/SIGTERM/SIGHUP. While running they ask the supervision loop to stop; while starting or stopping the
+    first one interrupts (a Ctrl-C during a slow start stops at once; a second Ctrl-C while stopping kills
+    everything). Any further one is noted, never raised: an exception raised in the middle of handling the last one
+    (killing the children, removing the endpoints file) would leave children and a traceback behind."""
 
     def __init__(self) -> None:
         self.requested = threading.Event()
         self.received: int | None = None
-        self.interrupting = True
+        self.count = 0  # signals received
+        self.interrupting = True  # armed: the next signal raises Interrupted (then disarms)
+        self.stop_begun = False
+        self.noted = False  # a signal past the one that interrupted the stop was noted on the console
 
     def install(self) -> None:
         # SIGHUP too: a closed terminal or a dropped ssh session ended `counter up` at once, without the drain (the
@@ -105,11 +110,25 @@ class StopSignals:
         if self.received is not None:
             raise Interrupted(self.received)
 
+    def stopping(self) -> bool:
+        """The stop begins: the next signal interrupts it. False when one beyond the signal that asked for the stop
+        came already (the stop should not wait then)."""
+        self.stop_begun = True
+        self.interrupting = self.count <= (1 if self.received is not None else 0)
+        return self.interrupting
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
+        self.count += 1
         self.requested.set()
         if self.interrupting:
+            self.interrupting = False  # one Interrupted: the code handling it is never interrupted in turn
             raise Interrupted(signum)
+        if self.stop_begun and not self.noted:
+            self.noted = True
+            # os.write: a print here could re-enter the console's buffered stream in the middle of a write
+            os.write(2, f"{signal.Signals(signum).name} received again: stopping already, exiting once the children "
+                        "are gone\n".encode())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,20 +144,16 @@ def run(args: argparse.Namespace) -> int:
             fail(f"port {port} is in use ({variable}): another `counter up` or server holds it; set {variable} to "
                  "a free port, or 0 for any", code=1)
     signals = StopSignals()
-    signals.install()
     stack = LocalStack(settings.data_dir)
-    stop_timeout = STOP_TIMEOUT_S
+    stop_timeout, drain_s = STOP_TIMEOUT_S, 0.0
     try:
+        signals.install()
         build_native_parts(args)  # before the children start: each loads its build once
-        try:
-            endpoints = _start(stack, settings)
-        except (ServiceError, TopicError) as exc:
-            console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        endpoints = _start_or_fail(stack, settings)
+        if endpoints is None:
             return 1
-        except KafkaException as exc:  # COUNTER_KAFKA_BOOTSTRAP given but not answering
-            console.print(f"[bold red]error:[/] {kafka_failure(exc, settings.kafka_bootstrap or '?')}", highlight=False)
-            return 1
-        stop_timeout += float(stack.env.get("COUNTER_PERSIST_DRAIN_S", settings.persist_drain_s))  # the drain
+        drain_s = float(stack.env.get("COUNTER_PERSIST_DRAIN_S", settings.persist_drain_s))
+        stop_timeout += drain_s
         signals.running()  # from here a signal is a request to stop, also while printing below
         _write_endpoints(settings, {**endpoints, "processes": stack.pids()})
         console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} from {ns_path})",
@@ -155,10 +170,22 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"{exc} received while starting")
         return 128 + exc.signum
     finally:
-        _stop(stack, signals, stop_timeout)
+        _stop(stack, signals, stop_timeout, drain_s)  # from here on no signal raises
         settings.endpoints_path.unlink(missing_ok=True)
         lock.close()  # the directory is free once its endpoints file is gone
         console.print("stopped.")
+
+
+def _start_or_fail(stack: LocalStack, settings: Settings) -> dict[str, object] | None:
+    """`_start`, or None once a failure to start is printed. A separate function: a signal while printing one
+    interrupts the start as any other (an exception raised in an except clause escapes its try's other clauses)."""
+    try:
+        return _start(stack, settings)
+    except (ServiceError, TopicError) as exc:
+        console.print(f"[bold red]error:[/] {exc}", highlight=False)
+    except KafkaException as exc:  # COUNTER_KAFKA_BOOTSTRAP given but not answering
+        console.print(f"[bold red]error:[/] {kafka_failure(exc, settings.kafka_bootstrap or '?')}", highlight=False)
+    return None
 
 
 def _lock_data_dir(data_dir: Path) -> IO[str]:
@@ -225,22 +252,41 @@ def _supervise(stack: LocalStack, settings: Settings, endpoints: dict[str, objec
     return 0
 
 
-def _stop(stack: LocalStack, signals: StopSignals, timeout: float) -> None:
-    """Stop the children, last started first; a signal meanwhile kills them all instead."""
-    signals.interrupting = True
-    console.print("stopping...")
-    try:
-        stack.stop(timeout, report=_stopping)
-    except Interrupted:
-        console.print("signal received while stopping: killing everything")
-        stack.kill()
+def _stop(stack: LocalStack, signals: StopSignals, timeout: float, drain_s: float) -> None:
+    """Stop the children, last started first; a signal meanwhile (or one already there) kills them all instead."""
+    try:  # from the first line: a signal may still interrupt what the start left armed
+        console.print("stopping...")
+        if signals.stopping():
+            try:
+                stack.stop(timeout, report=lambda process: _stopping(stack, process, drain_s))
+            finally:
+                signals.interrupting = False
+            return
+        why = f"{signal.Signals(signals.received or signal.SIGINT).name} received again: killing everything"
+    except Interrupted as exc:
+        why = f"{exc} received while stopping: killing everything"
     except ServiceError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         stack.kill()
+        return
+    _kill(stack, why)
 
 
-def _stopping(process: ManagedProcess) -> None:
-    console.print(f"  stopping {process.name} (pid {process.pid})", highlight=False, soft_wrap=True)
+def _kill(stack: LocalStack, why: str) -> None:
+    """Kill every child at once; says what a local broker's writes not yet persisted become."""
+    lost = stack.broker is not None and stack.broker.running() and any(w.running() for w in stack.workers)
+    console.print(why + (" (the writes the worker had not persisted yet are lost with the local broker)" if lost
+                         else ""), highlight=False, soft_wrap=True)
+    stack.kill()
+
+
+def _stopping(stack: LocalStack, process: ManagedProcess, drain_s: float) -> None:
+    """Which child is being stopped, and for a worker draining the local broker, what it waits for."""
+    why = ""
+    if process in stack.workers and drain_s > 0 and stack.broker is not None:
+        why = (f": it first persists the writes the local broker still holds (up to {drain_s:g} s); Ctrl-C again "
+               "kills everything now, and loses them")
+    console.print(f"  stopping {process.name} (pid {process.pid}){why}", highlight=False, soft_wrap=True)
 
 
 def _report(level: str, message: str) -> None:

@@ -268,6 +268,36 @@ def _memcached_version(host: str, port: int) -> bool:
         return False
 
 
+def test_ctrl_c_again_while_stopping_kills_everything_and_no_further_signal_prints_a_traceback(up):
+    """The first Ctrl-C starts the stop, and the worker's line says what it waits for (the drain) and what Ctrl-C
+    again does. With the broker frozen the stop waits on it; a burst of SIGINT, SIGTERM, SIGHUP and SIGINT then kills
+    everything at once, saying what is lost, and the signals after the first are one line, never a traceback (a
+    third one raised out of the code killing the children: a traceback, children left, the endpoints file too)."""
+    pids = up.pids()
+    os.kill(pids["broker"], signal.SIGSTOP)  # counter up's cleanup SIGKILLs it if the test fails
+    up.proc.send_signal(signal.SIGINT)
+    worker_line = f"stopping worker-0 (pid {pids['worker-0']})"
+    wait_for(lambda: worker_line in up.output() or up.proc.poll() is not None, 60,
+             message=lambda: f"the worker's stop; output:\n{up.output()}")
+    [line] = [line for line in up.output().splitlines() if worker_line in line]
+    assert "persists the writes the local broker still holds (up to 30 s)" in line, line
+    assert "Ctrl-C again kills everything" in line, line
+    started = time.monotonic()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        up.proc.send_signal(sig)
+    up.proc.wait(30)
+    took = time.monotonic() - started
+    output = up.output()
+    assert "Traceback" not in output and "Interrupted" not in output, output  # nor Python's "lost sys.stderr"
+    assert took < 10, f"killing everything took {took:.1f}s"
+    assert "received while stopping: killing everything (the writes the worker had not persisted yet are lost" \
+        in output, output
+    assert output.count("received again: stopping already, exiting once the children are gone") == 1, output
+    assert output.rstrip().splitlines()[-1] == "stopped.", output
+    assert all(gone(pid) for pid in pids.values()), output
+    assert not up.endpoints_file.exists()
+
+
 def test_kill_9_of_counter_up_takes_every_child_with_it(up):
     pids = up.pids()
     assert not any(gone(pid) for pid in pids.values())

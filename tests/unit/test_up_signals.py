@@ -1,4 +1,5 @@
-"""counter_cli.up_cmd.StopSignals: a Ctrl-C while starting stops `counter up` with 128 + the signal."""
+"""counter_cli.up_cmd.StopSignals: a Ctrl-C while starting stops `counter up` with 128 + the signal; while stopping
+the first kills everything and any further one is noted, never raised."""
 
 from __future__ import annotations
 
@@ -62,3 +63,36 @@ def test_a_bad_data_directory_or_a_taken_port_is_one_line_naming_it(tmp_path, mo
             run(build_parser().parse_args(["up", "--no-compile"]))
     err = capsys.readouterr().err
     assert exited.value.code == 1 and "COUNTER_API_PORT" in err and "in use" in err, err
+
+
+def test_while_stopping_one_signal_interrupts_and_any_further_one_is_noted_once_never_raised(capfd):
+    """A third Ctrl-C raised out of the code killing the children after the second: a traceback, children left."""
+    signals = StopSignals()
+    signals.running()
+    signals._handle(signal.SIGINT, None)  # asks for the stop
+    assert signals.stopping()
+    with pytest.raises(Interrupted) as raised:
+        signals._handle(signal.SIGTERM, None)  # kills everything
+    assert raised.value.signum == signal.SIGTERM
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGINT):
+        signals._handle(sig, None)
+    assert capfd.readouterr().err == "SIGHUP received again: stopping already, exiting once the children are gone\n"
+
+
+def test_a_second_signal_before_the_stop_begins_makes_it_kill_at_once():
+    """Ctrl-C twice in a row, the second before the stop armed itself: the stop does not wait for the drain."""
+    signals = StopSignals()
+    signals.running()
+    signals._handle(signal.SIGINT, None)
+    signals._handle(signal.SIGINT, None)
+    assert not signals.stopping()
+    signals._handle(signal.SIGINT, None)  # not raised: killing is under way
+
+
+def test_a_stop_no_signal_asked_for_is_interrupted_by_the_first():
+    """The broker died: the stop is `counter up`'s own, and the first Ctrl-C during it kills everything."""
+    signals = StopSignals()
+    signals.running()
+    assert signals.stopping()
+    with pytest.raises(Interrupted):
+        signals._handle(signal.SIGINT, None)
