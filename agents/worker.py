@@ -23,7 +23,7 @@ from agents.dimensions import Combinations
 from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
-from agents.rollup import BackPressure, Key, global_watermark, rollup_many
+from agents.rollup import BackPressure, Key, RollupsAbandoned, global_watermark, rollup_many
 from agents.watermark import (
     HEARTBEAT_HEADER,
     HeartbeatPace,
@@ -415,8 +415,15 @@ async def _persist(p: Pipeline, records: Sequence[KafkaRecord]) -> list[Key]:
 
 async def _rollup(p: Pipeline, keys: set[Key]) -> None:
     started = time.monotonic()
-    results = await rollup_many(keys, p.registry, events=p.events, rollups=p.rollups, cache=p.cache,
-                                watermark=p.watermark, pressure=p.pressure, buckets=p.buckets, sketches=p.sketches)
+    try:
+        # while the store is away the rollups wait for it, but not past a stop or a rebalance: Faust waits for the
+        # batch in hand before either (stream_wait_empty), and it would wait for ever
+        results = await rollup_many(keys, p.registry, events=p.events, rollups=p.rollups, cache=p.cache,
+                                    watermark=p.watermark, pressure=p.pressure, buckets=p.buckets,
+                                    sketches=p.sketches, give_up=lambda: p.app.should_stop or p.app.rebalancing)
+    except RollupsAbandoned as exc:
+        results = exc.done
+        await _hand_back(p, exc.left)
     pending = [r.key for r in results if r.pending]
     for r in results:
         metrics.ROLLUPS.labels(r.key[0], "applied" if r.applied else "unchanged").inc()
@@ -426,6 +433,20 @@ async def _rollup(p: Pipeline, keys: set[Key]) -> None:
         metrics.RESIGNALS.labels("convergence").inc(len(pending))
         await p.send_signals(pending)
     metrics.ROLLUP_BATCH_SECONDS.observe(time.monotonic() - started)
+
+
+async def _hand_back(p: Pipeline, keys: list[Key]) -> None:
+    """Signal again the counters whose rollups waited for the store when the worker stopped or handed its partitions
+    over: their signals are acknowledged with the batch. Should the broker refuse them too, the sweep finds the
+    counters (their last write is still ahead of their rollup)."""
+    try:
+        await p.send_signals(keys)
+    except Exception as exc:
+        log.warning("the rollups of %d counter(s) waited for the store when the worker stopped or handed its "
+                    "partitions over, and could not be signalled again (%r): left for the sweep", len(keys), exc)
+        return
+    log.warning("the rollups of %d counter(s) waited for the store when the worker stopped or handed its partitions "
+                "over: signalled again", len(keys))
 
 
 async def _retrying(what: str, action: Callable[[], Awaitable[T]]) -> T:
