@@ -20,15 +20,30 @@ Every published watermark then comes from a heartbeat before an offset whose flo
 starts at the committed offset, at or after it. A pair holds only from its offset: if the group's committed
 offsets were lost and a worker re-reads older records, those are judged as they were the first time, not
 dead-lettered against a later heartbeat.
+
+A previous owner can still be publishing when the new one loads: the group dropped it while it stalled (a GC or VM
+pause, SIGSTOP) after it had committed past a heartbeat H, and it wakes to publish H's floor and the watermark from
+H, which rollups then pass while the new owner judges the records after that commit by the older floor it loaded.
+So publications are fenced by claims (`sinks.RollupStore.claim_partitions`): `load` claims the partitions before it
+reads what was published, every floor, offset and watermark is published under the claim
+(`set_watermarks(..., claims=)`), and the store refuses, atomically with the write, one whose claim is no longer
+the partition's latest. A publication then either landed before the new owner's claim, and its load sees it, or is
+refused; the refused worker drops what was refused and claims again (`refused`), which is harmless from a worker the
+group dropped (it has no committed heartbeat to publish) and ends the fence of a late claimant.
+Claims come from the store, not from the group's generation, which a broker that keeps its groups in memory (the
+local Tansu) starts again at every restart while the store keeps what was claimed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from agents.persist import KafkaRecord, RawRecord
 from agents.watermark import HEARTBEAT_HEADER
 from sinks import RollupStore, arrival_keys
+
+log = logging.getLogger("counter.persist")
 
 Pair = tuple[int, int]  # (offset from which the floor holds, floor µs)
 
@@ -42,6 +57,7 @@ class ArrivalFloors:
         self._committed: dict[int, Pair] = {}  # partition -> the offset its floor was first committed at, the floor
         self._seeds: dict[int, Pair] = {}  # partition -> a published pair not yet applied
         self._unseeded: set[int] = set()  # assigned partitions whose published pairs are not loaded yet
+        self.claims: dict[int, int] = {}  # partition -> this worker's claim on it: what its publications carry
 
     def assigned(self, partitions: Iterable[int]) -> None:
         self._unseeded.update(partitions)
@@ -53,20 +69,41 @@ class ArrivalFloors:
             self._committed.pop(partition, None)
             self._seeds.pop(partition, None)
             self._unseeded.discard(partition)
+            self.claims.pop(partition, None)
 
     async def load(self, rollups: RollupStore, topic: str) -> None:
-        """Fetch the published pairs of the partitions assigned since the last call (a store error propagates:
-        the persist path retries its batch). The floors are read before the offsets, which are written first."""
+        """Claim the partitions assigned since the last call, then fetch their published pairs (a store error
+        propagates: the persist path retries its batch, claiming again). The claim comes first: a previous owner's
+        publication after it is refused, one before it is read here. The floors are read before the offsets, which
+        are written first."""
         if not self._unseeded:
             return
         loading = set(self._unseeded)
+        claims = await rollups.claim_partitions(topic, loading)
         from_key, floor_key = arrival_keys(topic)
         floors = await rollups.watermarks(floor_key)
         froms = await rollups.watermarks(from_key)
         for partition in loading & floors.keys() & froms.keys():
             if floors[partition] > self.floor.get(partition, 0):
                 self._seeds[partition] = (froms[partition], floors[partition])
+        self.claims.update(claims)
         self._unseeded -= loading
+
+    def refused(self, partitions: Iterable[int]) -> None:
+        """The store refused a publication for these partitions: another worker claimed them since. Either this one
+        lost them in a rebalance it has not heard of yet, or a worker that did claimed late (it stalled between its
+        assignment and its claim) and may be gone. What was refused is dropped, and the partitions are claimed again
+        with the next batch, their published pairs loaded again: a worker that lost them has no commit to publish
+        under the new claim (the group refuses its commits, and only committed heartbeats are published), and the
+        owner's claim ends a late claimant's fence, so its watermark does not stand still until the next rebalance.
+        Their floors stay, so the records in hand are judged as before."""
+        for partition in partitions:
+            if self.claims.pop(partition, None) is not None:
+                log.warning("publications for mutations partition %d refused: another worker claimed it since; "
+                            "claiming it again with the next batch (a worker the group dropped publishes nothing "
+                            "under it: its commits are refused)", partition)
+                self._unseeded.add(partition)
+            self._committed.pop(partition, None)
 
     def with_seeds(self, records: Sequence[KafkaRecord]) -> tuple[Sequence[KafkaRecord], set[int]]:
         """The records with a heartbeat put before the first record of each seeded partition at or past its
@@ -111,8 +148,9 @@ class ArrivalFloors:
         return out
 
     def publishable(self, partitions: Iterable[int]) -> tuple[dict[int, int], dict[int, int]]:
-        """The pairs to publish for these partitions: (partition -> offset, partition -> floor). Publish the
-        offsets, then the floors, then the watermarks: a half-done publication never holds a floor too early, nor a
-        watermark whose floor is unpublished."""
-        pairs = {p: self._committed[p] for p in partitions if p in self._committed}
+        """The pairs to publish for these partitions, those claimed: (partition -> offset, partition -> floor).
+        Publish the offsets, then the floors, then the watermarks, each under `claims`, and nothing more of a
+        partition once one is refused: a half-done publication never holds a floor too early, nor a watermark whose
+        floor is unpublished."""
+        pairs = {p: self._committed[p] for p in partitions if p in self._committed and p in self.claims}
         return {p: offset for p, (offset, _) in pairs.items()}, {p: floor for p, (_, floor) in pairs.items()}

@@ -66,6 +66,14 @@ class WatermarkTracker:
             if timestamp_us > self._seen.get(partition, 0):
                 self._seen[partition] = timestamp_us
 
+    def forget(self, partitions: Iterable[int]) -> None:
+        """A handover: the heartbeats seen on these partitions no longer make watermarks here. A worker given a
+        partition back must not publish the watermark of a heartbeat whose floor it never published (the revoke's
+        last commit counts one, `agents.arrival`): the owners in between judged by an older floor."""
+        with self._lock:
+            for partition in partitions:
+                self._seen.pop(partition, None)
+
     def marks(self, partitions: Iterable[int]) -> dict[int, int]:
         """Watermarks (µs) of the given partitions that have seen a heartbeat."""
         with self._lock:

@@ -107,14 +107,17 @@ class Pipeline:
 
     async def forget_partitions(self, partitions: set[int]) -> None:
         """A handover: the next owner starts from the arrival floors published. Waits for a publication in
-        flight, which must not land after the next owner has loaded what was published."""
+        flight, which must not land after the next owner has loaded what was published (the store refuses it if
+        it does: `agents.arrival`)."""
         async with self.publishing:
             self.arrivals.revoked(partitions)
+            self.tracker.forget(partitions)
 
     async def publish_watermarks(self) -> tuple[list[int], dict[int, int], dict[int, int]]:
         """Store what changed since the last call, for the partitions owned now: their arrival floors (from where
-        they hold), then the watermarks those allow, then when their latest persisted writes reached Kafka (an idle
-        worker writes nothing). Returns the owned partitions, their watermarks and their writes' times."""
+        they hold), then the watermarks those allow, both under this worker's claims (`agents.arrival`), then when
+        their latest persisted writes reached Kafka (an idle worker writes nothing). Returns the owned partitions,
+        their watermarks and their writes' times."""
         async with self.publishing:
             if (handover_at := self.handover_at) is not None:
                 await request_heartbeats(self.rollups, self.settings.mutations_topic, handover_at)
@@ -125,13 +128,25 @@ class Pipeline:
             froms, floors = self.arrivals.publishable(owned)
             topic = self.settings.mutations_topic
             from_key, floor_key = arrival_keys(topic)
-            for key, values in ((from_key, froms), (floor_key, floors), (topic, marks), (written_key(topic), written)):
-                published = self.published.setdefault(key, {})
-                changed = {q: v for q, v in values.items() if published.get(q) != v}
-                if changed:
-                    await self.rollups.set_watermarks(key, changed)
-                    published.update(changed)
+            for key, values in ((from_key, froms), (floor_key, floors), (topic, marks)):
+                await self._publish(key, values, self.arrivals.claims)
+            await self._publish(written_key(topic), written, None)  # unfenced: it only asks for more heartbeats
             return owned, marks, written
+
+    async def _publish(self, key: str, values: dict[int, int], claims: dict[int, int] | None) -> None:
+        """Store what changed of `values` since this worker last stored it; under `claims`, only for the partitions
+        claimed; a partition refused is claimed again with the next batch (`ArrivalFloors.refused`), and only heartbeats
+        committed after that make its watermark here."""
+        published = self.published.setdefault(key, {})
+        changed = {q: v for q, v in values.items() if published.get(q) != v and (claims is None or q in claims)}
+        if not changed:
+            return
+        fence = None if claims is None else {q: claims[q] for q in changed}
+        refused = await self.rollups.set_watermarks(key, changed, claims=fence)
+        if refused:  # claimed again with the next batch: the heartbeats seen so far must not make its watermark
+            self.arrivals.refused(refused)
+            self.tracker.forget(refused)
+        published.update({q: v for q, v in changed.items() if q not in refused})
 
     def offsets_committed(self, offsets: dict[int, int]) -> None:
         """The heartbeats behind committed offsets count toward the watermark (`agents.arrival`)."""

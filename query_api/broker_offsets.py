@@ -7,6 +7,11 @@ number of workers and from any API process.
 Tansu reports the base offset of a partition's last record batch + 1 as its end offset (see
 `streams.positions.PartitionEnds`): end offsets, and the lags and sizes computed from them, can fall short by the
 records of that last batch. Reading the DLQ's tail corrects its size with the last offset actually read.
+
+A topic the broker does not hold (never created, or deleted) raises `MissingTopic`, naming it, so a caller loses
+that topic's figures only; a broker that does not answer raises what confluent-kafka raised. Metadata requests
+never ask the broker to create a missing topic (Tansu, and Kafka's default `auto.create.topics.enable`, would,
+with the broker's defaults instead of the service's topic configuration): the view reports what is there.
 """
 
 from __future__ import annotations
@@ -21,6 +26,15 @@ from confluent_kafka.admin import AdminClient
 from schemas.dead_letter import parse_headers
 
 QUIET_POLL_S = 0.1  # an empty poll after reaching the end: the rest of the last batch has arrived
+_MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
+
+
+class MissingTopic(Exception):
+    """The broker answered and does not hold `topic` (never created, or deleted since)."""
+
+    def __init__(self, topic: str, error: KafkaError | str) -> None:
+        super().__init__(f"topic {topic!r} is missing: {error.str() if isinstance(error, KafkaError) else error}")
+        self.topic = topic
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +95,8 @@ class BrokerOffsets:
     @property
     def admin(self) -> AdminClient:
         if self._admin is None:
-            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "client.id": self.client_id})
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "client.id": self.client_id,
+                                       "allow.auto.create.topics": False})
         return self._admin
 
     @property
@@ -96,8 +111,12 @@ class BrokerOffsets:
 
     def partitions(self, topic: str) -> list[int]:
         meta = self.admin.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise KafkaException(meta.error if meta is not None else KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART))
+        if meta is None:
+            raise MissingTopic(topic, "not in the broker's metadata")
+        if meta.error is not None:
+            if meta.error.code() in _MISSING:
+                raise MissingTopic(topic, meta.error)
+            raise KafkaException(meta.error)
         return sorted(meta.partitions)
 
     def offsets(self, topic: str, group: str | None = None) -> TopicOffsets:

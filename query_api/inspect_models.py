@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from query_api.pipeline_health import PENDING_LIMIT
+
 
 class NamespaceInfo(BaseModel):
     name: str
@@ -60,9 +62,16 @@ class PartitionWatermark(BaseModel):
 
 class NamespaceRollups(BaseModel):
     namespace: str
-    pending_counters: int = Field(..., description="counters whose last write is ahead of their rollup")
-    rolled_up_to: datetime | None = Field(None, description="every stored event up to here is rolled up")
-    lag_s: float | None = Field(None, description="now - rolled_up_to while counters are pending, else 0")
+    pending_counters: int = Field(..., description="counters whose last write is ahead of their rollup, counted up "
+                                                   f"to {PENDING_LIMIT:,} (see pending_truncated)")
+    pending_truncated: bool = Field(False, description="more counters are pending than were counted: "
+                                                       "pending_counters, rolled_up_to and lag_s cover those counted")
+    rolled_up_to: datetime | None = Field(
+        None, description="where the oldest un-rolled-up work starts: the oldest rollup among the pending "
+                          "counters, a counter never rolled up counting from its latest write (the only time of it "
+                          "stored: its first write may be older); null when no counter is pending")
+    lag_s: float | None = Field(None, description="the age of the oldest un-rolled-up work (now - rolled_up_to) "
+                                                  "while counters are pending; 0 when none is")
 
 
 class QueuePartition(BaseModel):
@@ -111,12 +120,15 @@ class PipelineRates(BaseModel):
 class PipelineHealthResponse(BaseModel):
     generated_at: datetime | None
     topics: dict[str, str]
-    errors: dict[str, str] = Field(..., description="sources that did not answer (broker, store), and why")
+    errors: dict[str, str] = Field(..., description="sources that did not answer, and why: the broker or the store "
+                                                    "as a whole (`broker`, `store`: all their figures are empty), or "
+                                                    "one topic the broker does not hold, keyed as in `topics` "
+                                                    "(`dlq`: only that topic's figures are empty)")
     watermarks: list[PartitionWatermark]
     watermark_lag_s: float | None
     persist_lag_records: int | None
     rollups: list[NamespaceRollups]
-    pending_truncated: bool = Field(..., description="pending counters were counted up to a limit")
+    pending_truncated: bool = Field(..., description="some namespace has more pending counters than were counted")
     rollup_lag_s: float | None
     rollup_queue: RollupQueue | None
     dlq: DeadLetters | None

@@ -7,8 +7,10 @@ other hosts), and a worker's gauges die with it. Everything here is read where e
   mutations topic's end offsets and the persist group's (`<worker id>.persist`) committed offsets; none (0)
   once a watermark covers the latest write the workers persisted (`sinks.written_key`): idle workers then send
   no heartbeats and the watermark rightly stands still;
-* rollups per namespace: the counters whose last write is ahead of their rollup (`RollupStore.stale`, the
-  sweep's own query) and the time every event of the namespace is rolled up to (`min_rollup_ts`);
+* rollups per namespace: the counters whose last write is ahead of their rollup, counted up to `PENDING_LIMIT` per
+  namespace, and where the oldest of them is (`RollupStore.pending_rollups`, a query of its own: it reads pending
+  counters only, never a whole namespace, and leaves the sweep's rotation alone). Not `min_rollup_ts`, the
+  retention bound: it stays 0 while a counter was never rolled up, which is no lag figure;
 * rollup queue depth: the rollups topic's end offsets less the Faust group's (`<worker id>`) commits;
 * the DLQ's size and newest dead letters with their reasons: the DLQ topic, read from its end;
 * rates: differences between snapshots of cumulative figures (topic end offsets, group commits, and this API
@@ -16,49 +18,52 @@ other hosts), and a worker's gauges die with it. Everything here is read where e
 
 A snapshot is shared by every caller for `ttl_s`, and one is computed at a time: a wall of dashboards costs
 the store and the broker one read every couple of seconds. A broker that does not answer leaves its figures
-empty and says why (`errors`), the store's are still shown.
+empty and says why (`errors["broker"]`), the store's are still shown; a topic it does not hold (a DLQ never
+created, or deleted) empties that topic's figures only (`errors["dlq"]`, keyed as in `topics`, naming it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from control_plane import CounterType, Namespace, NamespaceRegistry
+from control_plane import CounterType, NamespaceRegistry
 from control_plane.admission import covering_watermark
 from query_api import metrics
-from query_api.broker_offsets import BrokerOffsets, DeadRecord, TopicOffsets
+from query_api.broker_offsets import BrokerOffsets, DeadRecord, MissingTopic, TopicOffsets
 from schemas import MICROS, DecodeError, decode_mutations
 from schemas.dead_letter import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
 from sinks import RollupStore, written_key
+from sinks.model import PendingRollups
 from streams.settings import Settings
 
 TTL_S = 2.0
 DEAD_LETTERS = 20  # newest dead letters shown
-STALE_LIMIT = 10_000  # pending counters counted at most (the count says when it is a floor)
+PENDING_LIMIT = 10_000  # pending counters counted per namespace at most (the count says when it is a floor)
 RATE_WINDOW_S = 60.0  # rates are averaged over up to this much history
 RATE_MIN_GAP_S = 1.0  # ... and over at least this much
 
 
 @dataclass(frozen=True, slots=True)
 class BrokerFigures:
-    mutations: TopicOffsets
-    rollups: TopicOffsets
-    dlq: TopicOffsets
+    """What the broker answered; a topic it does not hold has None, and why in `errors` (keyed as `topics`)."""
+
+    mutations: TopicOffsets | None
+    rollups: TopicOffsets | None
+    dlq: TopicOffsets | None
     dlq_ends: dict[int, int]  # end offsets corrected by what reading the tail found
     dead_letters: list[DeadRecord]
+    errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class StoreFigures:
     watermarks: dict[int, int]  # partition -> µs
     covering: int | None  # the watermark covering the latest write persisted (None: no write yet)
-    pending: dict[str, int]  # namespace -> counters whose rollup is behind their last write
-    pending_truncated: bool
-    rolled_up_to: dict[str, int]  # namespace -> µs (0: nothing rolled up yet)
+    pending: dict[str, PendingRollups]  # namespace -> its counters whose rollup is behind their last write
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +107,13 @@ class PipelineHealth:
     """Computes, caches and rates the figures; `snapshot()` is what the route serves."""
 
     def __init__(self, settings: Settings, registry: NamespaceRegistry, rollups: RollupStore, *,
-                 ttl_s: float = TTL_S, dead_letters: int = DEAD_LETTERS) -> None:
+                 ttl_s: float = TTL_S, dead_letters: int = DEAD_LETTERS, pending_limit: int = PENDING_LIMIT) -> None:
         self.settings = settings
         self.registry = registry
         self.rollups = rollups
         self.ttl_s = ttl_s
         self.dead_letters = dead_letters
+        self.pending_limit = pending_limit
         self.broker = BrokerOffsets(settings.kafka_bootstrap or "")
         self._broker_lock = asyncio.Lock()  # one thread at a time uses the broker clients
         self._lock = asyncio.Lock()
@@ -142,6 +148,7 @@ class PipelineHealth:
         try:
             async with self._broker_lock:
                 broker = await asyncio.to_thread(self._broker_figures)
+            errors.update(broker.errors)
         except Exception as exc:  # an unreachable broker is a figure of its own, not a failed page
             errors["broker"] = f"{type(exc).__name__}: {exc}"
         store: StoreFigures | None = None
@@ -150,12 +157,7 @@ class PipelineHealth:
         except Exception as exc:
             errors["store"] = f"{type(exc).__name__}: {exc}"
         now = time.monotonic()
-        totals: dict[str, float] = {}
-        if broker is not None:
-            totals = {"mutation_records": broker.mutations.end_total,
-                      "persisted_records": broker.mutations.committed_total,
-                      "rollup_signals": broker.rollups.end_total, "dead_letters": sum(broker.dlq_ends.values())}
-        rates, span = self._rates.observe(now, totals)
+        rates, span = self._rates.observe(now, _totals(broker))
         served = {endpoint: float(n) for endpoint, n in metrics.requests_by_endpoint().items()}
         requests, request_span = self._request_rates.observe(now, served)
         return Snapshot(time.time_ns() // 1000, store, broker, rates,
@@ -165,23 +167,24 @@ class PipelineHealth:
         watermarks = await self.rollups.watermarks(self.settings.mutations_topic)
         covering = covering_watermark(await self.rollups.watermarks(written_key(self.settings.mutations_topic)),
                                       self.registry.values())
-        stale = await self.rollups.stale(STALE_LIMIT)
-        pending = Counter(ns for ns, _ in stale)
-        rolled: dict[str, int] = {}
-        for ns in self._rolled_up_namespaces():
-            rolled[ns.name] = await self.rollups.min_rollup_ts(ns.name)
-        return StoreFigures(watermarks, covering, dict(pending), len(stale) >= STALE_LIMIT, rolled)
-
-    def _rolled_up_namespaces(self) -> list[Namespace]:
-        return [ns for ns in self.registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
+        names = [ns.name for ns in self.registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
+        return StoreFigures(watermarks, covering, await self.rollups.pending_rollups(names, self.pending_limit))
 
     def _broker_figures(self) -> BrokerFigures:
-        s = self.settings
-        mutations = self.broker.offsets(s.mutations_topic, self.persist_group)
-        rollups = self.broker.offsets(s.rollups_topic, self.rollup_group)
-        dlq = self.broker.offsets(s.dlq_topic)
-        dead, ends = self.broker.tail(dlq, self.dead_letters)
-        return BrokerFigures(mutations, rollups, dlq, ends, dead)
+        """Each topic on its own: one the broker does not hold loses its own figures, not the others'."""
+        s, errors = self.settings, dict[str, str]()
+
+        def offsets(role: str, topic: str, group: str | None = None) -> TopicOffsets | None:
+            try:
+                return self.broker.offsets(topic, group)
+            except MissingTopic as exc:
+                errors[role] = str(exc)
+                return None
+        mutations = offsets("mutations", s.mutations_topic, self.persist_group)
+        rollups = offsets("rollups", s.rollups_topic, self.rollup_group)
+        dlq = offsets("dlq", s.dlq_topic)
+        dead, ends = self.broker.tail(dlq, self.dead_letters) if dlq is not None else ([], {})
+        return BrokerFigures(mutations, rollups, dlq, ends, dead, errors)
 
     async def close(self) -> None:
         async with self._broker_lock:
@@ -196,48 +199,24 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
     letter's key and record (a namespace with API keys keeps them from callers without its read scope)."""
     now = snapshot.at_us
     store, broker = snapshot.store, snapshot.broker
-    marks = store.watermarks if store else {}
-    partitions = sorted(set(marks) | set(broker.mutations.high if broker else ()))
-    watermarks = []
-    lags: list[float] = []
-    for p in partitions:
-        mark = marks.get(p)
-        # covered: past the latest write persisted, and nothing left unpersisted on the broker (a dead worker
-        # persists nothing more, so the latest write persisted stands still while records wait)
-        caught_up = broker is None or broker.mutations.lag(p) in (0, None)
-        covered = mark is not None and caught_up and (store is None or store.covering is None
-                                                      or mark >= store.covering)
-        if (lag := 0.0 if covered else _lag(now, mark)) is not None:
-            lags.append(lag)
-        watermarks.append({
-            "partition": p, "watermark": _time(mark), "lag_s": lag,
-            "end_offset": broker.mutations.high.get(p) if broker else None,
-            "persisted_offset": broker.mutations.committed.get(p) if broker else None,
-            "persist_lag_records": broker.mutations.lag(p) if broker else None})
-    rollups = []
-    rollup_lags: list[float] = []
-    for ns in registry.values():
-        if ns.counter_type is CounterType.BEST_EFFORT or store is None:
-            continue
-        upto = store.rolled_up_to.get(ns.name, 0)
-        pending = store.pending.get(ns.name, 0)
-        lag = _lag(now, upto) if pending else (0.0 if upto else None)
-        if lag is not None:
-            rollup_lags.append(lag)
-        rollups.append({"namespace": ns.name, "pending_counters": pending, "rolled_up_to": _time(upto), "lag_s": lag})
-    heartbeats = len(partitions) * 1000 / settings.watermark_interval_ms
+    mutations = broker.mutations if broker else None
+    watermarks = _watermarks(now, store, mutations)
+    lags = [w["lag_s"] for w in watermarks if w["lag_s"] is not None]
+    rollups = _rollups(now, store, registry)
+    rollup_lags = [r["lag_s"] for r in rollups if r["lag_s"] is not None]
+    heartbeats = len(watermarks) * 1000 / settings.watermark_interval_ms
     return {
         "generated_at": _time(now),
         "topics": {"mutations": settings.mutations_topic, "rollups": settings.rollups_topic, "dlq": settings.dlq_topic},
         "errors": snapshot.errors,
         "watermarks": watermarks,
         "watermark_lag_s": max(lags) if lags else None,
-        "persist_lag_records": broker.mutations.total_lag if broker else None,
+        "persist_lag_records": mutations.total_lag if mutations else None,
         "rollups": rollups,
-        "pending_truncated": store.pending_truncated if store else False,
+        "pending_truncated": any(r["pending_truncated"] for r in rollups),
         "rollup_lag_s": max(rollup_lags) if rollup_lags else None,
-        "rollup_queue": _queue(broker.rollups) if broker else None,
-        "dlq": _dlq(broker, settings, can_read) if broker else None,
+        "rollup_queue": _queue(broker.rollups) if broker and broker.rollups else None,
+        "dlq": _dlq(broker, broker.dlq, settings, can_read) if broker and broker.dlq else None,
         "rates": {"window_s": snapshot.rate_window_s,
                   "mutation_records_per_s": snapshot.rates.get("mutation_records"),
                   "persisted_records_per_s": snapshot.rates.get("persisted_records"),
@@ -248,14 +227,63 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
     }
 
 
+def _watermarks(now: int, store: StoreFigures | None, mutations: TopicOffsets | None) -> list[dict[str, Any]]:
+    marks = store.watermarks if store else {}
+    rows = []
+    for p in sorted(set(marks) | set(mutations.high if mutations else ())):
+        mark = marks.get(p)
+        # covered: past the latest write persisted, and nothing left unpersisted on the broker (a dead worker
+        # persists nothing more, so the latest write persisted stands still while records wait)
+        caught_up = mutations is None or mutations.lag(p) in (0, None)
+        covered = mark is not None and caught_up and (store is None or store.covering is None
+                                                      or mark >= store.covering)
+        rows.append({
+            "partition": p, "watermark": _time(mark), "lag_s": 0.0 if covered else _lag(now, mark),
+            "end_offset": mutations.high.get(p) if mutations else None,
+            "persisted_offset": mutations.committed.get(p) if mutations else None,
+            "persist_lag_records": mutations.lag(p) if mutations else None})
+    return rows
+
+
+def _rollups(now: int, store: StoreFigures | None, registry: NamespaceRegistry) -> list[dict[str, Any]]:
+    """Per rolled-up namespace: its pending counters and the age of the oldest un-rolled-up work (0: none)."""
+    if store is None:
+        return []
+    rows = []
+    for ns in registry.values():
+        if ns.counter_type is CounterType.BEST_EFFORT:
+            continue
+        pending = store.pending.get(ns.name, PendingRollups())
+        since = pending.oldest_us if pending.counters else None
+        rows.append({"namespace": ns.name, "pending_counters": pending.counters,
+                     "pending_truncated": pending.truncated, "rolled_up_to": _time(since),
+                     "lag_s": _lag(now, since) if pending.counters else 0.0})
+    return rows
+
+
+def _totals(broker: BrokerFigures | None) -> dict[str, float]:
+    """The cumulative figures rates are made of, of the topics the broker answered for."""
+    totals: dict[str, float] = {}
+    if broker is None:
+        return totals
+    if broker.mutations is not None:
+        totals["mutation_records"] = broker.mutations.end_total
+        totals["persisted_records"] = broker.mutations.committed_total
+    if broker.rollups is not None:
+        totals["rollup_signals"] = broker.rollups.end_total
+    if broker.dlq is not None:
+        totals["dead_letters"] = sum(broker.dlq_ends.values())
+    return totals
+
+
 def _queue(rollups: TopicOffsets) -> dict[str, Any]:
     parts = [{"partition": p, "end_offset": rollups.high[p], "committed_offset": rollups.committed.get(p),
               "depth": rollups.lag(p)} for p in sorted(rollups.high)]
     return {"depth": rollups.total_lag, "partitions": parts}
 
 
-def _dlq(broker: BrokerFigures, settings: Settings, can_read: Any) -> dict[str, Any]:
-    size = sum(broker.dlq_ends[p] - broker.dlq.low[p] for p in broker.dlq_ends)
+def _dlq(broker: BrokerFigures, dlq: TopicOffsets, settings: Settings, can_read: Any) -> dict[str, Any]:
+    size = sum(broker.dlq_ends[p] - dlq.low[p] for p in broker.dlq_ends)
     letters = []
     for r in broker.dead_letters:
         namespace = _namespace_of(r)

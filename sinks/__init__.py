@@ -15,6 +15,7 @@ from sinks.base import (
     SketchStore,
     Stores,
     arrival_keys,
+    claim_topic,
     written_key,
 )
 from sinks.cache import RollupCache, open_cache
@@ -61,6 +62,7 @@ __all__ = [
     "apply_aggregate",
     "arrival_keys",
     "cache_key",
+    "claim_topic",
     "open_cache",
     "open_namespace_sketch_store",
     "open_namespace_stores",

@@ -7,10 +7,10 @@ All times are epoch microseconds.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
-from sinks.model import Aggregate, EventRow, RollupState
+from sinks.model import Aggregate, EventRow, PendingRollups, RollupState
 from sinks.sketches import BucketItems, SketchRow, StoredSketch
 from sinks.windows import BucketRange, BucketRow, BucketSum, Granularity, RankEntry, RankPage, StoredBucket
 
@@ -27,6 +27,20 @@ def arrival_keys(topic: str) -> tuple[str, str]:
     (`agents.arrival`): the offset from which it holds, and the floor (µs). Written in that order, read in the
     other, so that a pair half-written or merged by max never holds a floor from an offset before its own."""
     return f"{topic}/arrival-from", f"{topic}/arrival-floor"
+
+
+def claim_topic(key: str) -> str:
+    """The topic whose partitions' claims (`RollupStore.claim_partitions`) fence publications to watermark key `key`:
+    the key itself, or what precedes its '/' (`written_key`, `arrival_keys`; Kafka topic names have no '/')."""
+    return key.partition("/")[0]
+
+
+def claims_for(marks: Mapping[int, int], claims: Mapping[int, int]) -> dict[int, int]:
+    """The claim of each partition of `marks`, for a fenced `RollupStore.set_watermarks` (a backend's check)."""
+    missing = sorted(set(marks) - set(claims))
+    if missing:
+        raise ValueError(f"no claim given for partition(s) {missing}: a fenced publication carries one per partition")
+    return {int(p): int(claims[p]) for p in marks}
 
 __all__ = ["BucketStore", "EventStore", "RollupStore", "ScanCursor", "SketchStore", "Stores"]
 
@@ -146,8 +160,29 @@ class RollupStore(Protocol):
         """Time up to which every stored event of the namespace is rolled up (retention bound)."""
         ...
 
-    async def set_watermarks(self, topic: str, marks: Mapping[int, int]) -> None:
-        """Per-partition persist watermark (µs); never moves a partition's mark backwards."""
+    async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
+        """Per namespace (every one asked, in one call): its pending counters (``last_write_ts > rollup_ts``)
+        counted up to ``limit``, and where the oldest pending work starts (``PendingRollups``). For the operator
+        view, every few seconds: reads only pending counters, at most ``limit`` per namespace (never a whole
+        namespace, however many converged counters it holds), writes nothing, and leaves the sweep's rotation
+        (``stale``) where it was."""
+        ...
+
+    async def set_watermarks(self, topic: str, marks: Mapping[int, int], *,
+                             claims: Mapping[int, int] | None = None) -> set[int]:
+        """Per-partition persist watermark (µs); never moves a partition's mark backwards.
+
+        With ``claims`` (partition -> the claim ``claim_partitions`` gave this writer on that partition of
+        ``claim_topic(topic)``, one per partition of ``marks``) a partition's mark is written only while that claim
+        is the partition's latest, checked atomically with the write. Returns the partitions refused: another
+        worker claimed them since, so this one lost them (empty without ``claims``)."""
+        ...
+
+    async def claim_partitions(self, topic: str, partitions: Collection[int]) -> dict[int, int]:
+        """A new claim on each of ``topic``'s ``partitions`` (partition -> claim), unlike any claim before it, and
+        the partition's latest until the next claim. A worker given partitions claims them before it loads what was
+        published for them and publishes under its claims, so the store refuses what a previous owner still
+        publishes (a worker the group dropped while it stalled, `agents.arrival`)."""
         ...
 
     async def watermarks(self, topic: str) -> dict[int, int]: ...

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 
 import xxhash
 
-__all__ = ["EMPTY_AGGREGATE", "INT64_MAX", "INT64_MIN", "Aggregate", "EventRow", "Partitioning", "RollupState",
-           "apply_aggregate", "join_halves", "later_than_stored", "prefix_end", "saturate"]
+__all__ = ["EMPTY_AGGREGATE", "INT64_MAX", "INT64_MIN", "Aggregate", "EventRow", "Partitioning", "PendingRollups",
+           "RollupState", "apply_aggregate", "join_halves", "later_than_stored", "prefix_end", "saturate"]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,28 @@ class RollupState:
     @property
     def stale(self) -> bool:
         return self.last_write_ts > self.rollup_ts
+
+    @property
+    def pending_since(self) -> int:
+        """Where this counter's un-rolled-up events start, for operators: its rollup_ts, or while it was never
+        rolled up its last write, the only time of it stored (0 would read as decades of lag)."""
+        return self.rollup_ts or self.last_write_ts
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRollups:
+    """A namespace's counters waiting for a rollup (``last_write_ts > rollup_ts``), as the operator view shows them
+    (``RollupStore.pending_rollups``).
+
+    ``counters``: how many, at most the limit asked; ``truncated``: there are more, and both figures cover only
+    those counted. ``oldest_us``: the lowest ``RollupState.pending_since`` among them, i.e. where the oldest
+    un-rolled-up work starts; 0 when none is pending. Not the retention bound (``min_rollup_ts``), which must
+    stay 0 while any counter was never rolled up.
+    """
+
+    counters: int = 0
+    oldest_us: int = 0
+    truncated: bool = False
 
 
 def apply_aggregate(count: int, agg: Aggregate, key: Hashable = None) -> int:

@@ -4,7 +4,7 @@ URL format (every query parameter is optional)::
 
     cassandra://[user[:password]@]host1[:port],host2[:port]/keyspace?dc=dc1&consistency=LOCAL_QUORUM
         &replication=3 | replication=dc1:3,dc2:3      keyspace replication used by `counter schema apply`
-        &serial_consistency=LOCAL_SERIAL             for the one lightweight transaction (namespace pin)
+        &serial_consistency=LOCAL_SERIAL             for the lightweight transactions (namespace pin, claims)
         &tls=1&ca=/ca.pem&cert=/client.pem&key=/client.key&tls_verify=1
         &concurrency=128                             requests in flight per process
         &fetch_size=5000&timeout=10&connect_timeout=10&schema_wait=30

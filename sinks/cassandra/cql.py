@@ -20,6 +20,9 @@ Data model (keyspace ``ks``)::
     rollup_pending    ((shard), namespace, counter_name)     marker: last_write_ts > rollup_ts
     rollup_bounds     ((namespace), shard)                   newest converged rollup_ts
     watermarks        ((topic), kafka_partition)             persist watermark per partition
+    watermark_claims  ((topic), kafka_partition)             claim, marks: a mutations partition's latest claim
+                      and the marks published under claims (map: watermark key -> mark), written only by
+                      lightweight transactions conditioned on the claim (sinks.cassandra.rollups)
     window_buckets    ((namespace, counter_name, granularity, slice), start_us)   bucket_count, computed_upto
                       minute/hour/day buckets of windowed counts; a slice is a day of minutes, 32 days of hours,
                       a year of days (sinks.windows.Granularity.slice_us): no partition grows without bound
@@ -81,7 +84,7 @@ MIN_BIGINT = -(2**63)
 _US = 1_000_000
 
 BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "event_counters", "rollups", "rollup_pending",
-               "rollup_bounds", "watermarks", "window_buckets", "window_slices", "window_counters",
+               "rollup_bounds", "watermarks", "watermark_claims", "window_buckets", "window_slices", "window_counters",
                "window_clears", "window_ranks", "window_rank_lists", "counter_combinations", "window_sketches",
                "sketch_slices", "sketch_counters")
 COUNTER_SHARDS = 16  # partitions per namespace of the event_counters registry (fixed: part of the key)
@@ -200,6 +203,13 @@ def _base_tables(ks: str) -> list[str]:
     topic text,
     kafka_partition int,
     mark_us bigint,
+    PRIMARY KEY (topic, kafka_partition)
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.watermark_claims (
+    topic text,
+    kafka_partition int,
+    claim bigint,
+    marks map<text, bigint>,
     PRIMARY KEY (topic, kafka_partition)
 )""",
         *_sliced_tables(ks, "window_buckets", "bucket_count bigint", "window_slices", "window_counters"),
@@ -559,9 +569,13 @@ class RollupCql:
                     "WHERE shard = ? AND (namespace, counter_name) > (?, ?) LIMIT ?",
                     (shard, namespace, counter, limit))
 
-    def pending_of_namespace(self, shard: int, namespace: str) -> Stmt:
+    def pending_of_namespace(self, shard: int, namespace: str, limit: int | None = None) -> Stmt:
+        """The namespace's markers in ``shard``, by name; the first ``limit`` of them when given."""
+        if limit is None:
+            return Stmt("pending.of_ns", f"SELECT counter_name FROM {self.ks}.rollup_pending "
+                        "WHERE shard = ? AND namespace = ?", (shard, namespace))
         return Stmt("pending.of_ns", f"SELECT counter_name FROM {self.ks}.rollup_pending "
-                    "WHERE shard = ? AND namespace = ?", (shard, namespace))
+                    "WHERE shard = ? AND namespace = ? LIMIT ?", (shard, namespace, limit))
 
     def set_bound(self, namespace: str, shard: int, rollup_ts: int) -> Stmt:
         return Stmt("bounds.set", f"UPDATE {self.ks}.rollup_bounds USING TIMESTAMP ? SET rollup_ts = ? "
@@ -580,6 +594,39 @@ class RollupCql:
 
     def get_marks(self, topic: str) -> Stmt:
         return Stmt("marks.get", f"SELECT kafka_partition, mark_us FROM {self.ks}.watermarks WHERE topic = ?",
+                    (topic,))
+
+    # claims on a topic's partitions and the marks published under them: lightweight transactions only (their
+    # timestamps are Paxos ballots, never USING TIMESTAMP), read back at the serial level
+    def get_claim(self, topic: str, partition: int) -> Stmt:
+        return Stmt("claims.get", f"SELECT claim, marks FROM {self.ks}.watermark_claims "
+                    "WHERE topic = ? AND kafka_partition = ?", (topic, partition), serial=True)
+
+    def first_claim(self, topic: str, partition: int) -> Stmt:
+        """Claim 1, on a partition nobody claimed (no row, or a row without a claim)."""
+        return Stmt("claims.first", f"UPDATE {self.ks}.watermark_claims SET claim = 1 "
+                    "WHERE topic = ? AND kafka_partition = ? IF claim = null", (topic, partition))
+
+    def next_claim(self, topic: str, partition: int, latest: int) -> Stmt:
+        """Claim ``latest + 1``, if ``latest`` is still the partition's latest claim (compare-and-set)."""
+        return Stmt("claims.next", f"UPDATE {self.ks}.watermark_claims SET claim = ? "
+                    "WHERE topic = ? AND kafka_partition = ? IF claim = ?", (latest + 1, topic, partition, latest))
+
+    def raise_claimed_mark(self, topic: str, partition: int, key: str, mark_us: int, claim: int) -> Stmt:
+        """``marks[key] = mark_us`` under ``claim``, if that raises it (a missing element compares as no value:
+        not applied, see ``first_claimed_mark``)."""
+        return Stmt("claims.raise", f"UPDATE {self.ks}.watermark_claims SET marks[?] = ? "
+                    "WHERE topic = ? AND kafka_partition = ? IF claim = ? AND marks[?] < ?",
+                    (key, mark_us, topic, partition, claim, key, mark_us))
+
+    def first_claimed_mark(self, topic: str, partition: int, key: str, mark_us: int, claim: int) -> Stmt:
+        """``marks[key] = mark_us`` under ``claim``, where the partition has no mark of ``key`` yet."""
+        return Stmt("claims.first_mark", f"UPDATE {self.ks}.watermark_claims SET marks[?] = ? "
+                    "WHERE topic = ? AND kafka_partition = ? IF claim = ? AND marks[?] = null",
+                    (key, mark_us, topic, partition, claim, key))
+
+    def get_claimed_marks(self, topic: str) -> Stmt:
+        return Stmt("claims.marks", f"SELECT kafka_partition, marks FROM {self.ks}.watermark_claims WHERE topic = ?",
                     (topic,))
 
     # the registry of dimension combinations

@@ -8,6 +8,22 @@ written with the highest timestamp):
   The two columns are independent cells, so bumps and rollups never overwrite each other.
 * watermarks are written ``USING TIMESTAMP`` = the mark: never backwards.
 
+Claims (``claim_partitions``) and the marks published under them (``set_watermarks(..., claims=)``) fence a worker
+that lost its partitions while it stalled: a publication must apply only while the writer's claim is the
+partition's latest, atomically with the check, which takes a lightweight transaction (Paxos: a claim and a
+publication on one partition are linearized, so a publication either lands before the claim, where the new owner's
+later reads see it, or meets the new claim and is refused). So each mutations partition has one row of
+``watermark_claims`` in the topic's partition holding its latest claim and, in a map, the marks of every key
+published under claims; they never meet the ``USING TIMESTAMP`` cells of ``watermarks`` (a conditional write
+cannot set its timestamp), and ``watermarks`` reads both tables, the greater mark winning.
+* a claim is a compare-and-set: ``claim = latest + 1 IF claim = latest`` (``IF claim = null`` for the first),
+  retried on a race, so two claimants never get the same claim and the later one wins;
+* a mark is raised by ``IF claim = mine AND marks[key] < mark``; when that is not applied a serial read says why:
+  another claim (refused), a mark already as high (nothing to do), or none yet (``IF ... marks[key] = null``).
+Publications are about one a second per partition and key, claims one per partition per rebalance: the
+transactions' extra round trips are off the persist path. A timed-out transaction is not retried by the driver
+(its outcome is unknown: ``IdempotentRetryPolicy``); the error reaches the caller, which retries whole.
+
 ``write_rollup`` must say whether it applied. Without a lightweight transaction that cannot be
 known atomically, so: (1) read the row and refuse a boundary that is not later (this also covers
 an *equal* boundary, where timestamps tie and Cassandra would keep the greater value instead of
@@ -29,6 +45,13 @@ crash between a rollup and its marker delete). Cost: markers of *pending* counte
 scan of all counters. Tombstones: one per counter per catch-up (not per rollup: the delete is only
 sent when a rollup turns a stale counter converged); ``gc_grace_seconds`` is short on that table
 because a resurrected marker is harmless (one extra signal, then deleted again).
+
+``pending_rollups`` (the operator view, every few seconds): per namespace, markers shard after shard until ``limit``
+of them are read (a page per shard, asking for what is left of the limit and one more), then their rows in one
+fan-out: at most ``limit`` rows and ``limit + shards`` markers read per namespace, however many counters it holds or
+has pending (namespaces are read concurrently). A marker whose row converged (a crash between a rollup and its
+marker delete) is not counted; it is left for the sweep to delete: the view only reads, and leaves the sweep's
+cursor alone.
 
 ``min_rollup_ts``: with pending markers of the namespace, the minimum of their rollup_ts; without,
 the newest rollup that converged a counter (``rollup_bounds``, written ``USING TIMESTAMP`` = its
@@ -52,13 +75,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
+from sinks.base import claim_topic, claims_for
 from sinks.cassandra.cql import RollupCql, Stmt, pending_shard
 from sinks.cassandra.session import Executor
-from sinks.model import RollupState, prefix_end
+from sinks.model import PendingRollups, RollupState, prefix_end
 
 __all__ = ["CassandraRollupStore"]
+
+
+LWT_ATTEMPTS = 8  # compare-and-set rounds of one claim or mark before giving up (each lost only to a new claim)
 
 
 def _now_us() -> int:
@@ -185,12 +212,45 @@ class CassandraRollupStore:
         rows = await self._x.run(self._cql.get_bounds(namespace))
         return max((int(r[0] or 0) for r in rows), default=0)
 
-    async def set_watermarks(self, topic: str, marks: Mapping[int, int]) -> None:
-        if marks:
+    async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
+        names, cap = list(dict.fromkeys(namespaces)), max(0, limit)
+        marked = await asyncio.gather(*(self._marked(ns, cap) for ns in names))
+        states = await self.get_many([(ns, c) for ns, (counters, _) in zip(names, marked, strict=True)
+                                      for c in counters])
+        out: dict[str, PendingRollups] = {}
+        for ns, (counters, more) in zip(names, marked, strict=True):
+            pending = [states.get((ns, c)) for c in counters]
+            pending = [st for st in pending if st is None or st.stale]  # None: a marker without its row yet
+            oldest = min((st.pending_since for st in pending if st is not None), default=0)
+            out[ns] = PendingRollups(len(pending), oldest, more)
+        return out
+
+    async def set_watermarks(self, topic: str, marks: Mapping[int, int], *,
+                             claims: Mapping[int, int] | None = None) -> set[int]:
+        if not marks:
+            return set()
+        if claims is None:
             await self._x.run_all([self._cql.set_mark(topic, int(p), int(m)) for p, m in marks.items()])
+            return set()
+        owner, fence = claim_topic(topic), claims_for(marks, claims)
+        refused = await asyncio.gather(*(self._set_claimed(owner, int(p), topic, int(m), fence[int(p)])
+                                         for p, m in marks.items()))
+        return {int(p) for p, no in zip(marks, refused, strict=True) if no}
+
+    async def claim_partitions(self, topic: str, partitions: Collection[int]) -> dict[int, int]:
+        ordered = sorted({int(p) for p in partitions})
+        claims = await asyncio.gather(*(self._claim(topic, p) for p in ordered))
+        return dict(zip(ordered, claims, strict=True))
 
     async def watermarks(self, topic: str) -> dict[int, int]:
-        return {int(p): int(m) for p, m in await self._x.run(self._cql.get_marks(topic)) if m is not None}
+        plain, claimed = await self._x.run_all([self._cql.get_marks(topic),
+                                                self._cql.get_claimed_marks(claim_topic(topic))])
+        out = {int(p): int(m) for p, m in plain or () if m is not None}
+        for p, marks in claimed or ():
+            mark = (marks or {}).get(topic)
+            if mark is not None:
+                out[int(p)] = max(int(mark), out.get(int(p), int(mark)))
+        return out
 
     async def delete(self, namespace: str, counter: str | None = None) -> int:
         now = self._clock_us()
@@ -242,6 +302,57 @@ class CassandraRollupStore:
         await self._x.close()
 
     # -- internals ------------------------------------------------------------------------------
+
+    async def _applied(self, stmt: Stmt) -> bool:
+        """Whether a lightweight transaction applied (the ``[applied]`` column leads its one row)."""
+        rows = await self._x.run(stmt)
+        return bool(rows and rows[0][0])
+
+    async def _claimed(self, topic: str, partition: int) -> tuple[int | None, dict[str, int]]:
+        """The partition's latest claim (None: never claimed) and its marks published under claims, read at the
+        serial level: a transaction in flight is settled first."""
+        rows = await self._x.run(self._cql.get_claim(topic, partition))
+        if not rows:
+            return None, {}
+        claim, marks = rows[0]
+        return (None if claim is None else int(claim)), {str(k): int(v) for k, v in (marks or {}).items()}
+
+    async def _claim(self, topic: str, partition: int) -> int:
+        """A claim one past the partition's latest, by compare-and-set: a race with another claimant re-reads."""
+        for _ in range(LWT_ATTEMPTS):
+            latest, _marks = await self._claimed(topic, partition)
+            stmt = (self._cql.first_claim(topic, partition) if latest is None
+                    else self._cql.next_claim(topic, partition, latest))
+            if await self._applied(stmt):
+                return 1 if latest is None else latest + 1
+        raise RuntimeError(f"could not claim partition {partition} of {topic!r}: {LWT_ATTEMPTS} claims raced it")
+
+    async def _set_claimed(self, owner: str, partition: int, key: str, mark_us: int, claim: int) -> bool:
+        """Raise the partition's mark of ``key`` under ``claim``; whether refused (a later claim holds it)."""
+        stmt = self._cql.raise_claimed_mark(owner, partition, key, mark_us, claim)
+        for _ in range(LWT_ATTEMPTS):
+            if await self._applied(stmt):
+                return False
+            latest, marks = await self._claimed(owner, partition)
+            if latest != claim:
+                return True
+            current = marks.get(key)
+            if current is not None and current >= mark_us:
+                return False  # never backwards
+            stmt = (self._cql.first_claimed_mark(owner, partition, key, mark_us, claim) if current is None
+                    else self._cql.raise_claimed_mark(owner, partition, key, mark_us, claim))
+        raise RuntimeError(f"could not publish {key!r}[{partition}] under claim {claim}: it kept changing")
+
+    async def _marked(self, namespace: str, cap: int) -> tuple[list[str], bool]:
+        """Up to ``cap`` of the namespace's marked counters, shard after shard (each page asks for what the cap
+        leaves, and one more), and whether more are marked."""
+        counters: list[str] = []
+        for shard in range(self._shards):
+            page = await self._x.run(self._cql.pending_of_namespace(shard, namespace, cap - len(counters) + 1))
+            counters += [str(row[0]) for row in page]
+            if len(counters) > cap:
+                return counters[:cap], True
+        return counters, False
 
     def _settle_stmts(self, shard: int, namespace: str, counter: str, rollup_ts: int) -> list[Stmt]:
         return [self._cql.clear_pending(shard, namespace, counter, rollup_ts),

@@ -4,7 +4,7 @@
   counted: the last ``close`` shuts it down).
 * Load balancing ``TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc))``: requests go to a replica
   of their partition in the local data center. Consistency ``LOCAL_QUORUM`` by default (URL option
-  ``consistency``); ``LOCAL_SERIAL`` for the one lightweight transaction (the namespace pin).
+  ``consistency``); ``LOCAL_SERIAL`` for the lightweight transactions (the namespace pin, the watermark claims).
 * Every statement the stores send is idempotent (inserts keyed by identity, ``USING TIMESTAMP``
   writes, deletes), so :class:`IdempotentRetryPolicy` may retry write timeouts too.
 * Statements are prepared once per CQL text and bound per call; ``execute_async`` futures are

@@ -4,8 +4,11 @@ A separate file from the events: rollup writes and event batches then never wait
 write lock. Every rule that makes concurrent workers safe is a conditional UPSERT, so it holds
 across processes without application locks:
 * write_rollup applies only with a later rollup_ts (forward-only, invariant 4);
-* bump_last_write and set_watermarks keep the max.
-A partial index over ``last_write_ts > rollup_ts`` makes the convergence sweep read only stale rows.
+* bump_last_write and set_watermarks keep the max;
+* a fenced set_watermarks reads the partitions' claims (``watermark_claims``) in its write transaction, so no claim
+  can land between the check and the write; claim_partitions bumps them in one.
+A partial index over ``last_write_ts > rollup_ts`` makes the convergence sweep and the operator view's pending
+figures (``pending_rollups``: at most ``limit`` index entries and row lookups per namespace) read only stale rows.
 The registry of dimension combinations per base counter lives here too (``combinations``): its primary key
 (namespace, counter, combination) serves every listing as one range of the index.
 """
@@ -13,11 +16,12 @@ The registry of dimension combinations per base counter lives here too (``combin
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from sinks.model import RollupState, later_than_stored, prefix_end
-from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows
+from sinks.base import claim_topic, claims_for
+from sinks.model import PendingRollups, RollupState, later_than_stored, prefix_end
+from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows, returned_rows
 from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteRollupStore"]
@@ -30,6 +34,9 @@ CREATE TABLE IF NOT EXISTS rollups (
 CREATE INDEX IF NOT EXISTS rollups_stale ON rollups (namespace, counter) WHERE last_write_ts > rollup_ts;
 CREATE TABLE IF NOT EXISTS watermarks (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, mark_us INTEGER NOT NULL,
+    PRIMARY KEY (topic, partition)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS watermark_claims (
+    topic TEXT NOT NULL, partition INTEGER NOT NULL, claim INTEGER NOT NULL,
     PRIMARY KEY (topic, partition)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS combinations (
     namespace TEXT NOT NULL, counter TEXT NOT NULL, combination TEXT NOT NULL, is_full INTEGER NOT NULL DEFAULT 0,
@@ -66,9 +73,19 @@ SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts AND (namespace, counter) > (?, ?)
 ORDER BY namespace, counter LIMIT ?
 """
+# A namespace's pending counters, up to a limit, and their oldest RollupState.pending_since: a range of the partial
+# index and a row lookup each, never the converged rows.
+_PENDING = """
+SELECT COUNT(*), MIN(CASE WHEN rollup_ts > 0 THEN rollup_ts ELSE last_write_ts END) FROM (
+    SELECT rollup_ts, last_write_ts FROM rollups INDEXED BY rollups_stale
+    WHERE namespace = ? AND last_write_ts > rollup_ts LIMIT ?)
+"""
 _MARK = RowsStatement("INSERT INTO watermarks (topic, partition, mark_us) VALUES", "(?, ?, ?)",
                       "ON CONFLICT (topic, partition) DO UPDATE SET mark_us = excluded.mark_us "
                       "WHERE excluded.mark_us > watermarks.mark_us")
+_CLAIM = RowsStatement("INSERT INTO watermark_claims (topic, partition, claim) VALUES", "(?, ?, 1)",
+                       "ON CONFLICT (topic, partition) DO UPDATE SET claim = watermark_claims.claim + 1 "
+                       "RETURNING partition, claim")
 
 
 class SqliteRollupStore:
@@ -136,10 +153,32 @@ class SqliteRollupStore:
             return int(pending if pending is not None else (newest or 0))
         return await self._db.run(query)
 
-    async def set_watermarks(self, topic: str, marks: Mapping[int, int]) -> None:
-        if marks:
-            params = [(topic, int(p), int(m)) for p, m in marks.items()]
+    async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
+        def query(conn: sqlite3.Connection) -> dict[str, PendingRollups]:
+            cap, out = max(0, limit), {}
+            for namespace in dict.fromkeys(namespaces):
+                found, oldest = conn.execute(_PENDING, (namespace, cap + 1)).fetchone()  # one more: truncated?
+                out[namespace] = PendingRollups(min(found, cap), int(oldest or 0), found > cap)
+            return out
+        return await self._db.run(lambda conn: self._db.read(conn, query))
+
+    async def set_watermarks(self, topic: str, marks: Mapping[int, int], *,
+                             claims: Mapping[int, int] | None = None) -> set[int]:
+        if not marks:
+            return set()
+        params = [(topic, int(p), int(m)) for p, m in marks.items()]
+        if claims is None:
             await self._db.run(lambda conn: self._db.write(conn, lambda c: insert_rows(c, _MARK, params)))
+            return set()
+        fence = (claim_topic(topic), claims_for(marks, claims))
+        return await self._db.run(lambda conn: self._db.write(conn, _set_claimed, params, *fence))
+
+    async def claim_partitions(self, topic: str, partitions: Collection[int]) -> dict[int, int]:
+        params = [(topic, int(p)) for p in sorted(set(partitions))]
+        if not params:
+            return {}
+        rows = await self._db.run(lambda conn: self._db.write(conn, lambda c: returned_rows(c, _CLAIM, params)))
+        return {int(p): int(claim) for p, claim in rows}
 
     async def watermarks(self, topic: str) -> dict[int, int]:
         return await self._db.run(lambda conn: dict(conn.execute(
@@ -214,3 +253,13 @@ class SqliteRollupStore:
         result = [(ns, c) for ns, c in found]
         self._sweep_after = result[-1] if len(result) == limit else None
         return result
+
+
+def _set_claimed(conn: sqlite3.Connection, params: list[tuple[str, int, int]], owner: str,
+                 claims: dict[int, int]) -> set[int]:
+    """A fenced set_watermarks, inside its write transaction: the marks of the partitions whose latest claim is still
+    the writer's; returns the others (refused)."""
+    stored = dict(conn.execute("SELECT partition, claim FROM watermark_claims WHERE topic = ?", (owner,)).fetchall())
+    refused = {p for p, claim in claims.items() if stored.get(p) != claim}
+    insert_rows(conn, _MARK, [row for row in params if row[1] not in refused])
+    return refused

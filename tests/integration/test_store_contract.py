@@ -28,11 +28,12 @@ from sinks import (
     RollupState,
     RollupStore,
     SqliteEventStore,
+    SqliteRollupStore,
     apply_aggregate,
     open_stores,
 )
 from sinks import Stores as OpenedStores
-from sinks.model import join_halves
+from sinks.model import PendingRollups, join_halves
 from sinks.sqlite.bulk import bulk_statement
 from sinks.sqlite.events import (
     aggregate_statement,
@@ -694,6 +695,40 @@ def test_min_rollup_ts_bounds_retention(stores: Stores) -> None:
     assert stores.run(rs.min_rollup_ts(ns)) == 600
 
 
+def test_pending_rollups_start_a_never_rolled_up_counter_at_its_last_write(stores: Stores) -> None:
+    """The operator's figure: where the oldest un-rolled-up work starts. A counter never rolled up counts from its
+    last write, not from 0 (which min_rollup_ts, the retention bound, must keep)."""
+    ns, rs = stores.namespace, stores.rollups
+    empty = f"{ns}_none"
+    assert stores.run(rs.pending_rollups([ns, empty])) == {ns: PendingRollups(), empty: PendingRollups()}
+    stores.run(rs.bump_last_write([(ns, "done", 100), (ns, "new", 500)]))
+    stores.run(rs.write_rollup(ns, "done", 1, 100))  # converged: not pending, however old its rollup
+    assert stores.run(rs.pending_rollups([ns])) == {ns: PendingRollups(1, 500, False)}
+    assert stores.run(rs.min_rollup_ts(ns)) == 0  # retention still waits for "new"
+    stores.run(rs.bump_last_write([(ns, "done", 900)]))  # pending again, rolled up to 100
+    assert stores.run(rs.pending_rollups([ns, ns])) == {ns: PendingRollups(2, 100, False)}
+    stores.run(rs.write_rollup(ns, "done", 2, 900))
+    stores.run(rs.write_rollup(ns, "new", 3, 400))  # rolled up, still short of its last write
+    assert stores.run(rs.pending_rollups([ns])) == {ns: PendingRollups(1, 400, False)}
+    assert stores.run(rs.pending_rollups([])) == {}
+
+
+def test_pending_rollups_are_capped_per_namespace_and_leave_the_sweep_alone(stores: Stores) -> None:
+    ns, rs = stores.namespace, stores.rollups
+    crowd, few = f"{ns}_a", f"{ns}_b"  # the crowd sorts first: it must not hide the few
+    stores.run(rs.bump_last_write([(crowd, f"c{i:02d}", 10) for i in range(40)]))
+    stores.run(rs.bump_last_write([(few, f"c{i}", 20 + i) for i in range(3)]))
+    first = [k for k in stores.run(rs.stale(limit=10)) if k[0] in (crowd, few)]
+    for _ in range(2):  # the same figures every time: not a rotating slice
+        got = stores.run(rs.pending_rollups([crowd, few], limit=20))
+        assert got == {crowd: PendingRollups(20, 10, True), few: PendingRollups(3, 20, False)}
+    after = [k for k in stores.run(rs.stale(limit=10)) if k[0] in (crowd, few)]
+    assert first and after and not set(first) & set(after)  # the sweep went on where it was
+    assert stores.run(rs.pending_rollups([few], limit=3)) == {few: PendingRollups(3, 20, False)}
+    capped = stores.run(rs.pending_rollups([few], limit=2))[few]  # its oldest: of the two counted
+    assert (capped.counters, capped.truncated) == (2, True) and capped.oldest_us in (20, 21, 22)
+
+
 def test_watermarks_never_move_backwards(stores: Stores) -> None:
     rs, topic = stores.rollups, f"topic-{stores.namespace}"
     assert stores.run(rs.watermarks(topic)) == {}
@@ -701,6 +736,46 @@ def test_watermarks_never_move_backwards(stores: Stores) -> None:
     stores.run(rs.set_watermarks(topic, {0: 50, 1: 300, 2: 10}))
     assert stores.run(rs.watermarks(topic)) == {0: 100, 1: 300, 2: 10}
     assert stores.run(rs.watermarks(topic + "-other")) == {}
+
+
+def test_a_claim_fences_the_publications_of_earlier_claims(stores: Stores) -> None:
+    """A worker given a partition claims it before loading what was published there: what an earlier claimant
+    publishes afterwards (a worker the group dropped while it stalled) is refused, on that partition only, for every
+    key of the topic; the claimant's own publications apply, never backwards, and read back with unfenced ones."""
+    rs, topic = stores.rollups, f"topic-{stores.namespace}"
+    floor_key = f"{topic}/arrival-floor"
+    first = stores.run(rs.claim_partitions(topic, [0, 1]))
+    assert stores.run(rs.set_watermarks(floor_key, {0: 100, 1: 100}, claims=first)) == set()
+    assert stores.run(rs.set_watermarks(topic, {0: 90, 1: 90}, claims=first)) == set()
+    second = stores.run(rs.claim_partitions(topic, [0]))  # partition 0 changes hands
+    assert second[0] != first[0]
+    assert stores.run(rs.set_watermarks(floor_key, {0: 200, 1: 200}, claims=first)) == {0}
+    assert stores.run(rs.set_watermarks(topic, {0: 190}, claims=first)) == {0}
+    assert stores.run(rs.watermarks(floor_key)) == {0: 100, 1: 200}
+    assert stores.run(rs.watermarks(topic)) == {0: 90, 1: 90}
+    assert stores.run(rs.set_watermarks(floor_key, {0: 150}, claims=second)) == set()
+    assert stores.run(rs.set_watermarks(floor_key, {0: 120}, claims=second)) == set()  # applies, never backwards
+    stores.run(rs.set_watermarks(floor_key, {0: 170, 2: 5}))  # unfenced writes (tools, tests) are not refused
+    assert stores.run(rs.watermarks(floor_key)) == {0: 170, 1: 200, 2: 5}
+    assert stores.run(rs.set_watermarks(topic, {2: 1}, claims={2: 1})) == {2}  # a claim the store never gave
+    stores.run(rs.claim_partitions(f"{topic}-other", [0]))  # claims are per topic: this one's stay
+    assert stores.run(rs.set_watermarks(floor_key, {0: 180}, claims=second)) == set()
+    with pytest.raises(ValueError, match="no claim"):
+        stores.run(rs.set_watermarks(topic, {0: 1, 1: 1}, claims=second))
+
+
+def test_racing_claims_differ_and_only_the_latest_publishes(stores: Stores) -> None:
+    rs, topic = stores.rollups, f"topic-{stores.namespace}"
+
+    async def race() -> list[dict[int, int]]:
+        return list(await asyncio.gather(*(rs.claim_partitions(topic, [0, 3]) for _ in range(3))))
+
+    claims = stores.run(race())
+    assert len({c[0] for c in claims}) == 3 and len({c[3] for c in claims}) == 3
+    refused = [stores.run(rs.set_watermarks(topic, {0: 10 + i, 3: 10 + i}, claims=c)) for i, c in enumerate(claims)]
+    assert sorted(map(sorted, refused)) == [[], [0, 3], [0, 3]]
+    latest = refused.index(set())
+    assert stores.run(rs.watermarks(topic)) == {0: 10 + latest, 3: 10 + latest}
 
 
 def test_get_many_and_delete(stores: Stores) -> None:
@@ -893,6 +968,23 @@ def test_sqlite_counters_skip_from_name_to_name_by_primary_key(tmp_path: Path) -
         reads = [line for line in plan if table in line]
         assert len(reads) == 2 and all(f"SEARCH {table} USING PRIMARY KEY (namespace=? AND counter>?)" == line
                                        for line in reads), plan
+
+
+def test_sqlite_pending_rollups_read_the_pending_index_only(tmp_path: Path) -> None:
+    """The operator view's figures, every few seconds: one range of the partial index of pending rows per
+    namespace, at most the limit (and a row lookup each), never the namespace's converged rows."""
+    from sinks.sqlite.rollups import _PENDING
+
+    rs = SqliteRollupStore(tmp_path / "rollups.sqlite3")
+    asyncio.run(rs.bump_last_write([("ns", "c", 10)]))
+    asyncio.run(rs.close())
+    conn = sqlite3.connect(tmp_path / "rollups.sqlite3")
+    try:
+        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + _PENDING, ("ns", 10_001))]
+    finally:
+        conn.close()
+    reads = [line for line in plan if "rollups" in line]
+    assert reads == ["SEARCH rollups USING INDEX rollups_stale (namespace=?)"], plan
 
 
 def test_sqlite_buckets_refuse_a_file_of_another_layout(tmp_path: Path) -> None:
@@ -1094,3 +1186,22 @@ def test_sqlite_refuses_a_file_of_another_layout(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="layout 1"):
         asyncio.run(es.aggregate("ns", "c", 0, BASE))
     asyncio.run(es.close())
+
+
+def test_sqlite_claims_come_to_a_file_made_before_them(tmp_path: Path) -> None:
+    """A rollup file from before claims existed keeps its watermarks and takes claims on open."""
+    path = tmp_path / "rollups.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE watermarks (topic TEXT NOT NULL, partition INTEGER NOT NULL, mark_us INTEGER NOT "
+                     "NULL, PRIMARY KEY (topic, partition)) WITHOUT ROWID")
+        conn.execute("INSERT INTO watermarks VALUES ('t', 0, 100)")
+    conn.close()
+
+    async def body() -> tuple[set[int], dict[int, int]]:
+        rollups = SqliteRollupStore(path)
+        try:
+            claims = await rollups.claim_partitions("t", [0])
+            return await rollups.set_watermarks("t", {0: 200}, claims=claims), await rollups.watermarks("t")
+        finally:
+            await rollups.close()
+    assert asyncio.run(body()) == (set(), {0: 200})

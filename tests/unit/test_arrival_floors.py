@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agents.arrival import ArrivalFloors
 from agents.persist import RawRecord
 from agents.rollup import rollup_counter
@@ -126,6 +128,7 @@ def test_a_heartbeat_counts_toward_the_watermark_once_committed_and_its_floor_is
         tmp_path: Path) -> None:
     async def scenario(stack: Stack) -> list[dict[int, int]]:
         a = stack.worker()
+        a.arrivals.assigned({0})
         await _persist(a, [heartbeat(0, T)])
         from_key, floor_key = arrival_keys(TOPIC)
         seen = []
@@ -135,9 +138,9 @@ def test_a_heartbeat_counts_toward_the_watermark_once_committed_and_its_floor_is
         real = stack.rollups.set_watermarks
         order: list[str] = []
 
-        async def recorded(key: str, marks: Any) -> None:
+        async def recorded(key: str, marks: Any, **fence: Any) -> set[int]:
             order.append(key)
-            await real(key, marks)
+            return await real(key, marks, **fence)
 
         stack.rollups.set_watermarks = recorded  # type: ignore[method-assign]
         _, marks, _ = await a.publish_watermarks()
@@ -157,14 +160,15 @@ def test_a_heartbeat_counts_toward_the_watermark_once_committed_and_its_floor_is
 def test_a_handover_waits_for_a_publication_in_flight(tmp_path: Path) -> None:
     async def scenario(stack: Stack) -> tuple[bool, bool]:
         a = stack.worker()
+        a.arrivals.assigned({0})
         await _persist(a, [heartbeat(0, T)])
         a.offsets_committed({0: 1})
         real, release, entered = stack.rollups.set_watermarks, asyncio.Event(), asyncio.Event()
 
-        async def slow(key: str, marks: Any) -> None:
+        async def slow(key: str, marks: Any, **fence: Any) -> set[int]:
             entered.set()
             await release.wait()
-            await real(key, marks)
+            return await real(key, marks, **fence)
 
         stack.rollups.set_watermarks = slow  # type: ignore[method-assign]
         publishing = asyncio.create_task(a.publish_watermarks())
@@ -177,6 +181,117 @@ def test_a_handover_waits_for_a_publication_in_flight(tmp_path: Path) -> None:
         return waited, a.arrivals.floor == {}
 
     assert run(tmp_path, scenario) == (True, True)
+
+
+def test_a_previous_owner_waking_after_the_handover_publishes_nothing(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The zombie ordering: owner A commits past heartbeat H, then stalls past its session; the group gives the
+    partition to B, which loads the older published floor. A wakes and publishes H's floor and the watermark from H.
+    Unfenced, a rollup then passed H's time while B admitted a record appended after H but stamped before it (B
+    judges by the older floor): stored, never counted. The store refuses A's publication: B claimed first."""
+    async def scenario(stack: Stack) -> tuple[int, set[int], dict[int, int], int, list[str]]:
+        a = stack.worker()
+        a.arrivals.assigned({0})
+        await _persist(a, [write(0, T - 5 * MICROS, "early"), heartbeat(1, T)])
+        a.offsets_committed({0: 2})
+        await a.publish_watermarks()  # floor T from offset 2, watermark T - skew
+        await _persist(a, [heartbeat(2, T + 10 * MICROS)])  # H
+        a.offsets_committed({0: 3})  # ... and A stalls before publishing H; B takes partition 0 over
+        b = stack.worker()
+        b.partitions_assigned({0}, True)
+        await _persist(b, [write(3, T + 11 * MICROS, "b-first")])  # B's first batch loads floor T, claimed first
+        await a.publish_watermarks()  # A wakes: H's floor from offset 3, the watermark from H
+        after_zombie = await stack.count(await b.watermark())  # a rollup runs at the watermark now stored
+        late = write(4, T + 6 * MICROS, "late")  # appended after H, stamped 4 s before it (accept_limit 2 s)
+        await _persist(b, [late, heartbeat(5, T + 20 * MICROS)])  # B judges by floor T: admitted
+        b.offsets_committed({0: 6})
+        await b.publish_watermarks()
+        calls: list[str] = []
+        real = stack.rollups.set_watermarks
+
+        async def recorded(key: str, marks: Any, **fence: Any) -> set[int]:
+            calls.append(key)
+            return await real(key, marks, **fence)
+
+        stack.rollups.set_watermarks = recorded  # type: ignore[method-assign]
+        a.published.clear()  # as if all were new: only the unfenced key (the writes' times) goes out
+        await a.publish_watermarks()  # A publishes nothing more of partition 0
+        warnings = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        return (after_zombie, set(a.arrivals.claims), await stack.rollups.watermarks(TOPIC),
+                await stack.count(await b.watermark()), calls + warnings)
+
+    after_zombie, claims, marks, final, calls = run(tmp_path, scenario)
+    assert final == 3  # early, b-first and late: nothing stored behind a boundary already passed
+    assert after_zombie == 1 and marks == {0: T + 20 * MICROS - MICROS // 2}  # B's: A's from H never landed
+    assert claims == set()
+    assert calls[:-1] == [f"{TOPIC}/written"] and "partition 0 refused" in calls[-1], calls  # logged once
+
+
+def test_a_refused_worker_claims_again_without_publishing_what_it_saw_before(tmp_path: Path) -> None:
+    """A refused worker claims the partition again with its next batch. From the dropped owner that is harmless: the
+    heartbeat it committed before it stalled (H) must not make its watermark under the new claim, or the fence only
+    delayed F2. From the owner it is what ends a late claimant's fence (a worker that stalled between its assignment
+    and its claim, then died): without it, the owner's watermark stood still until the next rebalance."""
+    async def scenario(stack: Stack) -> tuple[int, int, int, int]:
+        a, b = stack.worker(), stack.worker()
+        a.arrivals.assigned({0})
+        await _persist(a, [write(0, T - 5 * MICROS, "early"), heartbeat(1, T)])
+        a.offsets_committed({0: 2})
+        await a.publish_watermarks()  # floor T from offset 2, watermark T - skew
+        await _persist(a, [heartbeat(2, T + 10 * MICROS)])  # H
+        a.offsets_committed({0: 3})  # A stalls before publishing H; B takes partition 0 over
+        b.partitions_assigned({0}, True)
+        await _persist(b, [write(3, T + 11 * MICROS, "b-first")])  # B claims, loads floor T
+        await a.publish_watermarks()  # refused
+        await _persist(a, [write(4, T + 12 * MICROS, "a-late")])  # A's next batch: A claims again, fencing B
+        a.published.clear()
+        await a.publish_watermarks()  # nothing from H: its commits since are refused by the group, so none here
+        after_a = (await stack.rollups.watermarks(TOPIC))[0]
+        late_claimant = stack.worker()  # stalled between its assignment and its claim, then died
+        late_claimant.arrivals.assigned({0})
+        await _persist(late_claimant, [write(5, T + 13 * MICROS, "c")])
+        await _persist(b, [write(6, T + 6 * MICROS, "late")])  # B judges by floor T: admitted
+        b.offsets_committed({0: 7})
+        await b.publish_watermarks()  # refused: another claim is the latest
+        await _persist(b, [heartbeat(7, T + 20 * MICROS)])  # B claims again
+        b.offsets_committed({0: 8})
+        await b.publish_watermarks()
+        mark = (await stack.rollups.watermarks(TOPIC))[0]
+        return after_a, mark, await stack.count(mark), len(b.arrivals.claims)
+
+    after_a, mark, count, b_claims = run(tmp_path, scenario)
+    assert after_a == T - MICROS // 2  # A published no watermark from H under its second claim
+    assert mark == T + 20 * MICROS - MICROS // 2 and b_claims == 1  # B publishes again
+    assert count == 5  # early, b-first, a-late, c and late: nothing behind a boundary already passed
+
+
+def test_a_worker_given_a_partition_back_publishes_no_watermark_past_the_published_floor(tmp_path: Path) -> None:
+    """A revoke commits the batches in hand, so the heartbeats they hold count toward the worker's watermark though
+    their floor is never published; given the partition back, the worker must not publish that watermark: the owner
+    in between started from the older floor, and so does the worker."""
+    async def scenario(stack: Stack) -> tuple[dict[int, int], dict[int, int]]:
+        a = stack.worker()
+        a.arrivals.assigned({0})
+        await _persist(a, [heartbeat(0, T)])
+        a.offsets_committed({0: 1})
+        await a.publish_watermarks()  # floor T, watermark T - skew
+        await _persist(a, [heartbeat(1, T + 10 * MICROS)])
+        a.offsets_committed({0: 2})  # the revoke's last commit: not published
+        await a.forget_partitions({0})
+        b = stack.worker()
+        b.arrivals.assigned({0})
+        await _persist(b, [write(2, T + 11 * MICROS, "b")])  # loads floor T; no heartbeat before B loses it
+        b.offsets_committed({0: 3})
+        await b.publish_watermarks()
+        await b.forget_partitions({0})
+        a.arrivals.assigned({0})
+        await _persist(a, [write(3, T + 12 * MICROS, "a")])
+        await a.publish_watermarks()
+        _from_key, floor_key = arrival_keys(TOPIC)
+        return await stack.rollups.watermarks(floor_key), await stack.rollups.watermarks(TOPIC)
+
+    floors, marks = run(tmp_path, scenario)
+    assert floors == {0: T} and marks == {0: T - MICROS // 2}
 
 
 # ArrivalFloors alone
@@ -213,6 +328,8 @@ def test_committed_publishes_a_pair_only_when_the_floor_moves() -> None:
     floors.stored([(0, T)], ())
     assert floors.committed({0: 7}) == {0: T}
     assert floors.committed({0: 9}) == {0: T}
+    assert floors.publishable([0, 1]) == ({}, {})  # not claimed (`load` claims): nothing to publish under
+    floors.claims[0] = 1
     assert floors.publishable([0, 1]) == ({0: 7}, {0: T})  # the offset it was first committed at
     floors.stored([(0, T + MICROS), (0, T - MICROS)], ())
     floors.committed({0: 12})

@@ -179,13 +179,15 @@ def test_rollup_statements_use_write_timestamps_to_move_forward():
     after = R.pending_after(2, "ns", "c", 10)
     assert "(namespace, counter_name) > (?, ?) LIMIT ?" in after.cql and after.params == (2, "ns", "c", 10)
     assert R.pending_first(2, 10).params == (2, 10)
+    page = R.pending_of_namespace(2, "ns", 10)  # the operator view's page of a namespace's markers
+    assert page.cql.endswith("WHERE shard = ? AND namespace = ? LIMIT ?") and page.params == (2, "ns", 10)
     assert R.set_bound("ns", 2, 7).params == (7, 7, "ns", 2)
     assert R.set_mark("t", 1, 99).cql == ("UPDATE ks.watermarks USING TIMESTAMP ? SET mark_us = ? WHERE topic = ? "
                                           "AND kafka_partition = ?")
     assert R.set_mark("t", 1, 99).params == (99, 99, "t", 1)
     assert R.delete("ns", "c", 5).params == (5, "ns", "c") and "USING TIMESTAMP ?" in R.delete("ns", "c", 5).cql
     for s in (bump, write, mark, clear, after, R.get("ns", "c"), R.scan(), R.get_marks("t"), R.get_bounds("ns"),
-              R.delete_bounds("ns", 1), R.pending_of_namespace(1, "ns")):
+              R.delete_bounds("ns", 1), R.pending_of_namespace(1, "ns"), R.pending_of_namespace(1, "ns", 5)):
         assert markers(s.cql) == len(s.params) and " ks." in s.cql
 
 

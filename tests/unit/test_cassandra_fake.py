@@ -29,7 +29,7 @@ from sinks.cassandra.cql import Stmt
 from sinks.cassandra.events import CassandraEventStore
 from sinks.cassandra.rollups import CassandraRollupStore
 from sinks.cassandra.session import MissingTable, run_bounded
-from sinks.model import Partitioning
+from sinks.model import Partitioning, PendingRollups
 from sinks.windows import Granularity
 from tests.integration import test_store_contract as contract
 
@@ -109,6 +109,8 @@ class FakeCassandra:
         self.bounds: dict[str, dict[int, tuple[int, object]]] = defaultdict(dict)
         self.bound_tombs: dict[str, int] = {}
         self.marks: dict[str, dict[int, tuple[int, object]]] = defaultdict(dict)
+        # watermark_claims: (topic, partition) -> [claim or None, {key: mark}], written by transactions only
+        self.claims: dict[tuple[str, int], list] = {}
         # bucket store: partition -> start_us -> (timestamp, (value, computed_upto), ttl)
         self.buckets: dict[tuple, dict[int, tuple[int, tuple[int, int], int]]] = defaultdict(dict)
         self.bucket_tombs: dict[tuple, list[tuple[int | None, int]]] = defaultdict(list)  # (last start or None, ts)
@@ -351,8 +353,8 @@ class FakeCassandra:
     def _pending_after(self, stmt, shard, ns, c, limit):
         return [k for k in self._live_markers(shard) if k > (ns, c)][:limit]
 
-    def _pending_of_ns(self, stmt, shard, ns):
-        return [(c,) for n, c in self._live_markers(shard) if n == ns]
+    def _pending_of_ns(self, stmt, shard, ns, limit=None):
+        return [(c,) for n, c in self._live_markers(shard) if n == ns][:limit]
 
     def _bounds_set(self, stmt, ts, rts, ns, shard):
         if _wins((ts, rts), self.bounds[ns].get(shard)):
@@ -371,6 +373,44 @@ class FakeCassandra:
 
     def _marks_get(self, stmt, topic):
         return [(p, v) for p, (_ts, v) in sorted(self.marks[topic].items())]
+
+    def _cas(self, stmt, topic, partition, applies, column, value) -> list[tuple]:
+        """A lightweight transaction on one row of watermark_claims: applied (the row changed) iff ``applies(claim,
+        marks)``; as Cassandra, one row leading with ``[applied]``, and no custom timestamp allowed."""
+        assert " IF " in stmt.cql and "USING TIMESTAMP" not in stmt.cql, stmt.cql
+        row = self.claims.get((topic, partition), [None, {}])
+        if not applies(row[0], row[1]):
+            return [(False, row[0])]
+        if column == "claim":
+            row[0] = value
+        else:
+            row[1][column] = value
+        self.claims[(topic, partition)] = row
+        return [(True,)]
+
+    def _claims_get(self, stmt, topic, partition):
+        assert stmt.serial, "a claim is read back at the serial level"
+        row = self.claims.get((topic, partition))
+        return [(row[0], dict(row[1]) or None)] if row else []
+
+    def _claims_first(self, stmt, topic, partition):
+        return self._cas(stmt, topic, partition, lambda claim, _marks: claim is None, "claim", 1)
+
+    def _claims_next(self, stmt, claim, topic, partition, latest):
+        return self._cas(stmt, topic, partition, lambda stored, _marks: stored == latest, "claim", claim)
+
+    def _claims_raise(self, stmt, key, mark, topic, partition, claim, key_again, mark_again):
+        assert (key, mark) == (key_again, mark_again)
+        return self._cas(stmt, topic, partition,  # a missing element compares as null: only != applies
+                         lambda stored, marks: stored == claim and key in marks and marks[key] < mark, key, mark)
+
+    def _claims_first_mark(self, stmt, key, mark, topic, partition, claim, key_again):
+        assert key == key_again
+        return self._cas(stmt, topic, partition, lambda stored, marks: stored == claim and key not in marks, key,
+                         mark)
+
+    def _claims_marks(self, stmt, topic):
+        return [(p, dict(row[1]) or None) for (t, p), row in sorted(self.claims.items()) if t == topic]
 
 
     # -- bucket store ops -----------------------------------------------------------------------
@@ -752,6 +792,23 @@ def test_stale_heals_a_marker_left_by_a_crash():
     assert asyncio.run(rollups.stale()) == []  # converged: not returned, and the marker is deleted
     assert not any(fake._marker_live(k) for k in fake.markers)
     assert asyncio.run(rollups.min_rollup_ts("ns")) == 100
+
+
+def test_pending_rollups_only_read_and_skip_a_marker_left_by_a_crash():
+    """The operator view reads markers and their rows, nothing else, and writes nothing: a marker left by a crash
+    is not counted, and stays for the sweep to delete."""
+    fake, _, rollups = fake_stores()
+    asyncio.run(rollups.bump_last_write([("ns", "c", 100), ("ns", "d", 200), ("other", "e", 50)]))
+    fake.fail_next["pending.clear"] = 1
+    with pytest.raises(TimeoutError):
+        asyncio.run(rollups.write_rollup("ns", "c", 1, 100))  # rollup stored, marker delete lost
+    fake.log.clear()
+    assert asyncio.run(rollups.pending_rollups(["ns"], limit=8)) == {"ns": PendingRollups(1, 200, False)}
+    ops = [s.op for s in fake.log]
+    assert set(ops) == {"pending.of_ns", "rollup.get"} and ops.count("pending.of_ns") == 4  # a page per shard
+    limits = [s.params[-1] for s in fake.log if s.op == "pending.of_ns"]
+    assert limits[0] == 9 and min(limits) >= 7 and ops.count("rollup.get") == 2  # what the limit leaves, + 1
+    assert sum(fake._marker_live(k) for k in fake.markers) == 3  # c's marker is still there
 
 
 def test_delete_beats_future_stamped_cells():

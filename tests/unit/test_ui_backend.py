@@ -22,6 +22,7 @@ from query_api.pipeline_health import BrokerFigures, Rates, Snapshot, StoreFigur
 from query_api.routes import ui
 from schemas import MICROS
 from sinks import Partitioning, SqliteEventStore
+from sinks.model import PendingRollups
 from streams.settings import Settings
 from tests.helpers import Sync
 
@@ -134,8 +135,8 @@ def test_health_render_hides_dead_letters_of_namespaces_the_caller_cannot_read(r
     dlq = TopicOffsets("d", {0: 0}, {0: 2}, {})
     dead = [letter(1, b"locked:c", {"namespace": "locked", "counter_name": "c", "delta": 1}),
             letter(0, b"gone:c", {"namespace": "gone", "counter_name": "c", "delta": 2})]
-    snapshot = Snapshot(NOW, StoreFigures({0: NOW - 2 * MICROS}, NOW - MICROS, {"open": 3}, False,
-                                          {"open": NOW - 9 * MICROS}),
+    snapshot = Snapshot(NOW, StoreFigures({0: NOW - 2 * MICROS}, NOW - MICROS,
+                                          {"open": PendingRollups(3, NOW - 9 * MICROS)}),
                         BrokerFigures(offsets, queue, dlq, {0: 3}, dead), {"mutation_records": 4.0}, {}, 2.0, {})
     body = render(snapshot, registry, _settings(), lambda name: name != "locked")
     assert [w["lag_s"] for w in body["watermarks"]] == [2.0, None]  # partition 1 has no watermark yet
@@ -150,7 +151,7 @@ def test_health_render_hides_dead_letters_of_namespaces_the_caller_cannot_read(r
 def test_a_watermark_covering_every_write_has_no_lag_though_it_stands_still(registry):
     """Idle workers stop their heartbeats once the watermark covers the latest write: that is not a lag."""
     def lags(covering: int | None) -> list[float | None]:
-        store = StoreFigures({0: NOW - 600 * MICROS, 1: NOW - 700 * MICROS}, covering, {}, False, {})
+        store = StoreFigures({0: NOW - 600 * MICROS, 1: NOW - 700 * MICROS}, covering, {})
         body = render(Snapshot(NOW, store, None, {}, {}, None, {}), registry, _settings(), lambda name: True)
         return [w["lag_s"] for w in body["watermarks"]]
 
@@ -227,7 +228,7 @@ def _norm(base: str, target: str) -> str:
 def test_a_watermark_past_the_latest_write_persisted_still_lags_while_records_wait(registry):
     """A dead worker persists nothing more, so the latest write persisted stands still and its watermark covers
     it: records waiting on the broker must still show as lag, not 0 (from a review)."""
-    store = StoreFigures({0: NOW - 3600 * MICROS, 1: NOW - 3600 * MICROS}, NOW - 3600 * MICROS - 1, {}, False, {})
+    store = StoreFigures({0: NOW - 3600 * MICROS, 1: NOW - 3600 * MICROS}, NOW - 3600 * MICROS - 1, {})
     offsets = TopicOffsets("m", {0: 0, 1: 0}, {0: 15_000, 1: 10_000}, {0: 10_000, 1: 10_000})
     empty = TopicOffsets("x", {}, {}, {})
     body = render(Snapshot(NOW, store, BrokerFigures(offsets, empty, empty, {}, []), {}, {}, None, {}), registry,

@@ -20,7 +20,7 @@ function tiles(p) {
     tile("watermark lag (max)", duration(p.watermark_lag_s), {id: "tile-watermark", warn: p.watermark_lag_s > WARN.watermark_s,
       hint: "now - the slowest partition's persist watermark"}),
     tile("rollup lag (max)", duration(p.rollup_lag_s), {id: "tile-rollup-lag", warn: p.rollup_lag_s > WARN.rollup_s,
-      hint: "now - the time every stored event is rolled up to, in namespaces with pending counters"}),
+      hint: "the age of the oldest work not rolled up yet, over the namespaces with pending counters"}),
     tile("rollup queue depth", count(p.rollup_queue?.depth), {id: "tile-queue", warn: p.rollup_queue?.depth > WARN.queue,
       hint: "rollup signals not yet consumed"}),
     tile("persist lag", `${count(p.persist_lag_records)} records`, {id: "tile-persist",
@@ -48,7 +48,7 @@ function rollups(p) {
   return card("Rollups per namespace", {id: "rollups"},
     table(["namespace", "pending counters", "rolled up to", "lag"], p.rollups.map((r) => h("tr", null,
       h("td", null, h("a", {href: `#/ns/${encodeURIComponent(r.namespace)}`}, r.namespace)),
-      h("td", {class: "num"}, `${count(r.pending_counters)}${p.pending_truncated ? "+" : ""}`),
+      h("td", {class: "num"}, `${count(r.pending_counters)}${r.pending_truncated ? "+" : ""}`),
       h("td", {class: "time"}, time(r.rolled_up_to)), h("td", {class: "num"}, r.pending_counters ? duration(r.lag_s) : "converged"))),
       {class: "grid"}),
     p.rollup_queue
