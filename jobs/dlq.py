@@ -249,7 +249,7 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
     partitions = partition_count(bootstrap, target)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 5, "message.timeout.ms": DELIVERY_TIMEOUT_S * 1000,
-                         "client.id": "counter-dlq-replay"})
+                         "client.id": "counter-dlq-replay", "allow.auto.create.topics": False})
     result = ResubmitResult()
 
     def delivered(r: DeadRecord, err: KafkaError | None, _msg: object) -> None:  # of every chunk, into one log

@@ -6,6 +6,11 @@ the event loop; one thread waits in librdkafka's `poll` for delivery reports and
 on the loop: one thread hop per record, none per caller (callers that share a record share its future).
 Used by the API's group commit, the rollup-signal sender and the worker's dead letters and heartbeats.
 A handle fenced after a broker stall is replaced (`handle.RenewingProducer`), on the poll thread, not the loop.
+
+Neither producer lets the broker create a topic it does not hold (`allow.auto.create.topics`, true by default for
+librdkafka's producer): a metadata request or a record for a missing topic would have the broker create it with its
+own defaults (Tansu does, and Kafka with its default `auto.create.topics.enable`), and an API started before `counter
+up`, or given a misspelt topic, would leave a mutations topic of the wrong shape, which `ensure_topics` leaves alone.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ class AsyncProducer:
         self._kafka = RenewingProducer({
             "bootstrap.servers": bootstrap_servers, "client.id": client_id, "acks": "all",
             "enable.idempotence": True, "linger.ms": 0, "socket.nagle.disable": True,
-            "message.timeout.ms": int(timeout_s * 1000), "message.max.bytes": 1 << 20, **(config or {}),
+            "message.timeout.ms": int(timeout_s * 1000), "message.max.bytes": 1 << 20,
+            "allow.auto.create.topics": False, **(config or {}),  # see the module docstring
         }, name=client_id)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._acked: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset after its latest acknowledged

@@ -188,6 +188,7 @@ class CounterProducer:
             "linger.ms": 5,
             "message.timeout.ms": delivery_timeout_ms,
             "client.id": "counter-producer",
+            "allow.auto.create.topics": False,  # see producers.asyncio_producer's docstring
             **(config or {}),
         }, name="counter-producer")
         self._num_partitions: int | None = None

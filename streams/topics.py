@@ -98,7 +98,8 @@ def _create(admin: AdminClient, specs: list[TopicSpec], timeout: float, *, with_
 
 def partition_count(bootstrap: str, topic: str, timeout: float = 10.0) -> int:
     """How many partitions `topic` has (TopicError if it does not exist)."""
-    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=timeout).topics.get(topic)
+    admin = AdminClient({"bootstrap.servers": bootstrap, "allow.auto.create.topics": False})  # ask, never create
+    meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise TopicError(f"topic {topic!r} is not available: {meta.error if meta is not None else 'missing'}")
     return len(meta.partitions)

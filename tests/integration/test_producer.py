@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections import Counter, defaultdict
@@ -10,10 +11,13 @@ from pathlib import Path
 import fastavro
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from infra.broker import LocalBroker
 from producers import CounterProducer, DeliveryError, partition_for
+from producers.asyncio_producer import AsyncProducer
 from schemas import Mutation, MutationOp, decode_mutations
+from streams.topics import TopicError, partition_count
 from tests.helpers import make_topic, read_all, read_topic, topic_size, wait_for
 
 pytestmark = pytest.mark.integration
@@ -150,3 +154,27 @@ def test_json_records_from_plain_producer_decode(kafka_bootstrap, topic_name):
     (record,) = read_topic(kafka_bootstrap, topic_name, 1)
     (m,) = decode_mutations(record.value)
     assert (m.namespace, m.counter_name, m.delta, m.event_id) == ("my_dataset", "counter123", 2, "some_event_id")
+
+
+def test_the_producers_never_have_the_broker_create_a_missing_topic(kafka_bootstrap, topic_name):
+    """A producer's metadata request for a topic the broker does not hold made the broker create it with the
+    broker's defaults (Tansu does, and Kafka with its default `auto.create.topics.enable`): the API started before
+    `counter up` (or with a misspelt topic) then left a mutations topic with the wrong partition count and none of
+    the service's configuration, which `ensure_topics` leaves alone. Now they refuse, naming the topic."""
+    missing = f"{topic_name}-never-created"
+    with pytest.raises(DeliveryError, match=missing), CounterProducer(kafka_bootstrap, topic=missing) as producer:
+        producer.add("my_dataset", "c", 1).result(30)
+
+    async def ask() -> None:
+        kafka = AsyncProducer(kafka_bootstrap)
+        kafka.start()
+        try:
+            await kafka.partitions(missing)
+        finally:
+            await kafka.stop()
+    with pytest.raises(DeliveryError, match=missing):
+        asyncio.run(ask())
+    with pytest.raises(TopicError, match=missing):
+        partition_count(kafka_bootstrap, missing)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap, "allow.auto.create.topics": False})
+    assert missing not in admin.list_topics(timeout=10).topics
