@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import faust
 import mode
@@ -305,7 +305,8 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                                 e.message.partition, e.message.offset, exc)
             if keys:
                 # mypy infers no type for a lambda with a default (which binds this batch's keys)
-                await _retrying("rollup", lambda keys=keys: _rollup(p, keys))  # type: ignore[misc]
+                await _retrying("rollup", lambda keys=keys: _rollup(p, keys),  # type: ignore[misc]
+                                give_up=lambda: p.app.should_stop or p.app.rebalancing)
 
     delay_due = [0.0]  # when the watermark delay gauge is next refreshed (monotonic)
 
@@ -464,18 +465,44 @@ async def _hand_back(p: Pipeline, keys: list[Key]) -> None:
                 "over: signalled again", len(keys))
 
 
-async def _retrying(what: str, action: Callable[[], Awaitable[T]]) -> T:
-    """Retry a batch until it succeeds: its offsets must not be committed before it is durable."""
-    delay = 0.1
+@overload
+async def _retrying(what: str, action: Callable[[], Awaitable[T]]) -> T: ...
+
+
+@overload
+async def _retrying(what: str, action: Callable[[], Awaitable[T]], *, give_up: Callable[[], bool]) -> T | None: ...
+
+
+async def _retrying(what: str, action: Callable[[], Awaitable[T]], *,
+                    give_up: Callable[[], bool] | None = None) -> T | None:
+    """Retry a batch until it succeeds: its offsets must not be committed before it is durable. The first failure
+    is logged with its traceback, the next ones in a line each (a long outage is not a wall of tracebacks).
+
+    `give_up()` true after a failure returns None instead: for a batch that Faust waits for before a stop or a
+    rebalance (the rollup agent's), which a failure that lasts must not hold for ever; its counters stay stale, so
+    the sweep signals them again."""
+    delay, failures = 0.1, 0
     while True:
         try:
-            return await action()
+            result = await action()
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("%s batch failed; retrying in %.1fs", what, delay)
+        except Exception as exc:
+            failures += 1
+            if give_up is not None and give_up():
+                log.warning("%s batch failed (%r) while the worker stops or hands its partitions over: given up, its "
+                            "counters are left for the sweep", what, exc)
+                return None
+            if failures == 1:
+                log.exception("%s batch failed; retrying in %.1fs", what, delay)
+            else:
+                log.error("%s batch failed again (%d times): %r; retrying in %.1fs", what, failures, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+            continue
+        if failures:
+            log.warning("%s batch done after %d failure(s)", what, failures)
+        return result
 
 
 def start(pipeline: Pipeline) -> None:

@@ -274,3 +274,48 @@ def test_a_failed_or_cancelled_checkpoint_keeps_its_counters_for_the_next() -> N
 
     asyncio.run(main())
     assert sent == [{("ev", "a"), ("ev", "b")}]
+
+
+def test_a_retried_batch_logs_one_traceback_and_a_rollup_batch_is_given_up_at_a_stop(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch failing for a while was a traceback every attempt; and the rollup agent's batch, which Faust waits
+    for before a stop or a rebalance, held either for as long as its failure lasted. Now one traceback, then a line
+    per attempt, and the rollup batch is given up once the worker stops (its counters stay stale for the sweep); a
+    persist batch never is (its offsets must not be committed before it is durable)."""
+    monkeypatch.setattr(asyncio, "sleep", _no_sleep)
+    stopping = [False]
+
+    async def failing() -> int:
+        if len(attempts) == 4:
+            stopping[0] = True
+        attempts.append(1)
+        raise OSError("no route to the store")
+
+    async def main() -> tuple[int | None, int]:
+        given_up = await asyncio.wait_for(_retrying("rollup", failing, give_up=lambda: stopping[0]), 5)
+        succeeded = await asyncio.wait_for(_retrying("persist", flaky), 5)
+        return given_up, succeeded
+
+    async def flaky() -> int:
+        flaky_attempts.append(1)
+        if len(flaky_attempts) < 3:
+            raise OSError("busy")
+        return 7
+
+    attempts: list[int] = []
+    flaky_attempts: list[int] = []
+    with caplog.at_level("WARNING", logger="counter.worker"):
+        assert asyncio.run(main()) == (None, 7)
+    assert len(attempts) == 5
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert [r.getMessage().split(";")[0] for r in tracebacks] == ["rollup batch failed", "persist batch failed"]
+    assert sum("failed again" in r.getMessage() for r in caplog.records) == 3 + 1
+    assert any("given up" in r.getMessage() for r in caplog.records)
+
+
+async def _no_sleep(_delay: float) -> None:
+    """asyncio.sleep without the wait, still a turn of the loop."""
+    await _REAL_SLEEP(0)
+
+
+_REAL_SLEEP = asyncio.sleep
