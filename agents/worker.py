@@ -24,6 +24,7 @@ from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
 from agents.rollup import BackPressure, Key, RollupsAbandoned, global_watermark, rollup_many
+from agents.timers import surviving
 from agents.watermark import (
     HEARTBEAT_HEADER,
     HeartbeatPace,
@@ -316,6 +317,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         metrics.WATERMARK_DELAY.set(0.0 if covering is None or mark >= covering else time.time() - mark / 1e6)
 
     @app.timer(settings.watermark_interval_ms / 1000)
+    @surviving("heartbeat")
     async def heartbeat() -> None:
         """Publish the watermarks earned and the writes persisted so far, and send the next heartbeat down each owned
         partition while their watermarks do not cover the latest write persisted anywhere (when due)."""
@@ -337,6 +339,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
                                                headers=[(HEARTBEAT_HEADER, b"1")]) for partition in owned))
 
     @app.timer(settings.sweep_interval_s)
+    @surviving("sweep")
     async def sweep() -> None:
         stale = await p.rollups.stale(limit=10_000)
         if stale:
@@ -344,6 +347,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
             await p.send_signals(stale)
 
     @app.timer(settings.retention_interval_s)
+    @surviving("retention")
     async def retention() -> None:
         """Drop whole event slices older than delete_after that every counter has rolled past, and time buckets
         (and a UNIQUE namespace's sketches) past their granularity's retention (never newer buckets, other
