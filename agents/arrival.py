@@ -58,13 +58,18 @@ class ArrivalFloors:
         self._seeds: dict[int, Pair] = {}  # partition -> a published pair not yet applied
         self._unseeded: set[int] = set()  # assigned partitions whose published pairs are not loaded yet
         self.claims: dict[int, int] = {}  # partition -> this worker's claim on it: what its publications carry
+        # partition -> how many commits had been sent when it was refused or revoked: a commit sent by then whose
+        # reply comes later must not make a floor to publish (under a claim taken since)
+        self._dropped_after: dict[int, int] = {}
 
     def assigned(self, partitions: Iterable[int]) -> None:
         self._unseeded.update(partitions)
 
-    def revoked(self, partitions: Iterable[int]) -> None:
-        """A handover: the next owner starts from what was published."""
+    def revoked(self, partitions: Iterable[int], commits_sent: int = 0) -> None:
+        """A handover: the next owner starts from what was published. `commits_sent`: the persist consumer's count of
+        commits sent so far (`committed` ignores the replies of those for these partitions)."""
         for partition in partitions:
+            self._dropped_after[partition] = commits_sent
             self.floor.pop(partition, None)
             self._committed.pop(partition, None)
             self._seeds.pop(partition, None)
@@ -73,31 +78,36 @@ class ArrivalFloors:
 
     async def load(self, rollups: RollupStore, topic: str) -> None:
         """Claim the partitions assigned since the last call, then fetch their published pairs (a store error
-        propagates: the persist path retries its batch, claiming again). The claim comes first: a previous owner's
-        publication after it is refused, one before it is read here. The floors are read before the offsets, which
-        are written first."""
+        propagates: the persist path retries its batch). The claim comes first: a previous owner's publication after
+        it is refused, one before it is read here. A retry keeps the claims already taken: claiming again would fence
+        the owner once more at every retry of a worker the group dropped. The floors are read before the offsets,
+        which are written first."""
         if not self._unseeded:
             return
         loading = set(self._unseeded)
-        claims = await rollups.claim_partitions(topic, loading)
+        if unclaimed := loading - self.claims.keys():
+            self.claims.update(await rollups.claim_partitions(topic, unclaimed))
         from_key, floor_key = arrival_keys(topic)
         floors = await rollups.watermarks(floor_key)
         froms = await rollups.watermarks(from_key)
         for partition in loading & floors.keys() & froms.keys():
             if floors[partition] > self.floor.get(partition, 0):
                 self._seeds[partition] = (froms[partition], floors[partition])
-        self.claims.update(claims)
         self._unseeded -= loading
 
-    def refused(self, partitions: Iterable[int]) -> None:
+    def refused(self, partitions: Iterable[int], commits_sent: int = 0) -> None:
         """The store refused a publication for these partitions: another worker claimed them since. Either this one
         lost them in a rebalance it has not heard of yet, or a worker that did claimed late (it stalled between its
         assignment and its claim) and may be gone. What was refused is dropped, and the partitions are claimed again
         with the next batch, their published pairs loaded again: a worker that lost them has no commit to publish
         under the new claim (the group refuses its commits, and only committed heartbeats are published), and the
         owner's claim ends a late claimant's fence, so its watermark does not stand still until the next rebalance.
-        Their floors stay, so the records in hand are judged as before."""
+        Their floors stay, so the records in hand are judged as before. A commit sent before the refusal
+        (`commits_sent` of them) whose reply comes after it publishes nothing: the broker may have applied it before
+        the group moved on (a reply delayed on the network), and its floor was never published before the next
+        owner loaded; only commits sent after the refusal count."""
         for partition in partitions:
+            self._dropped_after[partition] = commits_sent
             if self.claims.pop(partition, None) is not None:
                 log.warning("publications for mutations partition %d refused: another worker claimed it since; "
                             "claiming it again with the next batch (a worker the group dropped publishes nothing "
@@ -134,13 +144,15 @@ class ArrivalFloors:
         for partition in seeded:
             self._seeds.pop(partition, None)
 
-    def committed(self, offsets: Mapping[int, int]) -> dict[int, int]:
+    def committed(self, offsets: Mapping[int, int], sent: int | None = None) -> dict[int, int]:
         """The offsets (partition -> next offset) are committed: the floors they were stored with may be published.
-        Returns those floors, the latest heartbeats now behind committed offsets: what the watermark may use."""
+        Returns those floors, the latest heartbeats now behind committed offsets: what the watermark may use.
+        `sent`: the commit's number (`PersistConsumer.commits_sent` when it was sent); one sent before its partition
+        was refused or revoked counts for nothing (None: sent after everything so far)."""
         out = {}
         for partition, offset in offsets.items():
             floor_us = self.floor.get(partition)
-            if floor_us is None:
+            if floor_us is None or (sent is not None and sent <= self._dropped_after.get(partition, -1)):
                 continue
             out[partition] = floor_us
             if self._committed.get(partition, (0, -1))[1] != floor_us:

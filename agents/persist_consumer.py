@@ -169,7 +169,9 @@ class PersistConsumer:
     and `namespace_waits[ns]` for the namespaces it persisted; `wait_ms` otherwise.
     `on_assigned(partitions, persisted_before)` (whether the group had committed offsets there: a previous owner
     persisted some) and `on_revoked(partitions)` tell the owner of a handover (the arrival floors), and
-    `on_committed({partition: next offset})` of each commit, once the broker has it.
+    `on_committed({partition: next offset}, sent)` of each commit, once the broker has it; `sent` numbers the commits
+    in the order they were sent (`commits_sent` counts them), so a reply that comes late can be told from a commit
+    sent after something the owner learnt meanwhile (a refused publication, `agents.arrival`).
     """
 
     def __init__(self, *, bootstrap: str, topic: str, group_id: str, persist: Persist, checkpoint: Checkpoint,
@@ -179,7 +181,7 @@ class PersistConsumer:
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 5_000,
                  on_assigned: Callable[[set[int], bool], None] = lambda _partitions, _before: None,
                  on_revoked: Callable[[set[int]], Awaitable[None]] = _nothing_revoked,
-                 on_committed: Callable[[dict[int, int]], None] = lambda _offsets: None) -> None:
+                 on_committed: Callable[[dict[int, int], int], None] = lambda _offsets, _sent: None) -> None:
         self.topic = topic
         self.persist = persist
         self.checkpoint = checkpoint
@@ -200,6 +202,7 @@ class PersistConsumer:
         self.on_assigned = on_assigned
         self.on_revoked = on_revoked
         self.on_committed = on_committed
+        self.commits_sent = 0
         self.drain_s = drain_s
         self.batch_lock = asyncio.Lock()
         self._record_size = 256.0  # moving average of a record's value size: sizes the next fetch
@@ -378,13 +381,15 @@ class PersistConsumer:
         offsets, self._offsets = self._offsets, {}
         if not offsets or self._consumer is None:
             return
+        self.commits_sent += 1
+        sent = self.commits_sent
         try:
             await self._consumer.commit(offsets)
         except (CommitFailedError, KafkaError) as exc:  # a rebalance moved them: the next owner re-reads them
             log.warning("stored and signalled records up to %s but could not commit their offsets (%s); their "
                         "next owner re-reads them, which idempotent events make harmless", offsets, exc)
             return
-        self.on_committed({tp.partition: offset for tp, offset in offsets.items() if tp.topic == self.topic})
+        self.on_committed({tp.partition: offset for tp, offset in offsets.items() if tp.topic == self.topic}, sent)
 
 
 async def run_consumer(consumer: PersistConsumer) -> None:

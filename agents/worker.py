@@ -111,7 +111,7 @@ class Pipeline:
         flight, which must not land after the next owner has loaded what was published (the store refuses it if
         it does: `agents.arrival`)."""
         async with self.publishing:
-            self.arrivals.revoked(partitions)
+            self.arrivals.revoked(partitions, self._commits_sent())
             self.tracker.forget(partitions)
 
     async def publish_watermarks(self) -> tuple[list[int], dict[int, int], dict[int, int]]:
@@ -145,13 +145,17 @@ class Pipeline:
         fence = None if claims is None else {q: claims[q] for q in changed}
         refused = await self.rollups.set_watermarks(key, changed, claims=fence)
         if refused:  # claimed again with the next batch: the heartbeats seen so far must not make its watermark
-            self.arrivals.refused(refused)
+            self.arrivals.refused(refused, self._commits_sent())
             self.tracker.forget(refused)
         published.update({q: v for q, v in changed.items() if q not in refused})
 
-    def offsets_committed(self, offsets: dict[int, int]) -> None:
-        """The heartbeats behind committed offsets count toward the watermark (`agents.arrival`)."""
-        for partition, timestamp_us in self.arrivals.committed(offsets).items():
+    def _commits_sent(self) -> int:
+        return self.persist_consumer.commits_sent if self.persist_consumer is not None else 0
+
+    def offsets_committed(self, offsets: dict[int, int], sent: int | None = None) -> None:
+        """The heartbeats behind committed offsets count toward the watermark (`agents.arrival`). `sent`: the commit's
+        number (`PersistConsumer.commits_sent` when it was sent); None: sent after everything so far."""
+        for partition, timestamp_us in self.arrivals.committed(offsets, sent).items():
             self.tracker.heartbeat_persisted(partition, timestamp_us)
 
     async def send_signals(self, keys: set[Key] | list[Key]) -> None:

@@ -7,6 +7,7 @@ All times are epoch microseconds.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Collection, Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
@@ -41,6 +42,12 @@ def claims_for(marks: Mapping[int, int], claims: Mapping[int, int]) -> dict[int,
     if missing:
         raise ValueError(f"no claim given for partition(s) {missing}: a fenced publication carries one per partition")
     return {int(p): int(claims[p]) for p in marks}
+
+
+def new_claim() -> int:
+    """A claim id for `RollupStore.claim_partitions`: random 63 bits (positive, fits a bigint), so claims never
+    repeat, even where a store's claims were lost or restored and would start again."""
+    return secrets.randbits(63) or 1
 
 __all__ = ["BucketStore", "EventStore", "RollupStore", "ScanCursor", "SketchStore", "Stores"]
 

@@ -19,9 +19,9 @@ import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from sinks.base import claim_topic, claims_for
+from sinks.base import claim_topic, claims_for, new_claim
 from sinks.model import PendingRollups, RollupState, later_than_stored, prefix_end
-from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows, returned_rows
+from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows
 from sinks.sqlite.thread import SqliteThread
 
 __all__ = ["SqliteRollupStore"]
@@ -83,9 +83,10 @@ SELECT COUNT(*), MIN(CASE WHEN rollup_ts > 0 THEN rollup_ts ELSE last_write_ts E
 _MARK = RowsStatement("INSERT INTO watermarks (topic, partition, mark_us) VALUES", "(?, ?, ?)",
                       "ON CONFLICT (topic, partition) DO UPDATE SET mark_us = excluded.mark_us "
                       "WHERE excluded.mark_us > watermarks.mark_us")
-_CLAIM = RowsStatement("INSERT INTO watermark_claims (topic, partition, claim) VALUES", "(?, ?, 1)",
-                       "ON CONFLICT (topic, partition) DO UPDATE SET claim = watermark_claims.claim + 1 "
-                       "RETURNING partition, claim")
+# A claim is a random 63-bit id, not the previous one + 1: ids that restarted (a restored file) never match a claim
+# a stale worker still holds. The last claim written is the latest: the write transactions are serial.
+_CLAIM = RowsStatement("INSERT INTO watermark_claims (topic, partition, claim) VALUES", "(?, ?, ?)",
+                       "ON CONFLICT (topic, partition) DO UPDATE SET claim = excluded.claim")
 
 
 class SqliteRollupStore:
@@ -177,8 +178,10 @@ class SqliteRollupStore:
         params = [(topic, int(p)) for p in sorted(set(partitions))]
         if not params:
             return {}
-        rows = await self._db.run(lambda conn: self._db.write(conn, lambda c: returned_rows(c, _CLAIM, params)))
-        return {int(p): int(claim) for p, claim in rows}
+        claims = {p: new_claim() for _topic, p in params}
+        rows = [(topic, p, claims[p]) for topic, p in params]
+        await self._db.run(lambda conn: self._db.write(conn, lambda c: insert_rows(c, _CLAIM, rows)))
+        return claims
 
     async def watermarks(self, topic: str) -> dict[int, int]:
         return await self._db.run(lambda conn: dict(conn.execute(

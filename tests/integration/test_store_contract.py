@@ -1205,3 +1205,23 @@ def test_sqlite_claims_come_to_a_file_made_before_them(tmp_path: Path) -> None:
         finally:
             await rollups.close()
     assert asyncio.run(body()) == (set(), {0: 200})
+
+
+def test_sqlite_claims_never_repeat_after_the_claims_were_lost(tmp_path: Path) -> None:
+    """Claims were the previous one + 1 from 1: after the claims table was lost (a file restored from a backup taken
+    before, rows deleted by hand) a stale worker's claim equalled the next owner's, and its publications landed."""
+    path = tmp_path / "rollups.sqlite3"
+
+    async def body() -> tuple[set[int], dict[int, int]]:
+        rollups = SqliteRollupStore(path)
+        try:
+            stale = await rollups.claim_partitions("t", [0])  # the worker that will stall
+            await rollups.set_watermarks("t", {0: 100}, claims=stale)
+            with sqlite3.connect(path) as conn:
+                conn.execute("DELETE FROM watermark_claims")
+            conn.close()
+            await rollups.claim_partitions("t", [0])  # the next owner
+            return await rollups.set_watermarks("t", {0: 500}, claims=stale), await rollups.watermarks("t")
+        finally:
+            await rollups.close()
+    assert asyncio.run(body()) == ({0}, {0: 100})

@@ -265,6 +265,77 @@ def test_a_refused_worker_claims_again_without_publishing_what_it_saw_before(tmp
     assert count == 5  # early, b-first, a-late, c and late: nothing behind a boundary already passed
 
 
+def test_a_commit_reply_that_comes_after_a_refusal_publishes_nothing(tmp_path: Path) -> None:
+    """A dropped worker's commit that the broker applied before the group moved on, but whose reply came only after
+    the worker's publication was refused (a reply delayed on the network): counted, it made a floor and a watermark
+    that the worker published under the claim it took again, past the floor the next owner judges by."""
+    async def scenario(stack: Stack) -> tuple[dict[int, int], int, int]:
+        a = stack.worker()
+        a.arrivals.assigned({0})
+        await _persist(a, [write(0, T - 5 * MICROS, "early"), heartbeat(1, T)])
+        a.offsets_committed({0: 2}, 1)
+        await a.publish_watermarks()  # floor T, watermark T - skew
+        await _persist(a, [heartbeat(2, T + 10 * MICROS)])  # H1
+        a.offsets_committed({0: 3}, 2)  # not published yet
+        await _persist(a, [heartbeat(3, T + 20 * MICROS)])  # H2: commit 3 (of offset 4) sent, its reply delayed
+        b = stack.worker()
+        b.partitions_assigned({0}, True)
+        await _persist(b, [write(4, T + 21 * MICROS, "b-first")])  # B claims, loads floor T
+        a._commits_sent = lambda: 3  # type: ignore[method-assign]  # as the persist consumer would count them
+        await a.publish_watermarks()  # refused
+        a.offsets_committed({0: 4}, 3)  # the late reply
+        await _persist(a, [write(5, T + 22 * MICROS, "a-next")])  # A claims again
+        await a.publish_watermarks()
+        mark = (await stack.rollups.watermarks(TOPIC))[0]
+        await _persist(b, [write(5, T + 22 * MICROS, "a-next"), write(6, T + 16 * MICROS, "late"),
+                           heartbeat(7, T + 30 * MICROS)])  # B judges by floor T: "late" admitted
+        b.offsets_committed({0: 8})
+        await b.publish_watermarks()  # refused (A's claim), B claims again with its next batch
+        await _persist(b, [heartbeat(8, T + 40 * MICROS)])
+        b.offsets_committed({0: 9})
+        await b.publish_watermarks()
+        return await stack.rollups.watermarks(arrival_keys(TOPIC)[1]), mark, await stack.count(await b.watermark())
+
+    floors, mark_after_a, count = run(tmp_path, scenario)
+    assert mark_after_a == T - MICROS // 2  # nothing from H2 under A's second claim
+    assert count == 4  # early, b-first, a-next and late
+    assert floors == {0: T + 40 * MICROS}  # B's
+
+
+def test_a_load_retried_after_a_failed_read_keeps_its_claims(tmp_path: Path) -> None:
+    """A load whose reads failed claimed again at every retry: from a worker the group dropped, whose revoke waits
+    for the batch it retries, each retry fenced the owner once more."""
+    class FlakyReads(SqliteRollupStore):
+        claims_taken = 0
+        reads_to_fail = 1
+
+        async def claim_partitions(self, topic: str, partitions: Any) -> dict[int, int]:
+            self.claims_taken += 1
+            return await super().claim_partitions(topic, partitions)
+
+        async def watermarks(self, topic: str) -> dict[int, int]:
+            if self.reads_to_fail:
+                self.reads_to_fail -= 1
+                raise OSError("store away")
+            return await super().watermarks(topic)
+
+    async def scenario() -> tuple[int, dict[int, int], dict[int, int]]:
+        store = FlakyReads(tmp_path / "r.db")
+        try:
+            floors = ArrivalFloors()
+            floors.assigned({0, 1})
+            with pytest.raises(OSError):
+                await floors.load(store, TOPIC)
+            first = dict(floors.claims)
+            await floors.load(store, TOPIC)
+            return store.claims_taken, first, floors.claims
+        finally:
+            await store.close()
+
+    taken, first, claims = asyncio.run(scenario())
+    assert taken == 1 and set(first) == {0, 1} and claims == first
+
+
 def test_a_worker_given_a_partition_back_publishes_no_watermark_past_the_published_floor(tmp_path: Path) -> None:
     """A revoke commits the batches in hand, so the heartbeats they hold count toward the worker's watermark though
     their floor is never published; given the partition back, the worker must not publish that watermark: the owner
