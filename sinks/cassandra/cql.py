@@ -20,9 +20,12 @@ Data model (keyspace ``ks``)::
     rollup_pending    ((shard), namespace, counter_name)     marker: last_write_ts > rollup_ts
     rollup_bounds     ((namespace), shard)                   newest converged rollup_ts
     watermarks        ((topic), kafka_partition)             persist watermark per partition
-    watermark_claims  ((topic), kafka_partition)             claim, marks: a mutations partition's latest claim
+    watermark_claims  ((topic, kafka_partition))          claim, marks: a mutations partition's latest claim
                       and the marks published under claims (map: watermark key -> mark), written only by
-                      lightweight transactions conditioned on the claim (sinks.cassandra.rollups)
+                      lightweight transactions conditioned on the claim; one partition (one Paxos instance) per
+                      Kafka partition, so no two Kafka partitions' transactions contend (sinks.cassandra.rollups)
+    watermark_claimed_partitions  ((topic))                 partitions: set<int>, every Kafka partition of the topic
+                      ever claimed (plain writes, at claim time): which watermark_claims partitions to read
     window_buckets    ((namespace, counter_name, granularity, slice), start_us)   bucket_count, computed_upto
                       minute/hour/day buckets of windowed counts; a slice is a day of minutes, 32 days of hours,
                       a year of days (sinks.windows.Granularity.slice_us): no partition grows without bound
@@ -84,9 +87,9 @@ MIN_BIGINT = -(2**63)
 _US = 1_000_000
 
 BASE_TABLES = ("event_namespaces", "event_slices", "event_buckets", "event_counters", "rollups", "rollup_pending",
-               "rollup_bounds", "watermarks", "watermark_claims", "window_buckets", "window_slices", "window_counters",
-               "window_clears", "window_ranks", "window_rank_lists", "counter_combinations", "window_sketches",
-               "sketch_slices", "sketch_counters")
+               "rollup_bounds", "watermarks", "watermark_claims", "watermark_claimed_partitions", "window_buckets",
+               "window_slices", "window_counters", "window_clears", "window_ranks", "window_rank_lists",
+               "counter_combinations", "window_sketches", "sketch_slices", "sketch_counters")
 COUNTER_SHARDS = 16  # partitions per namespace of the event_counters registry (fixed: part of the key)
 
 
@@ -210,7 +213,11 @@ def _base_tables(ks: str) -> list[str]:
     kafka_partition int,
     claim bigint,
     marks map<text, bigint>,
-    PRIMARY KEY (topic, kafka_partition)
+    PRIMARY KEY ((topic, kafka_partition))
+)""",
+        f"""CREATE TABLE IF NOT EXISTS {ks}.watermark_claimed_partitions (
+    topic text PRIMARY KEY,
+    partitions set<int>
 )""",
         *_sliced_tables(ks, "window_buckets", "bucket_count bigint", "window_slices", "window_counters"),
         f"""CREATE TABLE IF NOT EXISTS {ks}.window_clears (
@@ -597,20 +604,21 @@ class RollupCql:
                     (topic,))
 
     # claims on a topic's partitions and the marks published under them: lightweight transactions only (their
-    # timestamps are Paxos ballots, never USING TIMESTAMP), read back at the serial level
+    # timestamps are Paxos ballots, never USING TIMESTAMP), each on the one partition of its Kafka partition, read back
+    # at the serial level; the claimed partitions listed by plain writes in a table of their own
     def get_claim(self, topic: str, partition: int) -> Stmt:
         return Stmt("claims.get", f"SELECT claim, marks FROM {self.ks}.watermark_claims "
                     "WHERE topic = ? AND kafka_partition = ?", (topic, partition), serial=True)
 
-    def first_claim(self, topic: str, partition: int) -> Stmt:
-        """Claim 1, on a partition nobody claimed (no row, or a row without a claim)."""
-        return Stmt("claims.first", f"UPDATE {self.ks}.watermark_claims SET claim = 1 "
-                    "WHERE topic = ? AND kafka_partition = ? IF claim = null", (topic, partition))
+    def first_claim(self, topic: str, partition: int, claim: int) -> Stmt:
+        """``claim`` on a partition nobody claimed (no row, or a row without a claim)."""
+        return Stmt("claims.first", f"UPDATE {self.ks}.watermark_claims SET claim = ? "
+                    "WHERE topic = ? AND kafka_partition = ? IF claim = null", (claim, topic, partition))
 
-    def next_claim(self, topic: str, partition: int, latest: int) -> Stmt:
-        """Claim ``latest + 1``, if ``latest`` is still the partition's latest claim (compare-and-set)."""
+    def next_claim(self, topic: str, partition: int, claim: int, latest: int) -> Stmt:
+        """``claim`` in place of ``latest``, if that is still the partition's latest claim (compare-and-set)."""
         return Stmt("claims.next", f"UPDATE {self.ks}.watermark_claims SET claim = ? "
-                    "WHERE topic = ? AND kafka_partition = ? IF claim = ?", (latest + 1, topic, partition, latest))
+                    "WHERE topic = ? AND kafka_partition = ? IF claim = ?", (claim, topic, partition, latest))
 
     def raise_claimed_mark(self, topic: str, partition: int, key: str, mark_us: int, claim: int) -> Stmt:
         """``marks[key] = mark_us`` under ``claim``, if that raises it (a missing element compares as no value:
@@ -625,8 +633,18 @@ class RollupCql:
                     "WHERE topic = ? AND kafka_partition = ? IF claim = ? AND marks[?] = null",
                     (key, mark_us, topic, partition, claim, key))
 
-    def get_claimed_marks(self, topic: str) -> Stmt:
-        return Stmt("claims.marks", f"SELECT kafka_partition, marks FROM {self.ks}.watermark_claims WHERE topic = ?",
+    def get_claimed_marks(self, topic: str, partition: int) -> Stmt:
+        """One partition's marks published under claims (at the configured consistency, as any read)."""
+        return Stmt("claims.marks", f"SELECT marks FROM {self.ks}.watermark_claims "
+                    "WHERE topic = ? AND kafka_partition = ?", (topic, partition))
+
+    def list_claimed(self, topic: str, partitions: Iterable[int]) -> Stmt:
+        """Add ``partitions`` to the topic's claimed partitions (a set: adding one again changes nothing)."""
+        return Stmt("claimed.add", f"UPDATE {self.ks}.watermark_claimed_partitions SET partitions = partitions + ? "
+                    "WHERE topic = ?", (frozenset(int(p) for p in partitions), topic))
+
+    def get_claimed(self, topic: str) -> Stmt:
+        return Stmt("claimed.get", f"SELECT partitions FROM {self.ks}.watermark_claimed_partitions WHERE topic = ?",
                     (topic,))
 
     # the registry of dimension combinations

@@ -12,14 +12,34 @@ Claims (``claim_partitions``) and the marks published under them (``set_watermar
 that lost its partitions while it stalled: a publication must apply only while the writer's claim is the
 partition's latest, atomically with the check, which takes a lightweight transaction (Paxos: a claim and a
 publication on one partition are linearized, so a publication either lands before the claim, where the new owner's
-later reads see it, or meets the new claim and is refused). So each mutations partition has one row of
-``watermark_claims`` in the topic's partition holding its latest claim and, in a map, the marks of every key
-published under claims; they never meet the ``USING TIMESTAMP`` cells of ``watermarks`` (a conditional write
-cannot set its timestamp), and ``watermarks`` reads both tables, the greater mark winning.
-* a claim is a compare-and-set: ``claim = latest + 1 IF claim = latest`` (``IF claim = null`` for the first),
-  retried on a race, so two claimants never get the same claim and the later one wins;
+later reads see it, or meets the new claim and is refused). So each mutations partition has its own Cassandra
+partition of ``watermark_claims`` (key ``(topic, kafka_partition)``) holding its latest claim and, in a map, the
+marks of every key published under claims; they never meet the ``USING TIMESTAMP`` cells of ``watermarks`` (a
+conditional write cannot set its timestamp), and ``watermarks`` reads both tables, the greater mark winning.
+* a claim is a compare-and-set to a new random 63-bit id (``sinks.base.new_claim``): ``claim = new IF claim =
+  latest`` (``IF claim = null`` for the first), retried on a race, so the later of two claimants wins and claims
+  never repeat, even after the table was lost (with ``latest + 1`` from 1, a stale worker's claim could equal the
+  next owner's and its publications land);
 * a mark is raised by ``IF claim = mine AND marks[key] < mark``; when that is not applied a serial read says why:
   another claim (refused), a mark already as high (nothing to do), or none yet (``IF ... marks[key] = null``).
+Why a Cassandra partition per Kafka partition: Paxos serializes the transactions of one Cassandra partition, and
+every publication is one. Keyed by the topic alone, a topic's every claim and mark would share one partition: every
+worker's publications (3 keys x owned partitions, up to 4 times a second) would contend in one Paxos instance, which
+under load ends in CAS write timeouts, a failing ``load`` retried under the persist batch lock and revokes held past
+the rebalance timeout. So a Kafka partition's transactions meet only its owner's own (sent one key after another)
+and, at a handover, a claimant's.
+Costs: a claim is a serial read and a transaction per partition (more only on a race), with one plain write listing
+the partitions; a publication is one transaction per partition whose mark rose, per key; none when nothing rose.
+
+Reading a topic's claimed marks then takes the list of its partitions: ``watermark_claimed_partitions`` holds, per
+topic, a ``set<int>`` of every partition ever claimed, added by a plain write (a table of its own: no cell written
+both with and without a transaction) that completes before ``claim_partitions`` returns, so before any mark is
+published under the claim. ``watermarks`` must never leave out a partition that has marks (a floor missing at a
+``load`` is the handover bug the floors fix; a missing watermark holds rollups back), so every call reads the list;
+to keep that one round trip, it reads at the same time the partitions it already knows (the last list it read and
+the partitions this instance claimed), and a second round reads only partitions the list newly names. Per call:
+the ``watermarks`` partition, the list, and one single-partition read per claimed Kafka partition, fanned out
+concurrently (2 + N reads, N = the topic's partitions ever claimed), in one round trip once the list is known.
 Publications are about one a second per partition and key, claims one per partition per rebalance: the
 transactions' extra round trips are off the persist path. A timed-out transaction is not retried by the driver
 (its outcome is unknown: ``IdempotentRetryPolicy``); the error reaches the caller, which retries whole.
@@ -77,7 +97,7 @@ import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from sinks.base import claim_topic, claims_for
+from sinks.base import claim_topic, claims_for, new_claim
 from sinks.cassandra.cql import RollupCql, Stmt, pending_shard
 from sinks.cassandra.session import Executor
 from sinks.model import PendingRollups, RollupState, prefix_end
@@ -102,6 +122,9 @@ class CassandraRollupStore:
         self._shards = pending_shards
         self._clock_us = clock_us
         self._sweep_after: tuple[int, str, str] | None = None  # stale() resumes after it
+        # claim topic -> its partitions known to have been claimed (listed, or claimed here): what `watermarks` reads
+        # while it reads the list
+        self._claimed_parts: dict[str, set[int]] = {}
 
     def _shard(self, namespace: str, counter: str) -> int:
         return pending_shard(namespace, counter, self._shards)
@@ -239,17 +262,32 @@ class CassandraRollupStore:
 
     async def claim_partitions(self, topic: str, partitions: Collection[int]) -> dict[int, int]:
         ordered = sorted({int(p) for p in partitions})
-        claims = await asyncio.gather(*(self._claim(topic, p) for p in ordered))
+        if not ordered:
+            return {}
+        # listed (at the same time) before this returns, so before any mark is published under these claims
+        listing = asyncio.ensure_future(self._x.run(self._cql.list_claimed(topic, ordered)))
+        try:
+            claims = await asyncio.gather(*(self._claim(topic, p) for p in ordered))
+        finally:
+            await listing
+        self._claimed_parts.setdefault(topic, set()).update(ordered)
         return dict(zip(ordered, claims, strict=True))
 
     async def watermarks(self, topic: str) -> dict[int, int]:
-        plain, claimed = await self._x.run_all([self._cql.get_marks(topic),
-                                                self._cql.get_claimed_marks(claim_topic(topic))])
+        owner = claim_topic(topic)
+        known = sorted(self._claimed_parts.get(owner, ()))
+        plain, listing, *rows = await self._x.run_all([self._cql.get_marks(topic), self._cql.get_claimed(owner),
+                                                       *(self._cql.get_claimed_marks(owner, p) for p in known)])
+        listed = {int(p) for row in listing or () for p in (row[0] or ())}
+        new = sorted(listed.difference(known))
+        if new:  # claimed since this instance last read the list: read them too, before answering
+            rows += await self._x.run_all([self._cql.get_claimed_marks(owner, p) for p in new])
+        self._claimed_parts.setdefault(owner, set()).update(listed)
         out = {int(p): int(m) for p, m in plain or () if m is not None}
-        for p, marks in claimed or ():
-            mark = (marks or {}).get(topic)
+        for p, found in zip([*known, *new], rows, strict=True):
+            mark = (found[0][0] or {}).get(topic) if found else None
             if mark is not None:
-                out[int(p)] = max(int(mark), out.get(int(p), int(mark)))
+                out[p] = max(int(mark), out.get(p, int(mark)))
         return out
 
     async def delete(self, namespace: str, counter: str | None = None) -> int:
@@ -318,13 +356,15 @@ class CassandraRollupStore:
         return (None if claim is None else int(claim)), {str(k): int(v) for k, v in (marks or {}).items()}
 
     async def _claim(self, topic: str, partition: int) -> int:
-        """A claim one past the partition's latest, by compare-and-set: a race with another claimant re-reads."""
+        """A new claim in place of the partition's latest, by compare-and-set: a race with another claimant
+        re-reads."""
         for _ in range(LWT_ATTEMPTS):
             latest, _marks = await self._claimed(topic, partition)
-            stmt = (self._cql.first_claim(topic, partition) if latest is None
-                    else self._cql.next_claim(topic, partition, latest))
+            claim = new_claim()
+            stmt = (self._cql.first_claim(topic, partition, claim) if latest is None
+                    else self._cql.next_claim(topic, partition, claim, latest))
             if await self._applied(stmt):
-                return 1 if latest is None else latest + 1
+                return claim
         raise RuntimeError(f"could not claim partition {partition} of {topic!r}: {LWT_ATTEMPTS} claims raced it")
 
     async def _set_claimed(self, owner: str, partition: int, key: str, mark_us: int, claim: int) -> bool:

@@ -778,6 +778,27 @@ def test_racing_claims_differ_and_only_the_latest_publishes(stores: Stores) -> N
     assert stores.run(rs.watermarks(topic)) == {0: 10 + latest, 3: 10 + latest}
 
 
+def test_cassandra_marks_of_a_partition_claimed_elsewhere_since_are_read(stores: Stores) -> None:
+    """Cassandra keeps each partition's claim and marks in a partition of its own and lists the claimed partitions:
+    a reader (another process's store) finds a partition claimed after its last read, under every key."""
+    from sinks.cassandra.rollups import CassandraRollupStore
+
+    if not isinstance(stores.rollups, CassandraRollupStore):
+        pytest.skip("Cassandra's layout of claims")
+    rs, topic = stores.rollups, f"topic-{stores.namespace}"
+    floor_key = f"{topic}/arrival-floor"
+    reader = CassandraRollupStore(rs._x)  # another process: its own list of claimed partitions, the same session
+    assert stores.run(reader.watermarks(topic)) == {}
+    first = stores.run(rs.claim_partitions(topic, [0]))
+    assert stores.run(rs.set_watermarks(topic, {0: 100}, claims=first)) == set()
+    assert stores.run(reader.watermarks(topic)) == {0: 100}
+    later = stores.run(rs.claim_partitions(topic, [5, 2]))
+    assert stores.run(rs.set_watermarks(floor_key, {5: 70, 2: 80}, claims=later)) == set()
+    assert stores.run(rs.set_watermarks(topic, {5: 50, 2: 60}, claims=later)) == set()
+    assert stores.run(reader.watermarks(floor_key)) == {5: 70, 2: 80}
+    assert stores.run(reader.watermarks(topic)) == {0: 100, 5: 50, 2: 60}
+
+
 def test_get_many_and_delete(stores: Stores) -> None:
     ns, rs = stores.namespace, stores.rollups
     for i in range(5):

@@ -191,6 +191,31 @@ def test_rollup_statements_use_write_timestamps_to_move_forward():
         assert markers(s.cql) == len(s.params) and " ks." in s.cql
 
 
+def test_claims_are_one_cassandra_partition_per_kafka_partition():
+    """Every claim and fenced mark is a lightweight transaction, serialized per Cassandra partition: keyed by the
+    topic alone, all of a topic's workers would contend in one Paxos instance."""
+    stmts = schema_statements("ks", {"class": "SimpleStrategy", "replication_factor": 1})
+    claims = stmts[1 + BASE_TABLES.index("watermark_claims")]
+    assert "PRIMARY KEY ((topic, kafka_partition))" in claims and "marks map<text, bigint>" in claims
+    listed = stmts[1 + BASE_TABLES.index("watermark_claimed_partitions")]
+    assert "topic text PRIMARY KEY" in listed and "partitions set<int>" in listed
+    one = "WHERE topic = ? AND kafka_partition = ?"
+    lwts = [R.first_claim("t", 3, 77), R.next_claim("t", 3, 78, 77), R.raise_claimed_mark("t", 3, "k", 9, 78),
+            R.first_claimed_mark("t", 3, "k", 9, 78)]
+    for s in lwts:  # the whole partition key, a condition, and the transaction's own timestamp
+        assert s.cql.startswith("UPDATE ks.watermark_claims SET ") and f" {one} IF " in s.cql
+        assert "USING TIMESTAMP" not in s.cql and markers(s.cql) == len(s.params)
+    assert R.first_claim("t", 3, 77).params == (77, "t", 3) and R.first_claim("t", 3, 77).cql.endswith("claim = null")
+    assert R.next_claim("t", 3, 78, 77).params == (78, "t", 3, 77)  # the new id, if the latest is still 77
+    for s in (R.get_claim("t", 3), R.get_claimed_marks("t", 3)):
+        assert s.cql.endswith(f"FROM ks.watermark_claims {one}") and s.params == ("t", 3)
+    assert R.get_claim("t", 3).serial and not R.get_claimed_marks("t", 3).serial
+    add = R.list_claimed("t", [2, 0, 2])
+    assert add.cql == "UPDATE ks.watermark_claimed_partitions SET partitions = partitions + ? WHERE topic = ?"
+    assert add.params == (frozenset({0, 2}), "t") and " IF " not in add.cql  # plain: a set add is idempotent
+    assert R.get_claimed("t").cql == "SELECT partitions FROM ks.watermark_claimed_partitions WHERE topic = ?"
+
+
 def test_window_tables_partition_by_counter_granularity_and_slice():
     stmts = schema_statements("ks", {"class": "SimpleStrategy", "replication_factor": 1})
     buckets = stmts[1 + BASE_TABLES.index("window_buckets")]

@@ -4,8 +4,12 @@ The fake implements each statement ``op`` of ``sinks.cassandra.cql`` with Cassan
 that the design relies on: each cell resolved on its own by write timestamp, ties as Cassandra 4.0+
 breaks them (CASSANDRA-14592: the later expiry, then the greater value as unsigned bytes), tombstones
 shadowing writes with timestamps <= theirs, clustering order, range deletes, dropped tables raising
-"unconfigured table", writes expiring after 2038-01-19 rejected (CASSANDRA-14092, policy REJECT).
-It checks every statement's bind-marker count too. With it, the whole shared
+"unconfigured table", writes expiring after 2038-01-19 rejected (CASSANDRA-14092, policy REJECT), lightweight
+transactions answering with their ``[applied]`` flag. It checks every statement's bind-marker count, that a fixed
+table a statement names is in the schema the code creates, that a transaction names its table's whole partition key
+(read from that schema) and that no fixed table is written both with and without transactions; it counts
+transactions per Cassandra partition (one Paxos instance each) and those begun while another on the same partition
+was in flight (contention). With it, the whole shared
 store contract suite runs here without a server; what it cannot show (that Cassandra accepts the
 CQL, and behaves as modelled) is for the contract suite on a real cluster (COUNTER_TEST_CASSANDRA).
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import struct
 import time
 import uuid
@@ -23,9 +28,10 @@ from collections.abc import Sequence
 import pytest
 from cassandra import InvalidRequest
 
+from sinks.base import arrival_keys
 from sinks.cassandra.buckets import CassandraBucketStore
 from sinks.cassandra.config import EXPIRY_MARGIN_S, MAX_EXPIRY_S, MAX_TTL_SECONDS, ExpiryCap
-from sinks.cassandra.cql import Stmt
+from sinks.cassandra.cql import Stmt, schema_statements
 from sinks.cassandra.events import CassandraEventStore
 from sinks.cassandra.rollups import CassandraRollupStore
 from sinks.cassandra.session import MissingTable, run_bounded
@@ -77,6 +83,42 @@ def _wins(new: tuple, old: tuple | None) -> bool:
     return cell_bytes(new[1]) > cell_bytes(old[1])
 
 
+def _partition_keys(keyspace: str = "ks") -> dict[str, tuple[str, ...]]:
+    """Each fixed table's partition key columns, read from the schema the code creates (``schema_statements``)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for cql in schema_statements(keyspace, {"class": "SimpleStrategy", "replication_factor": 1})[1:]:
+        table = re.match(rf"CREATE TABLE IF NOT EXISTS {keyspace}\.(\w+) \(", cql).group(1)
+        inline = re.search(r"^\s*(\w+) \w+ PRIMARY KEY,?$", cql, re.M)
+        if inline:
+            out[table] = (inline.group(1),)
+            continue
+        key = cql[cql.index("PRIMARY KEY (") + len("PRIMARY KEY ("):]
+        if key.startswith("("):
+            out[table] = tuple(c.strip() for c in key[1:key.index(")")].split(","))
+        else:
+            out[table] = (re.match(r"\s*(\w+)", key).group(1),)
+    return out
+
+
+SCHEMA_KEYS = _partition_keys()
+
+
+def _key_values(stmt: Stmt) -> dict[str, object]:
+    """The columns a write restricts by ``col = ?`` (WHERE) or sets (INSERT's column list), with their bound
+    values: what names its partition."""
+    cql = stmt.cql
+    if cql.startswith("INSERT"):
+        columns = [c.strip() for c in cql[cql.index("(") + 1:cql.index(")")].split(",")]
+        first = cql[:cql.index("VALUES")].count("?")
+        return dict(zip(columns, stmt.params[first:first + len(columns)], strict=True))
+    out: dict[str, object] = {}
+    where = cql.index(" WHERE ")
+    end = cql.find(" IF ", where)
+    for match in re.finditer(r"(\w+) = \?", cql[where:end if end > 0 else len(cql)]):
+        out[match.group(1)] = stmt.params[cql[:where + match.end()].count("?") - 1]
+    return out
+
+
 class FakeCassandra:
     """An in-memory stand-in for ``CassandraSession`` (the ``Executor`` protocol)."""
 
@@ -109,8 +151,16 @@ class FakeCassandra:
         self.bounds: dict[str, dict[int, tuple[int, object]]] = defaultdict(dict)
         self.bound_tombs: dict[str, int] = {}
         self.marks: dict[str, dict[int, tuple[int, object]]] = defaultdict(dict)
-        # watermark_claims: (topic, partition) -> [claim or None, {key: mark}], written by transactions only
+        # watermark_claims: (topic, partition) -> [claim or None, {key: mark}], written by transactions only;
+        # watermark_claimed_partitions: topic -> the partitions listed
         self.claims: dict[tuple[str, int], list] = {}
+        self.claimed: dict[str, frozenset[int]] = defaultdict(frozenset)
+        # Paxos: lightweight transactions per Cassandra partition (table, partition key values, by the schema), and
+        # how many began while another on the same partition was in flight (contention: one must retry its ballot)
+        self.paxos: dict[tuple[str, tuple], int] = defaultdict(int)
+        self.paxos_contended = 0
+        self._paxos_busy: dict[tuple[str, tuple], int] = defaultdict(int)
+        self.write_kinds: dict[str, set[str]] = defaultdict(set)  # fixed table -> {"lwt", "plain"}: never both
         # bucket store: partition -> start_us -> (timestamp, (value, computed_upto), ttl)
         self.buckets: dict[tuple, dict[int, tuple[int, tuple[int, int], int]]] = defaultdict(dict)
         self.bucket_tombs: dict[tuple, list[tuple[int | None, int]]] = defaultdict(list)  # (last start or None, ts)
@@ -144,9 +194,14 @@ class FakeCassandra:
 
     async def _run(self, stmt: Stmt) -> list[tuple]:
         self.log.append(stmt)
+        paxos = self._schema_check(stmt)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self.peaks[stmt.op] = max(self.peaks.get(stmt.op, 0), self.in_flight)
+        if paxos is not None:
+            self.paxos[paxos] += 1
+            self.paxos_contended += self._paxos_busy[paxos] > 0
+            self._paxos_busy[paxos] += 1
         try:
             await asyncio.sleep(0)  # let other requests interleave
             if self.fail_next.get(stmt.op):
@@ -156,6 +211,28 @@ class FakeCassandra:
             return handler(stmt, *stmt.params) or []
         finally:
             self.in_flight -= 1
+            if paxos is not None:
+                self._paxos_busy[paxos] -= 1
+
+    def _schema_check(self, stmt: Stmt) -> tuple[str, tuple] | None:
+        """A statement on a fixed table (``stmt.table`` None) names a table of the schema; a lightweight transaction
+        restricts its table's whole partition key (Cassandra: one partition, one Paxos instance) and a fixed table is
+        written either by transactions or by plain writes, never both. Returns the Paxos instance of a transaction
+        (table, partition key values), else None."""
+        if stmt.table is not None:
+            return None
+        table = re.search(rf"(?:FROM|UPDATE|INTO) {self.keyspace}\.(\w+)", stmt.cql).group(1)
+        assert table in SCHEMA_KEYS, f"{stmt.op}: no table {table} in the schema"
+        if stmt.cql.startswith("SELECT"):
+            return None
+        lwt = " IF " in stmt.cql
+        self.write_kinds[table].add("lwt" if lwt else "plain")
+        assert len(self.write_kinds[table]) == 1, f"{table} written both with and without lightweight transactions"
+        if not lwt:
+            return None
+        values = _key_values(stmt)
+        assert all(c in values for c in SCHEMA_KEYS[table]), (stmt.cql, SCHEMA_KEYS[table])
+        return table, tuple(values[c] for c in SCHEMA_KEYS[table])
 
     async def run_all(self, stmts: Sequence[Stmt], *, missing_ok: bool = False) -> list[list[tuple] | None]:
         return await run_bounded(stmts, self.run, self.concurrency, missing_ok=missing_ok)
@@ -375,8 +452,9 @@ class FakeCassandra:
         return [(p, v) for p, (_ts, v) in sorted(self.marks[topic].items())]
 
     def _cas(self, stmt, topic, partition, applies, column, value) -> list[tuple]:
-        """A lightweight transaction on one row of watermark_claims: applied (the row changed) iff ``applies(claim,
-        marks)``; as Cassandra, one row leading with ``[applied]``, and no custom timestamp allowed."""
+        """A lightweight transaction on one row of watermark_claims: applied (the row changed) iff
+        ``applies(claim, marks)``; as Cassandra, one row leading with ``[applied]``, and no custom timestamp allowed.
+        (``_run`` counts it against the Paxos instance of its Cassandra partition.)"""
         assert " IF " in stmt.cql and "USING TIMESTAMP" not in stmt.cql, stmt.cql
         row = self.claims.get((topic, partition), [None, {}])
         if not applies(row[0], row[1]):
@@ -393,10 +471,12 @@ class FakeCassandra:
         row = self.claims.get((topic, partition))
         return [(row[0], dict(row[1]) or None)] if row else []
 
-    def _claims_first(self, stmt, topic, partition):
-        return self._cas(stmt, topic, partition, lambda claim, _marks: claim is None, "claim", 1)
+    def _claims_first(self, stmt, claim, topic, partition):
+        _bigint(claim)
+        return self._cas(stmt, topic, partition, lambda stored, _marks: stored is None, "claim", claim)
 
     def _claims_next(self, stmt, claim, topic, partition, latest):
+        _bigint(claim)
         return self._cas(stmt, topic, partition, lambda stored, _marks: stored == latest, "claim", claim)
 
     def _claims_raise(self, stmt, key, mark, topic, partition, claim, key_again, mark_again):
@@ -409,9 +489,17 @@ class FakeCassandra:
         return self._cas(stmt, topic, partition, lambda stored, marks: stored == claim and key not in marks, key,
                          mark)
 
-    def _claims_marks(self, stmt, topic):
-        return [(p, dict(row[1]) or None) for (t, p), row in sorted(self.claims.items()) if t == topic]
+    def _claims_marks(self, stmt, topic, partition):
+        row = self.claims.get((topic, partition))
+        return [(dict(row[1]) or None,)] if row else []
 
+    def _claimed_add(self, stmt, partitions, topic):
+        assert isinstance(partitions, frozenset) and all(isinstance(p, int) for p in partitions), partitions
+        self.claimed[topic] |= partitions
+
+    def _claimed_get(self, stmt, topic):
+        # as the driver returns a set<int>: sorted; an empty set is no value (a row without it is no row here)
+        return [(sorted(self.claimed[topic]),)] if self.claimed.get(topic) else []
 
     # -- bucket store ops -----------------------------------------------------------------------
 
@@ -809,6 +897,110 @@ def test_pending_rollups_only_read_and_skip_a_marker_left_by_a_crash():
     limits = [s.params[-1] for s in fake.log if s.op == "pending.of_ns"]
     assert limits[0] == 9 and min(limits) >= 7 and ops.count("rollup.get") == 2  # what the limit leaves, + 1
     assert sum(fake._marker_live(k) for k in fake.markers) == 3  # c's marker is still there
+
+
+# -- claims: one Paxos instance per Kafka partition -------------------------------------------------------------
+
+
+async def _publish(store: CassandraRollupStore, topic: str, claims: dict[int, int], mark: int) -> list[set[int]]:
+    """What a worker publishes at a tick, key after key (offsets, floors, watermarks), each key's partitions at once."""
+    return [await store.set_watermarks(key, dict.fromkeys(claims, mark), claims=claims)
+            for key in (*arrival_keys(topic), topic)]
+
+
+def _publish_all(store: CassandraRollupStore, topic: str, claims: dict[int, int], mark: int) -> list[set[int]]:
+    return asyncio.run(_publish(store, topic, claims, mark))
+
+
+def test_claims_and_marks_of_different_partitions_never_share_a_paxos_instance():
+    """Keyed by the topic alone, every claim and publication of every worker would be a transaction on one Cassandra
+    partition, contending in one Paxos instance; each Kafka partition has its own."""
+    fake, _, first = fake_stores()
+    second = CassandraRollupStore(fake)  # another worker
+
+    async def two_workers() -> tuple[dict[int, int], dict[int, int]]:
+        a, b = await asyncio.gather(first.claim_partitions("t", range(4)), second.claim_partitions("t", range(4, 8)))
+        assert await asyncio.gather(_publish(first, "t", a, 100), _publish(second, "t", b, 100)) == [[set()] * 3] * 2
+        return a, b
+
+    a, b = asyncio.run(two_workers())
+    assert len(set(a.values()) | set(b.values())) == 8
+    assert set(fake.paxos) == {("watermark_claims", ("t", p)) for p in range(8)}
+    assert fake.paxos_contended == 0  # a partition's own statements are sent one after another
+    # a claim (no race), and a first mark per key: a raise, not applied (no mark yet), then the first mark
+    assert set(fake.paxos.values()) == {1 + 3 * 2}
+    assert _publish_all(first, "t", a, 200) == [set()] * 3
+    assert [fake.paxos["watermark_claims", ("t", p)] for p in (0, 4)] == [7 + 3, 7]  # then one per key
+    assert asyncio.run(second.watermarks("t")) == {0: 200, 1: 200, 2: 200, 3: 200, 4: 100, 5: 100, 6: 100, 7: 100}
+
+
+def test_the_fake_sees_the_contention_of_a_topic_wide_key(monkeypatch):
+    """The model behind the test above: with the topic as the whole partition key, the same workload contends."""
+    monkeypatch.setitem(SCHEMA_KEYS, "watermark_claims", ("topic",))
+    fake, _, store = fake_stores()
+    claims = asyncio.run(store.claim_partitions("t", range(4)))
+    _publish_all(store, "t", claims, 100)
+    assert set(fake.paxos) == {("watermark_claims", ("t",))} and fake.paxos_contended > 0
+
+
+def test_the_fake_holds_statements_to_the_schema():
+    fake = FakeCassandra()
+    with pytest.raises(AssertionError, match="no table watermark_claims_old in the schema"):
+        asyncio.run(fake.run(Stmt("claims.marks", "SELECT marks FROM ks.watermark_claims_old WHERE topic = ? "
+                                                  "AND kafka_partition = ?", ("t", 0))))
+    with pytest.raises(AssertionError):  # a transaction must name its whole partition
+        asyncio.run(fake.run(Stmt("claims.first", "UPDATE ks.watermark_claims SET claim = ? WHERE topic = ? "
+                                                  "IF claim = null", (1, "t"))))
+    asyncio.run(fake.run(Stmt("marks.set", "UPDATE ks.watermarks USING TIMESTAMP ? SET mark_us = ? WHERE topic = ? "
+                                           "AND kafka_partition = ?", (1, 1, "t", 0))))
+    with pytest.raises(AssertionError, match="written both with and without"):
+        asyncio.run(fake.run(Stmt("marks.set", "UPDATE ks.watermarks SET mark_us = ? WHERE topic = ? "
+                                               "AND kafka_partition = ? IF mark_us < ?", (1, "t", 0, 1))))
+
+
+def test_watermarks_read_a_partition_claimed_after_this_reader_last_read():
+    """The list of claimed partitions is read at every call: a partition another worker claimed since this reader's
+    last read is read too (a reader that kept an old list would leave its marks out: a floor missed at a handover).
+    Once the list is known, the list and the partitions are read in one round trip."""
+    fake, _, reader = fake_stores()
+    one, two = CassandraRollupStore(fake), CassandraRollupStore(fake)
+    _publish_all(one, "t", asyncio.run(one.claim_partitions("t", [0])), 100)
+    assert asyncio.run(reader.watermarks("t")) == {0: 100}
+    _publish_all(two, "t", asyncio.run(two.claim_partitions("t", [1])), 50)
+    assert asyncio.run(reader.watermarks("t/arrival-floor")) == {0: 100, 1: 50}
+    fake.log.clear()
+    assert asyncio.run(reader.watermarks("t")) == {0: 100, 1: 50}
+    ops = [s.op for s in fake.log]
+    assert sorted(ops) == ["claimed.get", "claims.marks", "claims.marks", "marks.get"]
+    assert fake.peaks["claims.marks"] >= 3  # sent together with the list's read
+    fake.log.clear()
+    assert asyncio.run(reader.watermarks("other")) == {} and [s.op for s in fake.log] == ["marks.get", "claimed.get"]
+
+
+def test_a_claim_is_listed_before_it_is_returned():
+    """A claim whose partition could not be listed is not returned (the caller retries), so no mark is ever
+    published under a claim that readers of the list would not find."""
+    fake, _, store = fake_stores()
+    fake.fail_next["claimed.add"] = 1
+    with pytest.raises(TimeoutError):
+        asyncio.run(store.claim_partitions("t", [0, 1]))
+    assert not fake.claimed
+    claims = asyncio.run(store.claim_partitions("t", [0, 1]))
+    assert fake.claimed["t"] == {0, 1} and _publish_all(store, "t", claims, 10) == [set()] * 3
+    assert asyncio.run(CassandraRollupStore(fake).watermarks("t")) == {0: 10, 1: 10}
+
+
+def test_claims_never_repeat_after_the_claims_were_lost():
+    """Claims were the previous one + 1 from 1: after the claims table was lost (dropped and recreated, truncated) a
+    stale worker's claim equalled the next owner's, and its publications landed."""
+    fake, _, stale = fake_stores()
+    claims = asyncio.run(stale.claim_partitions("t", [0]))
+    assert _publish_all(stale, "t", claims, 100) == [set()] * 3
+    fake.claims.clear()  # the table is lost
+    successor = CassandraRollupStore(fake)
+    assert asyncio.run(successor.claim_partitions("t", [0]))[0] != claims[0]
+    assert _publish_all(stale, "t", claims, 500) == [{0}] * 3
+    assert asyncio.run(successor.watermarks("t")) == {}
 
 
 def test_delete_beats_future_stamped_cells():
