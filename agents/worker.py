@@ -23,7 +23,7 @@ from agents.dimensions import Combinations
 from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
-from agents.rollup import BackPressure, Key, RollupsAbandoned, global_watermark, rollup_many
+from agents.rollup import BackPressure, Key, Outage, RollupsAbandoned, global_watermark, rollup_many
 from agents.timers import surviving
 from agents.watermark import (
     HEARTBEAT_HEADER,
@@ -89,6 +89,7 @@ class Pipeline:
     combinations: Combinations = field(default_factory=Combinations)  # dimension combinations known here
     persist_consumer: PersistConsumer | None = None
     sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
+    outage: Outage = field(default_factory=Outage)  # a store outage as the rollups live through it, across batches
 
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
@@ -444,33 +445,42 @@ async def _rollup(p: Pipeline, keys: set[Key]) -> None:
         # batch in hand before either (stream_wait_empty), and it would wait for ever
         results = await rollup_many(keys, p.registry, events=p.events, rollups=p.rollups, cache=p.cache,
                                     watermark=p.watermark, pressure=p.pressure, buckets=p.buckets,
-                                    sketches=p.sketches, give_up=lambda: p.app.should_stop or p.app.rebalancing)
+                                    sketches=p.sketches, give_up=lambda: p.app.should_stop or p.app.rebalancing,
+                                    outage=p.outage)
     except RollupsAbandoned as exc:
         results = exc.done
-        await _hand_back(p, exc.left)
+        if exc.left:
+            await _hand_back(p, exc.left)
     pending = [r.key for r in results if r.pending]
     for r in results:
         metrics.ROLLUPS.labels(r.key[0], "applied" if r.applied else "unchanged").inc()
     if results:
         metrics.ROLLUP_LAG.set(max(0.0, time.time() - max(r.rollup_ts for r in results) / 1e6))
     if pending:
-        metrics.RESIGNALS.labels("convergence").inc(len(pending))
-        await p.send_signals(pending)
+        # Not raised: `_retrying` would roll the whole batch up again for it. Their last write is still ahead of their
+        # new rollup, so the sweep signals them again (`RollupStore.stale`).
+        try:
+            await p.send_signals(pending)
+        except Exception as exc:
+            log.warning("%d counter(s) whose last write is still ahead of their new rollup could not be signalled "
+                        "again (%r): left for the sweep", len(pending), exc)
+        else:
+            metrics.RESIGNALS.labels("convergence").inc(len(pending))
     metrics.ROLLUP_BATCH_SECONDS.observe(time.monotonic() - started)
 
 
 async def _hand_back(p: Pipeline, keys: list[Key]) -> None:
-    """Signal again the counters whose rollups waited for the store when the worker stopped or handed its partitions
-    over: their signals are acknowledged with the batch. Should the broker refuse them too, the sweep finds the
-    counters (their last write is still ahead of their rollup)."""
+    """Signal again the counters whose rollups were given up when the worker stopped or handed its partitions over
+    (waiting for the store, or not tried yet): their signals are acknowledged with the batch. Should the broker refuse
+    them too, the sweep finds the counters (their last write is still ahead of their rollup)."""
     try:
         await p.send_signals(keys)
     except Exception as exc:
-        log.warning("the rollups of %d counter(s) waited for the store when the worker stopped or handed its "
-                    "partitions over, and could not be signalled again (%r): left for the sweep", len(keys), exc)
+        log.warning("the rollups of %d counter(s) were given up when the worker stopped or handed its partitions over, "
+                    "and could not be signalled again (%r): left for the sweep", len(keys), exc)
         return
-    log.warning("the rollups of %d counter(s) waited for the store when the worker stopped or handed its partitions "
-                "over: signalled again", len(keys))
+    log.warning("the rollups of %d counter(s) were given up when the worker stopped or handed its partitions over: "
+                "signalled again", len(keys))
 
 
 @overload
