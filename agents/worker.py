@@ -23,7 +23,8 @@ from agents.dimensions import Combinations
 from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, run_consumer
 from agents.persist_path import persist_batch
-from agents.rollup import BackPressure, Key, Outage, RollupsAbandoned, global_watermark, rollup_many
+from agents.rollup import BackPressure, Key, global_watermark
+from agents.rollup_batches import Outage, RollupsAbandoned, rollup_many
 from agents.timers import surviving
 from agents.watermark import (
     HEARTBEAT_HEADER,

@@ -5,7 +5,7 @@
   varint (a bigint sum wraps silently); both against Python's sums, with hypothesis, on many int64 extremes.
 * A count kept or answered saturates at the int64 bounds (sinks.model.saturate): the rollup's count, the buckets,
   the live counts and the windows, on the real SQLite stores and CounterService, and on the Cassandra fake.
-* One counter whose rollup fails holds back no other (agents.rollup.rollup_many).
+* One counter whose rollup fails holds back no other (agents.rollup_batches.rollup_many).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agents.rollup import BackPressure, rollup_counters, rollup_many
+from agents.rollup import BackPressure, rollup_counters
+from agents.rollup_batches import rollup_many
 from control_plane import parse_namespaces
 from query_api.service import CounterService
 from query_api.windows import window_count

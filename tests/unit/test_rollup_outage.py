@@ -1,4 +1,4 @@
-"""Rollups while the store is away (agents.rollup.rollup_many): an outage is told apart from one bad counter.
+"""Rollups while the store is away (agents.rollup_batches.rollup_many): an outage is told apart from one bad counter.
 
 A failed batch is rolled up a counter at a time so that one bad counter holds back no other. With the store away
 every counter failed that way, each after the store's timeout, and was left to the sweep: the worker took the
@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from agents.rollup import PROBES, BackPressure, Outage, RollupResult, RollupsAbandoned, rollup_many, store_unavailable
+from agents.rollup import BackPressure, RollupResult
+from agents.rollup_batches import PROBES, Outage, RollupsAbandoned, rollup_many, store_unavailable
 from agents.worker import _rollup
 from control_plane import parse_namespaces
 from sinks import Aggregate, InProcessRollupCache, Partitioning, RollupState, SqliteEventStore, SqliteRollupStore
@@ -120,8 +121,8 @@ def fast_retries(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     a store that is away every 10-50 ms, not every 0.2-5 s."""
     monkeypatch.setattr("sinks.sqlite.thread.BUSY_TIMEOUT_S", 0.01)
     monkeypatch.setattr("sinks.sqlite.thread._RETRIES", 0)
-    monkeypatch.setattr("agents.rollup.RETRY_FIRST_S", 0.01)
-    monkeypatch.setattr("agents.rollup.RETRY_MAX_S", 0.05)
+    monkeypatch.setattr("agents.rollup_batches.RETRY_FIRST_S", 0.01)
+    monkeypatch.setattr("agents.rollup_batches.RETRY_MAX_S", 0.05)
     yield
 
 
@@ -310,7 +311,7 @@ def test_a_counter_failing_alone_as_if_the_store_were_away_while_it_answers_is_l
     answering every other. Alone in its namespace's batch (a read's or the sweep's signal), it was judged an outage and
     held the call for MAX_WAIT_S, at every call. One counter proves no outage now: the store read that would confirm
     one answers, so each call tries it in its batch and alone, leaves it to the sweep and goes on at once."""
-    monkeypatch.setattr("agents.rollup.MAX_WAIT_S", 0.3)
+    monkeypatch.setattr("agents.rollup_batches.MAX_WAIT_S", 0.3)
 
     async def scenario() -> None:
         events, rollups = open_stores(tmp_path)
@@ -365,7 +366,7 @@ def test_counters_given_up_after_a_wait_are_left_to_the_sweep_at_once_the_next_t
     for the store until MAX_WAIT_S, then leaves them to the sweep. The worker remembers them: when the sweep signals
     them again, with the store answering, they prove no outage. Tried after the batch's other counters, PROBES of them
     failing alone leave the rest to the sweep untried, at once."""
-    monkeypatch.setattr("agents.rollup.MAX_WAIT_S", 0.3)
+    monkeypatch.setattr("agents.rollup_batches.MAX_WAIT_S", 0.3)
 
     async def scenario() -> None:
         events, rollups = open_stores(tmp_path)
@@ -405,7 +406,7 @@ def test_a_store_away_for_longer_than_a_call_waits_is_not_tried_counter_by_count
     """Rollup writes fail for longer than a call waits. The counters a call left to the sweep come back with the
     sweep's signals while the store is still away: they do not wait again, nor are they tried alone, each maybe after
     the store's timeout; one try of their namespace's first batch leaves them all to the sweep untried."""
-    monkeypatch.setattr("agents.rollup.MAX_WAIT_S", 0.2)
+    monkeypatch.setattr("agents.rollup_batches.MAX_WAIT_S", 0.2)
     counters = COUNTERS[:25]  # three batches
 
     async def scenario() -> None:
@@ -548,7 +549,7 @@ def test_the_wait_for_the_store_ends_on_time_when_its_store_calls_are_slow(tmp_p
     each namespace's batch and PROBES counters alone: the call outlasted it by passes. Now it is checked before every
     store call, so the call waits no more than `max_wait_s` and one store call."""
     ahead = [0.0]
-    monkeypatch.setattr("agents.rollup.time", SimpleNamespace(monotonic=lambda: time.monotonic() + ahead[0],
+    monkeypatch.setattr("agents.rollup_batches.time", SimpleNamespace(monotonic=lambda: time.monotonic() + ahead[0],
                                                               time_ns=time.time_ns))
 
     async def scenario() -> None:
@@ -615,7 +616,7 @@ def test_one_outage_over_several_calls_is_logged_once(tmp_path: Path, monkeypatc
                                                       caplog: pytest.LogCaptureFixture) -> None:
     """The worker's outage outlives a call: a store away for longer than the calls' wait is one "looks unavailable"
     line, one traceback and one "is back" line, not a pair (or none) and a traceback for every call."""
-    monkeypatch.setattr("agents.rollup.MAX_WAIT_S", 0.2)
+    monkeypatch.setattr("agents.rollup_batches.MAX_WAIT_S", 0.2)
 
     async def scenario() -> None:
         events, rollups = open_stores(tmp_path)
