@@ -145,13 +145,13 @@ def run(args: argparse.Namespace) -> int:
                  "a free port, or 0 for any", code=1)
     signals = StopSignals()
     stack = LocalStack(settings.data_dir)
-    stop_timeout, drain_s = STOP_TIMEOUT_S, 0.0
+    stop_timeout, drain_s, code = STOP_TIMEOUT_S, 0.0, 1
     try:
         signals.install()
         build_native_parts(args)  # before the children start: each loads its build once
         endpoints = _start_or_fail(stack, settings)
         if endpoints is None:
-            return 1
+            return code
         drain_s = float(stack.env.get("COUNTER_PERSIST_DRAIN_S", settings.persist_drain_s))
         stop_timeout += drain_s
         signals.running()  # from here a signal is a request to stop, also while printing below
@@ -165,15 +165,17 @@ def run(args: argparse.Namespace) -> int:
         code = _supervise(stack, settings, endpoints, signals)
         if code != 0:
             stop_timeout = STOP_TIMEOUT_WITHOUT_BROKER_S
-        return code
     except Interrupted as exc:
         console.print(f"{exc} received while starting")
-        return 128 + exc.signum
+        code = 128 + exc.signum
     finally:
-        _stop(stack, signals, stop_timeout, drain_s)  # from here on no signal raises
+        lost = _stop(stack, signals, stop_timeout, drain_s)  # from here on no signal raises
         settings.endpoints_path.unlink(missing_ok=True)
         lock.close()  # the directory is free once its endpoints file is gone
         console.print("stopped.")
+    # a stop forced while the local broker held writes the worker had not persisted lost them: not a clean exit, as
+    # for a script that checks it (128 + the signal that forced it, as a shell reports a process a signal ended)
+    return 128 + lost if lost is not None and code == 0 else code
 
 
 def _start_or_fail(stack: LocalStack, settings: Settings) -> dict[str, object] | None:
@@ -252,8 +254,9 @@ def _supervise(stack: LocalStack, settings: Settings, endpoints: dict[str, objec
     return 0
 
 
-def _stop(stack: LocalStack, signals: StopSignals, timeout: float, drain_s: float) -> None:
-    """Stop the children, last started first; a signal meanwhile (or one already there) kills them all instead."""
+def _stop(stack: LocalStack, signals: StopSignals, timeout: float, drain_s: float) -> int | None:
+    """Stop the children, last started first; a signal meanwhile (or one already there) kills them all instead.
+    Returns that signal when killing lost writes the worker had not persisted from the local broker, else None."""
     try:  # from the first line: a signal may still interrupt what the start left armed
         console.print("stopping...")
         if signals.stopping():
@@ -261,23 +264,26 @@ def _stop(stack: LocalStack, signals: StopSignals, timeout: float, drain_s: floa
                 stack.stop(timeout, report=lambda process: _stopping(stack, process, drain_s))
             finally:
                 signals.interrupting = False
-            return
-        why = f"{signal.Signals(signals.received or signal.SIGINT).name} received again: killing everything"
+            return None
+        forcing = signals.received or signal.SIGINT
+        why = f"{signal.Signals(forcing).name} received again: killing everything"
     except Interrupted as exc:
-        why = f"{exc} received while stopping: killing everything"
+        forcing, why = exc.signum, f"{exc} received while stopping: killing everything"
     except ServiceError as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         stack.kill()
-        return
-    _kill(stack, why)
+        return None
+    return int(forcing) if _kill(stack, why) else None
 
 
-def _kill(stack: LocalStack, why: str) -> None:
-    """Kill every child at once; says what a local broker's writes not yet persisted become."""
+def _kill(stack: LocalStack, why: str) -> bool:
+    """Kill every child at once; says what a local broker's writes not yet persisted become, and returns whether
+    there may have been some (a local broker and a worker both running)."""
     lost = stack.broker is not None and stack.broker.running() and any(w.running() for w in stack.workers)
     console.print(why + (" (the writes the worker had not persisted yet are lost with the local broker)" if lost
                          else ""), highlight=False, soft_wrap=True)
     stack.kill()
+    return lost
 
 
 def _stopping(stack: LocalStack, process: ManagedProcess, drain_s: float) -> None:
