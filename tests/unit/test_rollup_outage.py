@@ -14,10 +14,11 @@ then, between any two store calls, and its counters signalled again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -146,10 +147,17 @@ async def written(events: SqliteEventStore, rollups: SqliteRollupStore, counters
     return now + 10 * S
 
 
-def open_stores(tmp_path: Path, events_class: type[SqliteEventStore] = SqliteEventStore
-                ) -> tuple[SqliteEventStore, CountingRollups]:
-    return (events_class(tmp_path / "events.sqlite3", lambda ns: Partitioning.of(NS.time_partition)),
-            CountingRollups(tmp_path / "rollups.sqlite3"))
+@contextlib.asynccontextmanager
+async def stores(tmp_path: Path, events_class: type[SqliteEventStore] = SqliteEventStore
+                 ) -> AsyncIterator[tuple[SqliteEventStore, CountingRollups]]:
+    """The real event store (of `events_class`) and the counting rollup store, closed after."""
+    events = events_class(tmp_path / "events.sqlite3", lambda ns: Partitioning.of(NS.time_partition))
+    rollups = CountingRollups(tmp_path / "rollups.sqlite3")
+    try:
+        yield events, rollups
+    finally:
+        await events.close()
+        await rollups.close()
 
 
 def rollup_task(counters: list[str] | list[Key], events: SqliteEventStore, rollups: SqliteRollupStore, mark: int,
@@ -191,27 +199,25 @@ def test_a_locked_store_holds_the_rollups_until_it_is_back_and_is_not_tried_coun
     counters alone prove the outage, then each retry tries the batch once; one line says the store is away and one
     that it is back; once the lock goes, every counter converges in that same call, with no sweep."""
     async def scenario() -> None:
-        events = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: Partitioning.of(NS.time_partition))
-        rollups = CountingRollups(tmp_path / "rollups.sqlite3")
         lock = sqlite3.connect(tmp_path / "rollups.sqlite3", isolation_level=None)
-        try:
-            mark = await written(events, rollups, COUNTERS)
-            lock.execute("BEGIN IMMEDIATE")
-            task = rollup_task(COUNTERS, events, rollups, mark)
-            await rollups.tried_or_done(len(COUNTERS) + 10, task)  # more than every counter alone and every batch
-            assert not task.done(), f"the rollups gave up while the store was away: {rollups.writes}"
-            _, alone = rollups.shares()
-            assert alone == PROBES, rollups.writes  # never the whole batch counter by counter, nor again a retry
-            lock.execute("ROLLBACK")
-            results = await asyncio.wait_for(task, DEADLINE_S)
-            assert {r.key[1]: r.count for r in results} == expected(COUNTERS)
-            assert await converged(rollups, expected(COUNTERS)) == {c: (n, True) for c, n in expected(COUNTERS).items()}
-            assert len(lines(caplog, "looks unavailable")) == 1 and len(lines(caplog, "is back")) == 1, caplog.text
-            assert not lines(caplog, "left for"), caplog.text  # no counter was left to the sweep
-        finally:
-            lock.close()
-            await events.close()
-            await rollups.close()
+        async with stores(tmp_path) as (events, rollups):
+            try:
+                mark = await written(events, rollups, COUNTERS)
+                lock.execute("BEGIN IMMEDIATE")
+                task = rollup_task(COUNTERS, events, rollups, mark)
+                await rollups.tried_or_done(len(COUNTERS) + 10, task)  # more than every counter alone and every batch
+                assert not task.done(), f"the rollups gave up while the store was away: {rollups.writes}"
+                _, alone = rollups.shares()
+                assert alone == PROBES, rollups.writes  # never the whole batch counter by counter, nor again a retry
+                lock.execute("ROLLBACK")
+                results = await asyncio.wait_for(task, DEADLINE_S)
+                assert {r.key[1]: r.count for r in results} == expected(COUNTERS)
+                counts = expected(COUNTERS)
+                assert await converged(rollups, counts) == {c: (n, True) for c, n in counts.items()}
+                assert len(lines(caplog, "looks unavailable")) == 1 and len(lines(caplog, "is back")) == 1, caplog.text
+                assert not lines(caplog, "left for"), caplog.text  # no counter was left to the sweep
+            finally:
+                lock.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -222,10 +228,8 @@ def test_a_store_timing_out_then_back_rolls_every_counter_up_but_a_bad_one(tmp_p
     does: after the outage every other counter converges in the same call, and the bad one is left behind for the
     sweep (logged by name) instead of blocking the rest."""
     async def scenario() -> None:
-        events = PoisonedEvents(tmp_path / "events.sqlite3", lambda ns: Partitioning.of(NS.time_partition))
-        rollups = CountingRollups(tmp_path / "rollups.sqlite3")
         counters = ["bad", *COUNTERS[:14]]  # two batches
-        try:
+        async with stores(tmp_path, PoisonedEvents) as (events, rollups):
             mark = await written(events, rollups, counters)
             rollups.down = True
             task = rollup_task(counters, events, rollups, mark)
@@ -242,9 +246,6 @@ def test_a_store_timing_out_then_back_rolls_every_counter_up_but_a_bad_one(tmp_p
             assert bad is not None and bad.stale
             [line] = lines(caplog, "left for")
             assert "1 counter(s) of 'ev'" in line and "'bad'" in line, line
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -252,9 +253,7 @@ def test_a_store_timing_out_then_back_rolls_every_counter_up_but_a_bad_one(tmp_p
 def test_rollups_waiting_for_the_store_stop_at_once_when_cancelled(tmp_path: Path) -> None:
     """A worker stopping cancels its rollup agent (Faust cancels the actor): the wait for the store ends at once."""
     async def scenario() -> None:
-        events = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: Partitioning.of(NS.time_partition))
-        rollups = CountingRollups(tmp_path / "rollups.sqlite3")
-        try:
+        async with stores(tmp_path) as (events, rollups):
             mark = await written(events, rollups, COUNTERS[:3])
             rollups.down = True
             task = rollup_task(COUNTERS[:3], events, rollups, mark)
@@ -263,9 +262,6 @@ def test_rollups_waiting_for_the_store_stop_at_once_when_cancelled(tmp_path: Pat
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await asyncio.wait_for(task, 1.0)
-        finally:
-            await events.close()
-            await rollups.close()
     asyncio.run(scenario())
 
 
@@ -276,32 +272,21 @@ def test_a_worker_stopping_or_handing_over_while_rollups_wait_for_the_store_sign
     store would hold either for ever. The worker's rollup step gives it up then, and signals the counters again
     (their signals are acknowledged with the batch), rolling up what it had."""
     async def scenario() -> None:
-        events = SqliteEventStore(tmp_path / "events.sqlite3", lambda ns: Partitioning.of(NS.time_partition))
-        rollups = CountingRollups(tmp_path / "rollups.sqlite3")
-        try:
+        async with stores(tmp_path) as (events, rollups):
             mark = await written(events, rollups, COUNTERS[:12])
             sent: list[tuple[str, str]] = []
-
-            async def watermark() -> int:
-                return mark
 
             async def send_signals(keys: list[tuple[str, str]]) -> None:
                 sent.extend(keys)
 
-            app = SimpleNamespace(should_stop=False, rebalancing=False)
-            worker = SimpleNamespace(registry=REGISTRY, events=events, rollups=rollups, cache=InProcessRollupCache(),
-                                     watermark=watermark, pressure=BackPressure(), buckets=None, sketches=None,
-                                     app=app, send_signals=send_signals, outage=Outage())
+            pipeline = worker(events, rollups, mark, send_signals)
             rollups.down = True
-            task = asyncio.create_task(_rollup(worker, {(NS.name, c) for c in COUNTERS[:12]}))
+            task = asyncio.create_task(_rollup(pipeline, {(NS.name, c) for c in COUNTERS[:12]}))
             await rollups.tried_or_done(3 * (1 + PROBES), task)  # waiting for the store, beyond the first pass
             assert not task.done(), f"the rollups gave up while the store was away: {rollups.writes}"
-            setattr(app, "should_stop" if event == "stop" else "rebalancing", True)
+            setattr(pipeline.app, "should_stop" if event == "stop" else "rebalancing", True)
             await asyncio.wait_for(task, 2.0)
             assert sorted(sent) == sorted((NS.name, c) for c in COUNTERS[:12])
-        finally:
-            await events.close()
-            await rollups.close()
     asyncio.run(scenario())
 
 
@@ -314,8 +299,7 @@ def test_a_counter_failing_alone_as_if_the_store_were_away_while_it_answers_is_l
     monkeypatch.setattr("agents.rollup_batches.MAX_WAIT_S", 0.3)
 
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
-        try:
+        async with stores(tmp_path) as (events, rollups):
             mark = await written(events, rollups, ["huge", *COUNTERS[:10]])
             rollups.huge = {"huge"}
             outage = Outage()
@@ -329,9 +313,6 @@ def test_a_counter_failing_alone_as_if_the_store_were_away_while_it_answers_is_l
             assert len(lines(caplog, "left for their next signal")) == 3
             huge = await rollups.get(NS.name, "huge")
             assert huge is not None and huge.stale  # the sweep finds it
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -341,8 +322,7 @@ def test_a_counter_failing_alone_waits_for_the_store_when_the_store_read_fails_t
     """The same lone counter, with the store away for reads too (Cassandra without replicas): the confirming read
     fails as well, so the call waits for the store, and rolls the counter up once it is back."""
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
-        try:
+        async with stores(tmp_path) as (events, rollups):
             mark = await written(events, rollups, ["c00"])
             rollups.down = rollups.reads_down = True
             task = rollup_task(["c00"], events, rollups, mark)
@@ -353,9 +333,6 @@ def test_a_counter_failing_alone_waits_for_the_store_when_the_store_read_fails_t
             results = await asyncio.wait_for(task, DEADLINE_S)
             assert {r.key[1]: r.count for r in results} == expected(["c00"])
             assert len(lines(caplog, "looks unavailable")) == 1 and len(lines(caplog, "is back")) == 1, caplog.text
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -369,9 +346,8 @@ def test_counters_given_up_after_a_wait_are_left_to_the_sweep_at_once_the_next_t
     monkeypatch.setattr("agents.rollup_batches.MAX_WAIT_S", 0.3)
 
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
         huge = [f"h{i}" for i in range(5)]
-        try:
+        async with stores(tmp_path) as (events, rollups):
             mark = await written(events, rollups, [*huge, "c00", "c01"])
             rollups.huge = set(huge)
             outage = Outage()
@@ -394,9 +370,6 @@ def test_counters_given_up_after_a_wait_are_left_to_the_sweep_at_once_the_next_t
             for c in huge:
                 state = await rollups.get(NS.name, c)
                 assert state is not None and state.stale
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -410,8 +383,7 @@ def test_a_store_away_for_longer_than_a_call_waits_is_not_tried_counter_by_count
     counters = COUNTERS[:25]  # three batches
 
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
-        try:
+        async with stores(tmp_path) as (events, rollups):
             mark = await written(events, rollups, counters)
             rollups.down = True
             outage = Outage()
@@ -429,9 +401,6 @@ def test_a_store_away_for_longer_than_a_call_waits_is_not_tried_counter_by_count
                                              DEADLINE_S)
             assert {r.key[1]: r.count for r in results} == expected(counters)
             assert not outage.given_up and len(lines(caplog, "is back")) == 1, caplog.text
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -442,7 +411,6 @@ def test_an_error_of_a_whole_namespace_that_does_not_say_the_store_is_away_is_no
     schema not migrated): that the counters alone fail like their batch was taken as an outage, waited for up to
     MAX_WAIT_S at every call. It is no outage: each counter is tried alone once and left to the sweep, at once."""
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
         memory = sqlite3.connect(":memory:")
 
         def no_such_table() -> Exception:
@@ -451,18 +419,17 @@ def test_an_error_of_a_whole_namespace_that_does_not_say_the_store_is_away_is_no
             except sqlite3.OperationalError as exc:
                 return exc
             raise AssertionError("the table exists")
-        try:
-            mark = await written(events, rollups, COUNTERS[:10])
-            rollups.down, rollups.error = True, no_such_table
-            results = await asyncio.wait_for(rollup_task(COUNTERS[:10], events, rollups, mark), DEADLINE_S)
-            assert results == [] and rollups.writes == [10] + [1] * 10
-            assert not lines(caplog, "looks unavailable") and not lines(caplog, "is back"), caplog.text
-            [line] = lines(caplog, "left for their next signal")
-            assert "10 counter(s) of 'ev'" in line and "no such table" in line, line
-        finally:
-            memory.close()
-            await events.close()
-            await rollups.close()
+        async with stores(tmp_path) as (events, rollups):
+            try:
+                mark = await written(events, rollups, COUNTERS[:10])
+                rollups.down, rollups.error = True, no_such_table
+                results = await asyncio.wait_for(rollup_task(COUNTERS[:10], events, rollups, mark), DEADLINE_S)
+                assert results == [] and rollups.writes == [10] + [1] * 10
+                assert not lines(caplog, "looks unavailable") and not lines(caplog, "is back"), caplog.text
+                [line] = lines(caplog, "left for their next signal")
+                assert "10 counter(s) of 'ev'" in line and "no such table" in line, line
+            finally:
+                memory.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -487,8 +454,7 @@ def test_a_stop_is_seen_between_any_two_store_calls_of_a_pass(tmp_path: Path, wh
     wait after the pass, PROBES + 1 store calls a namespace later. Now the call gives up before its next store call:
     what it rolled up is kept, and every counter not rolled up is handed back, once."""
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
-        try:
+        async with stores(tmp_path) as (events, rollups):
             done_keys = keys_of(COUNTERS[:3])
             down_keys = [k for ns in "abc" for k in keys_of(COUNTERS[:5], ns)]
             mark = await written(events, rollups, COUNTERS[:3])
@@ -509,9 +475,6 @@ def test_a_stop_is_seen_between_any_two_store_calls_of_a_pass(tmp_path: Path, wh
             assert sorted(abandoned.value.left) == sorted(down_keys)
             assert rollups.writes == {"after a batch done": [3], "after a batch failing": [3, 5],
                                       "after a counter alone": [3, 5, 1]}[when], rollups.writes
-        finally:
-            await events.close()
-            await rollups.close()
     asyncio.run(scenario())
 
 
@@ -520,8 +483,7 @@ def test_a_retry_while_the_store_is_away_is_one_try_of_each_batch(tmp_path: Path
     """Once an outage is proven (PROBES counters alone), every retry, and the first try of another namespace's
     batch, is one try of the batch: no counter alone again, each of which may cost the store's timeout."""
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
-        try:
+        async with stores(tmp_path) as (events, rollups):
             keys = keys_of(COUNTERS[:12], "a") + keys_of(COUNTERS[:5], "b")  # a: two batches, b: one
             mark = await written(events, rollups, COUNTERS[:12], "a")
             await written(events, rollups, COUNTERS[:5], "b")
@@ -535,9 +497,6 @@ def test_a_retry_while_the_store_is_away_is_one_try_of_each_batch(tmp_path: Path
             results = await asyncio.wait_for(task, DEADLINE_S)
             assert sorted(r.key for r in results) == sorted(keys)
             assert len(lines(caplog, "looks unavailable")) == 1 and len(lines(caplog, "is back")) == 1, caplog.text
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -553,8 +512,7 @@ def test_the_wait_for_the_store_ends_on_time_when_its_store_calls_are_slow(tmp_p
                                                               time_ns=time.time_ns))
 
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
-        try:
+        async with stores(tmp_path) as (events, rollups):
             namespaces = ["a", "b", "c", "ev"]
             keys = [k for ns in namespaces for k in keys_of(COUNTERS[:5], ns)]
             mark = 0
@@ -577,9 +535,6 @@ def test_the_wait_for_the_store_ends_on_time_when_its_store_calls_are_slow(tmp_p
             assert rollups.writes[:1 + PROBES] == [5] + [1] * PROBES and set(rollups.writes[1 + PROBES:]) == {5}
             for ns in namespaces:
                 assert all(s.stale for s in (await rollups.get_many(keys_of(COUNTERS[:5], ns))).values())
-        finally:
-            await events.close()
-            await rollups.close()
     asyncio.run(scenario())
 
 
@@ -589,8 +544,7 @@ def test_counters_whose_new_rollup_is_still_behind_and_cannot_be_signalled_again
     signals asking for their next rollup: the rollup step raised, and the worker rolled the whole batch up again. The
     counters are stale, so the sweep signals them again: one line, and the step is done."""
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
-        try:
+        async with stores(tmp_path) as (events, rollups):
             mark = await written(events, rollups, COUNTERS[:3], last_write_ahead=True)
             tried: list[list[Key]] = []
 
@@ -605,9 +559,6 @@ def test_counters_whose_new_rollup_is_still_behind_and_cannot_be_signalled_again
             assert (NS.name, "c00") in await rollups.stale(limit=10)
             [line] = lines(caplog, "could not be signalled again")
             assert "3 counter(s)" in line and "left for the sweep" in line, line
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="counter.worker"):
         asyncio.run(scenario())
 
@@ -619,8 +570,7 @@ def test_one_outage_over_several_calls_is_logged_once(tmp_path: Path, monkeypatc
     monkeypatch.setattr("agents.rollup_batches.MAX_WAIT_S", 0.2)
 
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path)
-        try:
+        async with stores(tmp_path) as (events, rollups):
             mark = await written(events, rollups, COUNTERS[:15])
 
             async def send_signals(keys: list[Key]) -> None:
@@ -636,9 +586,6 @@ def test_one_outage_over_several_calls_is_logged_once(tmp_path: Path, monkeypatc
             assert len(lines(caplog, "looks unavailable")) == 1 and len(lines(caplog, "is back")) == 1, caplog.text
             assert len(lines(caplog, "left for the sweep")) == 2, caplog.text
             assert len([r for r in caplog.records if r.exc_info]) == 1, caplog.text
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
 
@@ -649,9 +596,8 @@ def test_a_store_going_away_during_the_last_counters_tried_alone_is_waited_for(
     too few failures to prove an outage before the batch ends, they were left to the sweep while the next batch of
     the namespace waited for the store. Failing again when tried once more, they now wait for it too."""
     async def scenario() -> None:
-        events, rollups = open_stores(tmp_path, PoisonedEvents)
         counters = ["bad", *COUNTERS[:9]]  # one batch; "bad" fails before its write
-        try:
+        async with stores(tmp_path, PoisonedEvents) as (events, rollups):
             mark = await written(events, rollups, counters)
 
             def away_at_the_eighth(namespace: str, batch: list[str]) -> None:
@@ -666,8 +612,5 @@ def test_a_store_going_away_during_the_last_counters_tried_alone_is_waited_for(
             [line] = lines(caplog, "left for")
             assert "1 counter(s) of 'ev'" in line and "'bad'" in line, line
             assert len(lines(caplog, "looks unavailable")) == 1 and len(lines(caplog, "is back")) == 1, caplog.text
-        finally:
-            await events.close()
-            await rollups.close()
     with caplog.at_level(logging.WARNING, logger="agents.rollup"):
         asyncio.run(scenario())
