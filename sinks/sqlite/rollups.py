@@ -9,6 +9,10 @@ across processes without application locks:
   can land between the check and the write; claim_partitions bumps them in one.
 A partial index over ``last_write_ts > rollup_ts`` makes the convergence sweep and the operator view's pending
 figures (``pending_rollups``: at most ``limit`` index entries and row lookups per namespace) read only stale rows.
+The retention bound (``min_rollup_ts``, per namespace every retention interval) reads that index too, and else one
+row of ``rollup_bounds``: the namespace's newest rollup_ts, raised by every rollup write in its transaction. So it
+costs the namespace's pending counters, never its converged ones (a read of them all held the store's thread for
+seconds with millions of counters). A file from before the bounds gets them from its rows once, when opened.
 The registry of dimension combinations per base counter lives here too (``combinations``): its primary key
 (namespace, counter, combination) serves every listing as one range of the index.
 """
@@ -32,6 +36,8 @@ CREATE TABLE IF NOT EXISTS rollups (
     rollup_ts INTEGER NOT NULL DEFAULT 0, last_write_ts INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, counter)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS rollups_stale ON rollups (namespace, counter) WHERE last_write_ts > rollup_ts;
+CREATE TABLE IF NOT EXISTS rollup_bounds (
+    namespace TEXT NOT NULL PRIMARY KEY, newest INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS watermarks (
     topic TEXT NOT NULL, partition INTEGER NOT NULL, mark_us INTEGER NOT NULL,
     PRIMARY KEY (topic, partition)) WITHOUT ROWID;
@@ -64,6 +70,26 @@ _ROLLUPS = RowsStatement("INSERT INTO rollups (namespace, counter, count, rollup
 _ROLLUP_TS = RowsStatement("WITH k (namespace, counter) AS (VALUES", "(?, ?)",
                            ") SELECT json_group_array(json_array(counter, rollup_ts)) FROM k JOIN rollups "
                            "USING (namespace, counter)")
+# The newest rollup_ts per namespace: one upsert per rollup write (the call's latest rollup_ts) keeps the max.
+_NEWEST = RowsStatement("INSERT INTO rollup_bounds (namespace, newest) VALUES", "(?, ?)",
+                        "ON CONFLICT (namespace) DO UPDATE SET newest = excluded.newest "
+                        "WHERE excluded.newest > rollup_bounds.newest")
+_SEED_BOUNDS = ("INSERT INTO rollup_bounds (namespace, newest) "
+                "SELECT namespace, MAX(rollup_ts) FROM rollups GROUP BY namespace")
+_DELETE_NAMESPACE = "DELETE FROM rollups WHERE namespace = ?"
+_DELETE_COUNTER = "DELETE FROM rollups WHERE namespace = ? AND counter = ? RETURNING rollup_ts"
+# A namespace's bound, after its rows went; after a counter's, if that row may have held it (not later than its
+# rollup_ts): the rows left may all be older.
+_DROP_BOUND = "DELETE FROM rollup_bounds WHERE namespace = ?"
+_DROP_BOUND_UPTO = _DROP_BOUND + " AND newest <= ?"
+# The retention bound: the oldest rollup_ts of the namespace's pending counters (a range of the partial index and a
+# row lookup each), else its newest rollup_ts (a row of rollup_bounds), else 0. One statement: one snapshot, so a
+# counter turning pending cannot fall between the two reads.
+_MIN_ROLLUP_TS = """
+SELECT COALESCE(
+    (SELECT MIN(rollup_ts) FROM rollups INDEXED BY rollups_stale WHERE namespace = ? AND last_write_ts > rollup_ts),
+    (SELECT newest FROM rollup_bounds WHERE namespace = ?), 0)
+"""
 _STALE_FIRST = """
 SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts ORDER BY namespace, counter LIMIT ?
@@ -120,7 +146,9 @@ class SqliteRollupStore:
 
     async def write_rollup(self, namespace: str, counter: str, count: int, rollup_ts: int) -> bool:
         def apply(conn: sqlite3.Connection) -> bool:
-            return conn.execute(_ROLLUP, (namespace, counter, count, rollup_ts)).rowcount > 0
+            applied = conn.execute(_ROLLUP, (namespace, counter, count, rollup_ts)).rowcount > 0
+            insert_rows(conn, _NEWEST, [(namespace, rollup_ts)])  # applied or not, the row now holds rollup_ts or later
+            return applied
         return await self._db.run(lambda conn: self._db.write(conn, apply))
 
     async def write_rollups(self, namespace: str, items: Sequence[tuple[str, int, int]]) -> list[bool]:
@@ -131,6 +159,7 @@ class SqliteRollupStore:
             stored = dict(json_rows(conn, _ROLLUP_TS, [(namespace, c) for c in counters]))
             applied = set(later_than_stored([(c, ts) for c, _n, ts in items], stored))
             insert_rows(conn, _ROLLUPS, [(namespace, c, n, ts) for c, n, ts in items])
+            insert_rows(conn, _NEWEST, [(namespace, max(ts for _c, _n, ts in items))])
             return [i in applied for i in range(len(items))]
         if not items:
             return []
@@ -146,13 +175,15 @@ class SqliteRollupStore:
         Converged counters do not hold it back, however old their rollup: all their events are
         counted, and a rollup to B certifies nothing <= B can still arrive, so with none pending
         the bound is the newest rollup_ts. 0 when nothing was rolled up.
+
+        Cost: the namespace's pending counters (the partial index and a row each) and one row of
+        ``rollup_bounds``, never its converged counters. That newest rollup_ts is exact, except that it can be
+        earlier than the newest of the rows (conservative: retention keeps more) after a ``delete`` took the
+        row(s) holding it (0 until the namespace's next rollup) or after a process of an older version wrote
+        rollups without raising it.
         """
-        def query(conn: sqlite3.Connection) -> int:
-            pending, newest = conn.execute(
-                "SELECT MIN(CASE WHEN last_write_ts > rollup_ts THEN rollup_ts END), MAX(rollup_ts) "
-                "FROM rollups WHERE namespace = ?", (namespace,)).fetchone()
-            return int(pending if pending is not None else (newest or 0))
-        return await self._db.run(query)
+        (bound,) = await self._db.run(lambda conn: conn.execute(_MIN_ROLLUP_TS, (namespace, namespace)).fetchone())
+        return int(bound)
 
     async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
         def query(conn: sqlite3.Connection) -> dict[str, PendingRollups]:
@@ -188,12 +219,7 @@ class SqliteRollupStore:
             "SELECT partition, mark_us FROM watermarks WHERE topic = ?", (topic,)).fetchall()))
 
     async def delete(self, namespace: str, counter: str | None = None) -> int:
-        args: tuple[str, ...]
-        if counter is None:
-            sql, args = "DELETE FROM rollups WHERE namespace = ?", (namespace,)
-        else:
-            sql, args = "DELETE FROM rollups WHERE namespace = ? AND counter = ?", (namespace, counter)
-        return await self._db.run(lambda conn: self._db.write(conn, lambda c: c.execute(sql, args).rowcount))
+        return await self._db.run(lambda conn: self._db.write(conn, _delete, namespace, counter))
 
     async def register_combinations(self, namespace: str, items: Sequence[tuple[str, str]], *,
                                     full: bool = False) -> None:
@@ -231,9 +257,13 @@ class SqliteRollupStore:
     # -- thread side --------------------------------------------------------------------------
 
     def _setup(self, conn: sqlite3.Connection) -> None:
+        found = {name for (name,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('rollups', 'rollup_bounds')")}
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
+        if found != {"rollups", "rollup_bounds"}:  # inside setup's write transaction: one process seeds them
+            _seed_bounds(conn)
 
     def _get(self, conn: sqlite3.Connection, namespace: str, counter: str) -> RollupState | None:
         row = conn.execute(_GET, (namespace, counter)).fetchone()
@@ -266,3 +296,25 @@ def _set_claimed(conn: sqlite3.Connection, params: list[tuple[str, int, int]], o
     refused = {p for p, claim in claims.items() if stored.get(p) != claim}
     insert_rows(conn, _MARK, [row for row in params if row[1] not in refused])
     return refused
+
+
+def _seed_bounds(conn: sqlite3.Connection) -> None:
+    """The newest rollup_ts per namespace from the rows, once: for a file from before ``rollup_bounds`` (so an upgrade
+    keeps the retention bound exact), and for one whose ``rollups`` table was lost (bounds it no longer holds would
+    let retention drop events no rollup counts). One read of every row, at open only."""
+    conn.execute("DELETE FROM rollup_bounds")
+    conn.execute(_SEED_BOUNDS)
+
+
+def _delete(conn: sqlite3.Connection, namespace: str, counter: str | None) -> int:
+    """``delete``, inside its write transaction: the rows dropped. The namespace's bound goes too when a dropped row
+    may have held it (the rows left may all be older): 0 until the namespace's next rollup write, which holds
+    retention back where finding the newest of the rows left would read them all."""
+    if counter is None:
+        dropped = conn.execute(_DELETE_NAMESPACE, (namespace,)).rowcount
+        conn.execute(_DROP_BOUND, (namespace,))
+        return dropped
+    found = conn.execute(_DELETE_COUNTER, (namespace, counter)).fetchall()
+    for (rollup_ts,) in found:
+        conn.execute(_DROP_BOUND_UPTO, (namespace, rollup_ts))
+    return len(found)
