@@ -58,7 +58,7 @@ def build_service(settings: Settings) -> CounterService:
     return CounterService(
         registry, producer=producer, signals=signals, progress=progress,
         events=events, rollups=rollups, buckets=buckets, sketches=sketches, counters=open_counters(cache_spec),
-        read_signal_lag_s=settings.read_signal_lag_s,
+        read_signal_lag_s=settings.read_signal_lag_s, shared_pipeline=settings.api_shared,
         # An in-process cache cannot see the worker's rollups: its entries live a second at most.
         cache=open_cache(cache_spec, local_max_ttl_s=1.0))
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from schemas.dead_letter import parse_headers
 
@@ -129,6 +129,15 @@ class BrokerOffsets:
                                                                   cached=False)
         committed = self.committed(topic, group, parts) if group is not None else {}
         return TopicOffsets(topic, low, high, committed)
+
+    def ends(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """The partitions' end offsets, in one ListOffsets request per broker (every record appended before the
+        request was made lies below them; on the local broker, below the last batch's first offset + 1, as above)."""
+        if not partitions:
+            return {}
+        futures = self.admin.list_offsets({TopicPartition(topic, p): OffsetSpec.latest() for p in partitions},
+                                          request_timeout=self.timeout_s)
+        return {tp.partition: future.result(self.timeout_s).offset for tp, future in futures.items()}
 
     def committed(self, topic: str, group: str, partitions: list[int]) -> dict[int, int | None]:
         """`group`'s committed offsets of the partitions (None: nothing committed)."""

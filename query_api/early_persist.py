@@ -36,8 +36,9 @@ worker has never blocks. A generation forgotten before the worker had it blocks 
 has it; the call then waits for the worker, and for every record this process had acknowledged before it
 (`CounterService.wait_worker_has`): with the worker lagging (a restart, a rebalance), an acknowledged ClearCount is in
 the count (it answered 101 instead of 1 before). The persist watermark could not decide this: it trails by 1.3-2.9 s
-under load (bench/RESULTS.md, eleventh session). Writes through another API process are the worker's to persist, as
-they always were.
+under load (bench/RESULTS.md, eleventh session). Writes through another API process cannot be stored here: where
+processes share the pipeline (`CounterService.shared_pipeline`), nothing is counted early, and AddAndGetCount waits
+for the worker to reach the topic's end offsets instead (`CounterService.earlier_ends`).
 
 Only namespaces where every durable write is one plain event qualify (`eligible`: no dimensions, whose clears
 the worker expands to combinations, and not UNIQUE, whose adds carry items).

@@ -8,6 +8,10 @@ knows, per partition, the offset after the last record the broker acknowledged (
 group commits an offset only once the records before it are stored (agents.persist_consumer). `covers(ends)`: the
 committed offsets have reached `ends` on every partition.
 
+Where several API processes share the pipeline, this process's ends are not enough: `topic_ends` reads the topic's
+end offsets after the caller's write was acknowledged (one read for the callers that ask together), below which lies
+every record any process had acknowledged by then.
+
 The committed offsets are read from the broker every `interval_s` (one OffsetFetch; the local broker answers it in
 well under a millisecond), while read-your-write is in use: after `idle_s` without a question the polling pauses,
 and the next question resumes it (answered "no" until a fresh read arrives, which sends the call to the worker).
@@ -18,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from producers.group_commit import GroupCommitProducer
 from query_api.broker_offsets import BrokerOffsets
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class PersistProgress:
@@ -44,14 +50,19 @@ class PersistProgress:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failing = False
+        self._partitions: list[int] = []  # of the topic, read once (again after a failed read)
+        self._broker_turn = asyncio.Lock()  # the broker's clients serve one read at a time (query_api.broker_offsets)
+        self._ends_next: asyncio.Future[dict[int, int]] | None = None  # the ends read the next callers share
+        self._ends_reader: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._ends_reader):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.to_thread(self.broker.close)
 
     def started(self) -> int:
@@ -90,16 +101,50 @@ class PersistProgress:
             await asyncio.sleep(self.interval_s / 2)
         return True
 
+    async def topic_ends(self) -> dict[int, int]:
+        """The topic's end offsets, by a read made after this call: every record the broker acknowledged to any
+        producer before the call lies below them. Callers arriving while a read is under way share the next one.
+        Raises what the broker's client raised."""
+        if self._ends_next is None:
+            self._ends_next = asyncio.get_running_loop().create_future()
+            if self._ends_reader is None or self._ends_reader.done():
+                self._ends_reader = asyncio.ensure_future(self._read_ends())
+        return await asyncio.shield(self._ends_next)
+
+    async def _read_ends(self) -> None:
+        while (future := self._ends_next) is not None:
+            self._ends_next = None  # callers from now on wait for the read after this one
+            try:
+                ends = await self._read(lambda partitions: self.broker.ends(self.topic, partitions))
+            except asyncio.CancelledError:
+                future.cancel()
+                raise
+            except Exception as exc:
+                future.set_exception(exc)
+                future.exception()  # retrieved: a caller that gave up must not leave it unretrieved
+            else:
+                future.set_result(ends)
+
+    async def _read(self, read: Callable[[list[int]], _T]) -> _T:
+        """`read(partitions)` on a worker thread, one broker call at a time; the partitions are read again after a
+        failure (the topic may have been recreated)."""
+        async with self._broker_turn:
+            try:
+                if not self._partitions:
+                    self._partitions = await asyncio.to_thread(self.broker.partitions, self.topic)
+                partitions = self._partitions
+                return await asyncio.to_thread(read, partitions)
+            except Exception:
+                self._partitions = []
+                raise
+
     async def _run(self) -> None:
-        partitions: list[int] = []
         while True:
             if time.monotonic() - self._asked_at > self.idle_s:
                 self._wake.clear()
                 await self._wake.wait()
             try:
-                if not partitions:
-                    partitions = await asyncio.to_thread(self.broker.partitions, self.topic)
-                read = await asyncio.to_thread(self.broker.committed, self.topic, self.group, partitions)
+                read = await self._read(lambda partitions: self.broker.committed(self.topic, self.group, partitions))
                 self.committed = {p: offset for p, offset in read.items() if offset is not None}
                 self._read_at = time.monotonic()
                 if self._failing:
@@ -108,7 +153,6 @@ class PersistProgress:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the broker is away: read-your-write waits for the worker meanwhile
-                partitions = []
                 if not self._failing:
                     self._failing = True
                     log.warning("cannot read the persist group's offsets (%s); AddAndGetCount waits for the worker "

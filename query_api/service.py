@@ -162,7 +162,8 @@ class CounterService:
                  events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
                  buckets: BucketStore | None = None, sketches: SketchStore | None = None,
                  read_your_write_timeout_s: float = 5.0,
-                 read_signal_lag_s: float = 5.0, progress: PersistProgress | None = None) -> None:
+                 read_signal_lag_s: float = 5.0, progress: PersistProgress | None = None,
+                 shared_pipeline: bool = False) -> None:
         self.registry = registry
         self.producer = producer
         self.signals = signals
@@ -177,6 +178,9 @@ class CounterService:
         # With the worker's progress known, the writes it has are passed over, so they can be kept longer than
         # they stay admissible (query_api.persist_progress)
         self.progress = progress
+        # other API processes write to the same topic: AddAndGetCount waits for the worker to have every write
+        # acknowledged before it, wherever it was acknowledged (`earlier_ends`), and never counts early
+        self.shared_pipeline = shared_pipeline
         self.early = EarlyPersist(events, recent_s=2.0 if progress is None else 4.0, progress=progress)
         self.live = LiveReads(events)  # the events after a rollup, read for every reader of a pass at once
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
@@ -309,10 +313,11 @@ class CounterService:
         """A durable (EVENTUAL/ACCURATE) write, group-committed: what to answer, and the future of the broker's
         acknowledgement (failing with DeliveryError). Plain, so the fast path can answer from a callback.
         `then_count`: the caller answers with the count including it (AddAndGetCount, `count_after`). Where this
-        process cannot store the event itself (not `eligible`), it waits for the worker, so the record is marked
-        read-your-write and persisted promptly."""
+        process does not store the event itself (not `eligible`, or a shared pipeline), it waits for the worker, so
+        the record is marked read-your-write and persisted promptly."""
         m = self.mutation(ns, counter, delta, op, token, generation_time, item_key, dimensions, item)
-        acknowledged = self.producer.send([m], read_your_write=then_count and not eligible(ns))
+        waits = then_count and (self.shared_pipeline or not eligible(ns))
+        acknowledged = self.producer.send([m], read_your_write=waits)
         if eligible(ns):
             self.early.note(m, acknowledged)  # a later AddAndGetCount of the counter stores it with its own
         return Written(ns, counter, m.event_id, m.event_time), acknowledged
@@ -521,23 +526,52 @@ class CounterService:
 
     async def count_after(self, written: Written, acknowledged: asyncio.Future[None], item_key: str = "") -> Count:
         """The count once a durable write is acknowledged and persisted: AddAndGetCount's read-your-write. In an
-        eligible namespace this process stores the event itself, with its recent writes of the counter before it,
-        and reads the count in the same store call (query_api.early_persist), instead of waiting for the worker."""
+        eligible namespace of an API process that writes alone this process stores the event itself, with its
+        recent writes of the counter before it, and reads the count in the same store call
+        (query_api.early_persist), instead of waiting for the worker."""
         await self.acknowledged(acknowledged, written)
         ns, counter = written.ns, written.counter
         # a durable write always has its event time and token (write_durable sets them)
         event_time, token = written.event_time, written.token
         assert event_time is not None and token is not None, "a durable write has its event time and token"
-        early = await self.counted_early(ns, counter, event_time, token)
-        if early is not None:
-            return early
-        ends = (self.progress.acked_ends() if self.progress is not None and eligible(ns) and self.progress.readable()
-                else None)
-        await self.wait_persisted(ns, counter, event_time, token, item_key)
-        if ends is not None:  # an earlier write may be in another partition the worker has not reached
-            await self.wait_worker_has(ends, (token, event_time))
+        if not self.shared_pipeline:  # shared: writes of other processes, which this one cannot store, may precede
+            early = await self.counted_early(ns, counter, event_time, token)
+            if early is not None:
+                return early
+        await self.wait_counted(written, item_key)
         count, rollup_ts = await self.rollup_of(ns, counter)  # no read signal: the write's own persist signals it
         return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
+
+    async def wait_counted(self, written: Written, item_key: str = "") -> None:
+        """Wait until the worker has persisted an acknowledged durable write (its event is in the store) and every
+        durable write acknowledged before it (`earlier_ends`), which may be in partitions the worker has not
+        reached; NotCountedYet after the read-your-write wait."""
+        identity = identity_of(written)
+        assert identity is not None, "a durable write has its event time and token"
+        token, event_time = identity
+        ends = await self.earlier_ends(identity)
+        await self.wait_persisted(written.ns, written.counter, event_time, token, item_key)
+        if ends is not None:
+            await self.wait_worker_has(ends, identity)
+
+    async def earlier_ends(self, identity: Identity) -> dict[int, int] | None:
+        """Per partition of the mutations topic, an offset below which every durable write acknowledged so far
+        lies: this process's records (the group commit's acknowledged ends) and, in a shared pipeline, every API
+        process's (the topic's end offsets, read now). None for a process that writes alone and has no fresh view
+        of the worker's progress: it then waits for its own write only (query_api.persist_progress)."""
+        progress = self.progress
+        if progress is None or not (self.shared_pipeline or progress.readable()):
+            return None
+        ends = progress.acked_ends()
+        if self.shared_pipeline:
+            try:
+                topic = await progress.topic_ends()
+            except Exception as exc:  # without them the count could miss another process's earlier write
+                raise NotCountedYet(
+                    f"the write is durable (token {identity[0]!r}) but the mutations topic's end offsets could not "
+                    f"be read ({exc}); GetCount will include it, or retry with the same token", identity) from exc
+            ends = {p: max(ends.get(p, 0), end) for p, end in (ends | topic).items()}
+        return ends
 
     async def counted_early(self, ns: Namespace, counter: str, event_time: int, token: str) -> Count | None:
         """Store an acknowledged write's event now, with this process's recent writes of the counter, and count
@@ -556,9 +590,10 @@ class CounterService:
         return Count(ns, counter, live, rollup_ts or None)
 
     async def wait_worker_has(self, ends: Mapping[int, int], identity: Identity) -> None:
-        """Wait until the worker has persisted every record before `ends`: an AddAndGetCount that this process could
-        not count itself (the worker lags, or one of its writes is not admissible here any more) counts this
-        process's earlier acknowledged writes of the counter too, wherever they are."""
+        """Wait until the worker has persisted every record before `ends` (`earlier_ends`): an AddAndGetCount that
+        this process does not count itself (the worker lags, one of its writes is not admissible here any more, the
+        namespace is not eligible, or the pipeline is shared) counts the earlier acknowledged writes of the counter
+        too, wherever they are."""
         assert self.progress is not None
         token = identity[0]
         if not await self.progress.wait_covers(ends, self.read_your_write_timeout_s):

@@ -211,9 +211,8 @@ async def add_and_get_unique(service: CounterService, ns: Namespace, counter: st
     await service.check_bound(ns, counter, dims)
     written, acknowledged = service.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
                                                   item_key, dimensions, item, then_count=True)
-    await service.acknowledged(acknowledged)
-    # a durable write has its event time and token; in a UNIQUE namespace the event's item key is its item
-    await service.wait_persisted(ns, counter, written.event_time, written.token, valid_item)  # type: ignore[arg-type]
+    await service.acknowledged(acknowledged, written)
+    await service.wait_counted(written, valid_item)  # in a UNIQUE namespace the event's item key is its item
     return await get_unique(service, ns, counter, live=True)
 
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "COUNTER_"
@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     api_host: str = Field("127.0.0.1", min_length=1)
     api_port: int = Field(8080, ge=0, le=65535)
     api_workers: int = Field(1, ge=1, le=64, description="API processes sharing the port (one per core)")
+    api_shared_pipeline: bool | None = Field(None, description=(
+        "other API processes write to the same mutations topic (api_workers above 1, or instances on other hosts): "
+        "AddAndGetCount then waits until the worker has persisted every write acknowledged before it, by any of "
+        "them; unset: true exactly when api_workers is above 1"))
     api_keep_alive_s: float = Field(5.0, gt=0, le=HOUR_S, description=(
         "an idle HTTP keep-alive connection is closed after this"))
     worker_port: int = Field(6066, ge=0, le=65535, description="worker web port (Prometheus /metrics)")
@@ -103,6 +107,16 @@ class Settings(BaseSettings):
     rollup_max_signals: int = Field(50_000, ge=1, le=10_000_000, description=(
         "signals coalesced at most per rollup window"))
 
+    @field_validator("api_shared_pipeline")
+    @classmethod
+    def _shared_with_workers(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        """Several API processes on one port always share the pipeline: false would let AddAndGetCount miss a write
+        acknowledged by a sibling process."""
+        if value is False and info.data.get("api_workers", 1) > 1:
+            raise ValueError(f"cannot be false with COUNTER_API_WORKERS={info.data['api_workers']}: those "
+                             "processes share the pipeline")
+        return value
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _bootstrap_hosts(cls, value: str | None) -> str | None:
@@ -151,6 +165,11 @@ class Settings(BaseSettings):
             _check_host_ports(value.removeprefix("memcached://").rstrip("/"), "memcached://host:port[,host:port]")
             return value
         raise ValueError(f"expected 'auto', 'memory' or 'memcached://host:port', got {value!r}")
+
+    @property
+    def api_shared(self) -> bool:
+        """Whether other API processes write to the same pipeline (`api_shared_pipeline`, else api_workers > 1)."""
+        return self.api_workers > 1 if self.api_shared_pipeline is None else self.api_shared_pipeline
 
     @property
     def endpoints_path(self) -> Path:

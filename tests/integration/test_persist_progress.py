@@ -62,3 +62,44 @@ def test_progress_follows_acknowledged_records_and_the_persist_groups_commits(ka
         last[record.partition] = record.offset + 1
     assert ends == last and sum(1 for _ in ends) == PARTITIONS
     assert seen == [False, False, True]
+
+
+def test_topic_ends_cover_what_another_process_had_acknowledged(kafka_bootstrap: str, topic_name: str) -> None:
+    """A shared pipeline (query_api.service.earlier_ends): the topic's end offsets read after another API
+    process's writes were acknowledged are at or past that process's acknowledged ends on every partition, and
+    callers that ask together share reads."""
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    now = time.time_ns() // 1000
+
+    async def scenario() -> tuple[dict[int, int], list[dict[int, int]], int]:
+        kafka_a = AsyncProducer(kafka_bootstrap, client_id="test-process-a", timeout_s=10.0)
+        kafka_b = AsyncProducer(kafka_bootstrap, client_id="test-process-b", timeout_s=10.0)
+        a, b = GroupCommitProducer(kafka_a, topic=topic_name), GroupCommitProducer(kafka_b, topic=topic_name)
+        await a.start()
+        await b.start()
+        broker = CountingReads(kafka_bootstrap)
+        progress = PersistProgress(b, broker, group=f"{topic_name}.persist")
+        for i in range(5):  # process A's writes, one record a pass over the partitions
+            await a.send([Mutation("my_dataset", "c", 1, now + i, f"a{i}", "")])
+        acked_by_a = a.acked_ends()
+        read = await asyncio.gather(*(progress.topic_ends() for _ in range(20)))
+        await progress.stop()
+        for gc, kafka in ((a, kafka_a), (b, kafka_b)):
+            await gc.stop()
+            await kafka.stop()
+        return acked_by_a, read, broker.reads
+
+    acked_by_a, read, reads = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert set(acked_by_a) == set(range(PARTITIONS))
+    assert all(ends[p] >= end for ends in read for p, end in acked_by_a.items())
+    assert 1 <= reads <= 2  # twenty callers, one read (or one more, for those that came during it)
+
+
+class CountingReads(BrokerOffsets):
+    """The broker's client, counting end-offset reads."""
+
+    reads = 0
+
+    def ends(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        self.reads += 1
+        return super().ends(topic, partitions)

@@ -28,10 +28,11 @@ PART = Partitioning(buckets_per_id=4, seconds_per_bucket=10, seconds_per_slice=6
 
 
 class KeepingProducer:
-    """Acknowledges every record at once and keeps its mutations for the worker."""
+    """Acknowledges every record at once and keeps its mutations for the worker (in `sent`: the topic, shared by
+    the producers of API processes that share the pipeline)."""
 
-    def __init__(self) -> None:
-        self.sent: list[Mutation] = []
+    def __init__(self, sent: list[Mutation] | None = None) -> None:
+        self.sent: list[Mutation] = [] if sent is None else sent
 
     def send(self, mutations: list[Mutation], *, read_your_write: bool = False) -> asyncio.Future[None]:
         self.sent.extend(mutations)
@@ -47,6 +48,8 @@ class WorkerOffsets:
     def __init__(self, producer: KeepingProducer) -> None:
         self.producer = producer
         self.persisted = 0
+        self.ends_fail: Exception | None = None  # what reading the topic's end offsets raises
+        self.waited: list[dict[int, int]] = []  # the ends a call waited for
 
     def started(self) -> int:
         return len(self.producer.sent)
@@ -63,7 +66,13 @@ class WorkerOffsets:
     def readable(self) -> bool:
         return True
 
+    async def topic_ends(self) -> dict[int, int]:
+        if self.ends_fail is not None:
+            raise self.ends_fail
+        return {0: len(self.producer.sent)}  # the topic: every process's records
+
     async def wait_covers(self, ends: dict[int, int], timeout_s: float) -> bool:
+        self.waited.append(dict(ends))
         deadline = time.monotonic() + timeout_s
         while not self.covers(ends):
             if time.monotonic() >= deadline:
@@ -95,16 +104,27 @@ async def until(condition: Callable[[], bool], what: str, timeout_s: float = 5.0
 
 
 class Stack:
-    def __init__(self, tmp: Path, recent_s: float = 2.0, timeout_s: float = 5.0, offsets: bool = False) -> None:
+    def __init__(self, tmp: Path, recent_s: float = 2.0, timeout_s: float = 5.0, offsets: bool = False,
+                 shared: bool = False) -> None:
         self.events = SqliteEventStore(tmp / "events.sqlite3", lambda _ns: PART)
         self.rollups = SqliteRollupStore(tmp / "rollups.sqlite3")
+        self.recent_s, self.timeout_s, self.shared = recent_s, timeout_s, shared
         self.producer = KeepingProducer()
         self.progress = WorkerOffsets(self.producer) if offsets else None
-        self.svc = CounterService(REGISTRY, producer=self.producer, signals=NoSignals(),  # type: ignore[arg-type]
-                                  events=self.events, rollups=self.rollups, cache=InProcessRollupCache(),
-                                  counters=None, read_your_write_timeout_s=timeout_s,  # type: ignore[arg-type]
-                                  progress=self.progress)  # type: ignore[arg-type]
-        self.svc.early = EarlyPersist(self.events, recent_s=recent_s, progress=self.progress)
+        self.svc = self.api(self.producer, self.progress)
+
+    def api(self, producer: KeepingProducer, progress: WorkerOffsets | None) -> CounterService:
+        svc = CounterService(REGISTRY, producer=producer, signals=NoSignals(),  # type: ignore[arg-type]
+                             events=self.events, rollups=self.rollups, cache=InProcessRollupCache(),
+                             counters=None, read_your_write_timeout_s=self.timeout_s,  # type: ignore[arg-type]
+                             progress=progress, shared_pipeline=self.shared)  # type: ignore[arg-type]
+        svc.early = EarlyPersist(self.events, recent_s=self.recent_s, progress=progress)  # type: ignore[arg-type]
+        return svc
+
+    def peer(self) -> CounterService:
+        """Another API process of the same pipeline: its records go to the same topic, and the worker's progress
+        is the same."""
+        return self.api(KeepingProducer(self.producer.sent), self.progress)
 
     async def worker(self, reached_kafka_us: int) -> PreparedBatch:
         """The persist path on every record sent so far, each having reached Kafka at `reached_kafka_us`."""
@@ -216,3 +236,53 @@ def test_writes_the_worker_has_persisted_are_passed_over_even_when_no_longer_adm
         assert not rows.blocked and "w0" not in [r[3] for r in rows]  # w1 may come again: it is admissible
         assert (await stack.svc.add_and_get(NS, "c", 1, "w2", None)).count == 12
     run(tmp_path, scenario, offsets=True, timeout_s=0.5)
+
+
+def test_a_shared_pipeline_counts_a_write_another_api_process_acknowledged(tmp_path: Path) -> None:
+    """Two API processes share the pipeline: an AddCount acknowledged by one, which the worker has not persisted,
+    is in the count of an AddAndGetCount through the other. That process cannot store the first write itself, so it
+    waits for the worker to have every record up to the topic's end (it answered 1 from its own write alone)."""
+    async def scenario(stack: Stack) -> None:
+        await stack.peer().write(NS, "c", 10, MutationOp.ADD, "by-a", None)
+        answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "by-b", None))
+        await until(lambda: answer.done() or any(stack.svc.arrivals._waiting.values()),
+                    "an answer, or the call to wait for the worker")
+        assert not answer.done(), f"answered {answer.result().count} without the worker"
+        assert stack.producer.sent[-1].event_id == "by-b"
+        await stack.worker(now_us())
+        assert (await answer).count == 11
+    run(tmp_path, scenario, offsets=True, shared=True)
+
+
+def test_a_shared_pipeline_whose_topic_ends_cannot_be_read_answers_not_counted_yet(tmp_path: Path) -> None:
+    """Without the topic's end offsets, a count could miss another process's write: NotCountedYet (504, with the
+    token to retry with), never a count from this process's writes alone."""
+    async def scenario(stack: Stack) -> None:
+        assert stack.progress is not None
+        stack.progress.ends_fail = ConnectionError("broker away")
+        with pytest.raises(NotCountedYet, match=r"end offsets could not be read .*broker away"):
+            await stack.svc.add_and_get(NS, "c", 1, "by-b", None)
+    run(tmp_path, scenario, offsets=True, shared=True)
+
+
+def test_an_earlier_write_the_worker_lacks_is_waited_for_where_the_api_does_not_store_events(tmp_path: Path) -> None:
+    """In a namespace where the API never stores events itself (dimensions: `eligible` is false), an AddAndGetCount
+    waits for its own event to be persisted; group commit puts records on any partition, so the worker may have
+    it before an earlier AddCount of the same counter. The call also waits for the worker to have every record this
+    process had acknowledged before it (it answered 1 as soon as its own event was in the store)."""
+    plays = REGISTRY["plays"]
+
+    async def scenario(stack: Stack) -> None:
+        await stack.svc.write(plays, "c", 10, MutationOp.ADD, "w0", None)
+        answer = asyncio.ensure_future(stack.svc.add_and_get(plays, "c", 1, "w1", None))
+        await until(lambda: len(stack.producer.sent) == 2, "the AddAndGetCount's record to be sent")
+        own = prepare([RawRecord("counter-mutations", 1, 0, now_us() // 1000, None,
+                                 encode_mutation(stack.producer.sent[1]))], REGISTRY)
+        await stack.events.write_events(own.rows)  # the worker has the AddAndGetCount's record, not the AddCount's
+        assert stack.progress is not None
+        await until(lambda: answer.done() or bool(stack.progress.waited), "an answer, or the wait for the worker")
+        assert not answer.done(), f"answered {answer.result().count} without the earlier write"
+        assert stack.progress.waited == [{0: 2}]
+        await stack.worker(now_us())
+        assert (await answer).count == 11
+    run(tmp_path, scenario, offsets=True)

@@ -64,3 +64,23 @@ def test_defaults_and_overrides(monkeypatch):
     assert set(specs) == {"counter-mutations", "counter-rollups", "counter-mutations-dlq"}
     assert specs["counter-mutations"].partitions == 12
     assert specs["counter-mutations"].config["message.timestamp.type"] == "LogAppendTime"
+
+
+@pytest.mark.parametrize("workers, shared, expected", [
+    (None, None, False), ("2", None, True), (None, "true", True), ("2", "true", True), (None, "false", False)])
+def test_api_shared_pipeline_follows_api_workers_unless_set(monkeypatch, workers, shared, expected):
+    """Several API processes on one port share the pipeline; instances on other hosts say so themselves."""
+    for var, value in (("COUNTER_API_WORKERS", workers), ("COUNTER_API_SHARED_PIPELINE", shared)):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+    assert load_settings().api_shared is expected
+
+
+def test_api_shared_pipeline_false_with_several_api_workers_names_both(monkeypatch):
+    """False there would let AddAndGetCount miss a write a sibling process acknowledged."""
+    monkeypatch.setenv("COUNTER_API_WORKERS", "2")
+    monkeypatch.setenv("COUNTER_API_SHARED_PIPELINE", "false")
+    with pytest.raises(SettingsError, match=r"COUNTER_API_SHARED_PIPELINE: .*COUNTER_API_WORKERS=2"):
+        load_settings()
