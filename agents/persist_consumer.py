@@ -13,7 +13,9 @@ signals are acknowledged are those batches' offsets committed. A crash or a reba
 hands the records to the next owner again, which the idempotent event identity makes harmless: at-least-once
 delivery plus idempotent events gives exact counts. Checkpointing every few batches rather than every batch
 costs the rollups at most `checkpoint_ms` of latency and saves a signal record per rollup partition and an
-offset commit per batch (under load the batches come every few milliseconds).
+offset commit per batch (under load the batches come every few milliseconds). A batch holding a record whose client
+waits (the read-your-write header, below) is checkpointed at once: an API process that cannot store the event
+itself learns that the worker has it from the committed offsets (query_api.persist_progress).
 
 How often the consumer fetches adapts to what the recent records need (`FetchPace`). After a batch that took
 all there was, the consumer pauses its partitions for the pace's wait before it fetches again, and each fetch asks
@@ -298,7 +300,7 @@ class PersistConsumer:
             wanted = max(100, min(self.max_records, int(self.batch_bytes / self._record_size)))
             batch = await consumer.getmany(timeout_ms=max(0, int(wait_s * 1000)), max_records=wanted)
             fetched_at = time.monotonic()
-            self._note_fetched(batch)
+            waited_on = self._note_fetched(batch)
             self._pace(consumer)  # before any await: aiokafka builds the next fetch once this one is taken
             caught_up = self._took_all(consumer, batch, wanted)
             if caught_up:
@@ -309,8 +311,8 @@ class PersistConsumer:
                     self._pace(consumer)  # what the namespaces just persisted ask for, from the fetch after next
                     if caught_up and self._held_until:
                         self._hold(consumer, fetched_at)  # again: the wait may have changed with what was persisted
-                if self._offsets and time.monotonic() >= self._checkpointed + self.checkpoint_s:
-                    await self.checkpoint_now()
+                if self._offsets and (waited_on or time.monotonic() >= self._checkpointed + self.checkpoint_s):
+                    await self.checkpoint_now()  # a client waits for a record of this batch: commit it now
 
     def _took_all(self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list], wanted: int) -> bool:
         """Whether the batch took all there was (then the partitions pause for the wait)."""
@@ -334,10 +336,12 @@ class PersistConsumer:
             self._held_until = 0.0
             consumer.resume(*consumer.paused())
 
-    def _note_fetched(self, batch: dict[TopicPartition, list]) -> None:
-        """A record waited on (the read-your-write header) asks for the prompt wait."""
+    def _note_fetched(self, batch: dict[TopicPartition, list]) -> bool:
+        """A record waited on (the read-your-write header) asks for the prompt wait; whether the batch holds one."""
         if batch and any(read_your_write_in(records) for records in batch.values()):
             self.pace.ask(self.prompt_wait_ms, time.monotonic())
+            return True
+        return False
 
     def _note_persisted(self, touched: set[Key]) -> None:
         """Each namespace just persisted asks for its wait."""

@@ -37,17 +37,21 @@ class PersistProgress:
     topic, polled while asked about: `early_persist.WriteProgress`."""
 
     def __init__(self, producer: GroupCommitProducer, broker: BrokerOffsets, *, group: str, interval_s: float = 0.1,
-                 idle_s: float = 30.0) -> None:
+                 waiting_interval_s: float = 0.01, idle_s: float = 30.0) -> None:
         self.producer = producer
         self.broker = broker
         self.topic = producer.topic
         self.group = group
         self.interval_s = interval_s
+        self.waiting_interval_s = waiting_interval_s  # between reads while a caller waits for the offsets to move
         self.idle_s = idle_s
         self.committed: dict[int, int] = {}
         self._read_at = -float("inf")  # monotonic time of the last committed offsets read
         self._asked_at = -float("inf")
         self._wake = asyncio.Event()
+        self._waiters = 0  # callers in wait_covers
+        self._hurry = asyncio.Event()  # a caller began to wait: read now
+        self._read_done: asyncio.Future[None] | None = None  # resolved by the next read, for the waiting callers
         self._task: asyncio.Task[None] | None = None
         self._failing = False
         self._partitions: list[int] = []  # of the topic, read once (again after a failed read)
@@ -93,13 +97,37 @@ class PersistProgress:
         return all(committed.get(partition, -1) >= end for partition, end in ends.items())
 
     async def wait_covers(self, ends: Mapping[int, int], timeout_s: float) -> bool:
-        """`covers(ends)` within `timeout_s`."""
+        """`covers(ends)` within `timeout_s`. While anyone waits, the offsets are read every `waiting_interval_s`
+        (the worker commits a batch holding a read-your-write record at once), each wait judged after each read."""
         deadline = time.monotonic() + timeout_s
-        while not self.covers(ends):
-            if time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(self.interval_s / 2)
-        return True
+        self._waiters += 1
+        self._hurry.set()
+        try:
+            while not self.covers(ends):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                if self._read_done is None:
+                    self._read_done = asyncio.get_running_loop().create_future()
+                await asyncio.wait({self._read_done}, timeout=remaining)  # never cancels it: others wait on it too
+            return True
+        finally:
+            self._waiters -= 1
+
+    async def _pause(self) -> None:
+        """Between two reads: `interval_s`, cut short when a caller begins to wait; `waiting_interval_s` while any
+        caller waits."""
+        self._hurry.clear()
+        if self._waiters:
+            await asyncio.sleep(self.waiting_interval_s)
+            return
+        # asyncio.wait, not wait_for: Python 3.11's wait_for swallows a cancellation that meets the event being set,
+        # and stop() then waited for ever
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        try:
+            await asyncio.wait({hurry}, timeout=self.interval_s)
+        finally:
+            hurry.cancel()
 
     async def topic_ends(self) -> dict[int, int]:
         """The topic's end offsets, by a read made after this call: every record the broker acknowledged to any
@@ -157,4 +185,7 @@ class PersistProgress:
                     self._failing = True
                     log.warning("cannot read the persist group's offsets (%s); AddAndGetCount waits for the worker "
                                 "until they are readable", exc)
-            await asyncio.sleep(self.interval_s)
+            done, self._read_done = self._read_done, None
+            if done is not None:
+                done.set_result(None)
+            await self._pause()

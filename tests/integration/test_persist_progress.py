@@ -103,3 +103,36 @@ class CountingReads(BrokerOffsets):
     def ends(self, topic: str, partitions: list[int]) -> dict[int, int]:
         self.reads += 1
         return super().ends(topic, partitions)
+
+
+def test_a_waiting_caller_sees_a_commit_long_before_the_next_idle_read(kafka_bootstrap: str, topic_name: str) -> None:
+    """While a caller waits for the worker (wait_covers), the committed offsets are read every waiting_interval_s,
+    not every interval_s (5 s here; the wait gives up after 3 s): an AddAndGetCount learns of the worker's commit
+    within milliseconds."""
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    group = f"{topic_name}.persist"
+    now = time.time_ns() // 1000
+
+    async def scenario() -> bool:
+        kafka = AsyncProducer(kafka_bootstrap, client_id="test-progress-wait", timeout_s=10.0)
+        gc = GroupCommitProducer(kafka, topic=topic_name)
+        await gc.start()
+        progress = PersistProgress(gc, BrokerOffsets(kafka_bootstrap), group=group, interval_s=5.0,
+                                   waiting_interval_s=0.01)
+        progress.start()
+        await gc.send([Mutation("my_dataset", "c", 1, now, "t0", "")])
+        ends = progress.acked_ends()
+        waiting = asyncio.ensure_future(progress.wait_covers(ends, 3.0))
+        deadline = time.monotonic() + 3.0
+        while not progress.readable():  # a first read, without the commit; the next idle one is 5 s away
+            assert time.monotonic() < deadline, "the offsets were never read"
+            await asyncio.sleep(0.005)
+        assert not waiting.done()
+        await asyncio.to_thread(commit, kafka_bootstrap, group, topic_name, ends)
+        covered = await waiting
+        await progress.stop()
+        await gc.stop()
+        await kafka.stop()
+        return covered
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 60))
