@@ -37,13 +37,16 @@ class PersistProgress:
     topic, polled while asked about: `early_persist.WriteProgress`."""
 
     def __init__(self, producer: GroupCommitProducer, broker: BrokerOffsets, *, group: str, interval_s: float = 0.1,
-                 waiting_interval_s: float = 0.01, idle_s: float = 30.0) -> None:
+                 waiting_interval_s: float = 0.01, ends_interval_s: float = 0.01, idle_s: float = 30.0) -> None:
         self.producer = producer
         self.broker = broker
         self.topic = producer.topic
         self.group = group
         self.interval_s = interval_s
         self.waiting_interval_s = waiting_interval_s  # between reads while a caller waits for the offsets to move
+        # between the starts of two end-offset reads: the local broker lists a partition's batches to find its end
+        # (0.6 ms of a read with nothing stored, 2.5 ms at 40,000 records), and back-to-back reads took its cores
+        self.ends_interval_s = ends_interval_s
         self.idle_s = idle_s
         self.committed: dict[int, int] = {}
         self._read_at = -float("inf")  # monotonic time of the last committed offsets read
@@ -58,6 +61,7 @@ class PersistProgress:
         self._broker_turn = asyncio.Lock()  # the broker's clients serve one read at a time (query_api.broker_offsets)
         self._ends_next: asyncio.Future[dict[int, int]] | None = None  # the ends read the next callers share
         self._ends_reader: asyncio.Task[None] | None = None
+        self._ends_started = -float("inf")  # monotonic time the last end-offset read began
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -67,6 +71,8 @@ class PersistProgress:
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        if self._ends_next is not None:  # callers waiting for a read that will not be made
+            self._ends_next.cancel()
         await asyncio.to_thread(self.broker.close)
 
     def started(self) -> int:
@@ -140,8 +146,11 @@ class PersistProgress:
         return await asyncio.shield(self._ends_next)
 
     async def _read_ends(self) -> None:
-        while (future := self._ends_next) is not None:
-            self._ends_next = None  # callers from now on wait for the read after this one
+        while self._ends_next is not None:
+            if (spacing := self._ends_started + self.ends_interval_s - time.monotonic()) > 0:
+                await asyncio.sleep(spacing)  # callers arriving meanwhile share this read: it starts after them
+            future, self._ends_next = self._ends_next, None  # callers from now on wait for the read after this one
+            self._ends_started = time.monotonic()
             try:
                 ends = await self._read(lambda partitions: self.broker.ends(self.topic, partitions))
             except asyncio.CancelledError:
