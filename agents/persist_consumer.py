@@ -13,9 +13,10 @@ signals are acknowledged are those batches' offsets committed. A crash or a reba
 hands the records to the next owner again, which the idempotent event identity makes harmless: at-least-once
 delivery plus idempotent events gives exact counts. Checkpointing every few batches rather than every batch
 costs the rollups at most `checkpoint_ms` of latency and saves a signal record per rollup partition and an
-offset commit per batch (under load the batches come every few milliseconds). A batch holding a record whose client
-waits (the read-your-write header, below) is checkpointed at once: an API process that cannot store the event
-itself learns that the worker has it from the committed offsets (query_api.persist_progress).
+offset commit per batch (under load the batches come every few milliseconds). For `prompt_for_s` after a record
+whose client waits (the read-your-write header, below), every batch is checkpointed at once: an API process that
+cannot store the event itself learns that the worker has it, and every record before it, from the committed offsets
+(query_api.persist_progress).
 
 How often the consumer fetches adapts to what the recent records need (`FetchPace`). After a batch that took
 all there was, the consumer pauses its partitions for the pace's wait before it fetches again, and each fetch asks
@@ -24,7 +25,8 @@ then brings everything written meanwhile. The wait bounds the persist latency of
 larger batches, which cost the worker and the broker less per write. So each namespace names the longest wait its
 writes tolerate (`namespace_waits`: EVENTUAL reads come from rollups that wait out `coalesce_ms` anyway, ACCURATE
 reads add the persisted events live), and a client waiting until the worker has persisted its write
-(AddAndGetCount with dimensions or items; the API stores plain ones itself) marks its record with the
+(AddAndGetCount with dimensions or items, or through an API process that shares the pipeline with others; a lone
+process stores plain ones itself) marks its record with the
 read-your-write header, which asks for `prompt_wait_ms`. The next fetches wait the shortest of what the records of
 the last `prompt_for_s` asked for; `wait_ms` with none (idle, or only namespaces this worker does not know), so the
 first write after a quiet spell is not held for a long wait. With nothing to read, a fetch waits at the broker
@@ -197,6 +199,8 @@ class PersistConsumer:
         self.prompt_wait_ms = min(prompt_wait_ms, wait_ms)
         self.namespace_waits = dict(namespace_waits or {})
         self.pace = FetchPace(wait_ms, prompt_for_s)
+        self.prompt_for_s = prompt_for_s
+        self._waited_on_until = 0.0  # monotonic time until which every batch is checkpointed at once
         self._lean_warned = False
         self._unread_warned = False
         self.fetch_wait_ms = wait_ms  # what the next fetches wait at the broker, and the pause after a batch
@@ -300,7 +304,7 @@ class PersistConsumer:
             wanted = max(100, min(self.max_records, int(self.batch_bytes / self._record_size)))
             batch = await consumer.getmany(timeout_ms=max(0, int(wait_s * 1000)), max_records=wanted)
             fetched_at = time.monotonic()
-            waited_on = self._note_fetched(batch)
+            self._note_fetched(batch)
             self._pace(consumer)  # before any await: aiokafka builds the next fetch once this one is taken
             caught_up = self._took_all(consumer, batch, wanted)
             if caught_up:
@@ -311,8 +315,9 @@ class PersistConsumer:
                     self._pace(consumer)  # what the namespaces just persisted ask for, from the fetch after next
                     if caught_up and self._held_until:
                         self._hold(consumer, fetched_at)  # again: the wait may have changed with what was persisted
-                if self._offsets and (waited_on or time.monotonic() >= self._checkpointed + self.checkpoint_s):
-                    await self.checkpoint_now()  # a client waits for a record of this batch: commit it now
+                now = time.monotonic()
+                if self._offsets and (now < self._waited_on_until or now >= self._checkpointed + self.checkpoint_s):
+                    await self.checkpoint_now()
 
     def _took_all(self, consumer: AIOKafkaConsumer, batch: dict[TopicPartition, list], wanted: int) -> bool:
         """Whether the batch took all there was (then the partitions pause for the wait)."""
@@ -336,12 +341,14 @@ class PersistConsumer:
             self._held_until = 0.0
             consumer.resume(*consumer.paused())
 
-    def _note_fetched(self, batch: dict[TopicPartition, list]) -> bool:
-        """A record waited on (the read-your-write header) asks for the prompt wait; whether the batch holds one."""
+    def _note_fetched(self, batch: dict[TopicPartition, list]) -> None:
+        """A record waited on (the read-your-write header) asks for the prompt wait, and for `prompt_for_s` every
+        batch is checkpointed at once: its client (in a shared pipeline) waits until the committed offsets reach the
+        topic's ends as they were after its acknowledgement, which records of other writers may have moved."""
         if batch and any(read_your_write_in(records) for records in batch.values()):
-            self.pace.ask(self.prompt_wait_ms, time.monotonic())
-            return True
-        return False
+            now = time.monotonic()
+            self.pace.ask(self.prompt_wait_ms, now)
+            self._waited_on_until = now + self.prompt_for_s
 
     def _note_persisted(self, touched: set[Key]) -> None:
         """Each namespace just persisted asks for its wait."""

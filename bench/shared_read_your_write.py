@@ -8,7 +8,10 @@ has persisted every write acknowledged before it (query_api.service.earlier_ends
 and the same rounds, is a lone API process on the same pipeline, which counts its own earlier writes itself
 (query_api.early_persist). Both answer AddAndGetCount in `my_dataset` (EVENTUAL), at concurrency 1 and at
 `--concurrency`; every phase runs once per round, figures are medians over the rounds, and at the end every
-acknowledged write must be counted in the rollup store, exactly.
+acknowledged write must be counted in the rollup store, exactly. (A lone process beside a shared one is a setup
+the README warns against: its counts can lack the other's unpersisted writes. Here the phases run one after
+another and a shared call answers only once the worker has every write before it, so the lone counts lack at most
+the last shared calls in flight; only the totals at the end are checked.)
 """
 
 from __future__ import annotations

@@ -12,9 +12,11 @@ Where several API processes share the pipeline, this process's ends are not enou
 end offsets after the caller's write was acknowledged (one read for the callers that ask together), below which lies
 every record any process had acknowledged by then.
 
-The committed offsets are read from the broker every `interval_s` (one OffsetFetch; the local broker answers it in
-well under a millisecond), while read-your-write is in use: after `idle_s` without a question the polling pauses,
-and the next question resumes it (answered "no" until a fresh read arrives, which sends the call to the worker).
+The committed offsets are read from the broker (one OffsetFetch; the local broker answers it in well under a
+millisecond) every `interval_s` while read-your-write is in use, and every `waiting_interval_s` (10 ms) while a
+caller waits for them (`wait_covers`; the worker commits at once while clients wait, agents.persist_consumer).
+After `idle_s` without a question the polling pauses, and the next question resumes it: `readable` answers "no"
+until a fresh read arrives (the early path then sends the call to the worker), and a wait waits for that read.
 """
 
 from __future__ import annotations
@@ -94,13 +96,20 @@ class PersistProgress:
             self._wake.set()
         return now - self._read_at <= 10 * self.interval_s
 
+    @property
+    def failing(self) -> bool:
+        """Whether the last read of the committed offsets failed (the broker away, or no right to describe the
+        persist group): waiting for them would only time out."""
+        return self._failing
+
     def covers(self, ends: Mapping[int, int]) -> bool:
         """Whether the worker has persisted every record before `ends` (partition -> offset), by offsets read within
         the last few polls (False when they were not)."""
         if not self.readable():
             return False
         committed = self.committed
-        return all(committed.get(partition, -1) >= end for partition, end in ends.items())
+        # a partition without a commit holds nothing the worker has: covered only while it is empty (end 0)
+        return all(committed.get(partition, 0) >= end for partition, end in ends.items())
 
     async def wait_covers(self, ends: Mapping[int, int], timeout_s: float) -> bool:
         """`covers(ends)` within `timeout_s`. While anyone waits, the offsets are read every `waiting_interval_s`

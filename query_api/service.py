@@ -549,18 +549,20 @@ class CounterService:
         identity = identity_of(written)
         assert identity is not None, "a durable write has its event time and token"
         token, event_time = identity
+        deadline = time.monotonic() + self.read_your_write_timeout_s
         ends = await self.earlier_ends(identity)
         await self.wait_persisted(written.ns, written.counter, event_time, token, item_key)
         if ends is not None:
-            await self.wait_worker_has(ends, identity)
+            await self.wait_worker_has(ends, identity, max(0.0, deadline - time.monotonic()))
 
     async def earlier_ends(self, identity: Identity) -> dict[int, int] | None:
         """Per partition of the mutations topic, an offset below which every durable write acknowledged so far
         lies: this process's records (the group commit's acknowledged ends) and, in a shared pipeline, every API
-        process's (the topic's end offsets, read now). None for a process that writes alone and has no fresh view
-        of the worker's progress: it then waits for its own write only (query_api.persist_progress)."""
+        process's (the topic's end offsets, read now). None for a process that writes alone and cannot read the
+        worker's progress (the broker refuses or does not answer the persist group's offsets): it then waits for its
+        own write only (query_api.persist_progress)."""
         progress = self.progress
-        if progress is None or not (self.shared_pipeline or progress.readable()):
+        if progress is None or (progress.failing and not self.shared_pipeline):
             return None
         ends = progress.acked_ends()
         if self.shared_pipeline:
@@ -589,14 +591,14 @@ class CounterService:
             return None
         return Count(ns, counter, live, rollup_ts or None)
 
-    async def wait_worker_has(self, ends: Mapping[int, int], identity: Identity) -> None:
+    async def wait_worker_has(self, ends: Mapping[int, int], identity: Identity, timeout_s: float) -> None:
         """Wait until the worker has persisted every record before `ends` (`earlier_ends`): an AddAndGetCount that
         this process does not count itself (the worker lags, one of its writes is not admissible here any more, the
         namespace is not eligible, or the pipeline is shared) counts the earlier acknowledged writes of the counter
         too, wherever they are."""
         assert self.progress is not None
         token = identity[0]
-        if not await self.progress.wait_covers(ends, self.read_your_write_timeout_s):
+        if not await self.progress.wait_covers(ends, timeout_s):
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but earlier writes were not persisted within "
                 f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token",

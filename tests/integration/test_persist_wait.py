@@ -208,7 +208,8 @@ def test_a_backlog_larger_than_one_fetch_is_read_without_pausing(kafka_bootstrap
 def test_a_batch_with_a_read_your_write_record_is_committed_at_once(kafka_bootstrap: str, topic_name: str) -> None:
     """A client waits for that record, and an API process that cannot store it itself (a shared pipeline) learns
     the worker has it from the committed offsets: its batch is checkpointed at once, not `checkpoint_ms` later
-    (an hour here). A plain record waits for the checkpoint."""
+    (an hour here), and so is every batch for `prompt_for_s` after it (the client waits for the topic's ends, which
+    other writers' records move)."""
     make_topic(kafka_bootstrap, topic_name, 1)
     committed: list[dict[int, int]] = []
 
@@ -218,7 +219,8 @@ def test_a_batch_with_a_read_your_write_record_is_committed_at_once(kafka_bootst
     async def scenario() -> None:
         pc = PersistConsumer(bootstrap=kafka_bootstrap, topic=topic_name, group_id=f"{topic_name}.persist",
                              persist=persist, checkpoint=checkpoint, checkpoint_ms=3_600_000, wait_ms=PROMPT_MS,
-                             prompt_wait_ms=PROMPT_MS, on_committed=lambda offsets, _sent: committed.append(offsets))
+                             prompt_wait_ms=PROMPT_MS, prompt_for_s=60.0,
+                             on_committed=lambda offsets, _sent: committed.append(offsets))
         async with consuming(pc, kafka_bootstrap) as producer:
             plain = await producer.send_and_wait(topic_name, b"plain", partition=0)
             waited = await producer.send_and_wait(topic_name, b"waited-on", partition=0,
@@ -226,5 +228,7 @@ def test_a_batch_with_a_read_your_write_record_is_committed_at_once(kafka_bootst
             assert plain.offset < waited.offset
             await until(lambda: committed, 10, "a commit of the read-your-write record's batch")
             assert committed == [{0: waited.offset + 1}]
+            after = await producer.send_and_wait(topic_name, b"plain-after", partition=0)
+            await until(lambda: committed[-1] == {0: after.offset + 1}, 10, "a commit of the next plain record")
 
     asyncio.run(asyncio.wait_for(scenario(), 120))

@@ -50,6 +50,8 @@ class WorkerOffsets:
         self.persisted = 0
         self.ends_fail: Exception | None = None  # what reading the topic's end offsets raises
         self.waited: list[dict[int, int]] = []  # the ends a call waited for
+        self.fresh = True  # readable(): offsets read lately (False: just started, or idle for a while)
+        self.failing = False
 
     def started(self) -> int:
         return len(self.producer.sent)
@@ -64,7 +66,7 @@ class WorkerOffsets:
         return self.persisted >= ends.get(0, 0)
 
     def readable(self) -> bool:
-        return True
+        return self.fresh
 
     async def topic_ends(self) -> dict[int, int]:
         if self.ends_fail is not None:
@@ -265,21 +267,25 @@ def test_a_shared_pipeline_whose_topic_ends_cannot_be_read_answers_not_counted_y
     run(tmp_path, scenario, offsets=True, shared=True)
 
 
-def test_an_earlier_write_the_worker_lacks_is_waited_for_where_the_api_does_not_store_events(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fresh", [True, False])
+def test_an_earlier_write_the_worker_lacks_is_waited_for_where_the_api_does_not_store_events(
+        tmp_path: Path, fresh: bool) -> None:
     """In a namespace where the API never stores events itself (dimensions: `eligible` is false), an AddAndGetCount
     waits for its own event to be persisted; group commit puts records on any partition, so the worker may have
     it before an earlier AddCount of the same counter. The call also waits for the worker to have every record this
-    process had acknowledged before it (it answered 1 as soon as its own event was in the store)."""
+    process had acknowledged before it (it answered 1 as soon as its own event was in the store), also when the
+    worker's offsets were not read lately (`fresh` False: a process just started, or idle for a while)."""
     plays = REGISTRY["plays"]
 
     async def scenario(stack: Stack) -> None:
+        assert stack.progress is not None
+        stack.progress.fresh = fresh
         await stack.svc.write(plays, "c", 10, MutationOp.ADD, "w0", None)
         answer = asyncio.ensure_future(stack.svc.add_and_get(plays, "c", 1, "w1", None))
         await until(lambda: len(stack.producer.sent) == 2, "the AddAndGetCount's record to be sent")
         own = prepare([RawRecord("counter-mutations", 1, 0, now_us() // 1000, None,
                                  encode_mutation(stack.producer.sent[1]))], REGISTRY)
         await stack.events.write_events(own.rows)  # the worker has the AddAndGetCount's record, not the AddCount's
-        assert stack.progress is not None
         await until(lambda: answer.done() or bool(stack.progress.waited), "an answer, or the wait for the worker")
         assert not answer.done(), f"answered {answer.result().count} without the earlier write"
         assert stack.progress.waited == [{0: 2}]
