@@ -8,10 +8,12 @@ has persisted every write acknowledged before it (query_api.service.earlier_ends
 and the same rounds, is a lone API process on the same pipeline, which counts its own earlier writes itself
 (query_api.early_persist). Both answer AddAndGetCount in `my_dataset` (EVENTUAL), at concurrency 1 and at
 `--concurrency`; every phase runs once per round, figures are medians over the rounds, and at the end every
-acknowledged write must be counted in the rollup store, exactly. (A lone process beside a shared one is a setup
-the README warns against: its counts can lack the other's unpersisted writes. Here the phases run one after
-another and a shared call answers only once the worker has every write before it, so the lone counts lack at most
-the last shared calls in flight; only the totals at the end are checked.)
+acknowledged write must be counted in the rollup store, exactly. Each phase prints the CPU per request of the API
+processes, the worker and the broker (`bench.stack_meter`): on the local broker a fetch and a ListOffsets list the
+partition's batches, so the shared path, which waits on both, slows as the topic grows. (A lone process beside a
+shared one is a setup the README warns against: its counts can lack the other's unpersisted writes. Here the phases
+run one after another and a shared call answers only once the worker has every write before it, so the lone counts
+lack at most the last shared calls in flight; only the totals at the end are checked.)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 from bench.common import console, local_stack, progress_bar, wait_exact, write_result
 from bench.loadgen import http_load, http_post
 from bench.rounds import load_args, median_ratio, medians, run_rounds
+from bench.stack_meter import StackMeter
 
 
 def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict[str, Any]:
@@ -44,12 +47,14 @@ def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict[s
                           acked=acked)
         console.print(f"AddAndGetCount, my_dataset, concurrency 1 and {concurrency}, {duration:.0f} s per phase, "
                       f"{rounds} interleaved rounds:")
+        meter = StackMeter({"lone_api": lone.pid, "shared_api": shared.pid, "broker": stack.broker.pid if stack.broker
+                            else None, **{w.name: w.pid for w in stack.workers}})
         per_round = run_rounds({
             "lone_c1": ("lone API process, c=1 (baseline)", load(lone, 1)),
             "shared_c1": ("shared pipeline, c=1", load(shared, 1)),
             "lone": (f"lone API process, c={concurrency} (baseline)", load(lone, concurrency)),
             "shared": (f"shared pipeline, c={concurrency}", load(shared, concurrency)),
-        }, rounds=rounds, duration_s=duration)
+        }, rounds=rounds, duration_s=duration, meter=meter)
         counted = wait_exact(Path(tmp), {("my_dataset", n): a for n, a in zip(names, acked, strict=True) if a})
     results = {key: medians(values) for key, values in per_round.items()}
     for key, base in (("shared_c1", "lone_c1"), ("shared", "lone")):
