@@ -32,6 +32,7 @@ from query_api.broker_offsets import BrokerOffsets
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+PARTITIONS_S = 30.0  # how long the topic's partition list is trusted
 
 
 class PersistProgress:
@@ -59,7 +60,8 @@ class PersistProgress:
         self._read_done: asyncio.Future[None] | None = None  # resolved by the next read, for the waiting callers
         self._task: asyncio.Task[None] | None = None
         self._failing = False
-        self._partitions: list[int] = []  # of the topic, read once (again after a failed read)
+        self._partitions: list[int] = []  # of the topic, read again after a failed read and every PARTITIONS_S
+        self._partitions_at = -float("inf")
         self._broker_turn = asyncio.Lock()  # the broker's clients serve one read at a time (query_api.broker_offsets)
         self._ends_next: asyncio.Future[dict[int, int]] | None = None  # the ends read the next callers share
         self._ends_reader: asyncio.Task[None] | None = None
@@ -173,11 +175,13 @@ class PersistProgress:
 
     async def _read(self, read: Callable[[list[int]], _T]) -> _T:
         """`read(partitions)` on a worker thread, one broker call at a time; the partitions are read again after a
-        failure (the topic may have been recreated)."""
+        failure (the topic may have been recreated) and every PARTITIONS_S (an operator may add some: ends that
+        left a new partition out would let a shared AddAndGetCount pass over a write there)."""
         async with self._broker_turn:
             try:
-                if not self._partitions:
+                if not self._partitions or time.monotonic() - self._partitions_at > PARTITIONS_S:
                     self._partitions = await asyncio.to_thread(self.broker.partitions, self.topic)
+                    self._partitions_at = time.monotonic()
                 partitions = self._partitions
                 return await asyncio.to_thread(read, partitions)
             except Exception:

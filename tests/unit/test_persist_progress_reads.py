@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from query_api import persist_progress
 from query_api.persist_progress import PersistProgress
 
 
@@ -20,7 +21,7 @@ class FakeBroker:
         self.ends_value = {0: 5, 1: 7}
 
     def partitions(self, _topic: str) -> list[int]:
-        return [0, 1]
+        return sorted(self.ends_value)
 
     def ends(self, _topic: str, partitions: list[int]) -> dict[int, int]:
         self.reads.append(time.monotonic())
@@ -102,3 +103,20 @@ def test_a_partition_without_a_commit_is_covered_only_while_empty() -> None:
     assert p.covers({0: 0, 1: 3})
     assert not p.covers({0: 1, 1: 3})
     assert not p.covers({0: 0, 1: 4})
+
+
+def test_partitions_added_to_the_topic_are_read_within_partitions_s() -> None:
+    """An operator adds a partition: the end offsets include it once the partition list is read again (ends without
+    it would let a shared AddAndGetCount pass over a write there)."""
+    async def scenario() -> list[dict[int, int]]:
+        broker = FakeBroker()
+        p = progress(broker, ends_interval_s=0.0)
+        seen = [await p.topic_ends()]
+        broker.ends_value = {0: 5, 1: 7, 2: 1}
+        seen.append(await p.topic_ends())  # the list is trusted for a while
+        p._partitions_at -= persist_progress.PARTITIONS_S + 1  # as if PARTITIONS_S had passed
+        seen.append(await p.topic_ends())
+        await p.stop()
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 10)) == [{0: 5, 1: 7}, {0: 5, 1: 7}, {0: 5, 1: 7, 2: 1}]
