@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -372,7 +373,7 @@ def test_a_clean_stop_persists_the_writes_a_lagging_worker_had_not_read(tmp_path
     thousands of writes are acknowledged) persists its partitions up to their end before the broker goes
     (COUNTER_PERSIST_DRAIN_S, which `counter up` sets for its own broker). Started again on the same data
     directory, every acknowledged write counts. Without the drain the first stop lost nearly all of them."""
-    first = start_up(tmp_path).wait_up()
+    first = start_up(tmp_path, COUNTER_WORKER_LOG_LEVEL="info").wait_up()
     counters = [f"clean-stop-{i}" for i in range(3)]
     requests = [http_post("/v1/AddCount", json.dumps({"namespace": "my_dataset", "counter_name": c,
                                                       "delta": 1}).encode()) for c in counters]
@@ -391,14 +392,28 @@ def test_a_clean_stop_persists_the_writes_a_lagging_worker_had_not_read(tmp_path
         assert code == 0, first.output()
     finally:
         first.cleanup()
-    again = start_up(tmp_path).wait_up()
+    first_worker_log = (first.data_dir / "logs" / "worker-0.log").read_text(errors="replace")  # before the restart
+    again = start_up(tmp_path, COUNTER_WORKER_LOG_LEVEL="info").wait_up()
     try:
         api_url, expected = again.endpoints()["api_url"], dict(zip(counters, acked, strict=True))
         wait_for(lambda: get_counts(api_url, counters) == expected, 60, interval=0.5,
                  message=lambda: f"GetCount {get_counts(api_url, counters)} == acknowledged {expected} after a "
-                                 "clean stop and a start")
+                                 f"clean stop and a start; the pipeline now: {pipeline_view(api_url)}; the first "
+                                 f"run's worker at its stop: {stop_lines(first_worker_log)}")
     finally:
         again.cleanup()
+
+
+def pipeline_view(api_url: str) -> str:
+    """/v1/pipeline (pending rollups, watermark lag), for a failure's message: were the writes persisted at all?"""
+    with urllib.request.urlopen(f"{api_url}/v1/pipeline", timeout=10) as answer:
+        return answer.read().decode()[:2000]
+
+
+def stop_lines(worker_log: str) -> str:
+    """What a worker logged about its stop and partitions (the drain's line says how many records it persisted)."""
+    wanted = ("stop", "drain", "revoked", "assigned", "persisted", "error", "Error")
+    return "\n".join(line for line in worker_log.splitlines() if any(w in line for w in wanted))[-3000:]
 
 
 def test_a_second_counter_up_on_the_same_data_directory_is_refused(up):
