@@ -114,9 +114,11 @@ class PendingRollups:
     (``RollupStore.pending_rollups``).
 
     ``counters``: how many, at most the limit asked; ``truncated``: there are more, and both figures cover only
-    those counted. ``oldest_us``: the lowest ``RollupState.pending_since`` among them, i.e. where the oldest
-    un-rolled-up work starts; 0 when none is pending. Not the retention bound (``min_rollup_ts``), which must
-    stay 0 while any counter was never rolled up.
+    those counted. ``oldest_us``: where the oldest un-rolled-up work among them starts; 0 when none is pending.
+    SQLite keeps where each counter's pending work began (its first write since it last converged), so a counter
+    idle for a day and written once shows seconds of lag; Cassandra uses ``RollupState.pending_since`` (its
+    rollup_ts), which makes that counter show a day until its rollup. Not the retention bound (``min_rollup_ts``),
+    which must stay 0 while any counter was never rolled up.
     """
 
     counters: int = 0

@@ -34,6 +34,7 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS rollups (
     namespace TEXT NOT NULL, counter TEXT NOT NULL, count INTEGER NOT NULL DEFAULT 0,
     rollup_ts INTEGER NOT NULL DEFAULT 0, last_write_ts INTEGER NOT NULL DEFAULT 0,
+    pending_since INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (namespace, counter)) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS rollups_stale ON rollups (namespace, counter) WHERE last_write_ts > rollup_ts;
 CREATE TABLE IF NOT EXISTS rollup_bounds (
@@ -58,9 +59,13 @@ _GET = "SELECT count, rollup_ts, last_write_ts FROM rollups WHERE namespace = ? 
 _GET_MANY = RowsStatement("WITH k (namespace, counter) AS (VALUES", "(?, ?)",
                           ") SELECT json_group_array(json_array(namespace, counter, count, rollup_ts, last_write_ts)) "
                           "FROM k JOIN rollups USING (namespace, counter)")
-_BUMP = RowsStatement("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES",
-                      "(?, ?, 0, 0, ?)", "ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = "
-                      "excluded.last_write_ts WHERE excluded.last_write_ts > rollups.last_write_ts")
+# A counter that turns pending (it had converged: last_write_ts <= rollup_ts) notes the earliest event time of the
+# batch that turned it, for the operator view; one still pending keeps it. SET reads the row as it was.
+_BUMP = RowsStatement("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts, pending_since) VALUES",
+                      "(?, ?, 0, 0, ?, ?)", "ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = "
+                      "excluded.last_write_ts, pending_since = CASE WHEN rollups.last_write_ts > rollups.rollup_ts "
+                      "THEN rollups.pending_since ELSE excluded.pending_since END "
+                      "WHERE excluded.last_write_ts > rollups.last_write_ts")
 _ROLLUP_ON_CONFLICT = ("ON CONFLICT (namespace, counter) DO UPDATE SET count = excluded.count, rollup_ts = "
                        "excluded.rollup_ts WHERE excluded.rollup_ts > rollups.rollup_ts")
 _ROLLUP = ("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts) VALUES (?, ?, ?, ?, 0) "
@@ -99,11 +104,14 @@ SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts AND (namespace, counter) > (?, ?)
 ORDER BY namespace, counter LIMIT ?
 """
-# A namespace's pending counters, up to a limit, and their oldest RollupState.pending_since: a range of the partial
-# index and a row lookup each, never the converged rows.
+# A namespace's pending counters, up to a limit, and where the oldest one's un-rolled-up work starts: a range of the
+# partial index and a row lookup each, never the converged rows. A counter's work starts at the first event since it
+# last converged (pending_since), or at its rollup_ts once a rollup passed that (a counter written without pause
+# never converges); a row from before the column (0) falls back on RollupState.pending_since, its rollup_ts.
 _PENDING = """
-SELECT COUNT(*), MIN(CASE WHEN rollup_ts > 0 THEN rollup_ts ELSE last_write_ts END) FROM (
-    SELECT rollup_ts, last_write_ts FROM rollups INDEXED BY rollups_stale
+SELECT COUNT(*), MIN(CASE WHEN pending_since > 0 THEN MAX(pending_since, rollup_ts)
+                          WHEN rollup_ts > 0 THEN rollup_ts ELSE last_write_ts END) FROM (
+    SELECT rollup_ts, last_write_ts, pending_since FROM rollups INDEXED BY rollups_stale
     WHERE namespace = ? AND last_write_ts > rollup_ts LIMIT ?)
 """
 _MARK = RowsStatement("INSERT INTO watermarks (topic, partition, mark_us) VALUES", "(?, ?, ?)",
@@ -135,13 +143,20 @@ class SqliteRollupStore:
         return await self._db.run(lambda conn: self._db.read(conn, self._get_many, keys))
 
     async def bump_last_write(self, items: Sequence[tuple[str, str, int]]) -> None:
-        newest: dict[tuple[str, str], int] = {}
-        for namespace, counter, ts in items:  # one row per counter per batch
+        # per counter, its newest and oldest event time (where its pending work starts, if it turns pending): one row
+        # per counter per batch; one dict lookup per event (26 ns more a mutation than the newest alone)
+        spans: dict[tuple[str, str], list[int]] = {}
+        for namespace, counter, ts in items:
             key = (namespace, counter)
-            if ts > newest.get(key, -1):
-                newest[key] = ts
-        if newest:
-            params = [(ns, c, ts) for (ns, c), ts in newest.items()]
+            span = spans.get(key)
+            if span is None:
+                spans[key] = [ts, ts]
+            elif ts > span[1]:
+                span[1] = ts
+            elif ts < span[0]:
+                span[0] = ts
+        if spans:
+            params = [(ns, c, newest, oldest) for (ns, c), (oldest, newest) in spans.items()]
             await self._db.run(lambda conn: self._db.write(conn, lambda c: insert_rows(c, _BUMP, params)))
 
     async def write_rollup(self, namespace: str, counter: str, count: int, rollup_ts: int) -> bool:
@@ -262,6 +277,8 @@ class SqliteRollupStore:
         for stmt in _SCHEMA.split(";"):
             if stmt.strip():
                 conn.execute(stmt)
+        if "pending_since" not in {row[1] for row in conn.execute("PRAGMA table_info(rollups)")}:  # an older file
+            conn.execute("ALTER TABLE rollups ADD COLUMN pending_since INTEGER NOT NULL DEFAULT 0")
         if found != {"rollups", "rollup_bounds"}:  # inside setup's write transaction: one process seeds them
             _seed_bounds(conn)
 

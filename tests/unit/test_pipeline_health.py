@@ -78,9 +78,42 @@ def test_a_counter_never_rolled_up_lags_from_its_last_write(registry, rollups):
     assert rows["crowd"] == {"pending_counters": 0, "pending_truncated": False, "rolled_up_to": None, "lag_s": 0.0}
     assert "fast" not in rows  # BEST_EFFORT: never rolled up
     assert run(rollups.min_rollup_ts("few")) == 0
-    run(rollups.bump_last_write([("few", "done", NOW - 10 * MICROS)]))  # pending again, rolled up 50 s ago
+    run(rollups.bump_last_write([("few", "done", NOW - 10 * MICROS)]))  # pending again (since 10 s), rolled up 50 s ago
     assert rollup_rows(health_of(registry, rollups))["few"] == {
-        "pending_counters": 2, "pending_truncated": False, "rolled_up_to": at(NOW - 50 * MICROS), "lag_s": 50.0}
+        "pending_counters": 2, "pending_truncated": False, "rolled_up_to": at(NOW - 30 * MICROS), "lag_s": 30.0}
+
+
+def test_a_counter_idle_for_a_day_lags_from_its_new_write_not_from_its_old_rollup(registry, rollups):
+    """A counter rolled up a day ago and written once now showed a day of lag until its next rollup (a false alarm
+    on every first write after a quiet spell): its pending work starts at that write. A counter written without
+    pause never converges, so its work starts where its last rollup stopped; one stuck behind writes that keep
+    coming lags from its first write since it last converged, however many came after."""
+    day = 86_400 * MICROS
+    converge(rollups, "few", ["idle"], NOW - day)
+    run(rollups.bump_last_write([("few", "idle", NOW - 2 * MICROS)]))
+    assert rollup_rows(health_of(registry, rollups))["few"]["lag_s"] == 2.0
+    run(rollups.bump_last_write([("few", "idle", NOW - 1 * MICROS)]))  # more writes keep where the work began
+    run(rollups.write_rollups("few", [("idle", 2, NOW - 1 * MICROS)]))  # converged
+    converge(rollups, "crowd", ["hot", "stuck"], NOW - 60 * MICROS)
+    run(rollups.bump_last_write([("crowd", "hot", NOW - 40 * MICROS), ("crowd", "stuck", NOW - 45 * MICROS)]))
+    run(rollups.write_rollups("crowd", [("hot", 5, NOW - 20 * MICROS)]))  # rolled up to 20 s ago, written since
+    run(rollups.bump_last_write([("crowd", "hot", NOW - 5 * MICROS), ("crowd", "stuck", NOW - 5 * MICROS)]))
+    rows = rollup_rows(health_of(registry, rollups))
+    assert rows["few"]["pending_counters"] == 0
+    assert rows["crowd"]["pending_counters"] == 2 and rows["crowd"]["lag_s"] == 45.0  # "stuck", not "hot" (20 s)
+
+
+def test_a_pending_row_from_before_pending_since_lags_from_its_rollup(registry, rollups, tmp_path):
+    """A rollups file written by a version without the column: its pending rows read 0 there and count from their
+    rollup_ts, as before; the column is added when the file is opened."""
+    converge(rollups, "few", ["old"], NOW - 50 * MICROS)
+    run(rollups.bump_last_write([("few", "old", NOW - 10 * MICROS)]))
+
+    async def as_before() -> None:  # what an older version's bump left: no pending_since
+        await rollups._db.run(lambda conn: rollups._db.write(
+            conn, lambda c: c.execute("UPDATE rollups SET pending_since = 0")))
+    run(as_before())
+    assert rollup_rows(health_of(registry, rollups))["few"]["lag_s"] == 50.0
 
 
 def test_pending_counts_are_per_namespace_and_stable_beyond_the_limit(registry, rollups):
@@ -89,15 +122,16 @@ def test_pending_counts_are_per_namespace_and_stable_beyond_the_limit(registry, 
     crowd, few = [f"c{i:02d}" for i in range(30)], [f"c{i}" for i in range(3)]
     converge(rollups, "crowd", crowd, NOW - 20 * MICROS)
     converge(rollups, "few", few, NOW - 5 * MICROS)
-    run(rollups.bump_last_write([("crowd", c, NOW - MICROS) for c in crowd] + [("few", c, NOW - MICROS) for c in few]))
+    run(rollups.bump_last_write([("crowd", c, NOW - 7 * MICROS) for c in crowd]
+                                + [("few", c, NOW - 3 * MICROS) for c in few]))  # pending since then
     health = health_of(registry, rollups, pending_limit=20)
     first = run(rollups.stale(limit=10))
     for _ in range(3):
         rows = rollup_rows(health)
         assert rows["crowd"] == {"pending_counters": 20, "pending_truncated": True,
-                                 "rolled_up_to": at(NOW - 20 * MICROS), "lag_s": 20.0}
+                                 "rolled_up_to": at(NOW - 7 * MICROS), "lag_s": 7.0}
         assert rows["few"] == {"pending_counters": 3, "pending_truncated": False,
-                               "rolled_up_to": at(NOW - 5 * MICROS), "lag_s": 5.0}
+                               "rolled_up_to": at(NOW - 3 * MICROS), "lag_s": 3.0}
     assert not set(first) & set(run(rollups.stale(limit=10)))  # the sweep goes on where it was
 
 
