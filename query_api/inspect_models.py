@@ -67,9 +67,10 @@ class NamespaceRollups(BaseModel):
     pending_truncated: bool = Field(False, description="more counters are pending than were counted: "
                                                        "pending_counters, rolled_up_to and lag_s cover those counted")
     rolled_up_to: datetime | None = Field(
-        None, description="where the oldest un-rolled-up work starts: per pending counter, its first write since it "
-                          "last converged or, if later, its rollup (SQLite; Cassandra: its rollup, or for a counter "
-                          "never rolled up its latest write); null when no counter is pending")
+        None, description="where the oldest un-rolled-up work starts: per pending counter, when it turned pending "
+                          "(the newest write of the batch that turned it: up to the accept window late) or, if later, "
+                          "its rollup (SQLite; Cassandra: its rollup, or for a counter never rolled up its latest "
+                          "write); null when no counter is pending")
     lag_s: float | None = Field(None, description="the age of the oldest un-rolled-up work (now - rolled_up_to) "
                                                   "while counters are pending; 0 when none is")
 

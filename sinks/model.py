@@ -115,10 +115,10 @@ class PendingRollups:
 
     ``counters``: how many, at most the limit asked; ``truncated``: there are more, and both figures cover only
     those counted. ``oldest_us``: where the oldest un-rolled-up work among them starts; 0 when none is pending.
-    SQLite keeps where each counter's pending work began (its first write since it last converged), so a counter
-    idle for a day and written once shows seconds of lag; Cassandra uses ``RollupState.pending_since`` (its
-    rollup_ts), which makes that counter show a day until its rollup. Not the retention bound (``min_rollup_ts``),
-    which must stay 0 while any counter was never rolled up.
+    SQLite keeps when each counter turned pending (the newest event of the batch that turned it, so up to the
+    accept window late), so a counter idle for a day and written once shows seconds of lag; Cassandra uses
+    ``RollupState.pending_since`` (its rollup_ts), which makes that counter show a day until its rollup. Not the
+    retention bound (``min_rollup_ts``), which must stay 0 while any counter was never rolled up.
     """
 
     counters: int = 0

@@ -59,8 +59,9 @@ _GET = "SELECT count, rollup_ts, last_write_ts FROM rollups WHERE namespace = ? 
 _GET_MANY = RowsStatement("WITH k (namespace, counter) AS (VALUES", "(?, ?)",
                           ") SELECT json_group_array(json_array(namespace, counter, count, rollup_ts, last_write_ts)) "
                           "FROM k JOIN rollups USING (namespace, counter)")
-# A counter that turns pending (it had converged: last_write_ts <= rollup_ts) notes the earliest event time of the
-# batch that turned it, for the operator view; one still pending keeps it. SET reads the row as it was.
+# A counter that turns pending (it had converged: last_write_ts <= rollup_ts) notes when, for the operator view: the
+# newest event time of the batch that turned it (what the persist path passes, one per counter; its first event
+# may be earlier by up to the namespace's accept window); one still pending keeps it. SET reads the row as it was.
 _BUMP = RowsStatement("INSERT INTO rollups (namespace, counter, count, rollup_ts, last_write_ts, pending_since) VALUES",
                       "(?, ?, 0, 0, ?, ?)", "ON CONFLICT (namespace, counter) DO UPDATE SET last_write_ts = "
                       "excluded.last_write_ts, pending_since = CASE WHEN rollups.last_write_ts > rollups.rollup_ts "
@@ -105,9 +106,9 @@ WHERE last_write_ts > rollup_ts AND (namespace, counter) > (?, ?)
 ORDER BY namespace, counter LIMIT ?
 """
 # A namespace's pending counters, up to a limit, and where the oldest one's un-rolled-up work starts: a range of the
-# partial index and a row lookup each, never the converged rows. A counter's work starts at the first event since it
-# last converged (pending_since), or at its rollup_ts once a rollup passed that (a counter written without pause
-# never converges); a row from before the column (0) falls back on RollupState.pending_since, its rollup_ts.
+# partial index and a row lookup each, never the converged rows. A counter's work starts when it turned pending
+# (pending_since), or at its rollup_ts once a rollup passed that (a counter written without pause never converges);
+# a row from before the column (0) falls back on RollupState.pending_since, its rollup_ts.
 _PENDING = """
 SELECT COUNT(*), MIN(CASE WHEN pending_since > 0 THEN MAX(pending_since, rollup_ts)
                           WHEN rollup_ts > 0 THEN rollup_ts ELSE last_write_ts END) FROM (
@@ -143,20 +144,13 @@ class SqliteRollupStore:
         return await self._db.run(lambda conn: self._db.read(conn, self._get_many, keys))
 
     async def bump_last_write(self, items: Sequence[tuple[str, str, int]]) -> None:
-        # per counter, its newest and oldest event time (where its pending work starts, if it turns pending): one row
-        # per counter per batch; one dict lookup per event (26 ns more a mutation than the newest alone)
-        spans: dict[tuple[str, str], list[int]] = {}
-        for namespace, counter, ts in items:
+        newest: dict[tuple[str, str], int] = {}
+        for namespace, counter, ts in items:  # one row per counter per batch
             key = (namespace, counter)
-            span = spans.get(key)
-            if span is None:
-                spans[key] = [ts, ts]
-            elif ts > span[1]:
-                span[1] = ts
-            elif ts < span[0]:
-                span[0] = ts
-        if spans:
-            params = [(ns, c, newest, oldest) for (ns, c), (oldest, newest) in spans.items()]
+            if ts > newest.get(key, -1):
+                newest[key] = ts
+        if newest:
+            params = [(ns, c, ts, ts) for (ns, c), ts in newest.items()]
             await self._db.run(lambda conn: self._db.write(conn, lambda c: insert_rows(c, _BUMP, params)))
 
     async def write_rollup(self, namespace: str, counter: str, count: int, rollup_ts: int) -> bool:
@@ -195,7 +189,9 @@ class SqliteRollupStore:
         ``rollup_bounds``, never its converged counters. That newest rollup_ts is exact, except that it can be
         earlier than the newest of the rows (conservative: retention keeps more) after a ``delete`` took the
         row(s) holding it (0 until the namespace's next rollup) or after a process of an older version wrote
-        rollups without raising it.
+        rollups without raising it. A delete by an older version leaves it as it was, which can make it later than
+        the rows left: hence infra/README.md's rule, no deletes with the old version once the new one has opened
+        the file.
         """
         (bound,) = await self._db.run(lambda conn: conn.execute(_MIN_ROLLUP_TS, (namespace, namespace)).fetchone())
         return int(bound)

@@ -87,7 +87,7 @@ def test_a_counter_idle_for_a_day_lags_from_its_new_write_not_from_its_old_rollu
     """A counter rolled up a day ago and written once now showed a day of lag until its next rollup (a false alarm
     on every first write after a quiet spell): its pending work starts at that write. A counter written without
     pause never converges, so its work starts where its last rollup stopped; one stuck behind writes that keep
-    coming lags from its first write since it last converged, however many came after."""
+    coming lags from when it turned pending, however many came after."""
     day = 86_400 * MICROS
     converge(rollups, "few", ["idle"], NOW - day)
     run(rollups.bump_last_write([("few", "idle", NOW - 2 * MICROS)]))
