@@ -28,6 +28,7 @@ from agents.rollup_batches import Outage, RollupsAbandoned, rollup_many
 from agents.timers import surviving
 from agents.watermark import (
     HEARTBEAT_HEADER,
+    NO_PARTITION,
     HeartbeatPace,
     WatermarkTracker,
     heartbeats_needed,
@@ -61,6 +62,7 @@ from streams.topics import ensure_topics, topic_specs
 log = logging.getLogger("counter.worker")
 T = TypeVar("T")
 
+STALE_SAMPLE = 1_000  # stale counters the sweep reads the states of, per tick, for `Pipeline.cover_stale`
 SIGNAL_BYTES = 256  # a queued rollup signal: Faust event, message and the decoded key, roughly
 
 
@@ -176,6 +178,22 @@ class Pipeline:
 
     async def watermark(self) -> int:
         return global_watermark(await self.rollups.watermarks(self.settings.mutations_topic), self.mutation_partitions)
+
+    async def cover_stale(self, stale: Sequence[Key]) -> None:
+        """Have heartbeats carry the watermark past the writes of counters waiting for a rollup that no published
+        write asks heartbeats for. A worker that persisted them and stopped or crashed before its next tick
+        published no write time for them, and a worker given the partitions after it asks for heartbeats only where
+        the group had committed offsets (`partitions_assigned`): a `counter up` restarted with its own broker (whose
+        groups start empty) left them pending until the next write. The newest write among them is recorded as a
+        write on no partition (`request_heartbeats`), once: then the covering watermark includes it."""
+        states = await self.rollups.get_many(list(stale))
+        newest = max((s.last_write_ts for s in states.values()), default=0)
+        needed = covering_watermark({NO_PARTITION: newest}, self.registry.values()) if newest else None
+        covering = await self.covering()
+        if needed is not None and (covering is None or covering < needed):
+            log.info("counters wait for a rollup behind writes no heartbeat was asked for (up to %d): asking for them",
+                     newest)
+            await request_heartbeats(self.rollups, self.settings.mutations_topic, newest)
 
     async def covering(self) -> int | None:
         """The watermark covering the latest write persisted on any partition, by any worker (None: no write yet)."""
@@ -351,6 +369,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         if stale:
             metrics.RESIGNALS.labels("sweep").inc(len(stale))
             await p.send_signals(stale)
+            await p.cover_stale(stale[:STALE_SAMPLE])
 
     @app.timer(settings.retention_interval_s)
     @surviving("retention")
