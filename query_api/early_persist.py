@@ -312,3 +312,20 @@ class EarlyPersist:
                 for ((_, counter, count, _, _), future), aggregate in zip(reads, aggregates, strict=True):
                     if not future.done():  # a reader that went away (client disconnect) was cancelled
                         future.set_result(apply_aggregate(count, aggregate, (namespace, counter)))
+
+
+class Unnoted(EarlyPersist):
+    """The EarlyPersist of an API process that shares the pipeline with others: it counts nothing early (what
+    another process acknowledged cannot be stored here, `CounterService.shared_pipeline`), so it notes nothing and
+    `rows` finds nothing. Noting would cost every durable write about 0.5 µs for a path never taken."""
+
+    def note(self, m: Mutation, acknowledged: asyncio.Future[None]) -> None:
+        pass
+
+    def note_event(self, namespace: str, counter: str, event: tuple[int, str, str, int, bool],
+                   acknowledged: asyncio.Future[None]) -> None:
+        pass
+
+    def note_keyed(self, key: str, event: tuple[int, str, str, int, bool],
+                   acknowledged: asyncio.Future[None] | object) -> None:
+        pass

@@ -26,7 +26,7 @@ from producers import DeliveryError, new_token
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
-from query_api.early_persist import EarlyPersist, eligible
+from query_api.early_persist import EarlyPersist, Unnoted, eligible
 from query_api.live_reads import LiveReads
 from query_api.persist_progress import PersistProgress
 from query_api.plain_add import plain_add
@@ -181,7 +181,8 @@ class CounterService:
         # other API processes write to the same topic: AddAndGetCount waits for the worker to have every write
         # acknowledged before it, wherever it was acknowledged (`earlier_ends`), and never counts early
         self.shared_pipeline = shared_pipeline
-        self.early = EarlyPersist(events, recent_s=2.0 if progress is None else 4.0, progress=progress)
+        self.early = (Unnoted if shared_pipeline else EarlyPersist)(events, recent_s=2.0 if progress is None else 4.0,
+                                                                  progress=progress)
         self.live = LiveReads(events)  # the events after a rollup, read for every reader of a pass at once
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
         self.watermark_us = 0  # the lowest persist watermark stored (`follow_watermark`); 0: not known

@@ -197,3 +197,27 @@ def test_a_bad_token_is_named_before_a_refused_time_as_the_routes_model_names_it
     with pytest.raises(ValidationError) as bad:
         CounterService.event_identity(REGISTRY["my_dataset"], "t" * 257, "2024-10-05T14:48:00Z")
     assert bad.value.field == "idempotency_token.token"
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_process_sharing_the_pipeline_sends_every_write_and_notes_none(fixed_clock: None, shared: bool) -> None:
+    """A shared process never counts early (CounterService.shared_pipeline), so noting its writes would be dead
+    work on every write; a lone one notes each, whichever path takes it."""
+    async def scenario() -> tuple[int, int]:
+        producer = BodyRecordingProducer()
+        svc = CounterService(REGISTRY, producer=producer, signals=None, events=None, rollups=None,  # type: ignore[arg-type]
+                             cache=None, counters=None, shared_pipeline=shared)  # type: ignore[arg-type]
+        raw = orjson.dumps({"namespace": "my_dataset", "counter_name": "c-1", "delta": 2})
+        assert svc.write_plain(raw) is not None
+        assert svc.write_plain_request(b"POST /v1/AddCount HTTP/1.1\r\nHost: api\r\nContent-Length: %d\r\n\r\n%s"
+                                       % (len(raw), raw)) is not None
+        svc.write_durable(REGISTRY["my_dataset"], "c-1", 2, MutationOp.ADD, None, None, then_count=True)
+        sending = asyncio.ensure_future(svc.send_durably([svc.mutation(REGISTRY["my_dataset"], "c-1", 2,
+                                                                       MutationOp.ADD, None, None)]))
+        await asyncio.sleep(0)
+        sending.cancel()
+        noted = sum(len(writes[1:]) // 6 for generation in svc.early._generations
+                    for writes in generation.writes.values())
+        return len(producer.bodies), noted
+
+    assert asyncio.run(scenario()) == (4, 0 if shared else 4)
