@@ -161,7 +161,10 @@ class JsonBodies:
             headers = scope["headers"]
             types = [value for name, value in headers if name == b"content-type"]
             if len(types) != 1 or not is_json_type(types[0]):  # several: Starlette reads the first, whatever it is
-                scope = {**scope, "headers": [h for h in headers if h[0] != b"content-type"] + [_JSON_TYPE]}
+                # In place, not in a copy: the router records the matched route in this scope, and RequestMetrics
+                # (outside this middleware) reads it there to file the request under its endpoint; with a copy,
+                # every such request was counted as "other".
+                scope["headers"] = [h for h in headers if h[0] != b"content-type"] + [_JSON_TYPE]
         await self.app(scope, receive, send)
 
 

@@ -139,3 +139,32 @@ def test_a_body_over_the_limit_is_a_413_not_read_whole(chunked: bool) -> None:
 
     r = asyncio.run(post())
     assert r.status_code == 413 and "over" in str(r.json()["detail"]), r.text
+
+
+@pytest.mark.parametrize(("headers", "body", "status"), [
+    ({}, b'{"delta": 1, "counter_name": "c"}', 200),
+    ({}, b'{"delta": "x", "counter_name": "c"}', 422),
+    ({"content-type": "application/x-www-form-urlencoded"}, b'{"delta": 1, "counter_name": "c"}', 200),
+    ({"content-type": "text/plain"}, b'{"delta": "x", "counter_name": "c"}', 422),
+])
+def test_a_body_without_a_json_type_is_counted_under_its_endpoint(headers: dict[str, str], body: bytes, status: int,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """JsonBodies replaced the headers in a copy of the scope: the router set the matched route on the copy, and
+    RequestMetrics filed every `curl -d` request the route answered under "other" (from a review)."""
+    import httpx
+
+    from query_api import metrics
+
+    recorded: list[tuple[str, int]] = []
+    monkeypatch.setattr(metrics, "record", lambda endpoint, status, _s: recorded.append((endpoint, status)))
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=routes_app(recorded))  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            request = client.build_request("POST", "/v1/Echo", content=body, headers=headers)
+            assert request.headers.get("content-type") == headers.get("content-type")  # none for raw bytes
+            return await client.send(request)
+
+    r = asyncio.run(post())
+    assert r.status_code == status, r.text
+    assert recorded == [("/v1/Echo", status)]
