@@ -9,6 +9,7 @@ from pathlib import Path
 from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError
+from producers.client import add_delta
 from schemas import DecodeError, Mutation, MutationOp, ValidationError, mutation_from_json
 
 EXAMPLES = """examples:
@@ -90,7 +91,7 @@ def _from_args(args: argparse.Namespace) -> Mutation:
     if dimensions and args.clear:
         fail("--clear takes no --dimension: a clear applies to the counter and all its combinations")
     try:
-        delta = args.delta if args.delta is not None else (1 if args.item else 0)
+        delta = 0 if args.clear and args.delta is None else add_delta(args.delta, args.item)
         return CounterProducer.mutation(op, args.namespace, args.counter_name, delta, args.token,
                                         args.generation_time, args.item_key, dimensions, args.item)
     except (ValidationError, ValueError) as exc:

@@ -29,6 +29,7 @@ from schemas import (
     MAX_SHARDS,
     Mutation,
     MutationOp,
+    ValidationError,
     encode_batch,
     encode_mutation,
     parse_generation_time,
@@ -150,6 +151,17 @@ def _shard_counts(shards: Mapping[str, int] | NamespaceRegistry | None) -> dict[
     return out
 
 
+def add_delta(delta: int | None, item: str) -> int:
+    """An add's delta: as given, or 1 for a write naming an item (a UNIQUE namespace's, which counts it once);
+    without either a ValidationError naming `delta`."""
+    if delta is not None:
+        return delta
+    if item:
+        return 1
+    raise ValidationError("delta", "is required for an add (only a write with an item, in a UNIQUE namespace, may "
+                                   "leave it out: it is 1 then)")
+
+
 class CounterProducer:
     """Produce AddCount / ClearCount mutations to the mutations topic.
 
@@ -206,16 +218,18 @@ class CounterProducer:
 
     # -- public API -------------------------------------------------------------------------------------
 
-    def add(self, namespace: str, counter_name: str, delta: int, *, token: str | None = None,
+    def add(self, namespace: str, counter_name: str, delta: int | None = None, *, token: str | None = None,
             generation_time: str | float | int | None = None, item_key: str = "",
             dimensions: Mapping[str, str] | None = None, item: str = "") -> Future[None]:
         """AddCount: adjust a counter by `delta` (negative allowed). Returns the delivery future.
 
         `dimensions` (e.g. {"country": "US", "device": "tv"}; keys the namespace declares) count the write in
         every combination too; such a mutation travels as a v2 record. A namespace that refuses them (an
-        undeclared key, a counter at max_combinations) dead-letters the mutation with the reason."""
-        return self.send(self.mutation(MutationOp.ADD, namespace, counter_name, delta, token, generation_time,
-                                       item_key, dimensions, item))
+        undeclared key, a counter at max_combinations) dead-letters the mutation with the reason. `item` is what a
+        UNIQUE namespace counts: `delta` may then be left out (it is 1); without an item it is required
+        (ValidationError naming `delta`)."""
+        return self.send(self.mutation(MutationOp.ADD, namespace, counter_name, add_delta(delta, item), token,
+                                       generation_time, item_key, dimensions, item))
 
     def clear(self, namespace: str, counter_name: str, *, token: str | None = None,
               generation_time: str | float | int | None = None) -> Future[None]:

@@ -50,3 +50,22 @@ def test_a_split_batch_fails_with_the_failed_parts_mutations_only() -> None:
     parts[2].set_result(None)
     error = whole.exception()
     assert isinstance(error, DeliveryError) and error.mutations == [mutation(1), mutation(2)]
+
+
+def test_add_leaves_delta_out_with_an_item_and_requires_it_without(monkeypatch) -> None:
+    """README: `producer.add(..., item=)` in a UNIQUE namespace, delta left out (it is 1); without an item the delta is
+    required, by a ValidationError naming it rather than a TypeError (from a review)."""
+    from schemas import MutationOp, ValidationError
+
+    producer = CounterProducer("127.0.0.1:1")
+    sent: list[Mutation] = []
+    monkeypatch.setattr(producer, "send", lambda m: sent.append(m))
+    try:
+        producer.add("visitors", "pyc", item="u1")
+        producer.add("my_dataset", "c", 3)
+        with pytest.raises(ValidationError) as info:
+            producer.add("my_dataset", "c")
+    finally:
+        producer.close(timeout=0.1)
+    assert info.value.field == "delta"
+    assert [(m.delta, m.item, m.op) for m in sent] == [(1, "u1", MutationOp.ADD), (3, "", MutationOp.ADD)]
