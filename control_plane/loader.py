@@ -178,6 +178,8 @@ def _yaml(text: str) -> Any:
         raise ConfigError(reason, line=mark.line + 1, column=mark.column + 1) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"invalid YAML: {exc}") from None
+    except RecursionError:  # PyYAML composes and constructs nested nodes recursively
+        raise ConfigError("invalid YAML: nested too deeply") from None
 
 
 # --- document -> registry ---------------------------------------------------------------------

@@ -1266,3 +1266,18 @@ def test_lenient_json_with_comments_and_trailing_commas_equals_plain(value: dict
     body = "\n".join(f"{json.dumps(k)}: {v}, // note {k}" for k, v in value.items())
     assert lenient_json.loads("{ /* head */\n" + body + "\n}") == value
     assert lenient_json.loads(body) == value  # a bare fragment, as the post prints it
+
+
+@pytest.mark.parametrize("suffix", [".yaml", ".conf"])
+def test_deeply_nested_yaml_is_a_config_error_like_json(tmp_path: Path, suffix: str) -> None:
+    """5000 nested flow sequences made PyYAML raise RecursionError out of start-up (a traceback); the same
+    nesting in JSON already said "nested too deeply" (from a review)."""
+    path = tmp_path / f"deep{suffix}"
+    path.write_text("namespaces: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="invalid YAML: nested too deeply") as info:
+        load_namespaces(path)
+    assert info.value.path == str(path)
+    json_path = tmp_path / "deep.json"
+    json_path.write_text('{"namespaces": ' + "[" * 5000 + "]" * 5000 + "}")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_namespaces(json_path)
