@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -142,14 +144,37 @@ def run_list(args: argparse.Namespace) -> int:
         else:
             mark = "  [resubmitted]" if r in sent else ""
             print(f"{r.position:>8}  {iso(r.timestamp_us)}  {r.source:32}  {r.preview(60):60}  {r.reason}{mark}")
-    kinds: dict[str, int] = {}
-    for r in records:
-        kinds[r.reason.split(":")[0][:40]] = kinds.get(r.reason.split(":")[0][:40], 0) + 1
-    summary = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    summary = _summary(records)
     console.print(f"{len(records):,} dead letter(s) in {topic}" + (f" matching ({summary})" if records else "")
                   + (f"; showing the last {len(shown)}" if len(shown) < len(records) else "")
                   + f"; {sum(1 for r in records if r in sent):,} already resubmitted", highlight=False)
     return 0
+
+
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+KINDS_SHOWN = 5
+
+
+def reason_kind(reason: str) -> str:
+    """What a dead letter's reason says without its particulars: its first clause (up to ';', or to ': ' after a
+    leading "field 'x'" or an exception's name) with every number written N. The DLQ records carry the reason as
+    text only, and an admission reason names the event time and its distance to the record's time, so grouping by
+    the text split every rejected generation time into a kind of its own."""
+    head = reason.split(";", 1)[0]
+    first, sep, _ = head.partition(": ")
+    if sep and (first.startswith("field ") or first.isidentifier() or first == "undecodable record"):
+        head = first
+    kind = _NUMBER.sub("N", head.strip()) or "?"
+    return kind if len(kind) <= 80 else kind[:79] + "…"
+
+
+def _summary(records: list[DeadRecord]) -> str:
+    """The dead letters counted by reason kind, the most frequent first (the first few, then how many more)."""
+    kinds = Counter(reason_kind(r.reason) for r in records)
+    ranked = kinds.most_common()
+    shown = ", ".join(f"{n:,} {kind}" for kind, n in ranked[:KINDS_SHOWN])
+    rest = sum(n for _, n in ranked[KINDS_SHOWN:])
+    return shown + (f", {rest:,} of {len(ranked) - KINDS_SHOWN} other kind(s)" if rest else "")
 
 
 def _int(value: str | None) -> int | None:

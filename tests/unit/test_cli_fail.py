@@ -95,3 +95,21 @@ def test_an_endpoints_file_that_outlived_its_counter_up_is_not_trusted(tmp_path,
         written = {"kafka_bootstrap": "127.0.0.1:9", "supervisor_pid": pid}
         settings.endpoints_path.write_text(json.dumps(written))
         assert common.read_endpoints(settings) == (written if trusted else {})
+
+
+def test_dlq_list_summary_counts_dead_letters_by_reason_kind(tmp_path, monkeypatch, capsys):
+    """The summary grouped reasons by their first 40 characters before a ':', so each rejected event time was a
+    kind of its own, cut mid-number ("1 event_time 1728139680000000 is 67583448.", from a review)."""
+    from schemas.dead_letter import REASON
+
+    late = ("event_time 1728139680000000 is {}s before the record reached Kafka; namespace 'my_dataset' accepts at "
+            "most accept_limit=5.0s")
+    reasons = [late.format("67583448.125"), late.format("67583475.5"),
+               "field 'dimensions.colour': namespace 'plays' does not declare dimension 'colour'"]
+    records = [DeadRecord(0, i, 1, b"k", b"{}", {REASON: reason}) for i, reason in enumerate(reasons)]
+    monkeypatch.setattr(dlq_cmd, "_read", lambda *_: records)
+    monkeypatch.setattr(dlq_cmd, "console", Console(stderr=True, width=400))
+    assert dlq_cmd.run_list(_cli(tmp_path, "dlq", "list")) == 0
+    err = capsys.readouterr().err
+    assert ("3 dead letter(s) in counter-mutations-dlq matching (2 event_time N is Ns before the record reached "
+            "Kafka, 1 field 'dimensions.colour'); 0 already resubmitted") in err, err
