@@ -42,7 +42,8 @@ from schemas.record_headers import READ_YOUR_WRITE_HEADERS
 
 log = logging.getLogger(__name__)
 
-RETRY_RULE = "retry with the same idempotency token and generation_time: it is counted once"
+RETRY_RULE = ("retry with the same idempotency token and generation_time, while that generation_time is within the "
+              "namespace's accept_limit: it is counted once")
 
 
 class GroupCommitObserver(Protocol):

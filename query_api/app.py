@@ -34,7 +34,7 @@ from query_api.persist_progress import PersistProgress
 from query_api.pipeline_health import PipelineHealth
 from query_api.responses import SERVICE_ERRORS, error_response
 from query_api.routes import inspect, ops, reads, ui, writes
-from query_api.service import CounterService
+from query_api.service import CounterService, broker_timeout_s
 from query_api.signals import ReadSignals
 from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
 from sinks.best_effort import open_counters
@@ -50,7 +50,7 @@ def build_service(settings: Settings) -> CounterService:
     unique = any(ns.counts_unique for ns in registry.values())
     sketches = open_namespace_sketch_store(buckets, registry) if unique else None  # unique counts' sketches
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
-    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=5.0)
+    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=broker_timeout_s(registry))
     producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))
     progress = PersistProgress(producer, BrokerOffsets(kafka.bootstrap, client_id="counter-api-progress"),

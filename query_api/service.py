@@ -83,6 +83,10 @@ class NotCountedYet(TimeoutError):
         self.identity = identity
 
 
+TOKEN_NEEDS_TIME = ("is required with a token: an event is identified by its token and generation_time together, "
+                    "so only a retry that carries both the same is counted once")
+
+
 class Rejected(ValueError):
     """A well-formed request the namespace cannot accept (e.g. generation_time outside the accept window)."""
 
@@ -148,6 +152,22 @@ class Written(NamedTuple):
     token: str | None
     event_time: int | None
     value: int | None = None  # BEST_EFFORT: the new count
+
+
+BROKER_TIMEOUT_MAX_S = 5.0  # the longest a durable write waits for the broker's acknowledgement
+BROKER_TIMEOUT_MIN_S = 0.5
+
+
+def broker_timeout_s(registry: NamespaceRegistry) -> float:
+    """How long a durable write waits for the broker before its 503: half the smallest accept_limit of a durable
+    namespace, within [BROKER_TIMEOUT_MIN_S, BROKER_TIMEOUT_MAX_S].
+
+    Why: the 503 tells the client to retry with the same token and generation_time, and a retry is admitted only
+    while its generation_time lies within accept_limit of when it reaches Kafka. Waiting the whole accept_limit (5 s
+    in the presets, the old fixed wait) left no time for the retry: it was refused with a 422, and a write whose
+    first attempt had not landed was lost. Half leaves the other half for the retry."""
+    limits = [ns.accept_limit_s for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
+    return min(BROKER_TIMEOUT_MAX_S, max(BROKER_TIMEOUT_MIN_S, min(limits, default=BROKER_TIMEOUT_MAX_S) / 2))
 
 
 def identity_of(written: Written | None) -> Identity | None:
@@ -226,10 +246,18 @@ class CounterService:
     @staticmethod
     def event_identity(ns: Namespace, token: str | None, generation_time: str | int | float | None) -> tuple[int, str]:
         """A write's event time and token: the generation time if given (validated, and refused where the pipeline
-        would dead-letter it: admission), else now; the token if given (validated), else a new one."""
+        would dead-letter it: admission), else now; the token if given (validated), else a new one.
+
+        A token without a generation time is refused: an event is its token and generation time together, so a
+        retry with the token alone, dated when it arrives, would be a second event (counted twice)."""
         now = time.time_ns() // 1000
-        token = new_token() if token is None else validate_token(token, field="idempotency_token.token")
-        if generation_time is None:  # the token first: the routes' model names it before any time
+        if token is None:
+            token = new_token()
+        else:
+            token = validate_token(token, field="idempotency_token.token")  # the token first, as the routes' model
+            if generation_time is None:
+                raise Rejected("idempotency_token.generation_time", TOKEN_NEEDS_TIME)
+        if generation_time is None:
             return now, token
         event_time = parse_generation_time(generation_time, field="idempotency_token.generation_time")
         reason = admission_error(event_time, now, ns)
@@ -572,7 +600,8 @@ class CounterService:
             except Exception as exc:  # without them the count could miss another process's earlier write
                 raise NotCountedYet(
                     f"the write is durable (token {identity[0]!r}) but the mutations topic's end offsets could not "
-                    f"be read ({exc}); GetCount will include it, or retry with the same token", identity) from exc
+                    f"be read ({exc}); GetCount will include it (a retry with the same token "
+                    f"and generation_time within accept_limit of it is counted once)", identity) from exc
             ends = {p: max(ends.get(p, 0), end) for p, end in (ends | topic).items()}
         return ends
 
@@ -602,14 +631,16 @@ class CounterService:
         if not await self.progress.wait_covers(ends, timeout_s):
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but earlier writes were not persisted within "
-                f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token",
+                f"{self.read_your_write_timeout_s}s; GetCount will include it (a retry with the same token "
+                f"and generation_time within accept_limit of it is counted once)",
                 identity)
 
     async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
         if not await self.arrivals.wait(ns.name, (counter, event_time, token, item_key)):
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but was not counted within "
-                f"{self.read_your_write_timeout_s}s; GetCount will include it, or retry with the same token",
+                f"{self.read_your_write_timeout_s}s; GetCount will include it (a retry with the same token "
+                f"and generation_time within accept_limit of it is counted once)",
                 (token, event_time))
 
 

@@ -210,7 +210,7 @@ def test_two_valid_writes_past_int64_saturate_everywhere_on_sqlite(tmp_path: Pat
             first = now - M - S if align_down(now - M - S, Granularity.DAY) == align_down(now, Granularity.DAY) \
                 else now - 1
             await stack.events.write_events([(NS.name, "c", first, "w0", "", INT64_MAX, False)])
-            assert (await stack.svc.add_and_get(NS, "c", 1, "w1", None)).count == INT64_MAX
+            assert (await stack.svc.add_and_get(NS, "c", 1, None, None)).count == INT64_MAX
             second = max(t for _ns, _c, t, *_ in await stack.events.scan(NS.name, "c", 0, now_us() + M))
             assert (await stack.svc.get(NS, "c")).count == INT64_MAX  # ACCURATE: the live events
             assert (await stack.svc.get_window(NS, "c", {"last": "1h"})).count == INT64_MAX

@@ -142,7 +142,8 @@ class Stack:
                                       reached_kafka_us: int | None = None) -> tuple[int, PreparedBatch]:
         """AddAndGetCount while the worker persists what was sent (it may be waited for)."""
         before = len(self.producer.sent)
-        answer: Awaitable = asyncio.ensure_future(self.svc.add_and_get(NS, "c", delta, token, generation_time))
+        answer: Awaitable = asyncio.ensure_future(self.svc.add_and_get(
+            NS, "c", delta, token, now_us() if generation_time is None else generation_time))
         await until(lambda: len(self.producer.sent) > before, "the AddAndGetCount's record to be sent")
         persisted = await self.worker(now_us() if reached_kafka_us is None else reached_kafka_us)
         return (await answer).count, persisted
@@ -178,8 +179,8 @@ def test_an_earlier_clear_is_stored_with_the_write_before_the_worker_has_it(tmp_
     count is the new delta alone, not the events before the clear plus it (the worker does not run at all)."""
     async def scenario(stack: Stack) -> None:
         await stack.events.write_events([(NS.name, "c", now_us() - 2 * S, "old", "", 100, False)])
-        await stack.svc.write(NS, "c", 0, MutationOp.CLEAR, "clear", None)
-        assert (await stack.svc.add_and_get(NS, "c", 1, "w1", None)).count == 1
+        await stack.svc.write(NS, "c", 0, MutationOp.CLEAR, "clear", now_us())
+        assert (await stack.svc.add_and_get(NS, "c", 1, "w1", now_us())).count == 1
     run(tmp_path, scenario)
 
 
@@ -212,9 +213,9 @@ def test_a_clear_the_worker_has_not_persisted_is_counted_after_this_process_forg
     this process, by the offsets the worker has committed, then counts 1."""
     async def scenario(stack: Stack) -> None:
         await stack.events.write_events([(NS.name, "c", now_us() - 1 * S, "old", "", 100, False)])
-        await stack.svc.write(NS, "c", 0, MutationOp.CLEAR, "clear", None)
+        await stack.svc.write(NS, "c", 0, MutationOp.CLEAR, "clear", now_us())
         age(stack.svc.early, 0.2)  # past recent_s (0.1 s): the next write forgets the clear
-        answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "w1", None))
+        answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "w1", now_us()))
         await until(lambda: answer.done() or any(stack.svc.arrivals._waiting.values()),
                     "an answer, or the call to wait for the worker")
         assert not answer.done(), f"answered {answer.result().count} without the worker"
@@ -230,13 +231,13 @@ def test_writes_the_worker_has_persisted_are_passed_over_even_when_no_longer_adm
     async def scenario(stack: Stack) -> None:
         await stack.svc.write(NS, "c", 10, MutationOp.ADD, "w0", now_us() - 4 * S)
         age(stack.svc.early, 0.3)  # a generation is 0.25 s (recent_s 2 s): the next write ends w0's
-        await stack.svc.write(NS, "c", 1, MutationOp.ADD, "w1", None)
+        await stack.svc.write(NS, "c", 1, MutationOp.ADD, "w1", now_us())
         await stack.worker(now_us())  # the worker persists both, and its offsets move past them
         age(stack.svc.early, 0.3)
-        await stack.svc.write(NS, "other", 1, MutationOp.ADD, "x", None)  # turns the generations
+        await stack.svc.write(NS, "other", 1, MutationOp.ADD, "x", now_us())  # turns the generations
         rows = stack.svc.early.rows(NS, "c")
         assert not rows.blocked and "w0" not in [r[3] for r in rows]  # w1 may come again: it is admissible
-        assert (await stack.svc.add_and_get(NS, "c", 1, "w2", None)).count == 12
+        assert (await stack.svc.add_and_get(NS, "c", 1, "w2", now_us())).count == 12
     run(tmp_path, scenario, offsets=True, timeout_s=0.5)
 
 
@@ -245,8 +246,8 @@ def test_a_shared_pipeline_counts_a_write_another_api_process_acknowledged(tmp_p
     is in the count of an AddAndGetCount through the other. That process cannot store the first write itself, so it
     waits for the worker to have every record up to the topic's end (it answered 1 from its own write alone)."""
     async def scenario(stack: Stack) -> None:
-        await stack.peer().write(NS, "c", 10, MutationOp.ADD, "by-a", None)
-        answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "by-b", None))
+        await stack.peer().write(NS, "c", 10, MutationOp.ADD, "by-a", now_us())
+        answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 1, "by-b", now_us()))
         await until(lambda: answer.done() or any(stack.svc.arrivals._waiting.values()),
                     "an answer, or the call to wait for the worker")
         assert not answer.done(), f"answered {answer.result().count} without the worker"
@@ -263,7 +264,7 @@ def test_a_shared_pipeline_whose_topic_ends_cannot_be_read_answers_not_counted_y
         assert stack.progress is not None
         stack.progress.ends_fail = ConnectionError("broker away")
         with pytest.raises(NotCountedYet, match=r"end offsets could not be read .*broker away"):
-            await stack.svc.add_and_get(NS, "c", 1, "by-b", None)
+            await stack.svc.add_and_get(NS, "c", 1, "by-b", now_us())
     run(tmp_path, scenario, offsets=True, shared=True)
 
 
@@ -280,8 +281,8 @@ def test_an_earlier_write_the_worker_lacks_is_waited_for_where_the_api_does_not_
     async def scenario(stack: Stack) -> None:
         assert stack.progress is not None
         stack.progress.fresh = fresh
-        await stack.svc.write(plays, "c", 10, MutationOp.ADD, "w0", None)
-        answer = asyncio.ensure_future(stack.svc.add_and_get(plays, "c", 1, "w1", None))
+        await stack.svc.write(plays, "c", 10, MutationOp.ADD, "w0", now_us())
+        answer = asyncio.ensure_future(stack.svc.add_and_get(plays, "c", 1, "w1", now_us()))
         await until(lambda: len(stack.producer.sent) == 2, "the AddAndGetCount's record to be sent")
         own = prepare([RawRecord("counter-mutations", 1, 0, now_us() // 1000, None,
                                  encode_mutation(stack.producer.sent[1]))], REGISTRY)

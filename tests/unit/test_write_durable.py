@@ -64,7 +64,8 @@ class BodyRecordingProducer(RecordingProducer):
         return super().send([], False)
 
 
-TOKENS = [None, {"token": "retry-safe-1"}, {"token": "retry-safe-2", "generation_time": "2026-11-26T03:00:00.5Z"},
+TOKENS = [None, {"token": "retry-safe-1", "generation_time": 1_795_662_001_000_000},
+          {"token": "retry-safe-2", "generation_time": "2026-11-26T03:00:00.5Z"},
           {"token": "retry-safe-3", "generation_time": 1_795_662_000_250}]
 NOW_NS = 1_795_662_001_123_456_789  # a second after the generation times above: inside every accept window
 
@@ -116,12 +117,12 @@ def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("ns_name", ["my_dataset", "my_dataset_accurate"])
-@pytest.mark.parametrize("token", TOKENS, ids=["no token", "token", "token and ISO time", "token and epoch ms"])
+@pytest.mark.parametrize("token", TOKENS, ids=["no token", "token and epoch µs", "token and ISO time", "token and epoch ms"])
 def test_a_plain_add_is_sent_noted_and_answered_as_write_durable_does(fixed_clock: None, ns_name: str,
                                                                       token: dict[str, Any] | None) -> None:
     via_plain, via_durable = plain_and_durable(ns_name, token)
     assert via_plain == via_durable
-    event_time = {None: NOW_NS // 1000, "retry-safe-1": NOW_NS // 1000, "retry-safe-2": 1_795_662_000_500_000,
+    event_time = {None: NOW_NS // 1000, "retry-safe-1": 1_795_662_001_000_000, "retry-safe-2": 1_795_662_000_500_000,
                   "retry-safe-3": 1_795_662_000_250_000}[token and token["token"]]
     event_id = (token or {}).get("token", "0123456789abcdef0123456789abcdef")
     assert via_plain[2] == [(f"{ns_name}:c-1", [event_time, event_id, "", -7, False])]
@@ -180,7 +181,7 @@ def test_a_whole_plain_request_with_its_own_token_goes_through_write_plain(fixed
         svc = CounterService(REGISTRY, producer=BodyRecordingProducer(), signals=None, events=None,  # type: ignore[arg-type]
                              rollups=None, cache=None, counters=None)  # type: ignore[arg-type]
         body = orjson.dumps({"namespace": "my_dataset", "counter_name": "c", "delta": 1,
-                             "idempotency_token": {"token": "retry-safe-1"}})
+                             "idempotency_token": {"token": "retry-safe-1", "generation_time": 1_795_662_000_250}})
         request = b"POST /v1/AddCount HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
         whole = svc.write_plain_request(request)
         declined = svc.write_plain_request(request.replace(b"my_dataset", b"plays"))  # dimensions: not this path
@@ -221,3 +222,28 @@ def test_a_process_sharing_the_pipeline_sends_every_write_and_notes_none(fixed_c
         return len(producer.bodies), noted
 
     assert asyncio.run(scenario()) == (4, 0 if shared else 4)
+
+
+@pytest.mark.parametrize("path, op", [("write_plain", MutationOp.ADD), ("write_plain_request", MutationOp.ADD),
+                                      ("write_durable", MutationOp.ADD), ("write_durable", MutationOp.CLEAR)])
+def test_a_token_without_a_generation_time_is_refused_on_every_path(fixed_clock: None, path: str,
+                                                                    op: MutationOp) -> None:
+    """A token alone was taken with the time it arrived: a retry 1.5 s later was a second event, counted twice.
+    Every path refuses it naming the generation time, and sends nothing."""
+    async def scenario() -> tuple[str, list[bytes]]:
+        producer = BodyRecordingProducer()
+        svc = CounterService(REGISTRY, producer=producer, signals=None, events=None, rollups=None,  # type: ignore[arg-type]
+                             cache=None, counters=None)  # type: ignore[arg-type]
+        body = orjson.dumps({"namespace": "my_dataset", "counter_name": "c", "delta": 1,
+                             "idempotency_token": {"token": "dup1"}})
+        with pytest.raises(Rejected) as refused:
+            if path == "write_plain":
+                svc.write_plain(body)
+            elif path == "write_plain_request":
+                svc.write_plain_request(b"POST /v1/AddCount HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                                        % (len(body), body))
+            else:
+                svc.write_durable(REGISTRY["my_dataset"], "c", 1 if op is MutationOp.ADD else 0, op, "dup1", None)
+        return refused.value.field, producer.bodies
+
+    assert asyncio.run(scenario()) == ("idempotency_token.generation_time", [])

@@ -1,0 +1,69 @@
+"""A durable write's 503 leaves time for the retry it asks for.
+
+The 503 says: retry with the same idempotency token and generation_time, and it is counted once. A retry is admitted
+only while its generation_time lies within the namespace's accept_limit of when it reaches Kafka (5 s in the
+presets). The API used to wait 5 s for the broker before answering 503, so the retry a client sent at once was
+refused with a 422, and a write whose first attempt had not landed was lost (a new user's walkthrough found it with
+the broker frozen). Now the API waits half the smallest accept_limit (query_api.service.broker_timeout_s).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime
+
+import httpx
+
+from infra.broker import LocalBroker
+from infra.memcached import LocalMemcached
+from tests.helpers import wait_for
+from tests.integration.test_api import NAMESPACES
+from tests.pipeline_harness import PipelineEnv
+
+
+def test_a_write_answered_503_by_a_frozen_broker_is_counted_once_when_retried_at_once(tmp_path):
+    broker = LocalBroker(tmp_path / "broker.log").start()
+    mc = LocalMemcached(tmp_path / "mc.log").start()
+    env = PipelineEnv(broker.bootstrap, mc.address, tmp_path / "data", namespaces=NAMESPACES)
+    env.data_dir.mkdir()
+    try:
+        env.create_topics()
+        env.start_worker()
+        api = env.start_api()
+        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as c:
+            body = {"namespace": "my_dataset", "counter_name": "retried", "delta": 7,
+                    "idempotency_token": {"token": uuid.uuid4().hex,
+                                          "generation_time": datetime.now(UTC).isoformat()}}
+            assert c.post("/v1/AddCount", json={**body, "counter_name": "warm-up"}).status_code == 200
+
+            broker.pause()
+            try:
+                started = time.monotonic()
+                first = c.post("/v1/AddCount", json=body)
+                waited = time.monotonic() - started
+            finally:
+                broker.resume()
+            assert first.status_code == 503, first.text
+            assert first.json()["idempotency_token"]["token"] == body["idempotency_token"]["token"]
+            assert "accept_limit" in first.json()["detail"], first.text  # it says until when a retry counts once
+            assert waited < 4.5, f"the 503 came {waited:.1f}s after the write: too late to retry within 5 s"
+
+            retry = c.post("/v1/AddCount", json=body)  # at once, as the 503 asks
+            assert retry.status_code == 200, retry.text
+
+            def count() -> int:
+                r = c.post("/v1/GetCount", json={"namespace": "my_dataset", "counter_name": "retried"})
+                assert r.status_code == 200, r.text
+                return r.json()["count"]
+
+            wait_for(lambda: count() == 7, 60, message="the retried write counted")
+            later = {**body, "delta": 100, "idempotency_token": {"token": uuid.uuid4().hex,
+                                                                 "generation_time": datetime.now(UTC).isoformat()}}
+            assert c.post("/v1/AddCount", json=later).status_code == 200
+            wait_for(lambda: count() != 7, 60, message="a later write counted")
+            assert count() == 107  # the first attempt and its retry are one event, whether or not the first landed
+    finally:
+        env.stop()
+        mc.stop()
+        broker.stop()
