@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from control_plane.model import CounterType, Namespace
 from schemas import MICROS
+from schemas.validation import micros_iso
 
 
 def admission_error(event_time_us: int, record_ts_us: int, ns: Namespace) -> str | None:
@@ -17,13 +18,30 @@ def admission_error(event_time_us: int, record_ts_us: int, ns: Namespace) -> str
     earliest = record_ts_us - int(ns.accept_limit_s * MICROS)
     latest = record_ts_us + int(ns.max_clock_skew_s * MICROS)
     if event_time_us < earliest:
-        return (f"event_time {event_time_us} is {(record_ts_us - event_time_us) / MICROS:.3f}s before the "
-                f"record reached Kafka; namespace {ns.name!r} accepts at most accept_limit="
-                f"{ns.accept_limit_s}s")
+        return (f"event_time {_time(event_time_us)} is {_span(record_ts_us - event_time_us)} before the record reached "
+                f"Kafka ({_time(record_ts_us)}); namespace {ns.name!r} accepts at most "
+                f"accept_limit={ns.accept_limit_s}s")
     if event_time_us > latest:
-        return (f"event_time {event_time_us} is {(event_time_us - record_ts_us) / MICROS:.3f}s after the "
-                f"record reached Kafka; namespace {ns.name!r} allows max_clock_skew={ns.max_clock_skew_s}s")
+        return (f"event_time {_time(event_time_us)} is {_span(event_time_us - record_ts_us)} after the record reached "
+                f"Kafka ({_time(record_ts_us)}); namespace {ns.name!r} allows max_clock_skew={ns.max_clock_skew_s}s")
     return None
+
+
+def _time(us: int) -> str:
+    """An event or record time as a person reads it; a time no calendar holds (an epoch in ns, say) as it came."""
+    try:
+        return micros_iso(us)
+    except (OverflowError, OSError, ValueError):
+        return f"{us} (epoch µs)"
+
+
+def _span(us: int) -> str:
+    """A gap in seconds to the ms, with days, hours or minutes beside a long one (67583448.461s reads badly)."""
+    seconds = us / MICROS
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds:.3f}s ({seconds / size:,.1f} {unit})"
+    return f"{seconds:.3f}s"
 
 
 def rollup_boundary(now_us: int, watermark_us: int, ns: Namespace) -> int:

@@ -30,6 +30,7 @@ from typing import IO, Any
 from control_plane import Namespace
 from jobs.progress import NullProgress, Progress, Stop, never
 from schemas import MAX_EVENT_TIME
+from schemas.validation import micros_iso
 from sinks import (
     BucketStore,
     EventRow,
@@ -49,8 +50,7 @@ PAGE = 10_000
 Row = dict[str, Any]
 
 
-def iso(us: int) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // 1_000_000)) + f".{us % 1_000_000:06d}Z"
+iso = micros_iso  # what the audit's exports and summaries print a time as
 
 
 class RunningTotal:

@@ -10,9 +10,10 @@ import contextlib
 import fcntl
 import json
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from schemas.validation import micros_iso
 
 
 class Busy(RuntimeError):
@@ -39,7 +40,7 @@ def fmt_time(us: int | None) -> str:
     """Epoch µs as ISO-8601 UTC with microseconds; '-' for none."""
     if us is None or us <= 0:
         return "-"
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // 1_000_000)) + f".{us % 1_000_000:06d}Z"
+    return micros_iso(us)
 
 
 def safe_name(name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_FLOOR, Decimal, InvalidOperation
 from typing import Any, cast
@@ -220,6 +221,12 @@ def parse_generation_time(value: Any, *, field: str = "generation_time") -> int:
 _EPOCH_ORDINAL = _EPOCH.toordinal()
 _SECONDS_OF: dict[str, int] = {}  # "2026-11-23T10:00:00" -> epoch seconds: a stream's times share their seconds
 _FRACTION_SCALE = (0, 100_000, 10_000, 1_000, 100, 10, 1)  # µs per unit of an n-digit fraction
+
+
+def micros_iso(us: int) -> str:
+    """Epoch µs as RFC 3339 UTC with microseconds ("2026-11-23T10:00:00.000000Z"): the inverse of `iso_micros`, for
+    messages and exports a person reads."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // 1_000_000)) + f".{us % 1_000_000:06d}Z"
 
 
 def iso_micros(text: str) -> int | None:
