@@ -7,7 +7,15 @@ import os
 import sys
 from pathlib import Path
 
-from counter_cli.common import add_no_compile, build_native_parts, resolve_bootstrap, settings_or_exit
+from counter_cli.common import (
+    add_no_compile,
+    build_native_parts,
+    check_listen,
+    fail,
+    resolve_bootstrap,
+    settings_or_exit,
+)
+from streams.settings import check_host
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +38,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
+    if args.host is not None:
+        try:
+            check_host(args.host)
+        except ValueError as exc:
+            fail(f"--host: {exc}")
+    host = settings.api_host if args.host is None else args.host
+    port = settings.api_port if args.port is None else args.port
+    if not 0 <= port <= 65535:
+        fail(f"--port: {port} is outside 0..65535 (0: any free port)")
+    check_listen(host, port, "COUNTER_API_HOST" if args.host is None else "--host",
+                 "COUNTER_API_PORT" if args.port is None else "--port")
     env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=resolve_bootstrap(settings, args.bootstrap))
     for name, value in (("COUNTER_API_HOST", args.host), ("COUNTER_API_PORT", args.port),
                         ("COUNTER_DATA_DIR", args.data_dir)):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +18,7 @@ from rich.text import Text
 
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
 from infra.native import BuildOutcome, ensure_native_builds
-from streams.settings import Settings, SettingsError, load_settings
+from streams.settings import Settings, SettingsError, load_settings, namespace_bound_problems
 
 console = Console(stderr=True)
 
@@ -36,11 +38,45 @@ def settings_or_exit(**overrides: Any) -> Settings:
 
 
 def namespaces_or_exit(settings: Settings) -> tuple[Path, NamespaceRegistry]:
+    """The namespace file and its registry; a bad one fails naming where it came from (the error names the file)."""
     path = settings.namespaces or default_config_path()
+    source = "COUNTER_NAMESPACES" if settings.namespaces else "the shipped example: COUNTER_NAMESPACES is unset"
     try:
         return path, load_namespaces(path)
     except ConfigError as exc:
-        fail(f"namespace configuration {path}: {exc}")
+        fail(f"namespace configuration ({source}): {exc}")
+
+
+def check_against_namespaces(settings: Settings, registry: NamespaceRegistry) -> None:
+    """Fail on settings the namespaces' rollup window would lower (streams.settings.namespace_bound_problems)
+    rather than start a worker that silently uses other values."""
+    problems = namespace_bound_problems(settings, registry.values())
+    if problems:
+        fail("invalid settings: " + "; ".join(problems))
+
+
+def check_listen(host: str, port: int, host_source: str, port_source: str) -> None:
+    """Fail (exit 1) unless a server can listen on host:port now, saying why and naming the setting at fault: a host
+    that does not resolve or is no address of this machine, a port in use (the children's readiness check only asks
+    whether something answers there, so a port another server holds reads as a child that is up)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        fail(f"{host_source}={host!r} does not resolve ({getattr(exc, 'strerror', None) or exc}): set it to an "
+             "address of this machine, e.g. 127.0.0.1, or 0.0.0.0 for all", code=1)
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                fail(f"port {port} is in use ({port_source}): another `counter up` or server holds it; set "
+                     f"{port_source} to a free port, or 0 for any", code=1)
+            if exc.errno == errno.EADDRNOTAVAIL:
+                fail(f"{host_source}={host!r} is not an address of this machine: set it to one, e.g. 127.0.0.1, or "
+                     "0.0.0.0 for all", code=1)
+            fail(f"cannot listen on {host} port {port} ({host_source}, {port_source}): {exc.strerror or exc}", code=1)
 
 
 def read_endpoints(settings: Settings) -> dict[str, Any]:

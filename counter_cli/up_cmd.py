@@ -12,7 +12,6 @@ import fcntl
 import json
 import os
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ from confluent_kafka import KafkaException
 from counter_cli.common import (
     add_no_compile,
     build_native_parts,
+    check_against_namespaces,
+    check_listen,
     console,
     fail,
     kafka_failure,
@@ -139,10 +140,9 @@ def run(args: argparse.Namespace) -> int:
         lock = _lock_data_dir(settings.data_dir)  # held until the end of the stop, or of this process however it ends
     except OSError as exc:
         fail(f"data directory {settings.data_dir} (COUNTER_DATA_DIR): {exc.strerror or exc}", code=1)
-    for port, variable in ((settings.api_port, "COUNTER_API_PORT"), (settings.worker_port, "COUNTER_WORKER_PORT")):
-        if port and not _port_free(settings.api_host if variable == "COUNTER_API_PORT" else "127.0.0.1", port):
-            fail(f"port {port} is in use ({variable}): another `counter up` or server holds it; set {variable} to "
-                 "a free port, or 0 for any", code=1)
+    check_against_namespaces(settings, registry)
+    check_listen(settings.api_host, settings.api_port, "COUNTER_API_HOST", "COUNTER_API_PORT")
+    check_listen("127.0.0.1", settings.worker_port, "the worker's host", "COUNTER_WORKER_PORT")
     signals = StopSignals()
     stack = LocalStack(settings.data_dir)
     stop_timeout, drain_s, code = STOP_TIMEOUT_S, 0.0, 1
@@ -210,18 +210,6 @@ def _lock_data_dir(data_dir: Path) -> IO[str]:
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
-
-
-def _port_free(host: str, port: int) -> bool:
-    """Whether `port` can be bound now: the children's readiness check only asks whether something answers there,
-    so a port another server holds read as a child that is up (and then restarted forever)."""
-    with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:

@@ -4,10 +4,27 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import subprocess
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 
-from counter_cli.common import add_no_compile, build_native_parts, resolve_bootstrap, settings_or_exit
+from counter_cli.common import (
+    add_no_compile,
+    build_native_parts,
+    check_against_namespaces,
+    check_listen,
+    console,
+    namespaces_or_exit,
+    resolve_bootstrap,
+    settings_or_exit,
+)
+from infra.parent_death import die_with_this_process
+from infra.process import free_port
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,24 +32,69 @@ def register(sub: argparse._SubParsersAction) -> None:
         "worker", help="run a pipeline worker (persist and rollup agents)",
         description="Consume counter-mutations into the event store and roll counters up. Start as many "
                     "workers as there are partitions; they share the work as one consumer group "
-                    "(COUNTER_WORKER_ID). Metrics at http://127.0.0.1:<COUNTER_WORKER_PORT>/metrics.",
+                    "(COUNTER_WORKER_ID). Metrics at http://127.0.0.1:<COUNTER_WORKER_PORT>/metrics. "
+                    "Says when it starts (its consumer group and metrics URL) and when it stops.",
         epilog="example: COUNTER_WORKER_PORT=6067 counter worker --bootstrap 127.0.0.1:9092",
     )
     p.add_argument("--bootstrap", help="Kafka bootstrap (default COUNTER_KAFKA_BOOTSTRAP or counter up's)")
-    p.add_argument("--web-port", type=int, help="metrics port (default COUNTER_WORKER_PORT, 6066)")
+    p.add_argument("--web-port", type=int, help="metrics port (default COUNTER_WORKER_PORT, 6066; 0: a free one)")
     p.add_argument("--data-dir", type=Path, help="override COUNTER_DATA_DIR")
     add_no_compile(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_or_exit(data_dir=args.data_dir)
-    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=resolve_bootstrap(settings, args.bootstrap))
-    if args.web_port is not None:
-        env["COUNTER_WORKER_PORT"] = str(args.web_port)
+    settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port)
+    _, registry = namespaces_or_exit(settings)
+    check_against_namespaces(settings, registry)
+    bootstrap = resolve_bootstrap(settings, args.bootstrap)
+    port = settings.worker_port or free_port()
+    check_listen("127.0.0.1", port, "the worker's host",
+                 "--web-port" if args.web_port is not None else "COUNTER_WORKER_PORT")
+    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=bootstrap, COUNTER_WORKER_PORT=str(port))
     if args.data_dir is not None:
         env["COUNTER_DATA_DIR"] = str(args.data_dir)
     build_native_parts(args)
-    # The worker is its own process image (agents are never imported by the CLI).
-    os.execve(sys.executable, [sys.executable, "-m", "agents"], env)
-    return 0  # pragma: no cover
+    group = settings.worker_id
+    # The worker is its own process (agents are never imported by the CLI), run as a child rather than exec'd so
+    # that this process can say when it stops.
+    return run_child([sys.executable, "-m", "agents"], env, started=lambda pid: console.print(
+        f"worker {pid} joining consumer group {group} (persist: {group}.persist) on {bootstrap}; metrics "
+        f"http://127.0.0.1:{port}/metrics", soft_wrap=True, highlight=False), name="worker")
+
+
+def run_child(argv: Sequence[str], env: dict[str, str], *, started: Callable[[int], None], name: str) -> int:
+    """Run `argv` to its end, print one line when it has stopped, and return its exit status (128 + the signal
+    that killed it). The child has its own session, so a terminal's Ctrl-C reaches it once, forwarded from here,
+    as do SIGTERM and SIGHUP sent to this process; and it gets SIGTERM if this process dies first (a stop it
+    handles as any other: a worker persists what it holds)."""
+    received: list[int] = []
+    child = subprocess.Popen(argv, env=env, start_new_session=True,
+                             preexec_fn=die_with_this_process(signal.SIGTERM))
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+        if child.returncode is None:
+            os.kill(child.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
+    try:
+        started(child.pid)
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if child.returncode is None:  # this process is failing: the child must not outlive it
+            child.kill()
+            child.wait()
+    how = f"killed by {_signal_name(-code)}" if code < 0 else f"exit code {code}"
+    asked = f" after {_signal_name(received[0])}" if received else ""
+    console.print(f"{name} {child.pid} stopped{asked} ({how})", soft_wrap=True, highlight=False)
+    return 128 - code if code < 0 else code
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

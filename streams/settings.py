@@ -5,18 +5,28 @@ A bad value stops start-up with a message naming the environment variable, never
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from control_plane import CounterType, Namespace
+
 ENV_PREFIX = "COUNTER_"
 HOUR_S, HOUR_MS = 3600, 3_600_000
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # Kafka's legal topic names (and Faust derives its own topics and the group from the worker id).
 _KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+# A host name's labels (RFC 1123; '_' too, which container and compose names use and their resolvers answer).
+_HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+# The shape of a cassandra:// store URL (sinks.cassandra.config parses it whole when the store opens; sinks is not
+# importable here): hosts, then a keyspace as Cassandra names them, then options.
+_CASSANDRA_URL = re.compile(r"cassandra://(?:[^@/?#]*@)?(?P<hosts>[^@/?#]*)(?:/(?P<keyspace>[^?#]*))?(?:\?[^#]*)?")
+_KEYSPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
 
 
 class SettingsError(ValueError):
@@ -35,7 +45,9 @@ class Settings(BaseSettings):
     cache: str = Field("auto", description="'auto' (local memcached if installed), 'memory' or 'memcached://host:port'")
     namespaces: Path | None = Field(None, description="namespace configuration file (YAML or JSON)")
     data_dir: Path = Field(Path(".counter"), description="SQLite files, endpoints.json and logs")
-    api_host: str = Field("127.0.0.1", min_length=1)
+    api_host: str = Field("127.0.0.1", min_length=1, description=(
+        "the API's listen address: an IP address or a host name (checked for shape here; `counter up` and `counter "
+        "api` check that it resolves to an address of this machine before they start the API)"))
     api_port: int = Field(8080, ge=0, le=65535)
     api_workers: int = Field(1, ge=1, le=64, description="API processes sharing the port (one per core)")
     api_shared_pipeline: bool | None = Field(None, description=(
@@ -117,6 +129,11 @@ class Settings(BaseSettings):
                              "processes share the pipeline")
         return value
 
+    @field_validator("api_host")
+    @classmethod
+    def _listen_host(cls, value: str) -> str:
+        return check_host(value.strip())
+
     @field_validator("kafka_bootstrap")
     @classmethod
     def _bootstrap_hosts(cls, value: str | None) -> str | None:
@@ -150,11 +167,16 @@ class Settings(BaseSettings):
     @field_validator("store")
     @classmethod
     def _store_scheme(cls, value: str) -> str:
+        """The store URL's shape: the worker and the API open the store only once the broker and memcached are up,
+        so a URL that cannot name a store must stop start-up here. (Its options are checked when it is opened.)"""
         if value.startswith("sqlite://") and not value.removeprefix("sqlite://").startswith("/"):
-            raise ValueError(f"expected 'sqlite:///absolute/dir' (three slashes), got {value!r}")
-        if value == "sqlite" or value.startswith(("sqlite://", "cassandra://")):
+            raise ValueError("expected 'sqlite:///absolute/dir' (three slashes)")
+        if value == "sqlite" or value.startswith("sqlite://"):
             return value
-        raise ValueError(f"expected 'sqlite', 'sqlite:///dir' or 'cassandra://hosts/keyspace', got {value!r}")
+        if value.startswith("cassandra://"):
+            _check_cassandra_url(value)
+            return value
+        raise ValueError("expected 'sqlite', 'sqlite:///dir' or 'cassandra://hosts/keyspace'")
 
     @field_validator("cache")
     @classmethod
@@ -164,7 +186,7 @@ class Settings(BaseSettings):
         if value.startswith("memcached://"):
             _check_host_ports(value.removeprefix("memcached://").rstrip("/"), "memcached://host:port[,host:port]")
             return value
-        raise ValueError(f"expected 'auto', 'memory' or 'memcached://host:port', got {value!r}")
+        raise ValueError("expected 'auto', 'memory' or 'memcached://host:port'")
 
     @property
     def api_shared(self) -> bool:
@@ -176,8 +198,30 @@ class Settings(BaseSettings):
         return self.data_dir / "endpoints.json"
 
 
+def check_host(host: str) -> str:
+    """`host` if it is an IP address or a well-formed host name, else ValueError saying what is wrong with it (a
+    dotted-number that is no IPv4 address, such as 999.1.1.1, is taken for neither). Whether a name resolves is
+    not asked here: settings are read by every command, most of which never use the host."""
+    if not host:
+        raise ValueError("expected an IP address or a host name, got an empty one")
+    try:
+        ipaddress.ip_address(host.removeprefix("[").removesuffix("]") if host.startswith("[") else host)
+        return host
+    except ValueError:
+        pass
+    name = host.removesuffix(".")
+    labels = name.split(".")
+    if all(label.isdigit() for label in labels):
+        raise ValueError(f"{host!r} is not an IP address (an IPv4 address is four numbers from 0 to 255)")
+    if len(name) > 253 or not all(_HOST_LABEL.fullmatch(label) for label in labels) or labels[-1].isdigit():
+        raise ValueError(f"{host!r} is neither an IP address nor a host name (labels of 1-63 letters, digits, "
+                         "'-' or '_', separated by dots)")
+    return host
+
+
 def _check_host_ports(value: str, expected: str) -> None:
-    """Every comma-separated part is host:port with a port in 1..65535 (caught here, not at the first connect)."""
+    """Every comma-separated part is host:port with a well-formed host and a port in 1..65535 (caught here, not at
+    the first connect)."""
     parts = [part.strip() for part in value.split(",")]
     if not any(parts):
         raise ValueError(f"expected {expected}, got no server")
@@ -187,6 +231,50 @@ def _check_host_ports(value: str, expected: str) -> None:
             raise ValueError(f"expected {expected}, got {part!r}")
         if not 1 <= int(port) <= 65535:
             raise ValueError(f"port {port} of {part!r} is outside 1..65535")
+        check_host(host)
+
+
+def _check_cassandra_url(value: str) -> None:
+    """A cassandra:// URL names at least one well-formed host (each with an optional port) and a keyspace."""
+    shape = _CASSANDRA_URL.fullmatch(value.strip())
+    if shape is None:
+        raise ValueError("expected 'cassandra://host[,host][:port]/keyspace[?options]'")
+    keyspace = (shape["keyspace"] or "").strip("/")
+    if not keyspace:
+        raise ValueError("the cassandra URL names no keyspace: expected 'cassandra://host[,host][:port]/keyspace'")
+    if not _KEYSPACE.fullmatch(keyspace):
+        raise ValueError(f"bad keyspace {keyspace!r}: a letter then up to 47 letters, digits or '_'")
+    hosts = [h.strip() for h in shape["hosts"].split(",")]
+    if not all(hosts):
+        raise ValueError("the cassandra URL names no host (or an empty one between commas): expected "
+                         "'cassandra://host[,host][:port]/keyspace'")
+    for host in hosts:
+        name, sep, port = host.rpartition(":") if not host.endswith("]") else ("", "", "")
+        if sep and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"bad port {port!r} in host {host!r}: a number from 1 to 65535")
+        check_host(name if sep else host)
+
+
+def namespace_bound_problems(settings: Settings, namespaces: Iterable[Namespace]) -> list[str]:
+    """The settings a worker would lower to what the namespaces' rollup window allows, when they were set
+    (explicitly: a default above the bound is lowered as documented), one message each naming the variable.
+
+    A worker coalesces rollup signals over the shortest `coalesce_ms` of the durable namespaces; signalling or
+    committing more often than half that window only repeats signals, and an EVENTUAL fetch wait longer than that
+    would delay the rollups readers wait for. The worker (agents.worker) lowers these values to the bound."""
+    rolled = [ns for ns in namespaces if ns.counter_type is not CounterType.BEST_EFFORT]
+    if not rolled:
+        return []
+    window = min(rolled, key=lambda ns: ns.queue.coalesce_ms)
+    bound = max(1, window.queue.coalesce_ms // 2)
+    problems = []
+    for field in ("persist_checkpoint_ms", "persist_eventual_within_ms"):
+        value = getattr(settings, field)
+        if field in settings.model_fields_set and value > bound:
+            problems.append(f"{ENV_PREFIX}{field.upper()}={value} is above {bound}, half the rollup window "
+                            f"(the shortest coalesce_ms of the namespaces, {window.queue.coalesce_ms} of "
+                            f"{window.name!r}): a worker would use {bound}; set at most {bound}, or raise coalesce_ms")
+    return problems
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -197,5 +285,6 @@ def load_settings(**overrides: Any) -> Settings:
         problems = []
         for err in exc.errors():
             field = ".".join(str(p) for p in err["loc"]) or "?"
-            problems.append(f"{ENV_PREFIX}{field.upper()}: {err['msg']} (got {err.get('input')!r})")
+            message = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+            problems.append(f"{ENV_PREFIX}{field.upper()}: {message} (got {err.get('input')!r})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None

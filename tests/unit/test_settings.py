@@ -84,3 +84,69 @@ def test_api_shared_pipeline_false_with_several_api_workers_names_both(monkeypat
     monkeypatch.setenv("COUNTER_API_SHARED_PIPELINE", "false")
     with pytest.raises(SettingsError, match=r"COUNTER_API_SHARED_PIPELINE: .*COUNTER_API_WORKERS=2"):
         load_settings()
+
+
+@pytest.mark.parametrize("var, value, says", [
+    ("COUNTER_API_HOST", "999.1.1.1", "'999.1.1.1' is not an IP address"),
+    ("COUNTER_API_HOST", "1.2.3", "is not an IP address"),
+    ("COUNTER_API_HOST", "http://localhost", "is neither an IP address nor a host name"),
+    ("COUNTER_API_HOST", "a b", "is neither an IP address nor a host name"),
+    ("COUNTER_KAFKA_BOOTSTRAP", "999.1.1.1:9092", "'999.1.1.1' is not an IP address"),
+    ("COUNTER_CACHE", "memcached://-x:11211", "is neither an IP address nor a host name"),
+    ("COUNTER_STORE", "cassandra://", "names no keyspace"),
+    ("COUNTER_STORE", "cassandra://h1:9042", "names no keyspace"),
+    ("COUNTER_STORE", "cassandra://h1/", "names no keyspace"),
+    ("COUNTER_STORE", "cassandra:///ks", "names no host"),
+    ("COUNTER_STORE", "cassandra://h1,,h2/ks", "names no host"),
+    ("COUNTER_STORE", "cassandra://h1/1ks", "bad keyspace '1ks'"),
+    ("COUNTER_STORE", "cassandra://h1:99999/ks", "bad port '99999'"),
+])
+def test_hosts_and_store_urls_are_checked_for_shape(monkeypatch, var, value, says):
+    """A host that cannot be one, and a cassandra:// URL without hosts or keyspace, stop start-up naming the variable:
+    `counter up` said "port 28180 is in use" of an unresolvable COUNTER_API_HOST, and started the broker and memcached
+    before the worker died on "cassandra URL names no keyspace" without naming COUNTER_STORE (from a review)."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert f"{var}: " in str(info.value) and says in str(info.value), info.value
+
+
+@pytest.mark.parametrize("var, value", [
+    ("COUNTER_API_HOST", "::1"), ("COUNTER_API_HOST", "0.0.0.0"), ("COUNTER_API_HOST", "localhost"),
+    ("COUNTER_API_HOST", "api_1.internal."), ("COUNTER_KAFKA_BOOTSTRAP", "[::1]:9092,kafka-0.kafka:9092"),
+    ("COUNTER_STORE", "cassandra://h1,h2:9042/ks?dc=dc1"), ("COUNTER_STORE", "cassandra://u:p%40ss@[::1]:9042/ks"),
+])
+def test_good_hosts_and_store_urls_load(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    load_settings()
+
+
+def test_a_bad_value_is_shown_once(monkeypatch):
+    """The validators' messages said "got 'foo'" and load_settings added "(got 'foo')" again."""
+    monkeypatch.setenv("COUNTER_STORE", "foo")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert str(info.value) == ("invalid settings: COUNTER_STORE: expected 'sqlite', 'sqlite:///dir' or "
+                               "'cassandra://hosts/keyspace' (got 'foo')")
+
+
+def test_settings_a_worker_would_lower_to_the_rollup_window_are_named(monkeypatch):
+    """COUNTER_PERSIST_CHECKPOINT_MS and COUNTER_PERSIST_EVENTUAL_WITHIN_MS above half the shortest coalesce_ms were
+    lowered by the worker without a word (from a review); a default above it is lowered as documented."""
+    from control_plane import parse_namespaces
+    from streams.settings import namespace_bound_problems
+
+    registry = parse_namespaces({"namespaces": {
+        "slow": {"counter_type": "EVENTUAL", "queue_config": {"coalesce_ms": 10_000}},
+        "fast": {"counter_type": "ACCURATE", "queue_config": {"coalesce_ms": 1_000}},
+        "cache": {"counter_type": "BEST_EFFORT"}}})
+    assert namespace_bound_problems(load_settings(), registry.values()) == []  # eventual_within 1000 by default
+    monkeypatch.setenv("COUNTER_PERSIST_CHECKPOINT_MS", "3600000")
+    monkeypatch.setenv("COUNTER_PERSIST_EVENTUAL_WITHIN_MS", "500")
+    assert namespace_bound_problems(load_settings(), registry.values()) == [
+        "COUNTER_PERSIST_CHECKPOINT_MS=3600000 is above 500, half the rollup window (the shortest coalesce_ms of the "
+        "namespaces, 1000 of 'fast'): a worker would use 500; set at most 500, or raise coalesce_ms"]
+    monkeypatch.setenv("COUNTER_PERSIST_EVENTUAL_WITHIN_MS", "3600000")
+    assert [p.split("=")[0] for p in namespace_bound_problems(load_settings(), registry.values())] == [
+        "COUNTER_PERSIST_CHECKPOINT_MS", "COUNTER_PERSIST_EVENTUAL_WITHIN_MS"]
+    assert namespace_bound_problems(load_settings(), [registry["cache"]]) == []

@@ -1,0 +1,126 @@
+"""What the verbs that start processes check first, and say: the listen address (`counter up`, `counter api`), the
+namespace file's origin, settings the namespaces would override, and a worker's start and stop lines."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from counter_cli import common, up_cmd, worker_cmd
+from counter_cli.main import build_parser
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    for module in (common, up_cmd, worker_cmd):
+        monkeypatch.setattr(module, "console", Console(stderr=True, width=400), raising=False)
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return " ".join(err.split())
+
+
+def _exits(code: int, run: Any, *args: Any) -> None:
+    with pytest.raises(SystemExit) as exited:
+        run(*args)
+    assert exited.value.code == code
+
+
+def test_a_host_that_does_not_resolve_is_named_not_taken_for_a_port_in_use(monkeypatch, capsys):
+    """`counter up` said "port 28180 is in use (COUNTER_API_PORT)" of COUNTER_API_HOST=no-such-host.invalid, and
+    `counter api` printed uvicorn's "[Errno -2] Name or service not known" (from a review)."""
+    def no_such_host(*_args: object, **_kwargs: object) -> None:
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
+    _exits(1, common.check_listen, "no-such-host.invalid", 28180, "COUNTER_API_HOST", "COUNTER_API_PORT")
+    assert ("error: COUNTER_API_HOST='no-such-host.invalid' does not resolve (Name or service not known)"
+            in _error(capsys))
+
+
+def test_an_address_of_another_machine_and_a_port_in_use_are_told_apart(capsys):
+    _exits(1, common.check_listen, "192.0.2.1", 0, "--host", "--port")  # TEST-NET-1: no address of this machine
+    assert "error: --host='192.0.2.1' is not an address of this machine" in _error(capsys)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        _exits(1, common.check_listen, "127.0.0.1", port, "COUNTER_API_HOST", "COUNTER_API_PORT")
+    assert f"error: port {port} is in use (COUNTER_API_PORT)" in _error(capsys)
+    common.check_listen("127.0.0.1", port, "COUNTER_API_HOST", "COUNTER_API_PORT")  # free again
+
+
+def test_counter_api_names_a_bad_host_option(capsys):
+    args = build_parser().parse_args(["api", "--host", "999.1.1.1", "--no-compile"])
+    _exits(2, args.run, args)
+    assert "error: --host: '999.1.1.1' is not an IP address" in _error(capsys)
+
+
+def test_a_missing_namespace_file_names_the_variable_and_its_path_once(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("COUNTER_NAMESPACES", "/nonexistent.yaml")
+    _exits(2, common.namespaces_or_exit, common.settings_or_exit())
+    assert _error(capsys) == ("error: namespace configuration (COUNTER_NAMESPACES): /nonexistent.yaml: config file "
+                              "not found")
+
+
+def test_counter_up_refuses_a_setting_the_worker_would_lower(monkeypatch, tmp_path, capsys):
+    """COUNTER_PERSIST_CHECKPOINT_MS=3600000 started normally and ran at half the coalesce_ms (from a review)."""
+    monkeypatch.setenv("COUNTER_PERSIST_CHECKPOINT_MS", "3600000")
+    monkeypatch.delenv("COUNTER_NAMESPACES", raising=False)
+    args = build_parser().parse_args(["up", "--data-dir", str(tmp_path), "--no-compile"])
+    monkeypatch.setattr(up_cmd, "LocalStack", lambda *_: pytest.fail("started despite the setting"))
+    _exits(2, args.run, args)
+    assert ("error: invalid settings: COUNTER_PERSIST_CHECKPOINT_MS=3600000 is above 5000, half the rollup window"
+            in _error(capsys))
+
+
+def test_counter_worker_says_when_it_starts_and_stops(monkeypatch, tmp_path, capsys):
+    """README: "a second worker joins the consumer group"; `counter worker` exec'd the worker and said nothing."""
+    ran: list[dict[str, str]] = []
+
+    def child(argv: list[str], env: dict[str, str], *, started: Any, name: str) -> int:
+        ran.append(env)
+        started(4242)
+        return 0
+
+    monkeypatch.setattr(worker_cmd, "run_child", child)
+    monkeypatch.setenv("COUNTER_WORKER_ID", "my-workers")
+    monkeypatch.delenv("COUNTER_NAMESPACES", raising=False)
+    args = build_parser().parse_args(["worker", "--bootstrap", "127.0.0.1:9", "--web-port", "0", "--no-compile",
+                                      "--data-dir", str(tmp_path)])
+    assert args.run(args) == 0
+    port = ran[0]["COUNTER_WORKER_PORT"]
+    assert int(port) > 0 and ran[0]["COUNTER_KAFKA_BOOTSTRAP"] == "127.0.0.1:9"
+    assert (f"worker 4242 joining consumer group my-workers (persist: my-workers.persist) on 127.0.0.1:9; metrics "
+            f"http://127.0.0.1:{port}/metrics") in _error(capsys)
+
+
+def test_run_child_forwards_a_stop_signal_and_says_how_the_child_ended(tmp_path, capsys):
+    code = worker_cmd.run_child([sys.executable, "-c", "import sys; sys.exit(3)"], {}, started=lambda pid: None,
+                                name="worker")
+    assert code == 3 and "stopped (exit code 3)" in _error(capsys)
+    flag = tmp_path / "ready"
+    script = ("import pathlib, signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+              f"pathlib.Path({str(flag)!r}).touch()\n"
+              "time.sleep(60)\n")
+    pids: list[int] = []
+
+    def started(pid: int) -> None:
+        pids.append(pid)
+        deadline = time.monotonic() + 30
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.raise_signal(signal.SIGTERM)  # as a `kill` of `counter worker` would: forwarded to the child
+
+    code = worker_cmd.run_child([sys.executable, "-c", script], {}, started=started, name="worker")
+    assert code == 0
+    assert f"worker {pids[0]} stopped after SIGTERM (exit code 0)" in _error(capsys)
