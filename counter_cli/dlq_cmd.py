@@ -151,20 +151,23 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
+_TIME = re.compile(r"\d{4}-\d\d-\d\d[Tt ][\d:.]+(?:[Zz]|[-+]\d\d:?\d\d)?")
+_ASIDE = re.compile(r"\s*\([^()]*\)")
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
 KINDS_SHOWN = 5
 
 
 def reason_kind(reason: str) -> str:
     """What a dead letter's reason says without its particulars: its first clause (up to ';', or to ': ' after a
-    leading "field 'x'" or an exception's name) with every number written N. The DLQ records carry the reason as
-    text only, and an admission reason names the event time and its distance to the record's time, so grouping by
-    the text split every rejected generation time into a kind of its own."""
+    leading "field 'x'" or an exception's name) without asides in parentheses, every time written T and every
+    number N. The DLQ records carry the reason as text only, and an admission reason names the event time and its
+    distance to the record's time, so grouping by the text split every rejected generation time into a kind of
+    its own."""
     head = reason.split(";", 1)[0]
     first, sep, _ = head.partition(": ")
     if sep and (first.startswith("field ") or first.isidentifier() or first == "undecodable record"):
         head = first
-    kind = _NUMBER.sub("N", head.strip()) or "?"
+    kind = _NUMBER.sub("N", _TIME.sub("T", _ASIDE.sub("", head))).strip() or "?"
     return kind if len(kind) <= 80 else kind[:79] + "…"
 
 

@@ -105,11 +105,17 @@ def test_dlq_list_summary_counts_dead_letters_by_reason_kind(tmp_path, monkeypat
     late = ("event_time 1728139680000000 is {}s before the record reached Kafka; namespace 'my_dataset' accepts at "
             "most accept_limit=5.0s")
     reasons = [late.format("67583448.125"), late.format("67583475.5"),
-               "field 'dimensions.colour': namespace 'plays' does not declare dimension 'colour'"]
+               "field 'dimensions.colour': namespace 'plays' does not declare dimension 'colour'",
+               # admission's reasons as they now read (RFC 3339 times, long gaps in days)
+               "event_time 2024-10-05T14:48:00.000000Z is 67584850.725s (782.2 days) before the record reached Kafka "
+               "(2026-11-26T20:22:10.724700Z); namespace 'my_dataset' accepts at most accept_limit=5.0s",
+               "event_time 2026-11-26T20:22:00Z is 10.5s before the record reached Kafka (2026-11-26T20:22:10.5Z); "
+               "namespace 'my_dataset' accepts at most accept_limit=5.0s"]
     records = [DeadRecord(0, i, 1, b"k", b"{}", {REASON: reason}) for i, reason in enumerate(reasons)]
     monkeypatch.setattr(dlq_cmd, "_read", lambda *_: records)
     monkeypatch.setattr(dlq_cmd, "console", Console(stderr=True, width=400))
     assert dlq_cmd.run_list(_cli(tmp_path, "dlq", "list")) == 0
     err = capsys.readouterr().err
-    assert ("3 dead letter(s) in counter-mutations-dlq matching (2 event_time N is Ns before the record reached "
-            "Kafka, 1 field 'dimensions.colour'); 0 already resubmitted") in err, err
+    assert ("5 dead letter(s) in counter-mutations-dlq matching (2 event_time N is Ns before the record reached "
+            "Kafka, 2 event_time T is Ns before the record reached Kafka, 1 field 'dimensions.colour'); 0 already "
+            "resubmitted") in err, err
