@@ -6,15 +6,17 @@ import argparse
 import json
 from pathlib import Path
 
+from control_plane import CounterType, NamespaceRegistry
+from control_plane.admission import admission_error, extras_refusal
 from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError
-from producers.client import add_delta
+from producers.client import add_delta, now_micros
 from schemas import DecodeError, Mutation, MutationOp, ValidationError, mutation_from_json
 
 EXAMPLES = """examples:
   counter produce my_dataset counter123 2
-  counter produce my_dataset counter123 -- -1 --token evt-42 --generation-time 2024-10-05T14:48:00Z
+  counter produce my_dataset counter123 -1 --token evt-42 --generation-time "$(date -u +%FT%TZ)"
   counter produce my_dataset counter456 --clear
   counter produce plays title_1 1 --dimension country=US --dimension device=tv
   counter produce visitors home --item user-42 --dimension country=US
@@ -22,10 +24,14 @@ EXAMPLES = """examples:
 
 A JSONL line has the AddCount body of the Netflix post, plus "op": "clear" for a clear and "dimensions":
   {"namespace": "my_dataset", "counter_name": "counter123", "delta": 2,
-   "idempotency_token": {"token": "some_event_id", "generation_time": "2024-10-05T14:48:00Z"}}
+   "idempotency_token": {"token": "some_event_id", "generation_time": "2026-11-23T12:10:00Z"}}
   {"namespace": "plays", "counter_name": "title_1", "delta": 1, "dimensions": {"country": "US", "device": "tv"}}
-Lines without a token get a generated one (then re-sending the file counts it again). Dimensions must be keys
-the namespace declares; the pipeline dead-letters a mutation it refuses (`counter dlq` shows why).
+Lines without a token get a generated one (then re-sending the file counts it again).
+What the pipeline would dead-letter is refused before anything is sent (exit 2, naming the argument, or the
+line and field): a namespace the namespace file does not define, a BEST_EFFORT one (its counts live in the
+cache: write them through the API), dimensions it does not declare, an item outside a UNIQUE namespace, and a
+generation time outside its accept_limit (and max_clock_skew) of now: a rolled-up window never changes, so the
+post's own 2024 example is refused. With --file, every refused line is listed and nothing is sent.
 Records are keyed "namespace:counter", or "namespace:counter#k" in a namespace with `shards` (COUNTER_NAMESPACES,
 default the shipped example): k is chosen by the token, so a retry goes where the first try went."""
 
@@ -62,10 +68,17 @@ def run(args: argparse.Namespace) -> int:
         fail("give either NAMESPACE COUNTER DELTA or --file, not both")
     if args.batch_size < 1:
         fail("--batch-size must be >= 1")
-    mutations = _from_file(args.file) if args.file else [_from_args(args)]
+    # The namespaces say what the pipeline accepts, and each one's shards how its counters are keyed.
+    _, registry = namespaces_or_exit(settings)
+    if args.file:
+        mutations = _from_file(args.file, registry)
+    else:
+        mutations = [_from_args(args)]
+        refused = refusal(mutations[0], registry, now_micros())
+        if refused is not None:
+            fail(f"{_argument(refused[0])}: {refused[1]} (the pipeline would dead-letter this write)")
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.mutations_topic
-    _, registry = namespaces_or_exit(settings)  # each namespace's shards: how its counters are keyed
     try:
         with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, shards=registry) as producer:
             if args.file is None:
@@ -98,6 +111,37 @@ def _from_args(args: argparse.Namespace) -> Mutation:
         fail(str(exc))
 
 
+# The argument of `counter produce NAMESPACE COUNTER DELTA` that carries a refused field.
+_ARGUMENTS = {"namespace": "NAMESPACE", "delta": "DELTA", "item": "--item", "event_item_key": "--item-key",
+              "dimensions": "--dimension", "idempotency_token.generation_time": "--generation-time"}
+
+
+def _argument(field: str) -> str:
+    """The argument that carries `field`: `namespace` -> `NAMESPACE`, `dimensions.country` -> `--dimension country`."""
+    if field.startswith("dimensions."):
+        return f"--dimension {field.removeprefix('dimensions.')}"
+    return _ARGUMENTS.get(field, field)
+
+
+def refusal(m: Mutation, registry: NamespaceRegistry, now_us: int) -> tuple[str, str] | None:
+    """``(field, reason)`` when the pipeline would dead-letter `m` were it to reach Kafka at `now_us`, else None:
+    the persist path's checks in its order (agents.persist `_Admission`, then control_plane.admission), fields named
+    as the API's 422 names them. The dimension bound (max_combinations) is left to the pipeline: it needs the
+    stored combinations."""
+    try:
+        ns = registry[m.namespace]
+    except KeyError as exc:
+        return "namespace", str(exc.args[0])
+    if ns.counter_type is CounterType.BEST_EFFORT:
+        return "namespace", (f"namespace {ns.name!r} is BEST_EFFORT: its counts live in the cache only; write them "
+                             "through the API, not Kafka")
+    reason = admission_error(now_us if m.event_time is None else m.event_time, now_us, ns)
+    if reason is not None:
+        return "idempotency_token.generation_time", reason
+    return extras_refusal(ns, m.dimensions, m.item, m.op is MutationOp.CLEAR, delta=m.delta,
+                          item_key=m.event_item_key)
+
+
 def _dimensions(pairs: list[str]) -> dict[str, str]:
     """--dimension KEY=VALUE arguments as a map; a key given twice or a missing '=' fails."""
     out: dict[str, str] = {}
@@ -111,28 +155,37 @@ def _dimensions(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _from_file(path: Path) -> list[Mutation]:
-    """Parse and validate the whole file first, so a bad line sends nothing."""
+def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> list[Mutation]:
+    """Parse and validate the whole file first, so a bad line sends nothing: one the pipeline would dead-letter
+    (`refusal`, when the namespaces are given) neither."""
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
         fail(f"cannot read {path}: {exc}")
     mutations: list[Mutation] = []
     errors: list[str] = []
+    now = now_micros()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             m = mutation_from_json(json.loads(line))
-            mutations.append(CounterProducer.mutation(
+            m = CounterProducer.mutation(
                 m.op, m.namespace, m.counter_name, m.delta, m.event_id,
-                None if m.event_time is None else m.event_time, m.event_item_key, dict(m.dimensions), m.item))
+                None if m.event_time is None else m.event_time, m.event_item_key, dict(m.dimensions), m.item)
         except (ValueError, DecodeError, ValidationError) as exc:
             errors.append(f"{path}:{number}: {exc}")
+            continue
+        refused = None if registry is None else refusal(m, registry, now)
+        if refused is not None:
+            errors.append(f"{path}:{number}: field '{refused[0]}': {refused[1]}")
+        else:
+            mutations.append(m)
     if errors:
         shown = "\n  ".join(errors[:20])
         more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
-        fail(f"{len(errors)} invalid line(s), nothing was sent:\n  {shown}{more}")
+        fail(f"{len(errors)} invalid line(s) (malformed, or the pipeline would dead-letter them), nothing was "
+             f"sent:\n  {shown}{more}")
     return mutations
 
 

@@ -1,0 +1,117 @@
+"""`counter produce` refuses, before sending anything, the writes the pipeline would dead-letter (from a review: an
+unknown or BEST_EFFORT namespace, an undeclared dimension and the README's own 2024 generation time were produced,
+exit 0, and dead-lettered)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from counter_cli import common, produce_cmd
+from counter_cli.main import build_parser
+from schemas import Mutation
+
+
+class Recorder:
+    """A CounterProducer that records what it is given to send."""
+
+    mutation = staticmethod(produce_cmd.CounterProducer.mutation)
+    sent: list[Mutation] = []
+
+    def __init__(self, bootstrap: str, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> Recorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def send(self, m: Mutation) -> None:
+        Recorder.sent.append(m)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.fixture(autouse=True)
+def recorder(monkeypatch):
+    Recorder.sent = []
+    monkeypatch.setattr(produce_cmd, "CounterProducer", Recorder)
+    monkeypatch.setattr(common, "console", Console(stderr=True, width=1000))
+    monkeypatch.delenv("COUNTER_NAMESPACES", raising=False)  # the shipped example
+
+
+def produce(*argv: str) -> int:
+    args = build_parser().parse_args(["produce", *argv, "--bootstrap", "127.0.0.1:9"])
+    return int(args.run(args))
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["nope", "x", "1"], "error: NAMESPACE: unknown namespace 'nope'"),
+    (["my_dataset_best_effort", "x", "1"], "error: NAMESPACE: namespace 'my_dataset_best_effort' is BEST_EFFORT"),
+    (["plays", "t", "1", "--dimension", "colour=red"], "error: --dimension colour: "),
+    (["my_dataset", "c", "2", "--token", "some_event_id", "--generation-time", "2024-10-05T14:48:00Z"],
+     "error: --generation-time: event_time 2024-10-05T14:48:00"),
+    (["my_dataset", "c", "2", "--generation-time", "2099-01-01T00:00:00Z"], "max_clock_skew"),
+    (["my_dataset", "c", "1", "--item", "u1"], "error: --item: "),
+    (["visitors", "home", "2", "--item", "u1"], "error: DELTA: must be 1 or absent"),
+    (["visitors", "home", "--item", "u1", "--item-key", "k"], "error: --item-key: "),
+])
+def test_a_write_the_pipeline_would_dead_letter_is_refused_naming_the_argument(argv, says, capsys):
+    with pytest.raises(SystemExit) as exited:
+        produce(*argv)
+    assert exited.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert says in err and "(the pipeline would dead-letter this write)" in err, err
+    assert Recorder.sent == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["my_dataset", "c", "2"], ["plays", "t", "1", "--dimension", "country=US"], ["visitors", "home", "--item", "u1"],
+    ["my_dataset", "c", "--clear"],
+    # the --help example (`"$(date -u +%FT%TZ)"` is now)
+    ["my_dataset", "counter123", "-1", "--token", "evt-42", "--generation-time", "now-placeholder"],
+])
+def test_writes_the_pipeline_accepts_are_produced(argv, capsys):
+    from datetime import UTC, datetime
+
+    argv = [datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if a == "now-placeholder" else a for a in argv]
+    args = build_parser().parse_args(["produce", "--bootstrap", "127.0.0.1:9", *argv])
+    assert args.run(args) == 0
+    assert len(Recorder.sent) == 1
+
+
+def test_a_file_with_lines_the_pipeline_would_dead_letter_sends_nothing_and_names_them(tmp_path: Path, capsys):
+    """As for a malformed line (the existing behaviour): every bad line is listed by number and none is sent."""
+    lines = [
+        {"namespace": "my_dataset", "counter_name": "ok", "delta": 1},
+        {"namespace": "nope", "counter_name": "x", "delta": 1},
+        {"namespace": "plays", "counter_name": "t", "delta": 1, "dimensions": {"colour": "red"}},
+        {"namespace": "my_dataset", "counter_name": "c", "delta": 2,
+         "idempotency_token": {"token": "some_event_id", "generation_time": "2024-10-05T14:48:00Z"}},
+        {"namespace": "my_dataset_best_effort", "counter_name": "x", "delta": 1},
+    ]
+    path = tmp_path / "m.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    with pytest.raises(SystemExit) as exited:
+        produce("--file", str(path))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "4 invalid line(s) (malformed, or the pipeline would dead-letter them), nothing was sent" in err
+    assert f"{path}:2: field 'namespace': unknown namespace 'nope'" in err
+    assert f"{path}:3: field 'dimensions.colour': " in err
+    assert f"{path}:4: field 'idempotency_token.generation_time': event_time 2024-10-05T14:48:00" in err
+    assert f"{path}:5: field 'namespace': namespace 'my_dataset_best_effort' is BEST_EFFORT" in err
+    assert f"{path}:1:" not in err and Recorder.sent == []
+
+
+def test_the_help_examples_hold_no_time_the_pipeline_refuses():
+    """`counter produce --help` showed --generation-time 2024-10-05T14:48:00Z (which the pipeline dead-letters) after
+    `--` (after which argparse took the options for positionals: "unrecognized arguments")."""
+    assert "2024-" not in produce_cmd.EXAMPLES
+    assert 'counter123 -1 --token evt-42 --generation-time "$(date -u +%FT%TZ)"' in produce_cmd.EXAMPLES
