@@ -55,7 +55,7 @@ from sinks import (
 )
 from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
-from streams.settings import Settings
+from streams.settings import Settings, namespace_bound_problems
 from streams.signals import SignalSender
 from streams.topics import ensure_topics, topic_specs
 
@@ -223,6 +223,8 @@ def build(settings: Settings) -> Pipeline:
     # smallest capacity_bytes (a queued signal costs about SIGNAL_BYTES in memory). The rollup topic's
     # partitions are the queues (num_queues maps to COUNTER_ROLLUPS_PARTITIONS).
     coalesce_s = min((ns.queue.coalesce_ms for ns in rolled), default=1000) / 1000.0
+    for problem in namespace_bound_problems(settings, rolled):  # `counter up`/`worker` refuse them; said if here
+        log.warning("%s", problem)
     pipeline = Pipeline(
         settings=settings, registry=registry, events=events, rollups=rollups, buckets=buckets,
         cache=open_cache(_cache_spec(settings)), app=app, topics=topics,
