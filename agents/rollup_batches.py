@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -20,34 +19,13 @@ from dataclasses import dataclass, field
 
 from agents.rollup import BackPressure, Key, RollupResult, rollup_counters
 from control_plane import Namespace, NamespaceRegistry
-from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore
+from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore, store_unavailable
 
 log = logging.getLogger("agents.rollup")  # the rollups' one logger, as before the split
 
 # -- store outages -------------------------------------------------------------------------------------------
 
 PROBES = 3  # distinct counters failing alone in a row, with an error saying the store is away, that prove an outage
-# SQLite primary result codes that say the file is away, not that one counter is bad: BUSY, LOCKED, NOMEM, READONLY,
-# IOERR, FULL, CANTOPEN, PROTOCOL, NOTADB. Not SQLITE_ERROR (an overflowing SUM, a missing table), nor CORRUPT: a
-# corrupt page may hold one counter's rows, and waiting does not mend it.
-_SQLITE_AWAY = frozenset({5, 6, 7, 8, 10, 13, 14, 15, 26})
-# cassandra-driver errors that say the cluster is away (by name: agents never load the driver, sinks does)
-_CASSANDRA_AWAY = frozenset({"NoHostAvailable", "Unavailable", "Timeout", "OperationTimedOut", "ConnectionException",
-                             "OverloadedErrorMessage", "IsBootstrappingErrorMessage"})
-
-
-def store_unavailable(exc: BaseException) -> bool:
-    """Whether an error says the store is away (locked, failing I/O, full, no replica, timed out) rather than that
-    one counter cannot be rolled up (an overflowing sum, a bad row). Only such errors can prove an outage; one counter
-    can still fail with one alone (a read timing out on a huge partition), so one counter proves nothing."""
-    if isinstance(exc, OSError):  # refused or reset connections, timeouts (TimeoutError), disk errors
-        return True
-    if isinstance(exc, sqlite3.Error):
-        code = getattr(exc, "sqlite_errorcode", None)
-        return code is not None and code & 0xFF in _SQLITE_AWAY
-    return any(cls.__module__.startswith("cassandra") and cls.__name__ in _CASSANDRA_AWAY for cls in type(exc).__mro__)
-
-
 class StoreOutage(Exception):
     """A batch's rollups failed as if the store were away, and more than one counter's doing says so (`_Call.verdict`).
     Carries what was rolled up before, and the counters left, which wait for the store."""

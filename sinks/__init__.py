@@ -7,6 +7,7 @@ counters).
 Everything time-like is epoch microseconds.
 """
 
+from sinks.availability import store_unavailable
 from sinks.base import (
     BucketStore,
     EventStore,
@@ -68,5 +69,6 @@ __all__ = [
     "open_namespace_stores",
     "open_sketch_store",
     "open_stores",
+    "store_unavailable",
     "written_key",
 ]

@@ -26,10 +26,18 @@ from typing import Any
 import pytest
 
 from agents.rollup import BackPressure, RollupResult
-from agents.rollup_batches import PROBES, Outage, RollupsAbandoned, rollup_many, store_unavailable
+from agents.rollup_batches import PROBES, Outage, RollupsAbandoned, rollup_many
 from agents.worker import _rollup
 from control_plane import parse_namespaces
-from sinks import Aggregate, InProcessRollupCache, Partitioning, RollupState, SqliteEventStore, SqliteRollupStore
+from sinks import (
+    Aggregate,
+    InProcessRollupCache,
+    Partitioning,
+    RollupState,
+    SqliteEventStore,
+    SqliteRollupStore,
+    store_unavailable,
+)
 
 S = 1_000_000
 REGISTRY = parse_namespaces({"namespaces": {name: {

@@ -1,0 +1,33 @@
+"""Whether a store's error says the store is away (locked, failing I/O, full, no replica, timed out) rather than that
+one request of it is bad: the worker's rollups wait out such an outage (agents.rollup_batches), the API answers 503
+(query_api.responses) instead of a 500.
+
+Why by class and code rather than a store-raised type: the errors come from sqlite3 and cassandra-driver wherever a
+store calls them, and this classification is the one place that knows which of theirs mean "away".
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+__all__ = ["store_unavailable"]
+
+# SQLite primary result codes that say the file is away, not that one counter is bad: BUSY, LOCKED, NOMEM, READONLY,
+# IOERR, FULL, CANTOPEN, PROTOCOL, NOTADB. Not SQLITE_ERROR (an overflowing SUM, a missing table), nor CORRUPT: a
+# corrupt page may hold one counter's rows, and waiting does not mend it.
+_SQLITE_AWAY = frozenset({5, 6, 7, 8, 10, 13, 14, 15, 26})
+# cassandra-driver errors that say the cluster is away (by name: the driver is loaded only with a Cassandra store)
+_CASSANDRA_AWAY = frozenset({"NoHostAvailable", "Unavailable", "Timeout", "OperationTimedOut", "ConnectionException",
+                             "OverloadedErrorMessage", "IsBootstrappingErrorMessage"})
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether an error says the store is away (locked, failing I/O, full, no replica, timed out) rather than that
+    one counter cannot be rolled up (an overflowing sum, a bad row). Only such errors can prove an outage; one counter
+    can still fail with one alone (a read timing out on a huge partition), so one counter proves nothing."""
+    if isinstance(exc, OSError):  # refused or reset connections, timeouts (TimeoutError), disk errors
+        return True
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in _SQLITE_AWAY
+    return any(cls.__module__.startswith("cassandra") and cls.__name__ in _CASSANDRA_AWAY for cls in type(exc).__mro__)
