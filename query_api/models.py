@@ -253,7 +253,11 @@ class BatchAddCountResponse(BaseModel):
 
 
 class BatchGetCountResponse(BaseModel):
-    results: list[CountResponse | DimensionCountResponse | UniqueCountResponse | UniqueDimensionCountResponse]
+    """One answer per entry, in order, each what GetCount answers for it (with its `window` and `dimensions`)."""
+
+    results: list[CountResponse | WindowCountResponse | DimensionCountResponse | DimensionWindowCountResponse
+                  | UniqueCountResponse | UniqueWindowCountResponse | UniqueDimensionCountResponse
+                  | UniqueDimensionWindowCountResponse]
 
 
 class ErrorResponse(BaseModel):

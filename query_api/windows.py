@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from control_plane import Namespace, parse_duration
 from schemas import MIN_EVENT_TIME, parse_generation_time
@@ -65,6 +66,7 @@ __all__ = [
     "tiled_counts",
     "window_count",
     "window_tiling",
+    "windowed",
 ]
 
 DEFAULT_MAX_BUCKETS = 1440  # a day of minutes, two months of hours, four years of days
@@ -105,6 +107,13 @@ class Series:
     upto_us: int = 0  # the latest boundary the buckets read were computed at
 
 
+def windowed(ns: Namespace, *, field: str = "window") -> None:
+    """WindowError naming ``field`` unless the namespace keeps time buckets (never a BEST_EFFORT one): the field of
+    the request that asked for them (GetCount's ``window``, GetCountSeries's ``namespace``: it has no window)."""
+    if not ns.windows:
+        raise WindowError(f"namespace {ns.name!r} ({ns.counter_type.value}) keeps no time windows", field=field)
+
+
 def granularity_of(ns: Namespace, value: object, *, field: str = "granularity") -> Granularity:
     """A granularity the namespace keeps, from its name ("minute", "HOUR", ...)."""
     kept = ", ".join(ns.windows.granularities) or "none"
@@ -140,8 +149,16 @@ def parse_window(spec: Mapping[str, object], now_us: int, *, field: str = "windo
     except ValidationError as exc:
         raise WindowError(exc.reason, field=exc.field) from None
     if end <= start:
-        raise WindowError("must be after start", field=f"{field}.end" if "end" in spec else f"{field}.start")
+        if "end" in spec:
+            raise WindowError("must be after start", field=f"{field}.end")
+        # the end defaulted to now: the start is what is wrong (it is in the future), not an end never given
+        raise WindowError(f"must be before now ({_rfc3339(now_us)}), where a window without an end ends: give an "
+                          f"end after the start", field=f"{field}.start")
     return start, end
+
+
+def _rfc3339(us: int) -> str:
+    return datetime.fromtimestamp(us / _US, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def _last(value: object, seconds: float, now_us: int, *, field: str) -> int:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
+
 from fastapi import APIRouter
 
+from control_plane import Namespace
 from query_api.dependencies import ERRORS, CallerKey, Service, authorize
 from query_api.models import (
     BatchGetCountRequest,
@@ -33,13 +37,19 @@ from query_api.responses import (
     top_k_response,
     window_response,
 )
-from query_api.service import Rejected
+from query_api.routes.entries import entry
+from query_api.service import CounterService, Rejected
 from query_api.unique import get_unique, unique_get_count, unique_response, unique_series
-from schemas import combination
+from query_api.windows import parse_window, windowed
+from schemas import Dimensions, combination
 
 GetCountResponse = (CountResponse | WindowCountResponse | DimensionCountResponse | DimensionWindowCountResponse
                     | GroupedCountResponse | UniqueCountResponse | UniqueWindowCountResponse
                     | UniqueDimensionCountResponse | UniqueDimensionWindowCountResponse | UniqueGroupedCountResponse)
+
+BatchCountResponse = (CountResponse | WindowCountResponse | DimensionCountResponse | DimensionWindowCountResponse
+                      | UniqueCountResponse | UniqueWindowCountResponse | UniqueDimensionCountResponse
+                      | UniqueDimensionWindowCountResponse)
 
 router = APIRouter(prefix="/v1", tags=["reads"])
 
@@ -60,43 +70,56 @@ async def get_count(body: GetCountRequest, service: Service, key: CallerKey) -> 
     authorize(ns, key, "read")
     dims, group_by = service.dimension_filter(ns, body.dimensions, body.group_by)
     spec = body.window.as_spec() if body.window is not None else None
-    if ns.counts_unique:
-        return await unique_get_count(service, ns, body.counter_name, dims, group_by, spec)
     if group_by is not None:
+        if ns.counts_unique:
+            return await unique_get_count(service, ns, body.counter_name, dims, group_by, spec)
         return grouped_response(await service.get_groups(ns, body.counter_name, dims, group_by, spec))
-    if dims:
-        name = combination(body.counter_name, dims)
-        if spec is not None:
-            return dimension_window_response(await service.get_window(ns, name, spec), body.counter_name, dims)
-        return dimension_response(await service.get(ns, name), body.counter_name, dims)
+    return await _count(service, ns, body.counter_name, dims, spec)
+
+
+async def _count(service: CounterService, ns: Namespace, counter: str, dims: Dimensions,
+                 spec: Mapping[str, object] | None, now_us: int | None = None) -> BatchCountResponse:
+    """GetCount without group_by, as GetCount and each entry of BatchGetCount answer it: the total or the `spec`
+    window (`last` ending at `now_us`, default now) of the counter or of its `dims` combination."""
+    name = combination(counter, dims)
+    if ns.counts_unique:
+        return unique_response(await get_unique(service, ns, name, spec, now_us=now_us), counter, dims)
     if spec is not None:
-        return window_response(await service.get_window(ns, body.counter_name, spec))
-    return count_response(await service.get(ns, body.counter_name))
+        w = await service.get_window(ns, name, spec, now_us=now_us)
+        return dimension_window_response(w, counter, dims) if dims else window_response(w)
+    c = await service.get(ns, name)
+    return dimension_response(c, counter, dims) if dims else count_response(c)
 
 
 @router.post("/BatchGetCount", response_model=BatchGetCountResponse, responses=ERRORS)
 async def batch_get_count(body: BatchGetCountRequest, service: Service, key: CallerKey) -> BatchGetCountResponse:
-    """Many GetCounts of totals in one call (a `dimensions` filter each; no group_by); UNIQUE namespaces' answers
-    carry their estimates and bounds, as GetCount's."""
-    namespaces = [service.namespace(r.namespace) for r in body.requests]
+    """Many GetCounts in one call, each answered as GetCount answers it: a total, a `window` (the `last` windows
+    of one call all end at the same time) or a `dimensions` filter, with their estimates and bounds in UNIQUE
+    namespaces; not group_by (a read per value: use GetCount). Every entry is validated before any is read; a
+    refusal names its entry (`requests.N.<field>`)."""
+    namespaces = []
+    for i, r in enumerate(body.requests):
+        with entry(i):
+            namespaces.append(service.namespace(r.namespace))
     for ns in {n.name: n for n in namespaces}.values():
         authorize(ns, key, "read")
-    names = []
+    now = time.time_ns() // 1000
+    reads = []
     for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):
         if r.group_by is not None:
-            raise Rejected(f"requests.{i}.group_by", "BatchGetCount answers totals: use GetCount for group_by")
-        try:
+            raise Rejected(f"requests.{i}.group_by", "BatchGetCount answers totals and windows: use GetCount for "
+                                                     "group_by")
+        with entry(i):
             dims, _ = service.dimension_filter(ns, r.dimensions, None)
-        except Rejected as exc:
-            raise Rejected(f"requests.{i}.{exc.field}", exc.reason) from None
-        names.append((r.counter_name, dims))
-    results: list[CountResponse] = []
-    for (counter, dims), ns in zip(names, namespaces, strict=True):
-        if ns.counts_unique:
-            results.append(unique_response(await get_unique(service, ns, combination(counter, dims)), counter, dims))
-            continue
-        c = await service.get(ns, combination(counter, dims))
-        results.append(dimension_response(c, counter, dims) if dims else count_response(c))
+            spec = r.window.as_spec() if r.window is not None else None
+            if spec is not None:  # as GetCount would refuse it, before anything is read
+                windowed(ns)
+                parse_window(spec, now)
+        reads.append((r.counter_name, dims, spec))
+    results = []
+    for i, ((counter, dims, spec), ns) in enumerate(zip(reads, namespaces, strict=True)):
+        with entry(i):
+            results.append(await _count(service, ns, counter, dims, spec, now))
     return BatchGetCountResponse(results=results)
 
 
@@ -107,6 +130,7 @@ async def get_count_series(body: GetCountSeriesRequest, service: Service, key: C
     UNIQUE namespace each bucket's count is its distinct items (its sketch's estimate, rounded)."""
     ns = service.namespace(body.namespace)
     authorize(ns, key, "read")
+    windowed(ns, field="namespace")  # the series has no `window` to name: the namespace keeps no buckets
     if ns.counts_unique:
         result, as_of = await unique_series(service, ns, body.counter_name, body.granularity, body.start, body.end)
         return series_response(ns, body.counter_name, result, as_of)

@@ -19,6 +19,7 @@ from query_api.models import (
     UniqueCountResponse,
 )
 from query_api.responses import add_response, count_response
+from query_api.routes.entries import entry
 from query_api.service import CounterService, Rejected, Written
 from query_api.unique import add_and_get_unique, unique_response
 from schemas import Mutation, MutationOp
@@ -82,26 +83,27 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
     travel in one record, so they are counted all or none. BEST_EFFORT ones are applied first, one by one: when
     one is refused (its count would leave int64) or memcached fails, or the durable record then fails, those
     applied are taken back (best effort, as their type says) and the batch is refused: a refused batch counted
-    its durable writes before."""
-    namespaces = [service.namespace(r.namespace) for r in body.requests]
+    its durable writes before. A refusal names its entry (`requests.N.<field>`)."""
+    namespaces = []
+    for i, r in enumerate(body.requests):
+        with entry(i):
+            namespaces.append(service.namespace(r.namespace))
     for ns in {n.name: n for n in namespaces}.values():
         authorize(ns, key, "write")
     prepared: list[tuple[AddCountRequest, int, Mutation | None]] = []
     durable = []
     for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):
-        try:
+        with entry(i):
             delta = service.delta_of(ns, r.delta)
             dims, _ = service.extras(ns, r.dimensions, r.item, delta=delta, item_key=r.event_item_key)
             if dims:
                 await service.check_bound(ns, r.counter_name, dims)
-        except Rejected as exc:
-            raise Rejected(f"requests.{i}.{exc.field}", exc.reason) from None
-        if ns.counter_type is CounterType.BEST_EFFORT:
-            prepared.append((r, delta, None))
-            continue
-        t = r.idempotency_token
-        m = service.mutation(ns, r.counter_name, delta, MutationOp.ADD, t.token if t else None,
-                             t.generation_time if t else None, r.event_item_key, r.dimensions, r.item)
+            if ns.counter_type is CounterType.BEST_EFFORT:
+                prepared.append((r, delta, None))
+                continue
+            t = r.idempotency_token
+            m = service.mutation(ns, r.counter_name, delta, MutationOp.ADD, t.token if t else None,
+                                 t.generation_time if t else None, r.event_item_key, r.dimensions, r.item)
         prepared.append((r, delta, m))
         durable.append(m)
     values: dict[int, int] = {}  # BEST_EFFORT entries applied: index -> the new count

@@ -291,7 +291,11 @@ def test_parse_window() -> None:
     ({"last": "99999999999999999999999d"}, "window.last", "before 2000-01-01"),
     ({"start": "1999-12-31T23:59:59Z"}, "window.start", "2000..2200"),
     ({"start": "2200-12-31T00:00:00Z", "end": "2201-01-01T00:00:00Z"}, "window.end", "2000..2200"),
-    ({"start": "2100-01-01T00:00:00Z"}, "window.start", "after start"),  # a future start, end defaulting to now
+    # a future start, end defaulting to now: the start is at fault, and the message says so (it said "must be
+    # after start", of the start itself: from a review)
+    ({"start": "2100-01-01T00:00:00Z"}, "window.start", r"^must be before now \(2023-12-11T07:11:03\.000000Z\), "
+                                                        "where a window without an end ends"),
+    ({"start": NOW}, "window.start", "must be before now"),  # an empty window
     ({"last": "1h", "start": "2023-12-09T00:00:00Z"}, "window.last", "not both"),
     ({"end": "2023-12-09T00:00:00Z"}, "window", "needs last, or start"),
     ({"start": "yesterday"}, "window.start", "."),
