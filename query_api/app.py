@@ -36,6 +36,7 @@ from query_api.responses import SERVICE_ERRORS, error_response
 from query_api.routes import inspect, ops, reads, ui, writes
 from query_api.service import CounterService, broker_timeout_s
 from query_api.signals import ReadSignals
+from query_api.store_errors import StoreErrors
 from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
 from sinks.best_effort import open_counters
 from streams.settings import Settings, load_settings
@@ -96,7 +97,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await service.cache.close()
         await service.counters.close()
 
-    app = FastAPI(title="Counter Abstraction", version="1", lifespan=lifespan,
+    # redirect_slashes off: `POST /v1/AddCount/` is a 404, not a 307 to /v1/AddCount, which `curl -d` (without -L)
+    # shows as an empty success, exit 0 even with -f, while nothing was written; and whose Location Starlette builds
+    # from the Host header and scheme this process sees (behind a TLS proxy: an http:// URL). The UI redirects its
+    # own paths (query_api.routes.ui).
+    app = FastAPI(title="Counter Abstraction", version="1", lifespan=lifespan, redirect_slashes=False,
                   description="Distributed counters (BEST_EFFORT, EVENTUAL, ACCURATE) with idempotent writes, "
                               "after Netflix's Distributed Counter Abstraction.")
     _install_middleware(app)
@@ -214,6 +219,7 @@ def _safe_error(error: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _install_middleware(app: FastAPI) -> None:
+    app.add_middleware(StoreErrors)  # innermost (Starlette runs the last added first): metrics see its 503
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit)
     app.add_middleware(RequestMetrics)
