@@ -36,6 +36,7 @@ from query_api.responses import SERVICE_ERRORS, error_response
 from query_api.routes import inspect, ops, reads, ui, writes
 from query_api.service import CounterService, broker_timeout_s
 from query_api.signals import ReadSignals
+from query_api.store_errors import StoreErrors
 from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
 from sinks.best_effort import open_counters
 from streams.settings import Settings, load_settings
@@ -218,6 +219,7 @@ def _safe_error(error: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _install_middleware(app: FastAPI) -> None:
+    app.add_middleware(StoreErrors)  # innermost (Starlette runs the last added first): metrics see its 503
     app.add_middleware(JsonBodies)
     app.add_middleware(BodyLimit)
     app.add_middleware(RequestMetrics)

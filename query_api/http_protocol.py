@@ -28,7 +28,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from query_api import metrics
 from query_api.fastpath import ADD_COUNT, FAST_PATHS, fast_call
-from query_api.responses import SERVICE_ERRORS, error_response
+from query_api.responses import SERVICE_ERRORS, answerable, error_response
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +126,10 @@ def _outcome(future: asyncio.Future[Any], render: Callable[[Any], bytes], *faile
     with `failed`: a message and its arguments)."""
     try:
         return 200, render(future.result())
-    except SERVICE_ERRORS as exc:
-        status, detail = error_response(exc, getattr(render, "identity", None))
-        return status, orjson.dumps(detail)  # compact, like the app's JSONResponse
-    except (Exception, asyncio.CancelledError):
+    except (Exception, asyncio.CancelledError) as exc:
+        if isinstance(exc, Exception) and answerable(exc):
+            status, detail = error_response(exc, getattr(render, "identity", None))
+            return status, orjson.dumps(detail)  # compact, like the app's JSONResponse
         log.exception(*failed)
         return 500, b'{"detail":"Internal Server Error"}'
 

@@ -36,6 +36,7 @@ from query_api.service import (
 )
 from query_api.windows import Series
 from schemas import MICROS, Dimensions
+from sinks import store_unavailable
 from sinks.best_effort import CounterOverflow, CounterUnavailable
 from sinks.windows import WindowError
 
@@ -133,6 +134,13 @@ def add_response(w: Written) -> AddCountResponse:
                             durable=w.ns.counter_type is not CounterType.BEST_EFFORT, idempotency_token=w.token)
 
 
+def answerable(exc: BaseException) -> bool:
+    """Whether `error_response` maps `exc` to a status: a service error, or a store's error saying the store is
+    away (locked past its retries, failing I/O, no replica: sinks.store_unavailable), which is a 503, as a broker
+    outage is, rather than a 500. Anything else is a bug, answered 500 and logged."""
+    return isinstance(exc, SERVICE_ERRORS) or store_unavailable(exc)
+
+
 def error_response(exc: Exception, identity: Identity | None = None) -> tuple[int, dict]:
     """Status and body for one of SERVICE_ERRORS: one mapping for the FastAPI handlers and the fast path. A durable
     write that failed (503) or was not counted in time (504) answers its identity (`identity`, or the exception's):
@@ -159,4 +167,6 @@ def _error_response(exc: Exception) -> tuple[int, dict]:
         return 504, {"detail": str(exc)}
     if isinstance(exc, BrokerUnavailable | CounterUnavailable | DeliveryError):
         return 503, {"detail": str(exc)}
+    if store_unavailable(exc):
+        return 503, {"detail": f"the store is unavailable ({type(exc).__name__}: {exc}); retry later"}
     raise TypeError(f"not a service error: {exc!r}")

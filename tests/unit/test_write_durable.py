@@ -117,7 +117,8 @@ def fixed_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("ns_name", ["my_dataset", "my_dataset_accurate"])
-@pytest.mark.parametrize("token", TOKENS, ids=["no token", "token and epoch µs", "token and ISO time", "token and epoch ms"])
+@pytest.mark.parametrize("token", TOKENS,
+                         ids=["no token", "token and epoch µs", "token and ISO time", "token and epoch ms"])
 def test_a_plain_add_is_sent_noted_and_answered_as_write_durable_does(fixed_clock: None, ns_name: str,
                                                                       token: dict[str, Any] | None) -> None:
     via_plain, via_durable = plain_and_durable(ns_name, token)
