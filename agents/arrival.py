@@ -32,6 +32,14 @@ refused; the refused worker drops what was refused and claims again (`refused`),
 group dropped (it has no committed heartbeat to publish) and ends the fence of a late claimant.
 Claims come from the store, not from the group's generation, which a broker that keeps its groups in memory (the
 local Tansu) starts again at every restart while the store keeps what was claimed.
+
+A published floor is no more trusted than the heartbeat it came from: one ahead of the loading worker's clock by more
+than a worker's heartbeat can be (`agents.watermark.heartbeat_skew_s`) is the mark of a heartbeat forged by a client
+(or of a worker whose clock was wrong) and is ignored, with a warning: `prepare` judges the seed (a `PublishedFloor`)
+as it judges a heartbeat read from Kafka. Kept, it would dead-letter every valid record of the partition until the
+clock caught up with it, at every handover, as the store keeps the highest floor it was given. Ignored, the
+partition's records are judged by their own timestamps until this worker's first heartbeat, as before floors were
+published.
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 
-from agents.persist import KafkaRecord, RawRecord
+from agents.persist import KafkaRecord, PublishedFloor
 from agents.watermark import HEARTBEAT_HEADER
 from sinks import RollupStore, arrival_keys
 
@@ -131,8 +139,8 @@ class ArrivalFloors:
         for partition, index in sorted(first.items(), key=lambda item: item[1], reverse=True):
             offset, floor_us = seeds[partition]
             rec = records[index]
-            out.insert(index, RawRecord(rec.topic, partition, offset - 1, floor_us // 1000, None, b"",
-                                        [(HEARTBEAT_HEADER, b"1")]))
+            out.insert(index, PublishedFloor(rec.topic, partition, offset - 1, floor_us // 1000, None, b"",
+                                             [(HEARTBEAT_HEADER, b"1")]))
         return out, set(first)
 
     def stored(self, heartbeats: Iterable[tuple[int, int]], seeded: Iterable[int]) -> None:

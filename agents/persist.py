@@ -15,15 +15,17 @@ two events. A write without an item, with another delta or with an event_item_ke
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
-from agents.watermark import is_heartbeat
+from agents.watermark import heartbeat_skew_s, is_heartbeat
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error, extras_refusal
 from schemas import MICROS, MIN_EVENT_TIME, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
+from schemas.codec import InvalidItems
 from schemas.dead_letter import AnyHeaders, DeadLetter
 from sinks import EventRow
 
@@ -63,6 +65,13 @@ class RawRecord:
     headers: AnyHeaders = ()
 
 
+@dataclass(frozen=True, slots=True)
+class PublishedFloor(RawRecord):
+    """A heartbeat record put in by `agents.arrival` before a partition's first record: the arrival floor a previous
+    owner published, not a record read from Kafka. One stamped too far ahead (`prepare`) is ignored with a warning,
+    not dead-lettered: it has no position in the topic of its own."""
+
+
 @dataclass(slots=True)
 class PreparedBatch:
     rows: list[EventRow] = field(default_factory=list)
@@ -98,7 +107,7 @@ class _Admission:
     __slots__ = ("accept_us", "dimensions", "ns", "refusal", "skew_us", "unique")
 
     def __init__(self, ns: Namespace | None, name: str) -> None:
-        self.ns = ns
+        self.ns: Namespace | None = ns
         self.refusal: str | None = None
         if ns is None:
             self.refusal = f"unknown namespace {name!r}"
@@ -112,7 +121,8 @@ class _Admission:
 
 
 def prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry,
-            arrival_floor: dict[int, int] | None = None, *, identity_topic: str | None = None) -> PreparedBatch:
+            arrival_floor: dict[int, int] | None = None, *, identity_topic: str | None = None,
+            now_us: int | None = None) -> PreparedBatch:
     """Decode, identify and admit every mutation of a batch of records (no I/O).
 
     Admission judges an event against when its record reached Kafka. A LogAppendTime topic stamps exactly
@@ -124,6 +134,17 @@ def prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry,
     A caller that may prepare the same records again (a retry) passes a copy, and raises its floor from
     `heartbeats` once the batch is stored: else the retry judges earlier records by a later heartbeat.
 
+    On a CreateTime topic any client sets the timestamp, so a record's timestamp is bounded by this worker's
+    clock (`now_us`, read once per call; tests pass it): a record reached Kafka before it is read, so a timestamp
+    ahead of the clock by more than a clock's allowed error is no arrival time. A mutation in a record stamped
+    ahead of the worker's clock by more than its namespace's max_clock_skew is dead-lettered with the timestamp in
+    the reason: admitted, a token-less one would take that time as its event time (no rollup would count it until
+    then), and the record's arrival would keep every worker heartbeating until then. A heartbeat stamped ahead by
+    more than a worker's own heartbeat can be (`agents.watermark.heartbeat_skew_s`) is not one: it is
+    dead-lettered (a published floor, `PublishedFloor`, ignored with a warning) instead of raising the partition's
+    floor and watermark into the future, which would dead-letter every valid record after it (a floor published
+    to the store survives restarts). Consumer lag only moves the clock further past a timestamp: it never rejects.
+
     `identity_topic` names the topic in the identity of token-less JSON mutations (their Kafka position):
     a replay from a restored copy of the topic passes the original name.
 
@@ -133,22 +154,46 @@ def prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry,
     """
     floor = {} if arrival_floor is None else arrival_floor
     start = dict(floor)
+    clock = _Clock(registry, wall_clock_us() if now_us is None else now_us)
     try:
-        return _prepare(records, registry, floor, identity_topic)
+        return _prepare(records, registry, floor, identity_topic, clock)
     except Exception:
         log.warning("a batch failed to prepare; preparing its %d records one by one", len(records))
         floor.clear()
         floor.update(start)  # the failed pass may have raised it past records it is about to judge again
-        return _one_by_one(records, registry, floor, identity_topic)
+        return _one_by_one(records, registry, floor, identity_topic, clock)
+
+
+def wall_clock_us() -> int:
+    """This worker's clock (epoch µs): what `prepare` bounds record timestamps by, unless given `now_us`."""
+    return time.time_ns() // 1000
+
+
+class _Clock:
+    """The worker's clock for one `prepare` call and the limits it puts on record timestamps (µs)."""
+
+    __slots__ = ("heartbeat_skew_s", "heartbeat_us", "now_us", "stamp_us")
+
+    def __init__(self, registry: NamespaceRegistry, now_us: int) -> None:
+        self.now_us = now_us
+        self.heartbeat_skew_s = heartbeat_skew_s(registry.values())
+        # the latest timestamp of a heartbeat (and of a record's arrival) the worker believes
+        self.heartbeat_us = now_us + int(self.heartbeat_skew_s * MICROS)
+        # below this no namespace finds a record stamped ahead: the one comparison the common path pays
+        self.stamp_us = now_us + min((int(ns.max_clock_skew_s * MICROS) for ns in registry.values()
+                                      if ns.counter_type is not CounterType.BEST_EFFORT), default=0)
+
+    def ahead_s(self, timestamp_us: int) -> float:
+        return (timestamp_us - self.now_us) / MICROS
 
 
 def _one_by_one(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor: dict[int, int],
-                identity_topic: str | None) -> PreparedBatch:
+                identity_topic: str | None, clock: _Clock) -> PreparedBatch:
     """`prepare`, each record on its own: one that raises is dead-lettered ("ExceptionType: message")."""
     out = PreparedBatch()
     for rec in records:
         try:
-            out.extend(_prepare((rec,), registry, floor, identity_topic))
+            out.extend(_prepare((rec,), registry, floor, identity_topic, clock))
         except Exception as exc:
             log.warning("dead-lettering %s[%d]@%d: preparing it raised", rec.topic, rec.partition, rec.offset,
                         exc_info=True)
@@ -159,12 +204,13 @@ def _one_by_one(records: Sequence[KafkaRecord], registry: NamespaceRegistry, flo
 
 
 def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor: dict[int, int],
-             identity_topic: str | None) -> PreparedBatch:
+             identity_topic: str | None, clock: _Clock) -> PreparedBatch:
     out = PreparedBatch()
     rows_append = out.rows.append
     last_write = out.last_write
     admissions: dict[str, _Admission] = {}
     written = out.written
+    heartbeat_limit, stamp_limit = clock.heartbeat_us, clock.stamp_us
     n = 0
     for rec in records:
         n += 1
@@ -172,6 +218,9 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
         partition = rec.partition
         timestamp_us = rec.timestamp * 1000
         if not value and is_heartbeat(rec.headers):
+            if timestamp_us > heartbeat_limit:
+                _heartbeat_ahead(out, rec, timestamp_us, clock)
+                continue
             if timestamp_us > floor.get(partition, 0):
                 floor[partition] = timestamp_us
             out.heartbeats.append((partition, timestamp_us))
@@ -179,15 +228,21 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
         arrived = floor.get(partition, 0)
         if timestamp_us > arrived:
             arrived = timestamp_us
-        if arrived > written.get(partition, 0):
+        if written.get(partition, 0) < arrived <= heartbeat_limit:  # not a record stamped ahead (dead-lettered)
             written[partition] = arrived
+        pairs: Iterable[tuple[int, Mutation]]
         try:
             mutations = decode_mutations(value or b"")
         except DecodeError as exc:
-            out.dead.append(_dead(rec, value or b"", f"undecodable record: {exc}", timestamp_us))
-            continue
-        single = len(mutations) == 1
-        for index, m in enumerate(mutations):
+            if type(exc) is not InvalidItems:
+                out.dead.append(_dead(rec, value or b"", f"undecodable record: {exc}", timestamp_us))
+                continue
+            pairs, single = _valid_items(out, rec, exc, timestamp_us), False
+        else:
+            pairs, single = enumerate(mutations), len(mutations) == 1
+        if timestamp_us > stamp_limit:
+            pairs = _stamped_ahead(out, rec, pairs, single, registry, admissions, clock, identity_topic)
+        for index, m in pairs:
             namespace, counter, delta, event_time, event_id, item_key, op, dimensions, item = m
             admission = admissions.get(namespace)
             if admission is None:
@@ -234,6 +289,62 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
                                            reason or "not admitted"))
     out.records = n
     return out
+
+
+def _heartbeat_ahead(out: PreparedBatch, rec: KafkaRecord, timestamp_us: int, clock: _Clock) -> None:
+    """A heartbeat stamped further ahead of this worker's clock than any worker's heartbeat can be: not taken as
+    one (`prepare`). A record read from Kafka is dead-lettered; a published floor put in by `agents.arrival` is
+    ignored, with a warning."""
+    ahead = (f"{clock.ahead_s(timestamp_us):.3f}s ahead of this worker's clock, more than the "
+             f"{clock.heartbeat_skew_s}s a worker's own heartbeat can be (the largest max_clock_skew)")
+    if type(rec) is PublishedFloor:
+        log.warning("the arrival floor published for %s[%d] (%d µs) is %s: not trusted; judging its records by their "
+                    "own timestamps until this worker's next heartbeat", rec.topic, rec.partition, timestamp_us,
+                    ahead)
+        return
+    out.dead.append(_dead(rec, rec.value or b"", f"heartbeat (header counter.heartbeat) stamped {rec.timestamp} ms, "
+                          f"{ahead}: not taken as a heartbeat", timestamp_us))
+
+
+def _valid_items(out: PreparedBatch, rec: KafkaRecord, exc: InvalidItems,
+                 timestamp_us: int) -> list[tuple[int, Mutation]]:
+    """A batch record with invalid items: each invalid item is dead-lettered alone, with its reason (the whole record,
+    marked with its index, when it cannot be written alone); the valid ones, with their index, go on to admission."""
+    value = rec.value or b""
+    for item in exc.rejected:
+        reason = f"undecodable mutation: {item.reason}"
+        if item.alone is None:
+            out.dead.append(replace(_dead(rec, value, reason, timestamp_us), whole_record_of=item.index))
+        else:
+            out.dead.append(_dead(rec, item.alone, reason, timestamp_us))
+    return exc.valid
+
+
+def _stamped_ahead(out: PreparedBatch, rec: KafkaRecord, pairs: Iterable[tuple[int, Mutation]], single: bool,
+                   registry: NamespaceRegistry, admissions: dict[str, _Admission], clock: _Clock,
+                   identity_topic: str | None) -> list[tuple[int, Mutation]]:
+    """The mutations of a record stamped ahead of the worker's clock that their namespace's max_clock_skew still
+    admits (or that admission refuses for another reason); the others are dead-lettered with the timestamp in the
+    reason (`prepare`). Off the common path: only records stamped ahead by more than the smallest skew come here."""
+    timestamp_us = rec.timestamp * 1000
+    kept = []
+    for index, m in pairs:
+        admission = admissions.get(m.namespace)
+        if admission is None:
+            admission = admissions[m.namespace] = _Admission(registry.get(m.namespace), m.namespace)
+        ns = admission.ns
+        if ns is None or admission.refusal is not None or timestamp_us <= clock.now_us + admission.skew_us:
+            kept.append((index, m))
+            continue
+        event_time = timestamp_us if m.event_time is None else m.event_time
+        event_id = (f"kafka:{identity_topic or rec.topic}:{rec.partition}:{rec.offset}:{index}" if m.event_id is None
+                    else m.event_id)
+        out.dead.append(_dead_mutation(
+            rec, m, index, single, event_time, event_id, timestamp_us,
+            f"record timestamp {rec.timestamp} ms is {clock.ahead_s(timestamp_us):.3f}s ahead of the worker's clock: "
+            f"no time it reached Kafka; namespace {ns.name!r} allows max_clock_skew={ns.max_clock_skew_s}s (a producer "
+            "clock that far ahead, or a timestamp set by the client)"))
+    return kept
 
 
 def _dead_mutation(rec: KafkaRecord, m: Mutation, index: int, single: bool, event_time: int, event_id: str,

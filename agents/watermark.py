@@ -25,6 +25,7 @@ import math
 import threading
 from collections.abc import Iterable, Mapping
 
+from control_plane import CounterType, Namespace
 from schemas import MICROS
 from schemas.dead_letter import AnyHeaders
 from schemas.record_headers import has_header
@@ -36,6 +37,24 @@ HEARTBEAT_HEADER = "counter.heartbeat"
 def is_heartbeat(headers: AnyHeaders) -> bool:
     """Whether a record's headers (list of pairs or mapping, str or bytes names) mark a heartbeat."""
     return has_header(headers, HEARTBEAT_HEADER)
+
+
+def heartbeat_skew_s(namespaces: Iterable[Namespace]) -> float:
+    """How far ahead of a worker's clock another worker's heartbeat may be stamped (seconds): the largest
+    max_clock_skew of the namespaces with rollups (1 s without one), which `agents.worker.build` also gives the
+    WatermarkTracker.
+
+    Heartbeats are the workers' own records, but the worker that reads one need not be the one that sent it (a
+    partition handed over, a floor published by the previous owner), and on a CreateTime broker the sender's clock
+    stamps it. A heartbeat is read after it was sent, so it is ahead of the reader's clock by at most the difference
+    between the two workers' clocks. The watermark already trusts that difference to be within this skew: it takes a
+    heartbeat at T to mean that every record before it reached Kafka by T - skew. A heartbeat further ahead would break
+    that watermark anyway, so no larger bound is worth accepting; a smaller one (a namespace's own skew, or none) would
+    refuse the heartbeats of a worker whose clock is ahead within what the deployment declares it allows, and the
+    watermark would stand still. Anything past it is no worker's heartbeat: a client's record, or a worker whose clock
+    is wrong beyond what every namespace allows."""
+    return max((ns.max_clock_skew_s for ns in namespaces if ns.counter_type is not CounterType.BEST_EFFORT),
+               default=1.0)
 
 
 class WatermarkTracker:

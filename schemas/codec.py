@@ -55,6 +55,32 @@ class DecodeError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class RejectedItem:
+    """An invalid item of a batch record: its index, why (``"MutationBatch item 1: field ..."``), and the item
+    alone as a record of its own (a CountMutation, or the item's JSON text) for its dead letter; None when it cannot
+    be written alone (the dead letter then keeps the whole record)."""
+
+    index: int
+    reason: str
+    field: str | None
+    alone: bytes | None
+
+
+class InvalidItems(DecodeError):
+    """A batch record (MutationBatch, JSON array) some of whose items are invalid. Its message is the first invalid
+    item's, as when the whole record was refused for it; `valid` holds the valid mutations with their index in the
+    record, `rejected` the others, so a consumer can count the valid ones and dead-letter each invalid one alone."""
+
+    def __init__(self, valid: list[tuple[int, Mutation]], rejected: list[RejectedItem]) -> None:
+        super().__init__(rejected[0].reason, rejected[0].field)
+        self.valid = valid
+        self.rejected = rejected
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.valid, self.rejected))
+
+
+@dataclass(frozen=True, slots=True)
 class AvroSchema:
     """One .avsc file, parsed once: `header` is what every single-object record of it starts with."""
 
@@ -422,14 +448,47 @@ def _mutations_from_json(value: Any) -> list[Mutation]:
     if not value:
         raise DecodeError("empty JSON array: no mutations")
     out = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise DecodeError(f"JSON array item {i}: must be an object, got {type(item).__name__}")
-        try:
+    try:
+        for item in value:
+            if not isinstance(item, dict):
+                break
             out.append(mutation_from_json(item))
-        except ValidationError as exc:
-            raise DecodeError(f"JSON array item {i}: {exc}", exc.field) from None
-    return out
+        else:
+            return out
+    except ValidationError:
+        pass
+    raise _invalid_items("JSON array", value, _json_item, _json_text)
+
+
+def _json_item(item: Any) -> Mutation:
+    if not isinstance(item, dict):
+        raise DecodeError(f"must be an object, got {type(item).__name__}")
+    return mutation_from_json(item)
+
+
+def _json_text(item: Any) -> bytes:
+    return json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _invalid_items(kind: str, items: Sequence[Any], read: Callable[[Any], Mutation],
+                   alone: Callable[[Any], bytes]) -> DecodeError:
+    """What to raise for a batch record with an invalid item (off the common path: its first reading failed): each
+    item read again, the valid ones kept with their index, each invalid one with its reason and its bytes alone
+    (`InvalidItems`). A batch of one item is its whole record: a plain DecodeError, as for a single mutation."""
+    valid: list[tuple[int, Mutation]] = []
+    rejected: list[RejectedItem] = []
+    for i, item in enumerate(items):
+        try:
+            valid.append((i, read(item)))
+        except (ValidationError, DecodeError) as exc:
+            try:
+                data: bytes | None = alone(item)
+            except Exception:  # e.g. a value the encoder refuses: the dead letter keeps the whole record
+                data = None
+            rejected.append(RejectedItem(i, f"{kind} item {i}: {exc}", getattr(exc, "field", None), data))
+    if len(items) == 1:
+        return DecodeError(rejected[0].reason, rejected[0].field)
+    return InvalidItems(valid, rejected)
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -486,8 +545,10 @@ def decode_mutations(data: bytes) -> list[Mutation]:
             try:
                 for r in records:
                     out.append(_from_record(r))
-            except ValidationError as exc:
-                raise DecodeError(f"MutationBatch item {len(out)}: {exc}", exc.field) from None
+            except ValidationError:
+                single = COUNT_MUTATION_V2 if schema is MUTATION_BATCH_V2 else COUNT_MUTATION
+                raise _invalid_items("MutationBatch", records, _from_record,
+                                     lambda r: _write(single.header, single.parsed, r)) from None
             return out
         raise DecodeError(f"record is a {schema.name}, not a CountMutation or MutationBatch")
     head = data.lstrip()[:1]

@@ -29,7 +29,7 @@ from tests.unit.test_persist_faults import FakeKafka
 
 REGISTRY = parse_namespaces({"namespaces": {"ev": {"counter_type": "EVENTUAL", "accept_limit": "2s",
                                                     "max_clock_skew": "500ms"}}})
-T = 1_800_000_000 * MICROS
+T = 1_790_000_000 * MICROS  # a record timestamp in the past: the persist path refuses one stamped ahead
 TOPIC = Settings().mutations_topic
 
 

@@ -27,7 +27,7 @@ from sinks import Partitioning, SqliteEventStore, SqliteRollupStore
 from streams.settings import Settings
 
 REGISTRY = parse_namespaces({"namespaces": {"ev": {"counter_type": "EVENTUAL"}}})  # preset: accept_limit 5 s
-T = 1_800_000_000 * MICROS
+T = 1_790_000_000 * MICROS  # a record timestamp in the past: the persist path refuses one stamped ahead
 LIMIT = 1 << 20  # AsyncProducer's message.max.bytes
 
 

@@ -22,7 +22,7 @@ REGISTRY = parse_namespaces({"namespaces": {
     "acc": {"counter_type": "ACCURATE", "accept_limit": "3s", "max_clock_skew": "1s"},
     "be": {"counter_type": "BEST_EFFORT", "accept_limit": "60s", "max_clock_skew": "60s"},
 }})
-T = 1_800_000_000 * MICROS
+T = 1_790_000_000 * MICROS  # a record timestamp in the past: the persist path refuses one stamped ahead
 
 
 def rec(partition: int, offset: int, ts: int, value: bytes = b"", heartbeat: bool = False) -> RawRecord:
