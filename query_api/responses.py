@@ -153,12 +153,20 @@ def error_response(exc: Exception, identity: Identity | None = None) -> tuple[in
     return status, body
 
 
+def _loc(field: str) -> list[str | int]:
+    """A refused field's loc as the request model's errors write it: a batch entry's index is a number
+    (["body", "requests", 2, "delta"]); any other part stays text (a dimension key may be all digits)."""
+    parts: list[str | int] = ["body", *field.split(".")]
+    if len(parts) > 2 and parts[1] == "requests" and str(parts[2]).isdigit():
+        parts[2] = int(parts[2])
+    return parts
+
+
 def _error_response(exc: Exception) -> tuple[int, dict]:
     if isinstance(exc, Rejected):
-        return 422, {"detail": [{"loc": ["body", *exc.field.split(".")], "msg": str(exc), "type": "value_error"}]}
+        return 422, {"detail": [{"loc": _loc(exc.field), "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, WindowError):
-        loc = ["body", *(exc.field or "window").split(".")]
-        return 422, {"detail": [{"loc": loc, "msg": str(exc), "type": "value_error"}]}
+        return 422, {"detail": [{"loc": _loc(exc.field or "window"), "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, CounterOverflow):
         return 422, {"detail": [{"loc": ["body", "delta"], "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, NamespaceNotFound):

@@ -32,7 +32,7 @@ from query_api.persist_progress import PersistProgress
 from query_api.plain_add import plain_add
 from query_api.signals import ReadSignals
 from query_api.topk import TopK, top_k
-from query_api.windows import Series, parse_window, series, window_count
+from query_api.windows import Series, parse_window, series, window_count, windowed
 from schemas import (
     MICROS,
     Dimensions,
@@ -472,17 +472,12 @@ class CounterService:
 
     # -- time windows -----------------------------------------------------------------------------------
 
-    def _windowed(self, ns: Namespace) -> None:
-        if ns.counter_type is CounterType.BEST_EFFORT or not ns.windows:
-            raise WindowError(f"namespace {ns.name!r} ({ns.counter_type.value}) keeps no time windows",
-                              field="window")
-
     async def get_window(self, ns: Namespace, counter: str, spec: Mapping[str, object], *,
                          now_us: int | None = None) -> WindowedCount:
         """GetCount over a window: the buckets tiling it (coarsest first); ACCURATE adds the live events in the
         window after the buckets' boundary, honouring a live clear. `now_us`: the time a `last` window ends at
         (default: now), so the counts of one group_by share one window."""
-        self._windowed(ns)
+        windowed(ns)
         now = time.time_ns() // 1000 if now_us is None else now_us
         start, end = parse_window(spec, now)
         # The rollup before the buckets: a rollup writes its buckets before its rollup_ts, so buckets read after
@@ -502,7 +497,7 @@ class CounterService:
     async def get_series(self, ns: Namespace, counter: str, granularity: str, start: str | int | float,
                          end: str | int | float | None) -> tuple[Series, int | None]:
         """GetCountSeries: the granularity's buckets over [start, end), zero-filled, and their as_of."""
-        self._windowed(ns)
+        windowed(ns, field="namespace")  # the series has no `window` to name
         now = time.time_ns() // 1000
         start_us = _window_time(start, "start")
         end_us = now if end is None else _window_time(end, "end")
@@ -517,7 +512,7 @@ class CounterService:
         """GetTopK: the k counters (of the `dimensions` filter) with the highest counts in the window, from the rank
         lists of its buckets (query_api.topk). `as_of`: the oldest rollup_ts among the counters returned (their
         counts are exact up to it); a read of a lagging one signals it, as GetCount does."""
-        self._windowed(ns)
+        windowed(ns)
         if ns.counts_unique:
             raise Rejected("namespace", f"namespace {ns.name!r} counts distinct items (UNIQUE): GetTopK ranks counts, "
                                         "not estimates of distinct items")

@@ -181,7 +181,7 @@ def test_batch_endpoints(stack):
     assert post(stack, "/v1/AddCount", {**full, "delta": 2**63 - 1}).status_code == 200
     mixed = [fresh(POST_ADD, counter_name=f"m{tag}"), {**spare, "delta": 3}, {**full, "delta": 1}]
     r = post(stack, "/v1/BatchAddCount", {"requests": mixed})
-    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "requests", "2", "delta"], r.text
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "requests", 2, "delta"], r.text
     assert post(stack, "/v1/GetCount", spare).json()["count"] == 0  # applied, then taken back
     assert post(stack, "/v1/GetCount", full).json()["count"] == 2**63 - 1
     alone = post(stack, "/v1/AddAndGetCount", fresh(POST_ADD, counter_name=f"m{tag}", delta=1)).json()

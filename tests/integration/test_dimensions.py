@@ -168,7 +168,7 @@ def _run(env: PipelineEnv, client: httpx.Client) -> None:
     assert refused(client.post("/v1/ClearCount", json={"namespace": NS, "counter_name": "v",
                                                     "dimensions": {"country": "US"}})) == [["body", "dimensions"]]
     assert refused(client.post("/v1/BatchAddCount", json={"requests": [base, {**base, "dimensions": {"os": "x"}}]})
-                ) == [["body", "requests", "1", "dimensions", "os"]]
+                ) == [["body", "requests", 1, "dimensions", "os"]]
     assert refused(client.post("/v1/GetCount", json={"namespace": NS, "counter_name": "v",
                                                   "dimensions": {"os": "x"}})) == [["body", "dimensions", "os"]]
     assert refused(client.post("/v1/GetCount", json={"namespace": NS, "counter_name": "v", "group_by": "os"})
@@ -267,4 +267,4 @@ def _run(env: PipelineEnv, client: httpx.Client) -> None:
     assert [x["count"] for x in results] == [expected["v"], expected["v country=FR"], expected["w country=é"]]
     assert "dimensions" not in results[0] and results[1]["dimensions"] == {"country": "FR"}
     assert refused(client.post("/v1/BatchGetCount", json={"requests": [
-        {"namespace": NS, "counter_name": "v", "group_by": "device"}]})) == [["body", "requests", "0", "group_by"]]
+        {"namespace": NS, "counter_name": "v", "group_by": "device"}]})) == [["body", "requests", 0, "group_by"]]
