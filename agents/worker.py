@@ -31,6 +31,7 @@ from agents.watermark import (
     NO_PARTITION,
     HeartbeatPace,
     WatermarkTracker,
+    heartbeat_skew_s,
     heartbeats_needed,
     request_heartbeats,
 )
@@ -218,7 +219,7 @@ def build(settings: Settings) -> Pipeline:
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id=f"{settings.worker_id}-producer", timeout_s=10.0)
     topics = declare_topics(app, settings)
     rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
-    skew = max((ns.max_clock_skew_s for ns in rolled), default=1.0)
+    skew = heartbeat_skew_s(rolled)
     # One coalescing window for the worker: the shortest a namespace asks for; its size is bounded by the
     # smallest capacity_bytes (a queued signal costs about SIGNAL_BYTES in memory). The rollup topic's
     # partitions are the queues (num_queues maps to COUNTER_ROLLUPS_PARTITIONS).

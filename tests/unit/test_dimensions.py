@@ -52,7 +52,7 @@ from schemas import (
 from schemas.dead_letter import DeadLetter
 from sinks import Aggregate, EventRow, Partitioning, SqliteEventStore, SqliteRollupStore
 
-T = 1_800_000_000 * MICROS
+T = 1_790_000_000 * MICROS  # 2026-09-21: stamped in the past, as records are (prepare refuses ones ahead)
 
 # -- naming ------------------------------------------------------------------------------------------------------
 

@@ -314,7 +314,7 @@ def test_group_by_reads_each_combination(stack: Stack) -> None:
 
 
 def test_the_persist_path_stores_items_as_item_keys_and_dead_letters_the_rest() -> None:
-    t = 1_800_000_000 * S
+    t = 1_790_000_000 * S  # in the past: prepare refuses records stamped ahead of its clock
 
     def rec(offset: int, m: Mutation) -> RawRecord:
         return RawRecord("counter-mutations", 0, offset, t // 1000, b"k", encode_mutation(m))
