@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -114,11 +115,12 @@ def test_up_with_bad_namespace_file_fails_naming_the_field(tmp_path):
 
 def test_produce_jsonl_file_with_progress(kafka_bootstrap, topic_name, tmp_path):
     make_topic(kafka_bootstrap, topic_name, 3)
+    now_ms = int(time.time() * 1000)  # times `counter produce` admits (it refuses what the pipeline would not)
     lines = [json.dumps({"namespace": "my_dataset", "counter_name": f"c{i % 5}", "delta": i,
-                         "idempotency_token": {"token": f"t{i}", "generation_time": 1_730_000_000 + i}})
+                         "idempotency_token": {"token": f"t{i}", "generation_time": now_ms - i}})
              for i in range(300)]
     lines.append(json.dumps({"namespace": "my_dataset", "counter_name": "c1", "op": "clear",
-                             "idempotency_token": {"token": "clr", "generation_time": "2024-10-05T14:48:00Z"}}))
+                             "idempotency_token": {"token": "clr", "generation_time": now_ms}}))
     path = tmp_path / "m.jsonl"
     path.write_text("\n".join(lines) + "\n")
     result = subprocess.run([*COUNTER, "produce", "--file", str(path), "--bootstrap", kafka_bootstrap,
