@@ -60,9 +60,10 @@ class GroupCommitObserver(Protocol):
 class _Pending:
     """The bodies of this pass of the loop, and the future they all wait on. `v2`: some mutation has dimensions
     or an item, so the record is a v2 one (its v1 bodies get the v2 defaults when it is produced).
-    `read_your_write`: some client waits until its write is persisted."""
+    `read_your_write`: some client waits until its write is persisted. `overdue`: the timer that fails the writes
+    the broker has not acknowledged within the producer's timeout of the first of them."""
 
-    __slots__ = ("bodies", "future", "number", "read_your_write", "size", "v2")
+    __slots__ = ("bodies", "future", "number", "overdue", "read_your_write", "size", "v2")
 
     def __init__(self, future: asyncio.Future[None], number: int) -> None:
         self.number = number  # records are numbered 1, 2, ... in the order they are started
@@ -71,6 +72,7 @@ class _Pending:
         self.future = future
         self.v2: list[bool] | None = None  # per body, once a v2 body joined
         self.read_your_write = False
+        self.overdue: asyncio.TimerHandle | None = None
 
 
 class GroupCommitProducer:
@@ -174,6 +176,7 @@ class GroupCommitProducer:
             loop.call_soon(self._flush_pass)  # end of this pass: no timer a lone write must wait out
             self.records_started += 1
             pending = self._pending = _Pending(loop.create_future(), self.records_started)
+            pending.overdue = loop.call_later(self.kafka.timeout_s, self._overdue, pending)
         if kinds is not None and pending.v2 is None:
             pending.v2 = [False] * len(pending.bodies)
         if pending.v2 is not None:
@@ -204,8 +207,7 @@ class GroupCommitProducer:
         self.records_sent += 1
         if self.observer is not None:
             self.observer.record_sent(len(batch.bodies))
-        record.add_done_callback(functools.partial(self._acknowledged, batch.future, batch.number,
-                                                   time.perf_counter()))
+        record.add_done_callback(functools.partial(self._acknowledged, batch, time.perf_counter()))
 
     def acked_ends(self) -> dict[int, int]:
         """Per partition, the offset after the latest record acknowledged (`AsyncProducer.acked_ends`)."""
@@ -220,10 +222,27 @@ class GroupCommitProducer:
         else:
             self._settled_early.add(number)
 
-    def _acknowledged(self, future: asyncio.Future[None], number: int, sent: float,
-                      record: asyncio.Future[None]) -> None:
+    def _overdue(self, batch: _Pending) -> None:
+        """The producer's timeout has passed since the batch's first write: fail its writes now (503 in the API),
+        whether the record is still gathering behind one in flight or waits in librdkafka, whose own timeout is
+        checked about once a second. Why: a 503 asks for a retry with the same token and generation_time, which is
+        admitted only within the namespace's accept_limit of that time (query_api.service.broker_timeout_s); a
+        write that waited behind a record in flight and then its own timeout answered too late for it. A record
+        already produced may still be stored: the retry is then the same event, counted once."""
+        if batch.future.done():
+            return
+        if self._pending is batch:  # never produced: nothing of it reaches the broker
+            self._pending = None
+            self._settled(batch.number)
+        batch.future.set_exception(DeliveryError(
+            f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s; {RETRY_RULE}"))
+
+    def _acknowledged(self, batch: _Pending, sent: float, record: asyncio.Future[None]) -> None:
+        future = batch.future
+        if batch.overdue is not None:
+            batch.overdue.cancel()
         self._in_flight -= 1
-        self._settled(number)
+        self._settled(batch.number)
         error = asyncio.CancelledError() if record.cancelled() else record.exception()
         if self.observer is not None:
             self.observer.record_done(time.perf_counter() - sent, error is None)

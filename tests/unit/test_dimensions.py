@@ -518,6 +518,7 @@ class _FakeKafka:
     """What GroupCommitProducer uses of AsyncProducer; records produced are kept, acknowledged at once."""
 
     bootstrap = "fake:9092"
+    timeout_s = 5.0
 
     def __init__(self) -> None:
         self.records: list[bytes] = []

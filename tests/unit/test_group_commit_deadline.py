@@ -1,0 +1,72 @@
+"""A durable write fails at the producer's timeout after it arrived, not later (review: a write that gathered behind
+a record in flight waited for that record's failure and then its own timeout, 5 s instead of 2.5, so the retry its
+503 asked for was refused as past accept_limit, and the write was lost). The broker here never answers."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from producers import DeliveryError
+from producers.group_commit import GroupCommitProducer
+from schemas import Mutation
+
+TIMEOUT_S = 0.2
+
+
+class SilentKafka:
+    """What GroupCommitProducer uses of AsyncProducer; records are kept and never acknowledged (a frozen broker)."""
+
+    bootstrap = "frozen:9092"
+    timeout_s = TIMEOUT_S
+
+    def __init__(self) -> None:
+        self.records: list[bytes] = []
+
+    def start(self) -> None:
+        pass
+
+    async def partitions(self, topic: str) -> int:
+        return 1
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int,
+                headers: Any = None) -> asyncio.Future[None]:
+        self.records.append(value)
+        return asyncio.get_running_loop().create_future()
+
+
+def write(n: int) -> Mutation:
+    return Mutation("my_dataset", f"c{n}", 1, 1_795_000_000_000_000 + n, f"t{n}")
+
+
+async def failed_after(future: asyncio.Future[None], sent: float) -> float:
+    with pytest.raises(DeliveryError, match="did not acknowledge within 0.2s; retry with the same idempotency"):
+        await asyncio.wait_for(future, 2.0)  # a bound on the test, far past the deadline
+    return time.monotonic() - sent
+
+
+def test_a_write_behind_a_record_in_flight_fails_at_its_own_deadline_unsent() -> None:
+    kafka = SilentKafka()
+
+    async def scenario() -> tuple[float, float, int, int]:
+        producer = GroupCommitProducer(kafka, topic="t")  # type: ignore[arg-type]
+        await producer.start()
+        first_sent = time.monotonic()
+        first = producer.send([write(1)])
+        await asyncio.sleep(TIMEOUT_S / 2)  # the first record is in flight; the second gathers behind it
+        second_sent = time.monotonic()
+        second = producer.send([write(2)])
+        waited = await asyncio.gather(failed_after(first, first_sent), failed_after(second, second_sent))
+        third = producer.send([write(3)])  # the producer goes on: a new record, in flight once the first settles
+        await asyncio.sleep(0)
+        third.cancel()
+        return *waited, len(kafka.records), producer.records_started
+
+    first_waited, second_waited, produced, started = asyncio.run(scenario())
+    assert TIMEOUT_S <= first_waited < TIMEOUT_S + 0.1
+    assert TIMEOUT_S <= second_waited < TIMEOUT_S + 0.1, "the second write waited past its own deadline"
+    assert produced == 1  # the second write never reached the broker: its retry is the only copy
+    assert started == 3
