@@ -35,8 +35,10 @@ class IdempotencyToken(BaseModel):
     model_config = ConfigDict(extra="forbid")
     token: str = Field(..., examples=["some_event_id"])
     generation_time: str | int | float | None = Field(
-        None, description="ISO-8601 or epoch (s/ms/µs); default: when the service receives the request",
-        examples=["2024-10-05T14:48:00Z"])
+        None, description="ISO-8601 or epoch (s/ms/µs): the event's time, within the namespace's accept_limit of "
+                          "when the write reaches Kafka. Required with a token in a durable namespace (an event is "
+                          "its token and generation_time: only a retry with both is counted once); BEST_EFFORT "
+                          "ignores tokens")
 
     @field_validator("token")
     @classmethod

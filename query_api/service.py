@@ -68,11 +68,14 @@ Identity = tuple[str, int]  # a durable write's idempotency token and event time
 
 class BrokerUnavailable(RuntimeError):
     """The broker did not acknowledge a write. `identity`: the write's token and event time, which its 503 answers
-    (a retry with them is counted once, also when this process drew them for a write that brought none)."""
+    (a retry with them is counted once, also when this process drew them for a write that brought none);
+    `entries`: a batch's, one per request (None for a BEST_EFFORT one, which has none)."""
 
-    def __init__(self, message: str, identity: Identity | None = None) -> None:
+    def __init__(self, message: str, identity: Identity | None = None,
+                 entries: Sequence[Identity | None] | None = None) -> None:
         super().__init__(message)
         self.identity = identity
+        self.entries = entries
 
 
 class NotCountedYet(TimeoutError):

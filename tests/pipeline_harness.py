@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from infra.broker import LocalBroker
+from infra.memcached import LocalMemcached
 from infra.process import ManagedProcess
 from infra.stack import LocalStack
 from sinks import RollupState, SqliteRollupStore
@@ -185,3 +187,24 @@ def worker_and_api(kafka_bootstrap: str, memcached_address: str, tmp_path: Path,
         api = env.start_api()
         with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
             yield env, client
+
+
+@contextlib.contextmanager
+def own_broker(tmp_path: Path, namespaces: Path) -> Iterator[tuple[LocalBroker, LocalMemcached, PipelineEnv,
+                                                                   httpx.Client]]:
+    """A broker and a memcached of the test's own (to pause or stop: the session's are shared), topics, a worker,
+    an API serving the namespaces file `namespaces`, and a client of the API; all stopped on exit."""
+    broker = LocalBroker(tmp_path / "broker.log").start()
+    mc = LocalMemcached(tmp_path / "mc.log").start()
+    env = PipelineEnv(broker.bootstrap, mc.address, tmp_path / "data", namespaces=namespaces)
+    env.data_dir.mkdir()
+    try:
+        env.create_topics()
+        env.start_worker()
+        api = env.start_api()
+        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
+            yield broker, mc, env, client
+    finally:
+        env.stop()
+        mc.stop()
+        broker.stop()

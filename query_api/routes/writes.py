@@ -20,7 +20,7 @@ from query_api.models import (
 )
 from query_api.responses import add_response, count_response
 from query_api.routes.entries import entry
-from query_api.service import CounterService, Rejected, Written
+from query_api.service import BrokerUnavailable, CounterService, Rejected, Written
 from query_api.unique import add_and_get_unique, unique_response
 from schemas import Mutation, MutationOp
 from sinks.best_effort import CounterOverflow
@@ -115,7 +115,12 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
                 except CounterOverflow as exc:
                     raise Rejected(f"requests.{i}.delta", str(exc)) from None
         if durable:
-            await service.send_durably(durable)
+            try:
+                await service.send_durably(durable)
+            except BrokerUnavailable as exc:  # the tokens a retry must send again, drawn here for entries without
+                raise BrokerUnavailable(str(exc), entries=[
+                    (m.event_id, m.event_time) if m is not None and m.event_id and m.event_time is not None else None
+                    for _, _, m in prepared]) from exc
     except BaseException:
         await _take_back(service, [(namespaces[i], prepared[i][0].counter_name, prepared[i][1]) for i in values])
         raise

@@ -14,10 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from infra.broker import LocalBroker
-from infra.memcached import LocalMemcached
 from tests.helpers import wait_for
-from tests.pipeline_harness import PipelineEnv
+from tests.pipeline_harness import PipelineEnv, own_broker
 
 pytestmark = pytest.mark.integration
 
@@ -434,40 +432,28 @@ def test_idle_keep_alive_connections_close_and_busy_ones_stay_open(stack):
 def test_broker_and_memcached_outages(memcached_address, tmp_path):
     """Stopping the broker: writes 503 (nothing half-written), reads still served. Stopping memcached:
     rolled-up reads fall back to the store, BEST_EFFORT answers 503."""
-    broker = LocalBroker(tmp_path / "broker.log").start()
-    mc = LocalMemcached(tmp_path / "mc.log").start()
-    env = PipelineEnv(broker.bootstrap, mc.address, tmp_path / "data", namespaces=NAMESPACES)
-    env.data_dir.mkdir()
-    try:
-        env.create_topics()
-        env.start_worker()
-        api = env.start_api()
-        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as c:
-            env.client = c
-            assert post(env, "/v1/AddAndGetCount", fresh(POST_ADD, delta=3)).json()["count"] == 3
-            wait_for(lambda: get_count(env, "my_dataset", "counter123") == 3, 30, message="rolled up")
-            assert post(env, "/v1/AddCount", {**POST_ADD, "namespace": "my_dataset_best_effort"}).status_code == 200
+    with own_broker(tmp_path, NAMESPACES) as (broker, mc, env, c):
+        env.client = c
+        assert post(env, "/v1/AddAndGetCount", fresh(POST_ADD, delta=3)).json()["count"] == 3
+        wait_for(lambda: get_count(env, "my_dataset", "counter123") == 3, 30, message="rolled up")
+        assert post(env, "/v1/AddCount", {**POST_ADD, "namespace": "my_dataset_best_effort"}).status_code == 200
 
-            mc.stop()
-            assert get_count(env, "my_dataset", "counter123") == 3  # from the rollup store
-            r = post(env, "/v1/AddCount", {**POST_ADD, "namespace": "my_dataset_best_effort"})
-            assert r.status_code == 503 and "memcached" in r.json()["detail"]
-            assert post(env, "/v1/GetCount", {**POST_GET, "namespace": "my_dataset_best_effort"}).status_code == 503
-
-            env.workers[0].stop()
-            broker.stop()
-            started = time.monotonic()
-            sent = fresh(POST_ADD, delta=100)
-            r = post(env, "/v1/AddCount", sent)
-            assert r.status_code == 503 and "broker" in r.json()["detail"], r.text
-            assert time.monotonic() - started < 15
-            assert r.json()["idempotency_token"]["token"] == sent["idempotency_token"]["token"]
-            plain = post(env, "/v1/AddCount", {"namespace": "my_dataset", "counter_name": "plain", "delta": 1})
-            drawn = plain.json().get("idempotency_token") or {}  # the token and time the API drew for it
-            assert plain.status_code == 503 and drawn.get("token") and isinstance(drawn.get("generation_time"), int)
-            assert get_count(env, "my_dataset", "counter123") == 3  # reads still served, nothing half-written
-            assert c.get("/readyz").status_code == 503
-    finally:
-        env.stop()
         mc.stop()
+        assert get_count(env, "my_dataset", "counter123") == 3  # from the rollup store
+        r = post(env, "/v1/AddCount", {**POST_ADD, "namespace": "my_dataset_best_effort"})
+        assert r.status_code == 503 and "memcached" in r.json()["detail"]
+        assert post(env, "/v1/GetCount", {**POST_GET, "namespace": "my_dataset_best_effort"}).status_code == 503
+
+        env.workers[0].stop()
         broker.stop()
+        started = time.monotonic()
+        sent = fresh(POST_ADD, delta=100)
+        r = post(env, "/v1/AddCount", sent)
+        assert r.status_code == 503 and "broker" in r.json()["detail"], r.text
+        assert time.monotonic() - started < 15
+        assert r.json()["idempotency_token"]["token"] == sent["idempotency_token"]["token"]
+        plain = post(env, "/v1/AddCount", {"namespace": "my_dataset", "counter_name": "plain", "delta": 1})
+        drawn = plain.json().get("idempotency_token") or {}  # the token and time the API drew for it
+        assert plain.status_code == 503 and drawn.get("token") and isinstance(drawn.get("generation_time"), int)
+        assert get_count(env, "my_dataset", "counter123") == 3  # reads still served, nothing half-written
+        assert c.get("/readyz").status_code == 503

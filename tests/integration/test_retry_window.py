@@ -13,57 +13,69 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-import httpx
-
-from infra.broker import LocalBroker
-from infra.memcached import LocalMemcached
 from tests.helpers import wait_for
 from tests.integration.test_api import NAMESPACES
-from tests.pipeline_harness import PipelineEnv
+from tests.pipeline_harness import own_broker
 
 
 def test_a_write_answered_503_by_a_frozen_broker_is_counted_once_when_retried_at_once(tmp_path):
-    broker = LocalBroker(tmp_path / "broker.log").start()
-    mc = LocalMemcached(tmp_path / "mc.log").start()
-    env = PipelineEnv(broker.bootstrap, mc.address, tmp_path / "data", namespaces=NAMESPACES)
-    env.data_dir.mkdir()
-    try:
-        env.create_topics()
-        env.start_worker()
-        api = env.start_api()
-        with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as c:
-            body = {"namespace": "my_dataset", "counter_name": "retried", "delta": 7,
-                    "idempotency_token": {"token": uuid.uuid4().hex,
-                                          "generation_time": datetime.now(UTC).isoformat()}}
-            assert c.post("/v1/AddCount", json={**body, "counter_name": "warm-up"}).status_code == 200
+    with own_broker(tmp_path, NAMESPACES) as (broker, _mc, _env, c):
+        body = {"namespace": "my_dataset", "counter_name": "retried", "delta": 7,
+                "idempotency_token": {"token": uuid.uuid4().hex, "generation_time": datetime.now(UTC).isoformat()}}
+        assert c.post("/v1/AddCount", json={**body, "counter_name": "warm-up"}).status_code == 200
 
-            broker.pause()
-            try:
-                started = time.monotonic()
-                first = c.post("/v1/AddCount", json=body)
-                waited = time.monotonic() - started
-            finally:
-                broker.resume()
-            assert first.status_code == 503, first.text
-            assert first.json()["idempotency_token"]["token"] == body["idempotency_token"]["token"]
-            assert "accept_limit" in first.json()["detail"], first.text  # it says until when a retry counts once
-            assert waited < 4.5, f"the 503 came {waited:.1f}s after the write: too late to retry within 5 s"
+        broker.pause()
+        try:
+            started = time.monotonic()
+            first = c.post("/v1/AddCount", json=body)
+            waited = time.monotonic() - started
+        finally:
+            broker.resume()
+        assert first.status_code == 503, first.text
+        assert first.json()["idempotency_token"]["token"] == body["idempotency_token"]["token"]
+        assert "accept_limit" in first.json()["detail"], first.text  # it says until when a retry counts once
+        assert waited < 4.5, f"the 503 came {waited:.1f}s after the write: too late to retry within 5 s"
 
-            retry = c.post("/v1/AddCount", json=body)  # at once, as the 503 asks
-            assert retry.status_code == 200, retry.text
+        retry = c.post("/v1/AddCount", json=body)  # at once, as the 503 asks
+        assert retry.status_code == 200, retry.text
 
-            def count() -> int:
-                r = c.post("/v1/GetCount", json={"namespace": "my_dataset", "counter_name": "retried"})
-                assert r.status_code == 200, r.text
-                return r.json()["count"]
+        def count() -> int:
+            r = c.post("/v1/GetCount", json={"namespace": "my_dataset", "counter_name": "retried"})
+            assert r.status_code == 200, r.text
+            return r.json()["count"]
 
-            wait_for(lambda: count() == 7, 60, message="the retried write counted")
-            later = {**body, "delta": 100, "idempotency_token": {"token": uuid.uuid4().hex,
-                                                                 "generation_time": datetime.now(UTC).isoformat()}}
-            assert c.post("/v1/AddCount", json=later).status_code == 200
-            wait_for(lambda: count() != 7, 60, message="a later write counted")
-            assert count() == 107  # the first attempt and its retry are one event, whether or not the first landed
-    finally:
-        env.stop()
-        mc.stop()
-        broker.stop()
+        wait_for(lambda: count() == 7, 60, message="the retried write counted")
+        later = {**body, "delta": 100, "idempotency_token": {"token": uuid.uuid4().hex,
+                                                             "generation_time": datetime.now(UTC).isoformat()}}
+        assert c.post("/v1/AddCount", json=later).status_code == 200
+        wait_for(lambda: count() != 7, 60, message="a later write counted")
+        assert count() == 107  # the first attempt and its retry are one event, whether or not the first landed
+
+
+def test_a_batch_answered_503_names_each_entrys_token_and_its_retry_counts_once(tmp_path):
+    """A BatchAddCount's 503 carried no tokens: the API drew them, the client could not send them again, and its
+    retry was counted twice (10 instead of 5, a review's repro)."""
+    with own_broker(tmp_path, NAMESPACES) as (broker, _mc, _env, c):
+        batch = [{"namespace": "my_dataset", "counter_name": "batched", "delta": 5},
+                 {"namespace": "my_dataset_best_effort", "counter_name": "b", "delta": 1}]
+        assert c.post("/v1/AddCount", json={**batch[0], "counter_name": "warm-up"}).status_code == 200
+        broker.pause()
+        try:
+            first = c.post("/v1/BatchAddCount", json={"requests": batch})
+        finally:
+            broker.resume()
+        assert first.status_code == 503, first.text
+        tokens = first.json()["idempotency_tokens"]
+        assert tokens[1] is None and tokens[0]["token"] and isinstance(tokens[0]["generation_time"], int), tokens
+
+        retry = [{**batch[0], "idempotency_token": tokens[0]}, batch[1]]
+        assert c.post("/v1/BatchAddCount", json={"requests": retry}).status_code == 200
+
+        def count() -> int:
+            return c.post("/v1/GetCount", json={"namespace": "my_dataset", "counter_name": "batched"}).json()["count"]
+
+        wait_for(lambda: count() == 5, 60, message="the batch's write counted")
+        later = {**batch[0], "delta": 100}
+        assert c.post("/v1/AddCount", json=later).status_code == 200
+        wait_for(lambda: count() != 5, 60, message="a later write counted")
+        assert count() == 105  # the first attempt and its retry are one event
