@@ -27,6 +27,7 @@ from control_plane.admission import admission_error, extras_refusal
 from schemas import MICROS, MIN_EVENT_TIME, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from schemas.codec import InvalidItems
 from schemas.dead_letter import AnyHeaders, DeadLetter
+from schemas.validation import micros_iso
 from sinks import EventRow
 
 log = logging.getLogger("counter.persist")
@@ -176,15 +177,28 @@ class _Clock:
 
     def __init__(self, registry: NamespaceRegistry, now_us: int) -> None:
         self.now_us = now_us
-        self.heartbeat_skew_s = heartbeat_skew_s(registry.values())
+        self.heartbeat_skew_s, smallest_skew_us = _skews(registry)
         # the latest timestamp of a heartbeat (and of a record's arrival) the worker believes
         self.heartbeat_us = now_us + int(self.heartbeat_skew_s * MICROS)
         # below this no namespace finds a record stamped ahead: the one comparison the common path pays
-        self.stamp_us = now_us + min((int(ns.max_clock_skew_s * MICROS) for ns in registry.values()
-                                      if ns.counter_type is not CounterType.BEST_EFFORT), default=0)
+        self.stamp_us = now_us + smallest_skew_us
 
     def ahead_s(self, timestamp_us: int) -> float:
         return (timestamp_us - self.now_us) / MICROS
+
+
+_SKEWS: dict[int, tuple[NamespaceRegistry, float, int]] = {}  # id(registry) -> (it, largest skew s, smallest µs)
+
+
+def _skews(registry: NamespaceRegistry) -> tuple[float, int]:
+    """The registry's largest max_clock_skew (heartbeat_skew_s) and its smallest in µs, computed once per registry:
+    `prepare` runs per batch, and walking a registry of thousands of namespaces cost 0.8 ms a call (review)."""
+    known = _SKEWS.get(id(registry))
+    if known is None or known[0] is not registry:
+        rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
+        known = _SKEWS[id(registry)] = (registry, heartbeat_skew_s(rolled),
+                                        min((int(ns.max_clock_skew_s * MICROS) for ns in rolled), default=0))
+    return known[1], known[2]
 
 
 def _one_by_one(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor: dict[int, int],
@@ -291,12 +305,23 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
     return out
 
 
+HEARTBEAT_WARN_EVERY_S = 60.0
+_heartbeat_warned = -HEARTBEAT_WARN_EVERY_S
+
+
 def _heartbeat_ahead(out: PreparedBatch, rec: KafkaRecord, timestamp_us: int, clock: _Clock) -> None:
     """A heartbeat stamped further ahead of this worker's clock than any worker's heartbeat can be: not taken as
     one (`prepare`). A record read from Kafka is dead-lettered; a published floor put in by `agents.arrival` is
     ignored, with a warning."""
-    ahead = (f"{clock.ahead_s(timestamp_us):.3f}s ahead of this worker's clock, more than the "
-             f"{clock.heartbeat_skew_s}s a worker's own heartbeat can be (the largest max_clock_skew)")
+    ahead = (f"{clock.ahead_s(timestamp_us):.3f}s ahead of this worker's clock ({micros_iso(clock.now_us)}), more "
+             f"than the {clock.heartbeat_skew_s}s a worker's own heartbeat can be (the largest max_clock_skew)")
+    global _heartbeat_warned
+    if time.monotonic() - _heartbeat_warned >= HEARTBEAT_WARN_EVERY_S:  # a forged one, or this clock is behind
+        _heartbeat_warned = time.monotonic()
+        log.warning("a heartbeat on %s[%d] is stamped %s: refused. A client's forged record, or this worker's clock "
+                    "is behind the broker's or the other workers' by more than the skew: then every heartbeat is "
+                    "refused and rollups stand still (said at most every %gs)", rec.topic, rec.partition, ahead,
+                    HEARTBEAT_WARN_EVERY_S)
     if type(rec) is PublishedFloor:
         log.warning("the arrival floor published for %s[%d] (%d µs) is %s: not trusted; judging its records by their "
                     "own timestamps until this worker's next heartbeat", rec.topic, rec.partition, timestamp_us,
@@ -339,11 +364,15 @@ def _stamped_ahead(out: PreparedBatch, rec: KafkaRecord, pairs: Iterable[tuple[i
         event_time = timestamp_us if m.event_time is None else m.event_time
         event_id = (f"kafka:{identity_topic or rec.topic}:{rec.partition}:{rec.offset}:{index}" if m.event_id is None
                     else m.event_id)
+        # A token-less one is written with the identity it was given, even alone in its record: whether a record
+        # is ahead depends on when it is read, so a redelivery may count it, and the DLQ's raw bytes, re-sent,
+        # would be another event.
         out.dead.append(_dead_mutation(
-            rec, m, index, single, event_time, event_id, timestamp_us,
-            f"record timestamp {rec.timestamp} ms is {clock.ahead_s(timestamp_us):.3f}s ahead of the worker's clock: "
-            f"no time it reached Kafka; namespace {ns.name!r} allows max_clock_skew={ns.max_clock_skew_s}s (a producer "
-            "clock that far ahead, or a timestamp set by the client)"))
+            rec, m, index, single and m.event_id is not None, event_time, event_id, timestamp_us,
+            f"record timestamp {micros_iso(timestamp_us)} is {clock.ahead_s(timestamp_us):.3f}s ahead of the worker's "
+            f"clock ({micros_iso(clock.now_us)}), so it is not when the record reached Kafka; namespace {ns.name!r} "
+            f"allows max_clock_skew={ns.max_clock_skew_s}s (a producer clock that far ahead, or a timestamp set by "
+            "the client)"))
     return kept
 
 

@@ -15,6 +15,7 @@ from confluent_kafka import Producer
 
 from schemas import Mutation, MutationOp
 from schemas.codec import mutation_body, record_of_bodies
+from schemas.validation import micros_iso
 from tests.helpers import read_all, wait_for
 from tests.pipeline_harness import PipelineEnv
 
@@ -60,7 +61,7 @@ def test_records_stamped_ahead_and_invalid_items_are_dead_lettered_alone_and_the
     assert isinstance(letters, list) and len(letters) == 4, letters
     reasons = sorted(letter["dlq.reason"] for letter in letters)
     assert reasons[0].startswith(f"heartbeat (header counter.heartbeat) stamped {now_ms + 600_000} ms"), reasons
-    assert reasons[1].startswith(f"record timestamp {now_ms + 3_600_000} ms is "), reasons
+    assert reasons[1].startswith(f"record timestamp {micros_iso((now_ms + 3_600_000) * 1000)} is "), reasons
     assert "max_clock_skew=0.25s" in reasons[1]
     assert reasons[2].startswith("undecodable mutation: JSON array item 1: field 'delta'"), reasons
     assert reasons[3].startswith("undecodable mutation: MutationBatch item 1: field 'counter_name'"), reasons

@@ -43,7 +43,7 @@ def write(n: int) -> Mutation:
 
 
 async def failed_after(future: asyncio.Future[None], sent: float) -> float:
-    with pytest.raises(DeliveryError, match="did not acknowledge within 0.2s; retry with the same idempotency"):
+    with pytest.raises(DeliveryError, match=r"did not acknowledge within 0\.2s; retry with the same idempotency"):
         await asyncio.wait_for(future, 2.0)  # a bound on the test, far past the deadline
     return time.monotonic() - sent
 
