@@ -154,6 +154,7 @@ def run_list(args: argparse.Namespace) -> int:
 _TIME = re.compile(r"\d{4}-\d\d-\d\d[Tt ][\d:.]+(?:[Zz]|[-+]\d\d:?\d\d)?")
 _ASIDE = re.compile(r"\s*\([^()]*\)")
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+_QUOTED = re.compile(r"('[^']*')")  # split keeps them: odd parts are the quoted names
 KINDS_SHOWN = 5
 
 
@@ -167,7 +168,9 @@ def reason_kind(reason: str) -> str:
     first, sep, _ = head.partition(": ")
     if sep and (first.startswith("field ") or first.isidentifier() or first == "undecodable record"):
         head = first
-    kind = _NUMBER.sub("N", _TIME.sub("T", _ASIDE.sub("", head))).strip() or "?"
+    # numbers in quoted names stay: namespace 'ns2' is not namespace 'nsN'
+    kind = "".join(part if i % 2 else _NUMBER.sub("N", _TIME.sub("T", part))
+                   for i, part in enumerate(_QUOTED.split(_ASIDE.sub("", head)))).strip() or "?"
     return kind if len(kind) <= 80 else kind[:79] + "…"
 
 

@@ -170,13 +170,14 @@ def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> list[Mu
             continue
         try:
             m = mutation_from_json(json.loads(line))
+            drawn = m.event_time is None  # the time is drawn here, now: no time to judge (max_clock_skew may be 0)
             m = CounterProducer.mutation(
                 m.op, m.namespace, m.counter_name, m.delta, m.event_id,
                 None if m.event_time is None else m.event_time, m.event_item_key, dict(m.dimensions), m.item)
         except (ValueError, DecodeError, ValidationError) as exc:
             errors.append(f"{path}:{number}: {exc}")
             continue
-        refused = None if registry is None else refusal(m, registry, now)
+        refused = None if registry is None else refusal(m, registry, m.event_time if drawn and m.event_time else now)
         if refused is not None:
             errors.append(f"{path}:{number}: field '{refused[0]}': {refused[1]}")
         else:

@@ -74,8 +74,8 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, started: Callable[[in
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         received.append(signum)
-        if child.returncode is None:
-            os.kill(child.pid, signum)
+        if child.returncode is None:  # SIGHUP as a stop: Faust handles INT and TERM, a HUP would kill it unstopped
+            os.kill(child.pid, signal.SIGTERM if signum == signal.SIGHUP else signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:

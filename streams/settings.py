@@ -132,7 +132,10 @@ class Settings(BaseSettings):
     @field_validator("api_host")
     @classmethod
     def _listen_host(cls, value: str) -> str:
-        return check_host(value.strip())
+        host = check_host(value.strip())
+        if host.startswith("["):  # a URL's form of an IPv6 address: the server binds the address itself
+            raise ValueError(f"an IPv6 address is written without brackets here, e.g. {host[1:-1]!r}")
+        return host
 
     @field_validator("kafka_bootstrap")
     @classmethod
@@ -226,6 +229,9 @@ def _check_host_ports(value: str, expected: str) -> None:
     if not any(parts):
         raise ValueError(f"expected {expected}, got no server")
     for part in parts:
+        scheme, found, rest = part.partition("://")  # librdkafka's listener form, PLAINTEXT://host:port
+        if found and scheme.isalpha():
+            part = rest
         host, sep, port = part.rpartition(":")
         if not sep or not host or not port.isdigit():
             raise ValueError(f"expected {expected}, got {part!r}")

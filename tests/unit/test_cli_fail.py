@@ -119,3 +119,14 @@ def test_dlq_list_summary_counts_dead_letters_by_reason_kind(tmp_path, monkeypat
     assert ("5 dead letter(s) in counter-mutations-dlq matching (2 event_time N is Ns before the record reached "
             "Kafka, 2 event_time T is Ns before the record reached Kafka, 1 field 'dimensions.colour'); 0 already "
             "resubmitted") in err, err
+
+
+def test_a_reason_kind_keeps_the_numbers_of_quoted_names() -> None:
+    """'nope2' became 'nopeN', a namespace that does not exist, and '..._v2' and '..._v3' one kind (review)."""
+    from counter_cli.dlq_cmd import reason_kind
+
+    assert reason_kind("unknown namespace 'nope2'") == "unknown namespace 'nope2'"
+    assert reason_kind("unknown namespace 'ns_v2'") != reason_kind("unknown namespace 'ns_v3'")
+    assert reason_kind("event_time 2024-10-05T14:48:00.000000Z is 67583910.849s (782.2 days) before the record "
+                       "reached Kafka (2026-11-26T20:06:30.849211Z); namespace 'my_dataset' accepts at most "
+                       "accept_limit=5.0s") == "event_time T is Ns before the record reached Kafka"

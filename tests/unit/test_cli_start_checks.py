@@ -124,3 +124,22 @@ def test_run_child_forwards_a_stop_signal_and_says_how_the_child_ended(tmp_path,
     code = worker_cmd.run_child([sys.executable, "-c", script], {}, started=started, name="worker")
     assert code == 0
     assert f"worker {pids[0]} stopped after SIGTERM (exit code 0)" in _error(capsys)
+
+
+def test_run_child_stops_the_child_with_sigterm_on_sighup(tmp_path, capsys):
+    """A SIGHUP (a closed terminal: the child has its own session) is a stop: forwarded as SIGTERM, which the worker
+    handles, not as a SIGHUP, which killed it unstopped (review)."""
+    flag = tmp_path / "ready"
+    script = ("import pathlib, signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+              f"pathlib.Path({str(flag)!r}).touch()\n"
+              "time.sleep(60)\n")
+
+    def started(_pid: int) -> None:
+        deadline = time.monotonic() + 30
+        while not flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.raise_signal(signal.SIGHUP)
+
+    assert worker_cmd.run_child([sys.executable, "-c", script], {}, started=started, name="worker") == 0
+    assert "stopped after SIGHUP (exit code 0)" in _error(capsys)

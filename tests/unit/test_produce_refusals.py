@@ -115,3 +115,16 @@ def test_the_help_examples_hold_no_time_the_pipeline_refuses():
     `--` (after which argparse took the options for positionals: "unrecognized arguments")."""
     assert "2024-" not in produce_cmd.EXAMPLES
     assert 'counter123 -1 --token evt-42 --generation-time "$(date -u +%FT%TZ)"' in produce_cmd.EXAMPLES
+
+
+def test_file_lines_without_a_time_are_judged_at_the_time_drawn_for_them(tmp_path: Path, capsys, monkeypatch):
+    """A line without a generation time is dated as it is read, after the file's start: judged against that start,
+    every such line failed with max_clock_skew 0, and any file read for longer than the skew (review)."""
+    times = iter(range(1_795_000_000_000_000, 1_795_000_000_000_000 + 10**12, 10**7))  # 10 s a read
+    monkeypatch.setattr(produce_cmd, "now_micros", lambda: next(times))
+    monkeypatch.setattr("producers.client.time.time_ns", lambda: next(times) * 1000)
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"namespace": "my_dataset", "counter_name": f"c{i}", "delta": 1}) + "\n"
+                            for i in range(3)))
+    assert produce("--file", str(path)) == 0, capsys.readouterr().err
+    assert len(Recorder.sent) == 3
