@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("namespace", nargs="?")
     p.add_argument("counter_name", nargs="?")
-    p.add_argument("delta", nargs="?", type=int, help="positive or negative (use -- before a negative value)")
+    p.add_argument("delta", nargs="?", type=int, help="positive or negative (e.g. -1)")
     p.add_argument("--clear", action="store_true", help="ClearCount instead of AddCount")
     p.add_argument("--token", help="idempotency token (default: generated)")
     p.add_argument("--generation-time", help="ISO-8601 or epoch (s/ms/µs); default now")
