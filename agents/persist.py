@@ -195,6 +195,8 @@ def _skews(registry: NamespaceRegistry) -> tuple[float, int]:
     `prepare` runs per batch, and walking a registry of thousands of namespaces cost 0.8 ms a call (review)."""
     known = _SKEWS.get(id(registry))
     if known is None or known[0] is not registry:
+        if len(_SKEWS) >= 64:  # a registry per worker; tests make many: keep no more than a few alive
+            _SKEWS.clear()
         rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
         known = _SKEWS[id(registry)] = (registry, heartbeat_skew_s(rolled),
                                         min((int(ns.max_clock_skew_s * MICROS) for ns in rolled), default=0))
