@@ -279,6 +279,12 @@ def idle_heartbeat_s(rolled: list[Namespace], settings: Settings, coalesce_s: fl
     return max(tick, min(settings.watermark_idle_interval_ms / 1000, slack / 2))
 
 
+def half_window_ms(coalesce_s: float) -> int:
+    """Half the worker's rollup window in ms, as `streams.settings.namespace_bound_problems` computes the bound it
+    refuses settings above (coalesce_ms // 2; 2002 ms as 1.0009999 s times 500 was 1000, not 1001)."""
+    return max(1, round(coalesce_s * 1000) // 2)
+
+
 def persist_waits(registry: NamespaceRegistry, settings: Settings, coalesce_s: float) -> dict[str, int]:
     """The longest persist fetch wait (ms) the writes of each durable namespace tolerate (agents.persist_consumer).
 
@@ -288,7 +294,7 @@ def persist_waits(registry: NamespaceRegistry, settings: Settings, coalesce_s: f
     lets the batches grow.
     """
     short = settings.persist_batch_within_ms
-    eventual = max(short, min(settings.persist_eventual_within_ms, int(coalesce_s * 500)))
+    eventual = max(short, min(settings.persist_eventual_within_ms, half_window_ms(coalesce_s)))
     return {ns.name: eventual if ns.counter_type is CounterType.EVENTUAL else short
             for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT}
 
@@ -313,7 +319,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         group_id=f"{settings.worker_id}.persist",
         persist=lambda records: _retrying("persist", lambda: _persist(p, records)),
         checkpoint=lambda keys: _retrying("signal", lambda: p.send_signals(keys)),
-        checkpoint_ms=max(1, min(settings.persist_checkpoint_ms, int(coalesce_s * 500))),
+        checkpoint_ms=max(1, min(settings.persist_checkpoint_ms, half_window_ms(coalesce_s))),
         max_records=settings.persist_batch_max, batch_bytes=settings.persist_batch_bytes,
         wait_ms=settings.persist_batch_within_ms, prompt_wait_ms=settings.persist_prompt_within_ms,
         prompt_for_s=settings.persist_prompt_for_s, namespace_waits=persist_waits(p.registry, settings, coalesce_s),

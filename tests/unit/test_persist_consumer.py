@@ -146,3 +146,11 @@ def test_eventual_namespaces_wait_up_to_half_the_coalesce_window_and_accurate_on
     assert persist_waits(registry, settings, coalesce_s=10.0) == {"ev": 1000, "acc": 200}  # capped
     assert persist_waits(registry, settings, coalesce_s=1.0) == {"ev": 500, "acc": 200}  # half the window
     assert persist_waits(registry, settings, coalesce_s=0.2) == {"ev": 200, "acc": 200}  # never below the short one
+
+
+def test_the_worker_lowers_settings_to_the_bound_the_start_up_check_names() -> None:
+    """The worker took int(coalesce_s * 500) and the check coalesce_ms // 2: 1000 against 1001 for 2002 ms, and
+    11,806 values of coalesce_ms like it, so a setting the check let through was lowered without a word (review)."""
+    from agents.worker import half_window_ms
+
+    assert all(half_window_ms(ms / 1000) == max(1, ms // 2) for ms in range(1, 3_600_001))
