@@ -17,6 +17,7 @@ from counter_cli.common import (
     check_against_namespaces,
     check_listen,
     console,
+    fail,
     namespaces_or_exit,
     resolve_bootstrap,
     settings_or_exit,
@@ -44,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.web_port is not None and not 0 <= args.web_port <= 65535:  # else the settings' error names the variable
+        fail(f"--web-port: {args.web_port} is outside 0..65535 (0: any free port)")
     settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port)
     _, registry = namespaces_or_exit(settings)
     check_against_namespaces(settings, registry)

@@ -143,3 +143,12 @@ def test_run_child_stops_the_child_with_sigterm_on_sighup(tmp_path, capsys):
 
     assert worker_cmd.run_child([sys.executable, "-c", script], {}, started=started, name="worker") == 0
     assert "stopped after SIGHUP (exit code 0)" in _error(capsys)
+
+
+def test_a_bad_web_port_is_named_as_the_argument_given(tmp_path, capsys):
+    """`--web-port 70000` was refused naming COUNTER_WORKER_PORT, a variable the user had not set (review)."""
+    args = build_parser().parse_args(["worker", "--bootstrap", "127.0.0.1:9", "--web-port", "70000", "--no-compile",
+                                      "--data-dir", str(tmp_path)])
+    _exits(2, args.run, args)
+    err = _error(capsys)
+    assert "--web-port: 70000 is outside 0..65535" in err and "COUNTER_WORKER_PORT" not in err, err
