@@ -30,7 +30,8 @@ ROLLUP_BATCH_SECONDS = Histogram("counter_rollup_batch_seconds", "Time to roll u
 def dlq_kind(reason: str) -> str:
     """A low-cardinality label for a DLQ reason."""
     for prefix, kind in (("undecodable", "undecodable"), ("unknown namespace", "unknown_namespace"),
-                         ("event_time", "admission"), ("field 'dimensions", "dimensions"), ("field 'item'", "item")):
+                         ("event_time", "admission"), ("field 'dimensions", "dimensions"), ("field 'item'", "item"),
+                         ("record timestamp", "stamped_ahead"), ("heartbeat (header", "heartbeat_ahead")):
         if reason.startswith(prefix):
             return kind
     return "rejected"

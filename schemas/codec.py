@@ -467,7 +467,9 @@ def _json_item(item: Any) -> Mutation:
 
 
 def _json_text(item: Any) -> bytes:
-    return json.dumps(item, ensure_ascii=False, separators=(",", ":")).encode()
+    """An invalid JSON array item alone, as JSON: a number past a float's range (1e400) has no JSON spelling
+    (json.dumps wrote `Infinity`), so such an item raises and its dead letter keeps the whole record."""
+    return json.dumps(item, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 def _invalid_items(kind: str, items: Sequence[Any], read: Callable[[Any], Mutation],

@@ -255,3 +255,23 @@ def test_refused_heartbeats_are_said_once_a_minute_not_per_record(caplog: pytest
         prepare([heartbeat(offset, NOW + 10 * MINUTE)], REGISTRY, now_us=NOW)
     warned = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
     assert len(warned) == 1 and "this worker's clock is behind" in warned[0], warned
+
+
+def test_an_invalid_item_with_no_json_spelling_is_dead_lettered_as_its_record() -> None:
+    """An item with "delta": 1e400 was dead-lettered alone as `..."delta":Infinity}`, which is not JSON (review):
+    its dead letter keeps the whole record, marked with its index, and its neighbour is still counted."""
+    value = b'[{"namespace":"ev","counter_name":"a","delta":1},{"namespace":"ev","counter_name":"x","delta":1e400}]'
+    out = prepare([rec(value, 4, NOW)], REGISTRY, now_us=NOW)
+    assert [r[1] for r in out.rows] == ["a"]
+    [dead] = out.dead
+    assert dead.value == value and dead.whole_record_of == 1, dead
+
+
+@pytest.mark.parametrize(("reason", "kind"), [
+    ("record timestamp 2026-09-21T15:13:20.000000Z is 3600.000s ahead of the worker's clock", "stamped_ahead"),
+    ("heartbeat (header counter.heartbeat) stamped 1795727103595 ms, 599.885s ahead", "heartbeat_ahead"),
+])
+def test_the_dlq_metric_names_records_stamped_ahead(reason: str, kind: str) -> None:
+    from agents.metrics import dlq_kind
+
+    assert dlq_kind(reason) == kind
