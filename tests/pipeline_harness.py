@@ -30,6 +30,15 @@ from streams.topics import ensure_topics, topic_specs
 NAMESPACES = Path(__file__).parent / "data" / "pipeline_namespaces.yaml"
 ACCEPT_LIMIT_S = 3.0
 COALESCE_S = 0.2
+# The defaults block of a namespace file for tests that wait on rollups: a short accept window and rollup window,
+# 10 s buckets (ACCEPT_LIMIT_S and COALESCE_S above); a test's file is this plus its own `namespaces:`.
+FAST_DEFAULTS = """\
+defaults:
+  accept_limit: 3s
+  max_clock_skew: 250ms
+  queue_config: { coalesce_ms: 200 }
+  time_partition: { buckets_per_id: 4, seconds_per_bucket: 10, seconds_per_slice: 60 }
+"""
 SKEW_S = 0.25
 
 

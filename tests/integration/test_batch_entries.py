@@ -12,16 +12,11 @@ import httpx
 import pytest
 
 from tests.helpers import iso, now_us, refused, wait_for
-from tests.pipeline_harness import worker_and_api
+from tests.pipeline_harness import FAST_DEFAULTS, worker_and_api
 
 pytestmark = pytest.mark.integration
 
-NAMESPACES = """
-defaults:
-  accept_limit: 3s
-  max_clock_skew: 250ms
-  queue_config: { coalesce_ms: 200 }
-  time_partition: { buckets_per_id: 4, seconds_per_bucket: 10, seconds_per_slice: 60 }
+NAMESPACES = FAST_DEFAULTS + """\
 namespaces:
   plays:
     counter_type: EVENTUAL

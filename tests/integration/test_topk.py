@@ -23,17 +23,12 @@ import pytest
 from producers import CounterProducer
 from schemas import MICROS, combination
 from tests.helpers import iso, now_us, refused, wait_for
-from tests.pipeline_harness import PipelineEnv, worker_and_api
+from tests.pipeline_harness import FAST_DEFAULTS, PipelineEnv, worker_and_api
 
 pytestmark = pytest.mark.integration
 
 NS = "plays"
-NAMESPACES = """
-defaults:
-  accept_limit: 3s
-  max_clock_skew: 250ms
-  queue_config: { coalesce_ms: 200 }
-  time_partition: { buckets_per_id: 4, seconds_per_bucket: 10, seconds_per_slice: 60 }
+NAMESPACES = FAST_DEFAULTS + """\
 namespaces:
   plays:
     counter_type: EVENTUAL

@@ -13,21 +13,16 @@ import pytest
 from producers import DeliveryError
 from producers.group_commit import GroupCommitProducer
 from schemas import Mutation
+from tests.unit.test_dimensions import _FakeKafka
 
 TIMEOUT_S = 0.2
 
 
-class SilentKafka:
+class SilentKafka(_FakeKafka):
     """What GroupCommitProducer uses of AsyncProducer; records are kept and never acknowledged (a frozen broker)."""
 
     bootstrap = "frozen:9092"
     timeout_s = TIMEOUT_S
-
-    def __init__(self) -> None:
-        self.records: list[bytes] = []
-
-    def start(self) -> None:
-        pass
 
     async def partitions(self, topic: str) -> int:
         return 1
