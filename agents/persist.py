@@ -23,7 +23,7 @@ from typing import Protocol
 from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
 from agents.watermark import heartbeat_skew_s, is_heartbeat
 from control_plane import CounterType, Namespace, NamespaceRegistry
-from control_plane.admission import admission_error, extras_refusal
+from control_plane.admission import admission_error, extras_refusal, kafka_refusal
 from schemas import MICROS, MIN_EVENT_TIME, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from schemas.codec import InvalidItems
 from schemas.dead_letter import AnyHeaders, DeadLetter
@@ -112,9 +112,8 @@ class _Admission:
         self.refusal: str | None = None
         if ns is None:
             self.refusal = f"unknown namespace {name!r}"
-        elif ns.counter_type is CounterType.BEST_EFFORT:
-            self.refusal = (f"namespace {name!r} is BEST_EFFORT: its counts live in the cache only; write them "
-                            "through the API, not Kafka")
+        else:
+            self.refusal = kafka_refusal(ns)
         self.accept_us = int(ns.accept_limit_s * MICROS) if ns else 0
         self.skew_us = int(ns.max_clock_skew_s * MICROS) if ns else 0
         self.dimensions = bool(ns and ns.dimensions)  # its clears reach the combinations

@@ -13,6 +13,15 @@ from schemas import MICROS
 from schemas.validation import micros_iso
 
 
+def kafka_refusal(ns: Namespace) -> str | None:
+    """Why no write of the namespace may come through Kafka (a BEST_EFFORT one), or None: the persist path's
+    dead-letter reason and `counter produce`'s refusal, one text."""
+    if ns.counter_type is CounterType.BEST_EFFORT:
+        return (f"namespace {ns.name!r} is BEST_EFFORT: its counts live in the cache only; write them through the "
+                "API, not Kafka")
+    return None
+
+
 def admission_error(event_time_us: int, record_ts_us: int, ns: Namespace) -> str | None:
     """Why the event must be rejected, or None when it is admitted."""
     earliest = record_ts_us - int(ns.accept_limit_s * MICROS)

@@ -6,8 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
-from control_plane import CounterType, NamespaceRegistry
-from control_plane.admission import admission_error, extras_refusal
+from control_plane import NamespaceRegistry
+from control_plane.admission import admission_error, extras_refusal, kafka_refusal
 from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, settings_or_exit
 from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError
@@ -132,9 +132,8 @@ def refusal(m: Mutation, registry: NamespaceRegistry, now_us: int) -> tuple[str,
         ns = registry[m.namespace]
     except KeyError as exc:
         return "namespace", str(exc.args[0])
-    if ns.counter_type is CounterType.BEST_EFFORT:
-        return "namespace", (f"namespace {ns.name!r} is BEST_EFFORT: its counts live in the cache only; write them "
-                             "through the API, not Kafka")
+    if (refused := kafka_refusal(ns)) is not None:
+        return "namespace", refused
     reason = admission_error(now_us if m.event_time is None else m.event_time, now_us, ns)
     if reason is not None:
         return "idempotency_token.generation_time", reason
