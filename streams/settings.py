@@ -207,8 +207,16 @@ def check_host(host: str) -> str:
     not asked here: settings are read by every command, most of which never use the host."""
     if not host:
         raise ValueError("expected an IP address or a host name, got an empty one")
+    if host.startswith("[") or host.endswith("]"):  # a URL's form of an IPv6 address: both brackets, an address inside
+        try:
+            if host.startswith("[") and host.endswith("]"):
+                ipaddress.IPv6Address(host[1:-1])
+                return host
+        except ValueError:
+            pass
+        raise ValueError(f"{host!r} is no IPv6 address in brackets (e.g. '[::1]')")
     try:
-        ipaddress.ip_address(host.removeprefix("[").removesuffix("]") if host.startswith("[") else host)
+        ipaddress.ip_address(host)
         return host
     except ValueError:
         pass
@@ -237,6 +245,8 @@ def _check_host_ports(value: str, expected: str) -> None:
             raise ValueError(f"expected {expected}, got {part!r}")
         if not 1 <= int(port) <= 65535:
             raise ValueError(f"port {port} of {part!r} is outside 1..65535")
+        if ":" in host and not host.startswith("["):
+            raise ValueError(f"an IPv6 address is written in brackets before its port, e.g. '[::1]:9092', got {part!r}")
         check_host(host)
 
 

@@ -37,7 +37,7 @@ from query_api.responses import (
     top_k_response,
     window_response,
 )
-from query_api.routes.entries import entry
+from query_api.routes.entries import authorize_entries, entry
 from query_api.service import CounterService, Rejected
 from query_api.unique import get_unique, unique_get_count, unique_response, unique_series
 from query_api.windows import parse_window, windowed
@@ -101,8 +101,7 @@ async def batch_get_count(body: BatchGetCountRequest, service: Service, key: Cal
     for i, r in enumerate(body.requests):
         with entry(i):
             namespaces.append(service.namespace(r.namespace))
-    for ns in {n.name: n for n in namespaces}.values():
-        authorize(ns, key, "read")
+    authorize_entries(namespaces, key, "read")
     now = time.time_ns() // 1000
     reads = []
     for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):

@@ -19,7 +19,7 @@ from query_api.models import (
     UniqueCountResponse,
 )
 from query_api.responses import add_response, count_response
-from query_api.routes.entries import entry
+from query_api.routes.entries import authorize_entries, entry
 from query_api.service import BrokerUnavailable, CounterService, Rejected, Written
 from query_api.unique import add_and_get_unique, unique_response
 from schemas import Mutation, MutationOp
@@ -88,8 +88,7 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
     for i, r in enumerate(body.requests):
         with entry(i):
             namespaces.append(service.namespace(r.namespace))
-    for ns in {n.name: n for n in namespaces}.values():
-        authorize(ns, key, "write")
+    authorize_entries(namespaces, key, "write")
     prepared: list[tuple[AddCountRequest, int, Mutation | None]] = []
     durable = []
     for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):

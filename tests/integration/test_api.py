@@ -238,6 +238,15 @@ def test_api_keys(stack):
     assert post(stack, "/v1/GetCount", get, Authorization="Bearer reader-key").status_code == 200
     assert post(stack, "/v1/AddAndGetCount", body, **{"X-API-Key": "reader-key"}).status_code == 403
     assert post(stack, "/v1/AddAndGetCount", fresh(body), **{"X-API-Key": "admin-key"}).json()["count"] == 2
+    # in a batch, the refusal names the first entry of the namespace the key may not use
+    open_add = fresh(POST_ADD, counter_name="k-open", delta=1)
+    r = post(stack, "/v1/BatchAddCount", {"requests": [open_add, fresh(body), fresh(body)]},
+             **{"X-API-Key": "reader-key"})
+    assert r.status_code == 403 and r.json()["detail"].startswith("requests.1.namespace: this API key lacks"), r.text
+    r = post(stack, "/v1/BatchGetCount", {"requests": [POST_GET, POST_GET, get]})
+    assert r.status_code == 401 and r.json()["detail"].startswith("requests.2.namespace: namespace 'secured'"), r.text
+    r = post(stack, "/v1/BatchGetCount", {"requests": [POST_GET, get]}, **{"X-API-Key": "reader-key"})
+    assert r.status_code == 200 and len(r.json()["results"]) == 2, r.text
 
 
 def test_health_ready_metrics_openapi(stack):

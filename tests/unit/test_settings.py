@@ -101,6 +101,9 @@ def test_api_shared_pipeline_false_with_several_api_workers_names_both(monkeypat
     ("COUNTER_STORE", "cassandra://h1/1ks", "bad keyspace '1ks'"),
     ("COUNTER_STORE", "cassandra://h1:99999/ks", "bad port '99999'"),
     ("COUNTER_API_HOST", "[::1]", "without brackets here, e.g. '::1'"),  # passed, then "'[::1]' does not resolve"
+    ("COUNTER_KAFKA_BOOTSTRAP", "[::1:9092", "'[::1' is no IPv6 address in brackets"),  # passed (from a review)
+    ("COUNTER_KAFKA_BOOTSTRAP", "::1:9092", "written in brackets before its port"),
+    ("COUNTER_CACHE", "memcached://[localhost]:11211", "'[localhost]' is no IPv6 address in brackets"),
 ])
 def test_hosts_and_store_urls_are_checked_for_shape(monkeypatch, var, value, says):
     """A host that cannot be one, and a cassandra:// URL without hosts or keyspace, stop start-up naming the variable:
@@ -115,6 +118,7 @@ def test_hosts_and_store_urls_are_checked_for_shape(monkeypatch, var, value, say
 @pytest.mark.parametrize("var, value", [
     ("COUNTER_API_HOST", "::1"), ("COUNTER_API_HOST", "0.0.0.0"), ("COUNTER_API_HOST", "localhost"),
     ("COUNTER_API_HOST", "api_1.internal."), ("COUNTER_KAFKA_BOOTSTRAP", "[::1]:9092,kafka-0.kafka:9092"),
+    ("COUNTER_CACHE", "memcached://[fe80::1]:11211"),
     ("COUNTER_STORE", "cassandra://h1,h2:9042/ks?dc=dc1"), ("COUNTER_STORE", "cassandra://u:p%40ss@[::1]:9042/ks"),
     ("COUNTER_KAFKA_BOOTSTRAP", "PLAINTEXT://kafka:9092,SSL://kafka-1:9093"),  # librdkafka's form; refused for a time
 ])
