@@ -12,7 +12,6 @@ import fcntl
 import json
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -31,6 +30,7 @@ from counter_cli.common import (
     namespaces_or_exit,
     settings_or_exit,
 )
+from infra.broker import LongPartitionWatch
 from infra.memcached import find_memcached
 from infra.process import ManagedProcess, ServiceError
 from infra.stack import LocalStack
@@ -83,6 +83,31 @@ class Interrupted(Exception):
         self.signum = signum
 
 
+class SignalFlag:
+    """Set by a signal handler, waited on by the supervision loop. Not a threading.Event: its set() and wait() take a
+    lock, and a handler runs in the main thread between any two bytecodes, so a signal landing while the loop's
+    wait (or a previous handler's set) held that lock blocked `counter up` for good (two signals in a row from
+    `pkill` and `timeout` did). Here setting is one assignment and waiting a sleep: nothing a handler can block on."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the flag is set, after sleeping `timeout` if it was not (a signal's handler runs during the sleep,
+        which then goes on for the rest of `timeout`: a stop is seen within one poll)."""
+        if not self._set:
+            time.sleep(timeout)
+        return self._set
+
+
 class StopSignals:
     """SIGINT/SIGTERM/SIGHUP. While running they ask the supervision loop to stop; while starting or stopping the
     first one interrupts (a Ctrl-C during a slow start stops at once; a second Ctrl-C while stopping kills
@@ -90,7 +115,7 @@ class StopSignals:
     (killing the children, removing the endpoints file) would leave children and a traceback behind."""
 
     def __init__(self) -> None:
-        self.requested = threading.Event()
+        self.requested = SignalFlag()
         self.received: int | None = None
         self.count = 0  # signals received
         self.interrupting = True  # armed: the next signal raises Interrupted (then disarms)
@@ -235,9 +260,16 @@ def _supervise(stack: LocalStack, settings: Settings, endpoints: dict[str, objec
             supervisor.watch(process, restart=False, consequence=BROKER_LOSS)
         else:
             supervisor.watch(process, restart=True)
-    while not signals.requested.wait(POLL_S):
-        if supervisor.tick() is not None:
-            return 1
+    lengths = LongPartitionWatch(stack.broker.bootstrap, settings.mutations_topic) if stack.broker else None
+    try:
+        while not signals.requested.wait(POLL_S):
+            if supervisor.tick() is not None:
+                return 1
+            if lengths is not None and (warning := lengths.poll()):
+                console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    finally:
+        if lengths is not None:
+            lengths.close()
     console.print(f"{signal.Signals(signals.received or signal.SIGINT).name} received")
     return 0
 

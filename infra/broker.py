@@ -1,15 +1,29 @@
 """The local Kafka-compatible broker (Tansu) for the embedded default and the tests.
 
-Tansu keeps topics in memory: durable history lives in the event store, not in this broker.
+Tansu keeps topics in memory: durable history lives in the event store, not in this broker. It answers every fetch
+of a partition by listing all of the partition's record batches (Tansu 0.6's memory engine has no offset index and
+applies no retention), so the pipeline's reads cost more as the partitions grow, and past about 22,000 batches in
+one partition a fetch costs the broker from a tenth of a second to seconds of CPU (`counter bench broker-fetch
+--batches 0,20000,25000`; bench/RESULTS.md). A write sent on its own is a batch, so 1,000 single writes a second
+fill 8 partitions to that length in 3 minutes. `long_partitions` says so when it comes near.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from infra.process import ManagedProcess, ServiceError, free_port
+
+log = logging.getLogger(__name__)
+
+TANSU_CLUSTER_ID = "tansu_cluster"  # the cluster id Tansu answers with unless given another (LocalBroker keeps it)
+LONG_PARTITION = 15_000  # batches in one partition from which `long_partitions` warns (the fetches stall near 22,000)
 
 HOW_TO_GET_A_BROKER = (
     "No Kafka broker is configured and no local Tansu broker binary was found. Either point "
@@ -69,3 +83,69 @@ class LocalBroker(ManagedProcess):
         except Exception:
             return False
         return True
+
+
+def long_partitions(topic: str, ends: Mapping[int, int], threshold: int = LONG_PARTITION) -> str | None:
+    """A warning when a partition of `topic` on the local broker holds `threshold` records or more (`ends`: end
+    offsets by partition), else None. Records stand in for batches: each write the API or a one-record-per-call
+    client sends is one, and the count is never below the batches."""
+    if not ends or (longest := max(ends.values())) < threshold:
+        return None
+    partition = max(ends, key=lambda p: ends[p])
+    return (f"{topic} partition {partition} holds {longest:,} records: the local broker lists every batch of a "
+            "partition at each fetch, so the pipeline slows as partitions grow and stalls near 22,000 batches in "
+            "one (bench/RESULTS.md). Restart the stack (Ctrl-C, then `counter up`: the worker persists what the "
+            "broker holds first, and nothing durable lives there but the dead-letter topic), or run on Apache "
+            "Kafka (COUNTER_KAFKA_BOOTSTRAP)")
+
+
+class LongPartitionWatch:
+    """`counter up`'s eye on its local broker: every `every_s` it reads the end offsets of `topic`, and `poll`
+    returns `long_partitions`' warning the first time the longest partition reaches the threshold and again at each
+    further `step` records (a reminder while the stack keeps growing, not a line every poll)."""
+
+    def __init__(self, bootstrap: str, topic: str, *, every_s: float = 30.0, threshold: int = LONG_PARTITION,
+                 step: int = 5_000) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.every_s = every_s
+        self.threshold = threshold
+        self.step = step
+        self._next_at = 0.0
+        self._warned_to = threshold - step  # the longest length warned of, rounded down to a step
+        self._consumer: Any = None
+
+    def poll(self, now: float | None = None) -> str | None:
+        """The warning due now, if any. A broker that does not answer is skipped until the next read (the
+        supervisor reports a dead broker on its own)."""
+        now = time.monotonic() if now is None else now
+        if now < self._next_at:
+            return None
+        self._next_at = now + self.every_s
+        try:
+            ends = self._ends()
+        except Exception as exc:  # KafkaException, a timeout: no figure this time
+            log.debug("reading the end offsets of %s: %s", self.topic, exc)
+            return None
+        longest = max(ends.values(), default=0)
+        if longest < self.threshold or longest - self._warned_to < self.step:
+            return None
+        self._warned_to = self.threshold + (longest - self.threshold) // self.step * self.step
+        return long_partitions(self.topic, ends, self.threshold)
+
+    def _ends(self) -> dict[int, int]:
+        from confluent_kafka import Consumer, TopicPartition
+
+        if self._consumer is None:  # assigns nothing and never commits: the group id is a name librdkafka asks for
+            self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": "counter-up-watch",
+                                       "enable.auto.commit": False})
+        meta = self._consumer.list_topics(self.topic, timeout=5).topics.get(self.topic)
+        if meta is None or meta.error is not None:
+            return {}
+        return {p: self._consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=5, cached=False)[1]
+                for p in meta.partitions}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

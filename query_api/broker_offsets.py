@@ -91,6 +91,7 @@ class BrokerOffsets:
         self.client_id = client_id
         self._admin: AdminClient | None = None
         self._consumer: Consumer | None = None
+        self.cluster_id: str | None = None  # as the latest metadata answer gave it
 
     @property
     def admin(self) -> AdminClient:
@@ -110,7 +111,9 @@ class BrokerOffsets:
         return self._consumer
 
     def partitions(self, topic: str) -> list[int]:
-        meta = self.admin.list_topics(topic, timeout=self.timeout_s).topics.get(topic)
+        cluster = self.admin.list_topics(topic, timeout=self.timeout_s)
+        self.cluster_id = cluster.cluster_id
+        meta = cluster.topics.get(topic)
         if meta is None:
             raise MissingTopic(topic, "not in the broker's metadata")
         if meta.error is not None:

@@ -13,6 +13,8 @@ other hosts), and a worker's gauges die with it. Everything here is read where e
   retention bound: it stays 0 while a counter was never rolled up, which is no lag figure;
 * rollup queue depth: the rollups topic's end offsets less the Faust group's (`<worker id>`) commits;
 * the DLQ's size and newest dead letters with their reasons: the DLQ topic, read from its end;
+* warnings: on the local broker (its cluster id), a mutations partition grown long enough to slow every fetch
+  (`infra.broker.long_partitions`);
 * rates: differences between snapshots of cumulative figures (topic end offsets, group commits, and this API
   process's request tallies, the numbers its /metrics exports).
 
@@ -32,6 +34,7 @@ from typing import Any
 
 from control_plane import CounterType, NamespaceRegistry
 from control_plane.admission import covering_watermark
+from infra.broker import TANSU_CLUSTER_ID, long_partitions
 from query_api import metrics
 from query_api.broker_offsets import BrokerOffsets, DeadRecord, MissingTopic, TopicOffsets
 from schemas import MICROS, DecodeError, decode_mutations
@@ -57,6 +60,7 @@ class BrokerFigures:
     dlq_ends: dict[int, int]  # end offsets corrected by what reading the tail found
     dead_letters: list[DeadRecord]
     errors: dict[str, str] = field(default_factory=dict)
+    cluster_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +188,7 @@ class PipelineHealth:
         rollups = offsets("rollups", s.rollups_topic, self.rollup_group)
         dlq = offsets("dlq", s.dlq_topic)
         dead, ends = self.broker.tail(dlq, self.dead_letters) if dlq is not None else ([], {})
-        return BrokerFigures(mutations, rollups, dlq, ends, dead, errors)
+        return BrokerFigures(mutations, rollups, dlq, ends, dead, errors, self.broker.cluster_id)
 
     async def close(self) -> None:
         async with self._broker_lock:
@@ -209,6 +213,7 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
         "generated_at": _time(now),
         "topics": {"mutations": settings.mutations_topic, "rollups": settings.rollups_topic, "dlq": settings.dlq_topic},
         "errors": snapshot.errors,
+        "warnings": _warnings(broker),
         "watermarks": watermarks,
         "watermark_lag_s": max(lags) if lags else None,
         "persist_lag_records": mutations.total_lag if mutations else None,
@@ -225,6 +230,15 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
                   "heartbeat_records_per_s": heartbeats,
                   "api_requests_per_s": dict(sorted(snapshot.request_rates.items()))},
     }
+
+
+def _warnings(broker: BrokerFigures | None) -> list[str]:
+    """What the operator should act on before it shows as lag: on the local broker, partitions grown long enough to
+    slow every fetch (infra.broker.long_partitions)."""
+    if broker is None or broker.cluster_id != TANSU_CLUSTER_ID or broker.mutations is None:
+        return []
+    warning = long_partitions(broker.mutations.topic, broker.mutations.high)
+    return [warning] if warning else []
 
 
 def _watermarks(now: int, store: StoreFigures | None, mutations: TopicOffsets | None) -> list[dict[str, Any]]:

@@ -164,3 +164,22 @@ def test_rollup_figures_cost_the_pending_counters_not_the_namespace(registry, ro
     large = vm_steps(rollups, health._store_figures())
     assert large <= small + 20, (small, large)  # a deeper b-tree costs a few more steps per seek, not per row
     assert rollup_rows(health)["crowd"]["pending_counters"] == 1
+
+
+def test_the_local_brokers_long_partitions_are_a_warning_and_other_brokers_are_not_judged(registry):
+    """The local broker (Tansu) lists every batch of a partition at each fetch and stalls near 22,000 batches in one
+    (bench/RESULTS.md): the view warns from LONG_PARTITION on, naming the partition; Apache Kafka's partitions of
+    that length are nothing to warn of."""
+    from infra.broker import LONG_PARTITION, TANSU_CLUSTER_ID
+    from query_api.broker_offsets import TopicOffsets
+    from query_api.pipeline_health import BrokerFigures
+
+    def warnings(cluster_id: str | None, ends: dict[int, int]) -> list[str]:
+        mutations = TopicOffsets("m", dict.fromkeys(ends, 0), ends, {})
+        broker = BrokerFigures(mutations, None, None, {}, [], {}, cluster_id)
+        return render(Snapshot(NOW, None, broker, {}, {}, None, {}), registry, SETTINGS, lambda name: True)["warnings"]
+
+    assert warnings(TANSU_CLUSTER_ID, {0: 10, 1: LONG_PARTITION - 1}) == []
+    [warning] = warnings(TANSU_CLUSTER_ID, {0: 10, 1: LONG_PARTITION + 5, 2: 7})
+    assert warning.startswith(f"m partition 1 holds {LONG_PARTITION + 5:,} records") and "Restart" in warning
+    assert warnings("kafka-prod-cluster", {0: 10 * LONG_PARTITION}) == []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
+import threading
 
 import pytest
 
@@ -96,3 +98,36 @@ def test_a_stop_no_signal_asked_for_is_interrupted_by_the_first():
     assert signals.stopping()
     with pytest.raises(Interrupted):
         signals._handle(signal.SIGINT, None)
+
+
+def test_a_signal_landing_inside_the_supervision_loops_wait_does_not_block_counter_up():
+    """A handler runs in the main thread between any two bytecodes. The loop waited on a threading.Event, whose wait
+    and set take its lock: a signal landing while the wait held it (or while a previous handler's set did) blocked
+    `counter up` for good, children and all (two signals in a row, from `pkill` and `timeout`). Here a handler runs
+    at every line of the wait, as a signal may; the wait must return and see the stop."""
+    signals = StopSignals()
+    signals.running()
+    wait_code = type(signals.requested).wait.__code__
+
+    def every_line(frame, event, arg):
+        if event == "line":
+            signals._handle(signal.SIGTERM, None)
+        return every_line
+
+    def tracer(frame, event, arg):
+        return every_line if frame.f_code is wait_code else None
+
+    outcome: list[bool] = []
+
+    def loop() -> None:
+        sys.settrace(tracer)
+        try:
+            outcome.append(signals.requested.wait(0.01))
+        finally:
+            sys.settrace(None)
+
+    waiting = threading.Thread(target=loop, daemon=True)
+    waiting.start()
+    waiting.join(5)
+    assert not waiting.is_alive(), "a handler blocked inside the loop's wait"
+    assert outcome == [True] and signals.count >= 1 and signals.received == signal.SIGTERM

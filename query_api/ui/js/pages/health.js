@@ -90,7 +90,8 @@ export async function renderHealth(ctx) {
       const p = await pipeline();
       if (stopped) return;
       const errors = Object.entries(p.errors).map(([source, why]) => note(`${source}: ${why}`, "error"));
-      fill(body, errors, tiles(p), h("div", {class: "columns"}, watermarks(p), rollups(p)), deadLetters(p), requests(p));
+      const warnings = (p.warnings || []).map((text) => note(text, "warn"));
+      fill(body, errors, warnings, tiles(p), h("div", {class: "columns"}, watermarks(p), rollups(p)), deadLetters(p), requests(p));
       status.textContent = `updated ${time(p.generated_at)}${p.rates.window_s ? `, rates over ${duration(p.rates.window_s)}` : ""}`;
       ctx.root.dataset.state = "ready";
     } catch (error) {
