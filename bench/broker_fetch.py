@@ -7,7 +7,9 @@ Kafka) that costs the same however long the partition is. This measures it on th
 partition is filled with one batch per record (as one-write-per-call clients produce) up to each length, then
 the newest record is produced and fetched `--fetches` times, and the broker process's CPU time per
 produce-and-fetch is read from /proc, next to the same figure on the empty partition (the baseline).
-Local broker only (it reads the broker's /proc entry).
+Local broker only (it reads the broker's /proc entry). On Tansu 0.6 the cost grows with the length until, from
+22,000 to 26,000 batches on, a fetch costs seconds of CPU and times out after 10 s (`--batches 0,20000,24000,26000
+--fetches 5`; bench/RESULTS.md, "the local broker's cliff"): lengths past it take that long per fetch.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 Tansu keeps topics in memory: durable history lives in the event store, not in this broker. It answers every fetch
 of a partition by listing all of the partition's record batches (Tansu 0.6's memory engine has no offset index and
-applies no retention), so the pipeline's reads cost more as the partitions grow, and past about 22,000 batches in
-one partition a fetch costs the broker from a tenth of a second to seconds of CPU (`counter bench broker-fetch
---batches 0,20000,25000`; bench/RESULTS.md). A write sent on its own is a batch, so 1,000 single writes a second
-fill 8 partitions to that length in 3 minutes. `long_partitions` says so when it comes near.
+applies no retention), so the pipeline's reads cost more as the partitions grow, and from 22,000 to 26,000
+batches in one partition on (the point moved between runs) a fetch costs the broker from a tenth of a second to
+ten seconds of CPU (`counter bench broker-fetch --batches 0,20000,24000,26000`; bench/RESULTS.md). A write sent
+on its own is a batch, so 1,000 single writes a second fill 8 partitions to that length in 3 minutes.
+`long_partitions` says so when it comes near.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from infra.process import ManagedProcess, ServiceError, free_port
 log = logging.getLogger(__name__)
 
 TANSU_CLUSTER_ID = "tansu_cluster"  # the cluster id Tansu answers with unless given another (LocalBroker keeps it)
-LONG_PARTITION = 15_000  # batches in one partition from which `long_partitions` warns (the fetches stall near 22,000)
+LONG_PARTITION = 15_000  # batches in a partition from which `long_partitions` warns (fetches stall from 22,000-26,000)
 
 HOW_TO_GET_A_BROKER = (
     "No Kafka broker is configured and no local Tansu broker binary was found. Either point "
@@ -93,10 +94,10 @@ def long_partitions(topic: str, ends: Mapping[int, int], threshold: int = LONG_P
         return None
     partition = max(ends, key=lambda p: ends[p])
     return (f"{topic} partition {partition} holds {longest:,} records: the local broker lists every batch of a "
-            "partition at each fetch, so the pipeline slows as partitions grow and stalls near 22,000 batches in "
-            "one (bench/RESULTS.md). Restart the stack (Ctrl-C, then `counter up`: the worker persists what the "
-            "broker holds first, and nothing durable lives there but the dead-letter topic), or run on Apache "
-            "Kafka (COUNTER_KAFKA_BOOTSTRAP)")
+            "partition at each fetch, so the pipeline slows as partitions grow and stalls from 22,000-26,000 "
+            "batches in one (bench/RESULTS.md). Restart the stack (Ctrl-C, then `counter up`: the worker persists "
+            "what the broker holds first, and nothing durable lives there but the dead-letter topic), or run on "
+            "Apache Kafka (COUNTER_KAFKA_BOOTSTRAP)")
 
 
 class LongPartitionWatch:
