@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -101,9 +102,9 @@ def long_partitions(topic: str, ends: Mapping[int, int], threshold: int = LONG_P
 
 
 class LongPartitionWatch:
-    """`counter up`'s eye on its local broker: every `every_s` it reads the end offsets of `topic`, and `poll`
-    returns `long_partitions`' warning the first time the longest partition reaches the threshold and again at each
-    further `step` records (a reminder while the stack keeps growing, not a line every poll)."""
+    """`counter up`'s eye on its local broker: every `every_s` it reads the end offsets of `topic`, and warns
+    (`long_partitions`) the first time the longest partition reaches the threshold and again at each further `step`
+    records (a reminder while the stack keeps growing, not a line every read)."""
 
     def __init__(self, bootstrap: str, topic: str, *, every_s: float = 30.0, threshold: int = LONG_PARTITION,
                  step: int = 5_000) -> None:
@@ -115,14 +116,26 @@ class LongPartitionWatch:
         self._next_at = 0.0
         self._warned_to = threshold - step  # the longest length warned of, rounded down to a step
         self._consumer: Any = None
+        self._reading: threading.Thread | None = None
+        self._due: list[str] = []  # warnings a read found, for the next poll
 
     def poll(self, now: float | None = None) -> str | None:
-        """The warning due now, if any. A broker that does not answer is skipped until the next read (the
-        supervisor reports a dead broker on its own)."""
+        """A warning the last read found, if any; starts the next read when one is due, on a thread of its own: the
+        caller is `counter up`'s supervision loop, which a slow or stalled broker must not hold."""
         now = time.monotonic() if now is None else now
-        if now < self._next_at:
-            return None
-        self._next_at = now + self.every_s
+        if now >= self._next_at and (self._reading is None or not self._reading.is_alive()):
+            self._next_at = now + self.every_s
+            self._reading = threading.Thread(target=self._read, name="long-partition-watch", daemon=True)
+            self._reading.start()
+        return self._due.pop(0) if self._due else None
+
+    def _read(self) -> None:
+        if (warning := self.check()) is not None:
+            self._due.append(warning)
+
+    def check(self) -> str | None:
+        """Read the end offsets now; the warning due, if any. A broker that does not answer gives none (the
+        supervisor reports a dead broker on its own)."""
         try:
             ends = self._ends()
         except Exception as exc:  # KafkaException, a timeout: no figure this time
@@ -147,6 +160,11 @@ class LongPartitionWatch:
                 for p in meta.partitions}
 
     def close(self) -> None:
+        """Wait briefly for a read under way (its client is closed here, not under it), then close the client."""
+        if self._reading is not None:
+            self._reading.join(timeout=11)
+            if self._reading.is_alive():
+                return  # a broker that stopped answering: the process ends without closing the client
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

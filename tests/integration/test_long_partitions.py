@@ -4,6 +4,7 @@ a further step on. The threshold is lowered here: the real one (15,000 batches) 
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -25,21 +26,41 @@ def test_the_watch_warns_at_the_threshold_and_again_a_step_later(kafka_bootstrap
             producer.produce(topic, b"x", partition=partition)
             producer.flush(10)  # one record a batch, as one write per call sends it
 
-    watch = LongPartitionWatch(kafka_bootstrap, topic, every_s=0, threshold=20, step=10)
+    watch = LongPartitionWatch(kafka_bootstrap, topic, threshold=20, step=10)
     try:
         write(0, 5)
         write(2, 19)
-        assert watch.poll() is None  # below the threshold
+        assert watch.check() is None  # below the threshold
         write(2, 1)
-        warning = watch.poll()
+        warning = watch.check()
         assert warning is not None and warning.startswith(f"{topic} partition 2 holds 20 records"), warning
         write(2, 9)
-        assert watch.poll() is None  # warned of already: the next warning is a step on
+        assert watch.check() is None  # warned of already: the next warning is a step on
         write(2, 1)
-        warning = watch.poll()
+        warning = watch.check()
         assert warning is not None and "partition 2 holds 30 records" in warning, warning
-        paced = LongPartitionWatch(kafka_bootstrap, topic, every_s=3600, threshold=20, step=10)
-        assert paced.poll(now=0.0) is not None and paced.poll(now=1.0) is None  # read at most every `every_s`
-        paced.close()
+    finally:
+        watch.close()
+
+
+def test_the_supervision_loop_polls_without_waiting_on_the_broker(kafka_bootstrap: str) -> None:
+    """`poll` reads on a thread of its own, at most every `every_s`: `counter up`'s loop never waits on a read."""
+    topic = f"long-{uuid.uuid4().hex[:8]}"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1, 1, {})])
+    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+    for _ in range(3):
+        producer.produce(topic, b"x", partition=0)
+        producer.flush(10)
+    watch = LongPartitionWatch(kafka_bootstrap, topic, every_s=3600, threshold=3, step=10)
+    try:
+        started = time.monotonic()
+        found = watch.poll(now=0.0)  # starts the read; what it finds comes at a later poll
+        assert time.monotonic() - started < 0.5
+        deadline = time.monotonic() + 10
+        while found is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+            found = watch.poll(now=1.0)  # within every_s: no second read, only the first one's warning
+        assert found is not None and found.startswith(f"{topic} partition 0 holds 3 records"), found
+        assert watch.poll(now=2.0) is None
     finally:
         watch.close()
