@@ -47,11 +47,15 @@ def build_service(settings: Settings) -> CounterService:
     registry = load_namespaces(settings.namespaces or default_namespaces())
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
+    # A write waits for another process's SQLite lock (a worker's batch, a recount) as long as for the broker, then
+    # answers 503 naming the store, in time for the retry it asks for; the worker's stores wait out minutes. Reads
+    # never wait (WAL); the API's writes (AddAndGetCount's own event, a unique count's sketch) do.
+    wait_s = broker_timeout_s(registry)
+    events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry, lock_wait_s=wait_s)
     unique = any(ns.counts_unique for ns in registry.values())
-    sketches = open_namespace_sketch_store(buckets, registry) if unique else None  # unique counts' sketches
+    sketches = open_namespace_sketch_store(buckets, registry, lock_wait_s=wait_s) if unique else None  # unique counts
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
-    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=broker_timeout_s(registry))
+    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=wait_s)
     producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))
     progress = PersistProgress(producer, BrokerOffsets(kafka.bootstrap, client_id="counter-api-progress"),

@@ -163,7 +163,8 @@ BROKER_TIMEOUT_MIN_S = 0.5
 
 def broker_timeout_s(registry: NamespaceRegistry) -> float:
     """How long a durable write waits for the broker before its 503: half the smallest accept_limit of a durable
-    namespace, within [BROKER_TIMEOUT_MIN_S, BROKER_TIMEOUT_MAX_S].
+    namespace, within [BROKER_TIMEOUT_MIN_S, BROKER_TIMEOUT_MAX_S]. The API's SQLite stores wait as long for another
+    process's lock (query_api.app.build_service), for the same reason.
 
     Why: the 503 tells the client to retry with the same token and generation_time, and a retry is admitted only
     while its generation_time lies within accept_limit of when it reaches Kafka. Waiting the whole accept_limit (5 s

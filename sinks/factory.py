@@ -22,13 +22,15 @@ SKETCHES_FILE = "sketches.sqlite3"
 
 def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str], Partitioning], *,
                 delete_after_for: Callable[[str], float | None] | None = None,
-                retention_for: Callable[[str, Granularity], float | None] | None = None) -> Stores:
+                retention_for: Callable[[str, Granularity], float | None] | None = None,
+                lock_wait_s: float | None = None) -> Stores:
     """``"sqlite"``: files under data_dir; ``"sqlite:///abs/dir"``: files under that directory;
     ``"cassandra://h1,h2:9042/keyspace?dc=..."``: a Cassandra cluster (see ``sinks.cassandra.config``).
 
     ``delete_after_for(namespace)`` (seconds) sets the Cassandra slice tables' TTL backstop and
     ``retention_for(namespace, granularity)`` (seconds, None: forever) the bucket TTL backstop; SQLite ignores
-    both (its retention is ``drop_expired_slices`` and ``drop_expired`` alone).
+    both (its retention is ``drop_expired_slices`` and ``drop_expired`` alone). ``lock_wait_s``: how long a SQLite
+    call waits for another process's lock (`SqliteThread`; None: about 4 minutes); Cassandra takes no locks.
     """
     url = store_url.strip()
     if url == "sqlite":
@@ -46,12 +48,13 @@ def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str]
     else:
         raise ValueError(f"unknown store {store_url!r}: expected 'sqlite', 'sqlite:///dir' or 'cassandra://...'")
     directory.mkdir(parents=True, exist_ok=True)
-    return Stores(SqliteEventStore(directory / EVENTS_FILE, partitioning_for),
-                  SqliteRollupStore(directory / ROLLUPS_FILE),
-                  SqliteBucketStore(directory / BUCKETS_FILE))
+    return Stores(SqliteEventStore(directory / EVENTS_FILE, partitioning_for, lock_wait_s=lock_wait_s),
+                  SqliteRollupStore(directory / ROLLUPS_FILE, lock_wait_s=lock_wait_s),
+                  SqliteBucketStore(directory / BUCKETS_FILE, lock_wait_s=lock_wait_s))
 
 
-def open_namespace_stores(store_url: str, data_dir: Path, registry: Mapping[str, Any]) -> Stores:
+def open_namespace_stores(store_url: str, data_dir: Path, registry: Mapping[str, Any], *,
+                          lock_wait_s: float | None = None) -> Stores:
     """`open_stores` with each namespace's partitioning and retention taken from the control plane."""
     def partitioning_for(namespace: str) -> Partitioning:
         ns = registry.get(namespace)
@@ -70,16 +73,17 @@ def open_namespace_stores(store_url: str, data_dir: Path, registry: Mapping[str,
         return ns.windows.retention_s(granularity)
 
     return open_stores(store_url, data_dir, partitioning_for, delete_after_for=delete_after_for,
-                       retention_for=retention_for)
+                       retention_for=retention_for, lock_wait_s=lock_wait_s)
 
 
 def open_sketch_store(buckets: BucketStore, *,
-                      retention_for: Callable[[str, Granularity], float | None] | None = None) -> SketchStore:
+                      retention_for: Callable[[str, Granularity], float | None] | None = None,
+                      lock_wait_s: float | None = None) -> SketchStore:
     """The sketch store of unique counts beside an opened bucket store, on the same backend: ``sketches.sqlite3``
     in the bucket file's directory, or the Cassandra bucket store's session (closing the sketch store releases
     its reference). ``retention_for`` sets the Cassandra TTL backstop, as for buckets."""
     if isinstance(buckets, SqliteBucketStore):
-        return SqliteSketchStore(buckets.path.with_name(SKETCHES_FILE))
+        return SqliteSketchStore(buckets.path.with_name(SKETCHES_FILE), lock_wait_s=lock_wait_s)
     from sinks.cassandra.buckets import CassandraBucketStore  # the driver loads only when used
     from sinks.cassandra.sketches import CassandraSketchStore
 
@@ -88,7 +92,8 @@ def open_sketch_store(buckets: BucketStore, *,
     raise TypeError(f"no sketch store beside a {type(buckets).__name__}")
 
 
-def open_namespace_sketch_store(buckets: BucketStore, registry: Mapping[str, Any]) -> SketchStore:
+def open_namespace_sketch_store(buckets: BucketStore, registry: Mapping[str, Any], *,
+                                lock_wait_s: float | None = None) -> SketchStore:
     """`open_sketch_store` with each namespace's retention taken from the control plane."""
     def retention_for(namespace: str, granularity: Granularity) -> float | None:
         ns = registry.get(namespace)
@@ -96,4 +101,4 @@ def open_namespace_sketch_store(buckets: BucketStore, registry: Mapping[str, Any
             return None
         return ns.windows.retention_s(granularity)
 
-    return open_sketch_store(buckets, retention_for=retention_for)
+    return open_sketch_store(buckets, retention_for=retention_for, lock_wait_s=lock_wait_s)

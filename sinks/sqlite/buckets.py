@@ -104,8 +104,8 @@ _PREVIOUS_PAGES = _pages(_AFTER_HEAD, _AFTER_ROW, _entries(" AND value = k.v AND
 class SqliteBucketStore:
     """The embedded bucket store (one file, WAL); safe for several processes at once."""
 
-    def __init__(self, path: str | Path) -> None:
-        self._db = SqliteThread(path, "sqlite-buckets", self._setup)
+    def __init__(self, path: str | Path, *, lock_wait_s: float | None = None) -> None:
+        self._db = SqliteThread(path, "sqlite-buckets", self._setup, lock_wait_s=lock_wait_s)
         self._table = SlicedTable("buckets", "value", "bucket_slices")
 
     @property

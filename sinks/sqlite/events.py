@@ -246,9 +246,10 @@ class SqliteEventStore:
     namespace's first write.
     """
 
-    def __init__(self, path: str | Path, partitioning_for: Callable[[str], Partitioning]) -> None:
+    def __init__(self, path: str | Path, partitioning_for: Callable[[str], Partitioning], *,
+                 lock_wait_s: float | None = None) -> None:
         self._partitioning_for = partitioning_for
-        self._db = SqliteThread(path, "sqlite-events", self._setup, self._forget)
+        self._db = SqliteThread(path, "sqlite-events", self._setup, self._forget, lock_wait_s=lock_wait_s)
         # Thread-confined caches (only touched on the store's thread):
         self._pinned: dict[str, tuple[Partitioning, str]] = {}  # namespace -> (partitioning, prefix)
         self._slices: dict[str, list[_Slice]] = {}  # namespace -> slices sorted by start

@@ -127,8 +127,8 @@ _CLAIM = RowsStatement("INSERT INTO watermark_claims (topic, partition, claim) V
 class SqliteRollupStore:
     """The embedded rollup store (one file, WAL); safe for several processes at once."""
 
-    def __init__(self, path: str | Path) -> None:
-        self._db = SqliteThread(path, "sqlite-rollups", self._setup)
+    def __init__(self, path: str | Path, *, lock_wait_s: float | None = None) -> None:
+        self._db = SqliteThread(path, "sqlite-rollups", self._setup, lock_wait_s=lock_wait_s)
         self._sweep_after: tuple[str, str] | None = None  # stale() resumes after it (thread-confined)
 
     @property

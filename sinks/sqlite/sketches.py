@@ -47,8 +47,8 @@ CREATE TABLE IF NOT EXISTS sketch_slices (
 class SqliteSketchStore:
     """The embedded sketch store (one file, WAL); safe for several processes at once."""
 
-    def __init__(self, path: str | Path) -> None:
-        self._db = SqliteThread(path, "sqlite-sketches", self._setup)
+    def __init__(self, path: str | Path, *, lock_wait_s: float | None = None) -> None:
+        self._db = SqliteThread(path, "sqlite-sketches", self._setup, lock_wait_s=lock_wait_s)
         self._table = SlicedTable("sketches", "sketch", "sketch_slices", blob=True)
 
     @property

@@ -51,8 +51,13 @@ class SqliteThread:
     """
 
     def __init__(self, path: str | Path, name: str, setup: Callable[[sqlite3.Connection], None],
-                 on_rollback: Callable[[], None] | None = None) -> None:
+                 on_rollback: Callable[[], None] | None = None, *, lock_wait_s: float | None = None) -> None:
+        """``lock_wait_s``: how long a call waits for another process's lock before the lock error escapes (None:
+        the busy timeout and its retries, about 4 minutes: what a worker's batch can afford; the API answers a
+        client, which would rather have a 503 to retry than a request hanging for minutes)."""
         self.path = Path(path)
+        self._busy_s = BUSY_TIMEOUT_S if lock_wait_s is None else lock_wait_s
+        self._retries = _RETRIES if lock_wait_s is None else 0
         self._setup = setup
         self._on_rollback = on_rollback or (lambda: None)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -101,10 +106,9 @@ class SqliteThread:
 
     def _open(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
-                               cached_statements=512)
+        conn = sqlite3.connect(self.path, timeout=self._busy_s, isolation_level=None, cached_statements=512)
         try:
-            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_s * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("PRAGMA cache_size = -65536")  # 64 MiB of page cache per connection
@@ -132,14 +136,14 @@ class SqliteThread:
         return self._retrying(attempt)
 
     def _retrying(self, attempt: Callable[[], T]) -> T:
-        for n in range(_RETRIES + 1):
+        for n in range(self._retries + 1):
             try:
                 return attempt()
             except sqlite3.OperationalError as exc:
-                if not is_busy(exc) or n == _RETRIES:
+                if not is_busy(exc) or n == self._retries:
                     raise
                 log.warning("%s: %s after the %.0fs busy timeout; retry %d/%d",
-                            self.path, exc, BUSY_TIMEOUT_S, n + 1, _RETRIES)
+                            self.path, exc, self._busy_s, n + 1, self._retries)
                 time.sleep(min(0.05 * 2 ** n, 2.0))
         raise AssertionError("unreachable")
 
