@@ -47,9 +47,9 @@ def build_service(settings: Settings) -> CounterService:
     registry = load_namespaces(settings.namespaces or default_namespaces())
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    # A write waits for another process's SQLite lock (a worker's batch, a recount) as long as for the broker, then
-    # answers 503 naming the store, in time for the retry it asks for; the worker's stores wait out minutes. Reads
-    # never wait (WAL); the API's writes (AddAndGetCount's own event, a unique count's sketch) do.
+    # A call waits for another process's SQLite lock (a worker's batch, a recount) as long as for the broker, not the
+    # minutes the worker's stores wait out: reads never wait (WAL), and the API's one write, AddAndGetCount's own
+    # event, is then left to the worker (the call answers as for a lagging worker: a 504, durable, within seconds).
     wait_s = broker_timeout_s(registry)
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry, lock_wait_s=wait_s)
     unique = any(ns.counts_unique for ns in registry.values())

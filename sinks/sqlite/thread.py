@@ -54,7 +54,7 @@ class SqliteThread:
                  on_rollback: Callable[[], None] | None = None, *, lock_wait_s: float | None = None) -> None:
         """``lock_wait_s``: how long a call waits for another process's lock before the lock error escapes (None:
         the busy timeout and its retries, about 4 minutes: what a worker's batch can afford; the API answers a
-        client, which would rather have a 503 to retry than a request hanging for minutes)."""
+        client, which would rather have an answer in seconds than a request hanging for minutes)."""
         self.path = Path(path)
         self._busy_s = BUSY_TIMEOUT_S if lock_wait_s is None else lock_wait_s
         self._retries = _RETRIES if lock_wait_s is None else 0
