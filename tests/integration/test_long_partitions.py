@@ -6,25 +6,33 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Producer
 
 from infra.broker import LongPartitionWatch
 from streams.topics import TopicSpec, ensure_topics
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def test_the_watch_warns_at_the_threshold_and_again_a_step_later(kafka_bootstrap: str) -> None:
+def topic_writer(bootstrap: str, partitions: int) -> tuple[str, Callable[[int, int], None]]:
+    """A new topic, and `write(partition, n)`: n records, one a batch, as one write per call sends them."""
     topic = f"long-{uuid.uuid4().hex[:8]}"
-    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 3, 1, {})])
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+    ensure_topics(bootstrap, [TopicSpec(topic, partitions, 1, {})])
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
 
     def write(partition: int, n: int) -> None:
         for _ in range(n):
             producer.produce(topic, b"x", partition=partition)
-            producer.flush(10)  # one record a batch, as one write per call sends it
+            producer.flush(10)
+    return topic, write
+
+
+def test_the_watch_warns_at_the_threshold_and_again_a_step_later(kafka_bootstrap: str) -> None:
+    topic, write = topic_writer(kafka_bootstrap, 3)
 
     watch = LongPartitionWatch(kafka_bootstrap, topic, threshold=20, step=10)
     try:
@@ -45,22 +53,16 @@ def test_the_watch_warns_at_the_threshold_and_again_a_step_later(kafka_bootstrap
 
 def test_the_supervision_loop_polls_without_waiting_on_the_broker(kafka_bootstrap: str) -> None:
     """`poll` reads on a thread of its own, at most every `every_s`: `counter up`'s loop never waits on a read."""
-    topic = f"long-{uuid.uuid4().hex[:8]}"
-    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1, 1, {})])
-    producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
-    for _ in range(3):
-        producer.produce(topic, b"x", partition=0)
-        producer.flush(10)
+    topic, write = topic_writer(kafka_bootstrap, 1)
+    write(0, 3)
     watch = LongPartitionWatch(kafka_bootstrap, topic, every_s=3600, threshold=3, step=10)
     try:
         started = time.monotonic()
         found = watch.poll(now=0.0)  # starts the read; what it finds comes at a later poll
         assert time.monotonic() - started < 0.5
-        deadline = time.monotonic() + 10
-        while found is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-            found = watch.poll(now=1.0)  # within every_s: no second read, only the first one's warning
-        assert found is not None and found.startswith(f"{topic} partition 0 holds 3 records"), found
+        # within every_s: no second read, only the first one's warning
+        found = found or wait_for(lambda: watch.poll(now=1.0), 10, message="the read's warning")
+        assert isinstance(found, str) and found.startswith(f"{topic} partition 0 holds 3 records"), found
         assert watch.poll(now=2.0) is None
     finally:
         watch.close()
