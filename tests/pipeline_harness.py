@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import sqlite3
 import urllib.error
 import urllib.request
 import uuid
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from confluent_kafka import Consumer, TopicPartition
 
 from infra.broker import LocalBroker
 from infra.memcached import LocalMemcached
@@ -26,6 +28,7 @@ from infra.stack import LocalStack
 from sinks import RollupState, SqliteRollupStore
 from streams.settings import load_settings
 from streams.topics import ensure_topics, topic_specs
+from tests.helpers import wait_for
 
 NAMESPACES = Path(__file__).parent / "data" / "pipeline_namespaces.yaml"
 ACCEPT_LIMIT_S = 3.0
@@ -149,6 +152,32 @@ class PipelineEnv:
         mine, theirs = self.owned(a), self.owned(b)
         return bool(mine and theirs and not mine & theirs and mine | theirs == set(range(self.partitions)))
 
+    def pause_settled(self, worker: ManagedProcess, timeout: float = 30.0) -> None:
+        """Freeze `worker` once it has committed every mutations record the topic holds now, and not inside a write
+        transaction of the event store. A test of what works while the worker is frozen needs both: the API's
+        AddAndGetCount stores its own event early only once the worker has every write acknowledged before
+        (query_api.early_persist), and a worker frozen holding the store's write lock holds off every writer."""
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"{self.prefix}-worker.persist",
+                             "enable.auto.commit": False})
+        try:
+            parts = [TopicPartition(self.mutations_topic, p) for p in range(self.partitions)]
+            ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
+
+            def committed_all() -> bool:
+                done = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
+                return all(done[p] >= end for p, end in ends.items() if end > 0)
+            wait_for(committed_all, timeout, message=lambda: f"the worker to commit {ends}")
+        finally:
+            consumer.close()
+
+        def paused_outside_writes() -> bool:
+            worker.pause()
+            if _write_locked(self.data_dir / "events.sqlite3"):
+                worker.resume()
+                return False
+            return True
+        wait_for(paused_outside_writes, timeout, interval=0.005, message="the worker between two store writes")
+
     def rollups(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], RollupState]:
         async def read() -> dict[tuple[str, str], RollupState]:
             store = SqliteRollupStore(self.data_dir / "rollups.sqlite3")
@@ -170,6 +199,21 @@ class PipelineEnv:
         states = self.rollups([(namespace, c) for c in expected])
         return {c: (n, states.get((namespace, c))) for c, n in expected.items()
                 if (s := states.get((namespace, c))) is None or s.count != n or s.rollup_ts < s.last_write_ts}
+
+
+def _write_locked(db: Path) -> bool:
+    """Whether another connection holds the SQLite file's write lock (asked without waiting)."""
+    connection = sqlite3.connect(db, timeout=0, isolation_level=None)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            return True
+        raise
+    finally:
+        connection.close()
 
 
 @contextlib.contextmanager

@@ -115,7 +115,7 @@ def test_add_and_get_answers_with_the_worker_paused_and_the_worker_then_counts_e
     counter = f"ryw-{uuid.uuid4().hex[:8]}"
     first = fresh(POST_ADD, counter_name=counter, delta=4)
     [worker] = stack.workers
-    worker.pause()
+    stack.pause_settled(worker)
     try:
         started = time.monotonic()
         assert post(stack, "/v1/AddAndGetCount", first).json()["count"] == 4
@@ -132,7 +132,7 @@ def test_add_and_get_answers_with_the_worker_paused_and_the_worker_then_counts_e
         worker.resume()
     wait_for(lambda: stack.converged("my_dataset", {counter: 28}), 30, interval=0.2, message="rolled up to 28")
     assert get_count(stack, "my_dataset", counter) == 28
-    worker.pause()
+    stack.pause_settled(worker)
     try:  # over a rollup: the rollup (read before the store) plus the events stored after it
         assert post(stack, "/v1/AddAndGetCount", fresh(POST_ADD, counter_name=counter, delta=2)).json()["count"] == 30
     finally:
