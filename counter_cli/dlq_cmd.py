@@ -7,6 +7,7 @@ import argparse
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -190,6 +191,16 @@ def _int(value: str | None) -> int | None:
         return None
 
 
+def _leave_out(records: list[DeadRecord], excluded: Callable[[DeadRecord], bool],
+               said: Callable[[int, DeadRecord], str]) -> list[DeadRecord]:
+    """`records` less the `excluded` ones, saying how many and why (`said(count, first)`) when there are any."""
+    out = [r for r in records if not excluded(r)]
+    if len(out) < len(records):
+        first = next(r for r in records if excluded(r))
+        console.print(said(len(records) - len(out), first), highlight=False)
+    return out
+
+
 def run_replay(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
@@ -201,19 +212,20 @@ def run_replay(args: argparse.Namespace) -> int:
     if duplicates:
         console.print(f"{duplicates:,} dead letter(s) repeat a source mutation of another one (dead-lettered twice): "
                       "each source mutation is re-submitted once", highlight=False)
-    cut = [r for r in todo if TRUNCATED in r.headers]
-    if cut:  # only the start of their value is here: sent on, it would be dead-lettered again as undecodable
-        todo = [r for r in todo if TRUNCATED not in r.headers]
-        console.print(f"{len(cut):,} dead letter(s) too large for the DLQ hold only the start of their record "
-                      f"(first: {cut[0].position}, from {cut[0].source}); not re-submitted: the whole record is at "
-                      "that source position", highlight=False)
-    whole = [r for r in todo if WHOLE_RECORD in r.headers]
-    if whole:  # the rejected mutation could not be encoded alone: its record's other mutations were counted
-        todo = [r for r in todo if WHOLE_RECORD not in r.headers]
-        console.print(f"{len(whole):,} dead letter(s) hold the whole batch record of a mutation that could not be "
-                      f"encoded alone (first: {whole[0].position}, mutation {whole[0].headers[WHOLE_RECORD]} of the "
-                      f"record at {whole[0].source}); not re-submitted: its other mutations were counted, and "
-                      "re-sent they would count again", highlight=False)
+    # Only the start of their value is here: sent on, it would be dead-lettered again as undecodable.
+    todo = _leave_out(todo, lambda r: TRUNCATED in r.headers, lambda n, r: (
+        f"{n:,} dead letter(s) too large for the DLQ hold only the start of their record (first: {r.position}, from "
+        f"{r.source}); not re-submitted: the whole record is at that source position"))
+    # The rejected mutation could not be encoded alone: its record's other mutations were counted.
+    todo = _leave_out(todo, lambda r: WHOLE_RECORD in r.headers, lambda n, r: (
+        f"{n:,} dead letter(s) hold the whole batch record of a mutation that could not be encoded alone (first: "
+        f"{r.position}, mutation {r.headers[WHOLE_RECORD]} of the record at {r.source}); not re-submitted: its other "
+        "mutations were counted, and re-sent they would count again"))
+    # A heartbeat refused for its timestamp, or a record that came empty: re-sent without its headers, it would be
+    # an empty record, dead-lettered again, and a heartbeat re-sent with them would be refused again.
+    todo = _leave_out(todo, lambda r: not r.value, lambda n, r: (
+        f"{n:,} dead letter(s) carry no mutation (first: {r.position}, from {r.source}: {r.reason}); not "
+        "re-submitted: there is nothing in them to count"))
     if args.dry_run:
         for r in todo:
             print(f"{r.position:>8}  {r.preview(60):60}  {r.reason}")

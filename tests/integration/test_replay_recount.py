@@ -361,6 +361,19 @@ def test_a_dead_letter_holding_its_whole_batch_record_is_not_resubmitted(pipelin
     assert f"mutation 1 of the record at {pipeline.mutations_topic}[2]@77" in out, out
 
 
+def test_a_dead_letter_without_a_mutation_is_not_resubmitted(pipeline):
+    """A heartbeat refused for its timestamp (agents.persist) is dead-lettered with its empty value. Re-sent, it
+    would be an empty record without the heartbeat header, dead-lettered again: `counter dlq replay` leaves it out."""
+    from schemas.dead_letter import DeadLetter
+
+    heartbeat = DeadLetter(None, b"", "heartbeat (header counter.heartbeat) stamped 1 ms ahead: not taken as a "
+                           "heartbeat", pipeline.mutations_topic, 1, 5, now_us())
+    fine = DeadLetter(None, b"{}", "field 'namespace': missing", pipeline.mutations_topic, 1, 6, now_us())
+    out = dead_letters_then_dry_run(pipeline, [heartbeat, fine], "would re-submit 1 ")
+    assert "1 dead letter(s) carry no mutation (first: " in out, out
+    assert f"from {pipeline.mutations_topic}[1]@5: heartbeat (header counter.heartbeat)" in out, out
+
+
 def test_an_interrupted_replay_resumes_and_ends_exact(pipeline):
     pipeline.start_worker()
     backup = f"{pipeline.prefix}-restored"
