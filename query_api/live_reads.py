@@ -15,29 +15,33 @@ import asyncio
 from sinks import EventStore
 from sinks.model import apply_aggregate
 
-MAX_WINDOWS_PER_CALL = 512  # one store call's share of a very busy pass: bounds how long it holds the store
+MAX_WINDOWS_PER_CALL = 512  # reads per store call (a window adds a range after it): bounds how long it holds the store
 
-_Read = tuple[str, int, int, int, asyncio.Future[int]]  # counter, count, after_us, upto_us, answer
+# counter, count, after_us, upto_us, clears_upto_us, answer
+_Read = tuple[str, int, int, int, int, asyncio.Future[int]]
 
 
 class LiveReads:
     """`plus_live(...)`: `count` plus the persisted events of (after_us, upto_us]; a clear among them replaces
-    the count with the adds after it (an add at the very time of a clear is erased by it). Use from one loop."""
+    the count with the adds after it (an add at the very time of a clear is erased by it). A window's read also
+    passes `clears_upto_us`: a clear after the window (in (upto_us, clears_upto_us]) and after the rollup erases
+    every event of the window, the counted `count` too, so the answer is 0. Use from one loop."""
 
     def __init__(self, events: EventStore) -> None:
         self.events = events
         self._pending: dict[str, list[_Read]] = {}
         self._reading: set[asyncio.Task[None]] = set()  # held until done: the loop keeps only weak references
 
-    def plus_live(self, namespace: str, counter: str, count: int, after_us: int, upto_us: int) -> asyncio.Future[int]:
+    def plus_live(self, namespace: str, counter: str, count: int, after_us: int, upto_us: int,
+                  clears_upto_us: int = 0) -> asyncio.Future[int]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[int] = loop.create_future()
-        if upto_us <= after_us:  # nothing can be after the rollup: no read
+        if upto_us <= after_us and clears_upto_us <= after_us:  # nothing can be after the rollup: no read
             future.set_result(count)
             return future
         if not self._pending:
             loop.call_soon(self._flush)  # at the end of this pass, with every read the pass asked for
-        self._pending.setdefault(namespace, []).append((counter, count, after_us, upto_us, future))
+        self._pending.setdefault(namespace, []).append((counter, count, after_us, upto_us, clears_upto_us, future))
         return future
 
     def _flush(self) -> None:
@@ -49,14 +53,25 @@ class LiveReads:
                 task.add_done_callback(self._reading.discard)
 
     async def _read(self, namespace: str, reads: list[_Read]) -> None:
+        ranges: list[tuple[int, bool, tuple[str, int, int]]] = []  # read, after its window?, (counter, after, upto)
+        for i, (counter, _, after, upto, clears_upto, _) in enumerate(reads):
+            if upto > after:
+                ranges.append((i, False, (counter, after, upto)))
+            if clears_upto > max(after, upto):
+                ranges.append((i, True, (counter, max(after, upto), clears_upto)))
         try:
-            windows = [(counter, after, upto) for counter, _, after, upto, _ in reads]
-            aggregates = await self.events.aggregate_many(namespace, windows)
+            aggregates = await self.events.aggregate_many(namespace, [window for *_, window in ranges])
         except Exception as exc:  # every reader of the batch gets the store's error (a 503 in the API)
             for *_, future in reads:
                 if not future.done():
                     future.set_exception(exc)
             return
-        for (counter, count, _, _, future), aggregate in zip(reads, aggregates, strict=True):
+        counts = [count for _, count, *_ in reads]
+        for (i, after_window, (counter, _, _)), aggregate in zip(ranges, aggregates, strict=True):
+            if after_window:  # only a clear matters there: it erases the whole window
+                counts[i] = 0 if aggregate.cleared else counts[i]
+            else:
+                counts[i] = apply_aggregate(counts[i], aggregate, (namespace, counter))  # saturated at int64
+        for (*_, future), count in zip(reads, counts, strict=True):
             if not future.done():  # a reader that went away (client disconnect) was cancelled
-                future.set_result(apply_aggregate(count, aggregate, (namespace, counter)))  # saturated at int64
+                future.set_result(count)

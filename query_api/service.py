@@ -494,8 +494,9 @@ class CounterService:
         as_of = max(rollup_ts, counted.upto_us)
         count = counted.count
         if ns.counter_type is CounterType.ACCURATE:  # the window's events after the buckets' boundary
+            horizon = self._live_horizon(ns)  # and a clear after the window that no bucket has applied yet
             count = await self.live.plus_live(ns.name, counter, count, max(as_of, counted.start_us - 1),
-                                              min(counted.end_us - 1, self._live_horizon(ns)))
+                                              min(counted.end_us - 1, horizon), clears_upto_us=horizon)
         return WindowedCount(ns, counter, count, counted.start_us, counted.end_us, as_of or None)
 
     async def get_series(self, ns: Namespace, counter: str, granularity: str, start: str | int | float,

@@ -129,21 +129,23 @@ async def sketch_union(sketches: SketchStore, buckets: BucketStore, ns: Namespac
     return SketchUnion(union, tiling.start_us, tiling.end_us, upto, clear_us)
 
 
-async def live_items(events: EventStore, ns: Namespace, counter: str, after_us: int,
-                     upto_us: int) -> tuple[set[str], int | None]:
-    """The items of the persisted events in ``(after_us, upto_us]`` after the latest clear among them, and that
-    clear (None without one), read in bounded pages."""
+async def live_items(events: EventStore, ns: Namespace, counter: str, after_us: int, upto_us: int,
+                     items_upto_us: int | None = None) -> tuple[set[str], int | None]:
+    """The items of the persisted events in ``(after_us, upto_us]`` after the latest clear among them (and no later
+    than ``items_upto_us``: a window's end, when the scan goes on to find a clear after it), and that clear (None
+    without one), read in bounded pages."""
     items: set[str] = set()
     clear: int | None = None
     if upto_us <= after_us:
         return items, clear
+    last_item = upto_us if items_upto_us is None else items_upto_us
     cursor = None
     while True:
         page = await events.scan(ns.name, counter, after_us, upto_us, after=cursor, limit=LIVE_SCAN_PAGE)
         for _ns, _c, event_time, _id, item, _d, is_clear in page:
             if is_clear:
                 items, clear = set(), event_time  # pages ascend by time: everything before it is erased
-            elif item and (clear is None or event_time > clear):
+            elif item and (clear is None or event_time > clear) and event_time <= last_item:
                 items.add(item)
         if len(page) < LIVE_SCAN_PAGE:
             return items, clear
@@ -173,9 +175,11 @@ async def get_unique(service: CounterService, ns: Namespace, counter: str,
     if live is None:
         live = ns.counter_type.value == "ACCURATE"
     if live:
+        horizon = service._live_horizon(ns)
         after = max(as_of, got.start_us - 1) if window is not None else as_of
-        upto = min(got.end_us - 1, service._live_horizon(ns)) if window is not None else service._live_horizon(ns)
-        items, clear = await live_items(service.events, ns, counter, after, upto)
+        upto = min(got.end_us - 1, horizon) if window is not None else horizon
+        # Scanned to the horizon: a clear after a window, not applied to its sketches yet, erases all of the window.
+        items, clear = await live_items(service.events, ns, counter, after, horizon, items_upto_us=upto)
         if clear is not None:  # a live clear erases every item before it, the sketches' included
             union = Union(ns.unique.lg_k)  # type: ignore[union-attr]  # a UNIQUE namespace has its config
         union.add_items(items)

@@ -104,3 +104,24 @@ def test_a_store_error_reaches_every_reader_of_the_batch(events):
     results, after = asyncio.run(scenario())
     assert [type(r) for r in results] == [ConnectionError, ConnectionError]
     assert after == 1
+
+
+def test_a_clear_after_a_window_zeros_it_and_one_before_the_window_does_not(events):
+    """A window's read (`clears_upto_us`): a clear after the window's end and after the rollup erases every event of
+    the window, the counted part too; a clear inside the window resets as for a total; one at or before the read's
+    start changes nothing. Still one store call for the pass."""
+    async def scenario():
+        await events.write_events([add("a", "c", T + 1 * S, 5, "a1"), add("a", "c", T + 2 * S, 7, "a2"),
+                                   clear("a", "c", T + 5 * S, "x"), add("a", "c", T + 6 * S, 3, "a3")])
+        live = LiveReads(events)
+        horizon = T + 60 * S
+        return await asyncio.gather(
+            live.plus_live("a", "c", 100, T, T + 3 * S, clears_upto_us=horizon),  # clear after the window: 0
+            live.plus_live("a", "c", 100, T, T + 3 * S),  # the range alone, as before: 100 + 12
+            live.plus_live("a", "c", 100, T + 4 * S, T + 3 * S, clears_upto_us=horizon),  # all rolled up: still 0
+            live.plus_live("a", "c", 100, T, T + 8 * S, clears_upto_us=horizon),  # the clear inside: the adds after it
+            live.plus_live("a", "c", 100, T + 5 * S, T + 8 * S, clears_upto_us=horizon),  # the clear not after: +3
+            live.plus_live("a", "c", 100, T + 6 * S, T + 6 * S, clears_upto_us=T + 6 * S))  # nothing to read
+
+    assert asyncio.run(scenario()) == [0, 112, 0, 3, 103, 100]
+    assert events.calls == [("a", 4 + 4)]  # four ranges and four after a window (the third read has none): one call
