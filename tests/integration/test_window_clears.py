@@ -15,16 +15,11 @@ import pytest
 
 from schemas import MICROS
 from tests.helpers import iso, now_us, wait_for
-from tests.pipeline_harness import worker_and_api
+from tests.pipeline_harness import FAST_DEFAULTS, worker_and_api
 
 pytestmark = pytest.mark.integration
 
-NAMESPACES = """\
-defaults:
-  accept_limit: 10m
-  max_clock_skew: 250ms
-  queue_config: { coalesce_ms: 200 }
-  time_partition: { buckets_per_id: 4, seconds_per_bucket: 10, seconds_per_slice: 60 }
+NAMESPACES = FAST_DEFAULTS.replace("accept_limit: 3s", "accept_limit: 10m") + """\
 namespaces:
   sums:
     counter_type: ACCURATE
