@@ -118,7 +118,8 @@ class WriteProgress(Protocol):
         ...
 
     def readable(self) -> bool:
-        """Whether the worker's offsets are known now (else `rows` does without them)."""
+        """Whether the worker's offsets are known now (else `rows` passes no generation over, and blocks on a
+        forgotten write)."""
         ...
 
 
@@ -233,9 +234,12 @@ class EarlyPersist:
         key = f"{ns.name}:{counter}"
         out = Rows()
         progress = self.progress if self.progress is not None and self.progress.readable() else None
-        if progress is not None and self._forgotten is not None:
-            if not progress.covers(self._forgotten):
-                out.blocked = True  # a forgotten write may be neither here nor in the store yet
+        if self._forgotten is not None:
+            # A forgotten write may be neither here nor in the store yet. Without offsets read lately (an idle
+            # process's poll sleeps; a broker that refuses them) that is unknown too: the caller waits for the worker,
+            # whose wait reads them (answered 1 for a count of 501 before, the worker down).
+            if progress is None or not progress.covers(self._forgotten):
+                out.blocked = True
                 return out
             self._forgotten = None
         for generation in self._generations:

@@ -16,7 +16,8 @@ The committed offsets are read from the broker (one OffsetFetch; the local broke
 millisecond) every `interval_s` while read-your-write is in use, and every `waiting_interval_s` (10 ms) while a
 caller waits for them (`wait_covers`; the worker commits at once while clients wait, agents.persist_consumer).
 After `idle_s` without a question the polling pauses, and the next question resumes it: `readable` answers "no"
-until a fresh read arrives (the early path then sends the call to the worker), and a wait waits for that read.
+until a fresh read arrives (the early path then sends the call to the worker if it has forgotten a write the worker
+may not have), and a wait waits for that read.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ class PersistProgress:
     def readable(self) -> bool:
         """Whether the committed offsets were read within the last few polls (and keep them polled a while). Not
         readable (just started or idle, the broker not answering, or no right to describe the persist group on a
-        secured cluster): read-your-write then does without them, as it did before they were read."""
+        secured cluster): the early path then stores and counts only while it has forgotten no write, and otherwise
+        sends the call to the worker (query_api.early_persist)."""
         now = time.monotonic()
         self._asked_at = now
         if not self._wake.is_set():
