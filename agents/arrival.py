@@ -48,7 +48,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from agents.persist import KafkaRecord, PublishedFloor
-from agents.watermark import HEARTBEAT_HEADER
+from schemas.record_headers import HEARTBEAT_HEADER
 from sinks import RollupStore, arrival_keys
 
 log = logging.getLogger("counter.persist")

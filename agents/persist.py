@@ -21,12 +21,13 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
-from agents.watermark import heartbeat_skew_s, is_heartbeat
+from agents.watermark import heartbeat_skew_s
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error, extras_refusal, kafka_refusal
 from schemas import MICROS, MIN_EVENT_TIME, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from schemas.codec import InvalidItems
 from schemas.dead_letter import AnyHeaders, DeadLetter
+from schemas.record_headers import is_heartbeat
 from schemas.validation import micros_iso
 from sinks import EventRow
 

@@ -27,16 +27,7 @@ from collections.abc import Iterable, Mapping
 
 from control_plane import CounterType, Namespace
 from schemas import MICROS
-from schemas.dead_letter import AnyHeaders
-from schemas.record_headers import has_header
 from sinks import RollupStore, written_key
-
-HEARTBEAT_HEADER = "counter.heartbeat"
-
-
-def is_heartbeat(headers: AnyHeaders) -> bool:
-    """Whether a record's headers (list of pairs or mapping, str or bytes names) mark a heartbeat."""
-    return has_header(headers, HEARTBEAT_HEADER)
 
 
 def heartbeat_skew_s(namespaces: Iterable[Namespace]) -> float:

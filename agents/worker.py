@@ -27,7 +27,6 @@ from agents.rollup import BackPressure, Key, global_watermark
 from agents.rollup_batches import Outage, RollupsAbandoned, rollup_many
 from agents.timers import surviving
 from agents.watermark import (
-    HEARTBEAT_HEADER,
     NO_PARTITION,
     HeartbeatPace,
     WatermarkTracker,
@@ -42,6 +41,7 @@ from infra.heap import freeze_startup_heap
 from producers.asyncio_producer import AsyncProducer
 from schemas import MICROS, DecodeError, codec, decode_signals
 from schemas.dead_letter import DeadLetter
+from schemas.record_headers import HEARTBEAT_HEADER
 from sinks import (
     BucketStore,
     EventStore,

@@ -30,6 +30,7 @@ from counter_cli.common import (
     namespaces_or_exit,
     settings_or_exit,
 )
+from counter_cli.unpersisted import unpersisted
 from infra.broker import LongPartitionWatch
 from infra.memcached import find_memcached
 from infra.process import ManagedProcess, ServiceError
@@ -49,7 +50,8 @@ LOCK_FILE = "counter-up.lock"  # in the data directory: one `counter up` per dir
 STOP_TIMEOUT_S = 10.0  # per child: SIGTERM, then SIGKILL
 # With the local broker a worker's clean stop first persists what its partitions hold (COUNTER_PERSIST_DRAIN_S):
 # the broker keeps its topics in memory, so writes it acknowledged and no worker persisted would go with it.
-LOCAL_BROKER_DRAIN_S = 30.0
+LOCAL_BROKER_DRAIN_S = 120.0
+LOST_ON_STOP = 1  # the exit status of a clean stop after which the local broker lost writes no worker persisted
 # Without a broker a worker's graceful stop only waits for a broker that will not come back (and there is
 # nothing left to commit to it): give it less time.
 STOP_TIMEOUT_WITHOUT_BROKER_S = 3.0
@@ -194,13 +196,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"{exc} received while starting")
         code = 128 + exc.signum
     finally:
-        lost = _stop(stack, signals, stop_timeout, drain_s)  # from here on no signal raises
+        lost = _stop(stack, settings, signals, stop_timeout, drain_s)  # from here on no signal raises
         settings.endpoints_path.unlink(missing_ok=True)
         lock.close()  # the directory is free once its endpoints file is gone
         console.print("stopped.")
-    # a stop forced while the local broker held writes the worker had not persisted lost them: not a clean exit, as
-    # for a script that checks it (128 + the signal that forced it, as a shell reports a process a signal ended)
-    return 128 + lost if lost is not None and code == 0 else code
+    # a stop that lost writes the local broker held and no worker persisted is not a clean exit, for a script that
+    # checks it: 128 + the signal that forced it (as a shell reports a process a signal ended), or LOST_ON_STOP
+    return lost if lost is not None and code == 0 else code
 
 
 def _start_or_fail(stack: LocalStack, settings: Settings) -> dict[str, object] | None:
@@ -274,17 +276,24 @@ def _supervise(stack: LocalStack, settings: Settings, endpoints: dict[str, objec
     return 0
 
 
-def _stop(stack: LocalStack, signals: StopSignals, timeout: float, drain_s: float) -> int | None:
+def _stop(stack: LocalStack, settings: Settings, signals: StopSignals, timeout: float, drain_s: float) -> int | None:
     """Stop the children, last started first; a signal meanwhile (or one already there) kills them all instead.
-    Returns that signal when killing lost writes the worker had not persisted from the local broker, else None."""
+    Returns the exit status of a stop that lost acknowledged writes from the local broker, else None: 128 + the
+    signal that forced it, or LOST_ON_STOP when the worker left writes unpersisted (`_check_persisted`)."""
+    lost: list[int] = []
+
+    def report(process: ManagedProcess) -> None:
+        if process is stack.broker and _check_persisted(stack, settings, drain_s):
+            lost.append(LOST_ON_STOP)
+        _stopping(stack, process, drain_s)
     try:  # from the first line: a signal may still interrupt what the start left armed
         console.print("stopping...")
         if signals.stopping():
             try:
-                stack.stop(timeout, report=lambda process: _stopping(stack, process, drain_s))
+                stack.stop(timeout, report=report)
             finally:
                 signals.interrupting = False
-            return None
+            return lost[0] if lost else None
         forcing = signals.received or signal.SIGINT
         why = f"{signal.Signals(forcing).name} received again: killing everything"
     except Interrupted as exc:
@@ -293,7 +302,31 @@ def _stop(stack: LocalStack, signals: StopSignals, timeout: float, drain_s: floa
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
         stack.kill()
         return None
-    return int(forcing) if _kill(stack, why) else None
+    return 128 + int(forcing) if _kill(stack, why) else None
+
+
+def _check_persisted(stack: LocalStack, settings: Settings, drain_s: float) -> bool:
+    """Before the local broker stops, with the workers gone: say how many acknowledged writes no worker persisted
+    (they go with the broker), and return whether there were any. A worker that could not persist them within its
+    drain (a store locked by another process, a full disk) left with only a line in its log."""
+    if stack.broker is None or not stack.broker.running() or not stack.workers:
+        return False
+    try:
+        left = unpersisted(stack.broker.bootstrap, settings.mutations_topic, f"{settings.worker_id}.persist")
+    except Exception as exc:  # the broker not answering: nothing to say either way
+        console.print(f"[yellow]warning:[/] could not check that the worker persisted every write: {exc}",
+                      highlight=False, soft_wrap=True)
+        return False
+    if not left:
+        return False
+    about = "" if left.complete else "about "
+    logs = ", ".join(str(w.log_path) for w in stack.workers)
+    console.print(f"[bold red]error:[/] {about}{left.writes:,} acknowledged write(s) ({about}{left.records:,} "
+                  f"record(s)) were not persisted by the worker and are lost with the local broker: the worker did "
+                  f"not persist them within its drain (COUNTER_PERSIST_DRAIN_S={drain_s:g} s; its log says why: "
+                  f"{logs}). After the next `counter up`, writes retried with the same idempotency tokens are counted "
+                  "exactly once.", highlight=False, soft_wrap=True)
+    return True
 
 
 def _kill(stack: LocalStack, why: str) -> bool:

@@ -33,7 +33,6 @@ from agents.dimensions import Combinations
 from agents.metrics import dlq_kind
 from agents.persist import PreparedBatch, RawRecord, prepare
 from agents.persist_path import persist_batch
-from agents.watermark import is_heartbeat
 from control_plane.admission import rollup_boundary
 from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.recount import RETRY, CounterRecount, Recounter, recounter_of
@@ -43,6 +42,7 @@ from producers.asyncio_producer import AsyncProducer
 from producers.client import DeliveryError
 from schemas import MAX_EVENT_TIME, MICROS
 from schemas.dead_letter import DeadLetter
+from schemas.record_headers import is_heartbeat
 from sinks import EventRow
 from streams.positions import (
     PartitionEnds,

@@ -101,7 +101,7 @@ class Settings(BaseSettings):
         "consumer paces its fetches itself (at most one per wait), so 1 answers a paced fetch at once"))
     persist_drain_s: float = Field(0.0, ge=0, le=HOUR_S, description=(
         "on a clean stop, how long the worker keeps persisting the records its partitions held when the stop began "
-        "before it leaves (0: it leaves them to the next owner, as Kafka keeps them); `counter up` sets 30 for its "
+        "before it leaves (0: it leaves them to the next owner, as Kafka keeps them); `counter up` sets 120 for its "
         "local broker, which keeps topics in memory only"))
     watermark_interval_ms: int = Field(250, ge=10, le=HOUR_MS, description=(
         "how often the persist watermark is refreshed"))

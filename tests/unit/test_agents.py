@@ -9,10 +9,11 @@ import pytest
 
 from agents.persist import RawRecord, prepare
 from agents.rollup import global_watermark, rollup_counter
-from agents.watermark import WatermarkTracker, is_heartbeat
+from agents.watermark import WatermarkTracker
 from control_plane import parse_namespaces
 from control_plane.admission import admission_error, rollup_boundary
 from schemas import MICROS, Mutation, MutationOp, encode_batch, encode_mutation
+from schemas.record_headers import is_heartbeat
 from sinks import InProcessRollupCache, Partitioning, SqliteEventStore, SqliteRollupStore
 
 REGISTRY = parse_namespaces({"namespaces": {

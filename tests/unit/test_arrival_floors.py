@@ -19,10 +19,11 @@ import pytest
 from agents.arrival import ArrivalFloors
 from agents.persist import RawRecord
 from agents.rollup import rollup_counter
-from agents.watermark import HeartbeatPace, WatermarkTracker, heartbeats_needed, is_heartbeat
+from agents.watermark import HeartbeatPace, WatermarkTracker, heartbeats_needed
 from agents.worker import Pipeline, _persist
 from control_plane import parse_namespaces
 from schemas import MICROS, Mutation, MutationOp, encode_mutation
+from schemas.record_headers import is_heartbeat
 from sinks import InProcessRollupCache, Partitioning, SqliteEventStore, SqliteRollupStore, arrival_keys
 from streams.settings import Settings
 from tests.unit.test_persist_faults import FakeKafka

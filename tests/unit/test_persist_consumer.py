@@ -16,10 +16,9 @@ from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.subscription_state import SubscriptionState
 
 from agents.persist_consumer import FetchPace, PersistConsumer, has_unread, read_your_write_in, set_fetch_wait
-from agents.watermark import HEARTBEAT_HEADER
 from agents.worker import persist_waits
 from control_plane import parse_namespaces
-from schemas.record_headers import READ_YOUR_WRITE_HEADER, READ_YOUR_WRITE_HEADERS, has_header
+from schemas.record_headers import HEARTBEAT_HEADER, READ_YOUR_WRITE_HEADER, READ_YOUR_WRITE_HEADERS, has_header
 from streams.settings import Settings
 
 
