@@ -48,6 +48,7 @@ DEAD_LETTERS = 20  # newest dead letters shown
 PENDING_LIMIT = 10_000  # pending counters counted per namespace at most (the count says when it is a floor)
 RATE_WINDOW_S = 60.0  # rates are averaged over up to this much history
 RATE_MIN_GAP_S = 1.0  # ... and over at least this much
+STALLED_AFTER_S = 30.0  # no record persisted for this long while records wait: a warning
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +214,7 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
         "generated_at": _time(now),
         "topics": {"mutations": settings.mutations_topic, "rollups": settings.rollups_topic, "dlq": settings.dlq_topic},
         "errors": snapshot.errors,
-        "warnings": _warnings(broker),
+        "warnings": _warnings(snapshot),
         "watermarks": watermarks,
         "watermark_lag_s": max(lags) if lags else None,
         "persist_lag_records": mutations.total_lag if mutations else None,
@@ -232,13 +233,25 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
     }
 
 
-def _warnings(broker: BrokerFigures | None) -> list[str]:
-    """What the operator should act on before it shows as lag: on the local broker, partitions grown long enough to
-    slow every fetch (infra.broker.long_partitions)."""
-    if broker is None or broker.cluster_id != TANSU_CLUSTER_ID or broker.mutations is None:
+def _warnings(snapshot: Snapshot) -> list[str]:
+    """What the operator should act on: persisting that stands still while records wait (a worker down or hung, its
+    store failing: `errors` holds only what this process met, and a failing store still answered its reads), and
+    on the local broker, partitions grown long enough to slow every fetch (infra.broker.long_partitions)."""
+    broker = snapshot.broker
+    mutations = broker.mutations if broker is not None else None
+    if mutations is None:
         return []
-    warning = long_partitions(broker.mutations.topic, broker.mutations.high)
-    return [warning] if warning else []
+    out = []
+    window = snapshot.rate_window_s
+    if (window is not None and window >= STALLED_AFTER_S and snapshot.rates.get("persisted_records") == 0
+            and mutations.total_lag > 0):
+        out.append(f"the workers persisted no record of {mutations.topic} in the last {window:.0f} s while "
+                   f"{mutations.total_lag:,} wait: a worker is down or hung, or its store is failing (locked by "
+                   "another process, a full disk); the workers' logs say which")
+    if broker is not None and broker.cluster_id == TANSU_CLUSTER_ID and (
+            warning := long_partitions(mutations.topic, mutations.high)):
+        out.append(warning)
+    return out
 
 
 def _watermarks(now: int, store: StoreFigures | None, mutations: TopicOffsets | None) -> list[dict[str, Any]]:

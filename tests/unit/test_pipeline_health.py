@@ -183,3 +183,25 @@ def test_the_local_brokers_long_partitions_are_a_warning_and_other_brokers_are_n
     [warning] = warnings(TANSU_CLUSTER_ID, {0: 10, 1: LONG_PARTITION + 5, 2: 7})
     assert warning.startswith(f"m partition 1 holds {LONG_PARTITION + 5:,} records") and "Restart" in warning
     assert warnings("kafka-prod-cluster", {0: 10 * LONG_PARTITION}) == []
+
+
+def test_persisting_that_stands_still_while_records_wait_is_a_warning(registry):
+    """A worker down or hung, or its store failing (a full disk, a lock held by another process), left `errors` empty:
+    the API's own reads still worked (a review). No record persisted over the rate window (at least
+    STALLED_AFTER_S) while records wait is now a warning; a window too short, records persisted, or none waiting
+    is not."""
+    from query_api.broker_offsets import TopicOffsets
+    from query_api.pipeline_health import STALLED_AFTER_S, BrokerFigures
+
+    def warnings(persisted_per_s: float | None, window_s: float | None, committed: int) -> list[str]:
+        mutations = TopicOffsets("m", {0: 0, 1: 0}, {0: 500, 1: 700}, {0: committed, 1: 700})
+        broker = BrokerFigures(mutations, None, None, {}, [], {}, "kafka-prod-cluster")
+        snapshot = Snapshot(NOW, None, broker, {"persisted_records": persisted_per_s}, {}, window_s, {})
+        return render(snapshot, registry, SETTINGS, lambda name: True)["warnings"]
+
+    [warning] = warnings(0.0, STALLED_AFTER_S + 5, committed=100)
+    assert warning.startswith("the workers persisted no record of m in the last 35 s while 400 wait"), warning
+    assert warnings(0.0, STALLED_AFTER_S - 1, committed=100) == []  # too short to tell
+    assert warnings(12.5, STALLED_AFTER_S + 5, committed=100) == []  # lagging, but moving
+    assert warnings(0.0, STALLED_AFTER_S + 5, committed=500) == []  # idle: nothing waits
+    assert warnings(None, None, committed=100) == []  # not measured yet
