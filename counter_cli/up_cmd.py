@@ -47,6 +47,7 @@ BROKER_LOSS = (
 )
 POLL_S = 0.25
 LOCK_FILE = "counter-up.lock"  # in the data directory: one `counter up` per directory (_lock_data_dir)
+LOCAL_BROKER_MARK = "local broker"  # the lock file's second line while its owner runs a broker of its own
 STOP_TIMEOUT_S = 10.0  # per child: SIGTERM, then SIGKILL
 # With the local broker a worker's clean stop first persists what its partitions hold (COUNTER_PERSIST_DRAIN_S):
 # the broker keeps its topics in memory, so writes it acknowledged and no worker persisted would go with it.
@@ -164,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
     ns_path, registry = namespaces_or_exit(settings)
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        lock = _lock_data_dir(settings.data_dir)  # held until the end of the stop, or of this process however it ends
+        # held until the end of the stop, or of this process however it ends
+        lock = _lock_data_dir(settings.data_dir, local_broker=settings.kafka_bootstrap is None)
     except OSError as exc:
         fail(f"data directory {settings.data_dir} (COUNTER_DATA_DIR): {exc.strerror or exc}", code=1)
     check_against_namespaces(settings, registry)
@@ -198,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         lost = _stop(stack, settings, signals, stop_timeout, drain_s)  # from here on no signal raises
         settings.endpoints_path.unlink(missing_ok=True)
+        lock.truncate(0)  # stopped: the next `counter up` finds no pid of a run that ended without its stop
         lock.close()  # the directory is free once its endpoints file is gone
         console.print("stopped.")
     # a stop that lost writes the local broker held and no worker persisted is not a clean exit, for a script that
@@ -217,24 +220,33 @@ def _start_or_fail(stack: LocalStack, settings: Settings) -> dict[str, object] |
     return None
 
 
-def _lock_data_dir(data_dir: Path) -> IO[str]:
+def _lock_data_dir(data_dir: Path, *, local_broker: bool) -> IO[str]:
     """Own the data directory (an exclusive flock on `counter-up.lock`, which the kernel drops when this process
     ends), or exit naming the `counter up` that owns it. Two stacks on one directory would share its stores with
     two brokers whose partitions have the same names: each worker's persist watermark would overwrite the other's,
     so a rollup could pass events the other had not persisted yet, and one stop would remove the other's
-    endpoints file."""
+    endpoints file. The file holds the owner's pid (and `local broker` when it runs one) until its stop ends: found
+    with the lock free, it names a run that ended without its stop (kill -9, the machine down), whose local broker
+    lost the writes no worker had persisted, and the console says so."""
     path = data_dir / LOCK_FILE
     handle = open(path, "a+")  # noqa: SIM115  # held open for the life of the process: that is the lock
+    handle.seek(0)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.seek(0)
-        owner = handle.read().strip() or "another process"
+        owner = handle.read().split("\n")[0].strip() or "another process"
         handle.close()
         fail(f"{data_dir} is in use by another `counter up` (pid {owner}); stop it, or give this one another "
              "data directory (--data-dir or COUNTER_DATA_DIR)", code=1)
+    previous = handle.read().split("\n")
+    if previous[0].strip() and previous[1:2] == [LOCAL_BROKER_MARK]:
+        console.print(f"[yellow]warning:[/] the last `counter up` on {data_dir} (pid {previous[0].strip()}) ended "
+                      "without its stop (killed, or the machine went down): the writes its broker had acknowledged "
+                      "and no worker had persisted were lost with that broker. Writes retried with the same "
+                      "idempotency tokens are counted exactly once; `counter audit` shows what a counter holds.",
+                      highlight=False, soft_wrap=True)
     handle.truncate(0)
-    handle.write(f"{os.getpid()}\n")
+    handle.write(f"{os.getpid()}\n{LOCAL_BROKER_MARK if local_broker else ''}\n")
     handle.flush()
     return handle
 

@@ -109,8 +109,10 @@ def counter_env(data_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def start_up(tmp_path: Path, **extra_env: str) -> Up:
-    data_dir = tmp_path / "data"
+def start_up(tmp_path: Path, data_dir: Path | None = None, **extra_env: str) -> Up:
+    """`counter up` on free ports, its data in `data_dir` (default tmp_path/data), its console in tmp_path."""
+    data_dir = data_dir or tmp_path / "data"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     output_path = tmp_path / "counter-up.out"
     with open(output_path, "wb") as out:
         proc = subprocess.Popen([*COUNTER, "up"], env=counter_env(data_dir, **extra_env), cwd=ROOT,
@@ -304,7 +306,9 @@ def test_ctrl_c_again_while_stopping_kills_everything_and_no_further_signal_prin
     assert not up.endpoints_file.exists()
 
 
-def test_kill_9_of_counter_up_takes_every_child_with_it(up):
+def test_kill_9_of_counter_up_takes_every_child_with_it_and_the_next_one_says_so(up, tmp_path):
+    """No child outlives a killed `counter up`; its local broker's unpersisted writes went with it, which the next
+    `counter up` on the directory says (it found the pid the killed one never cleared), and a clean stop's does not."""
     pids = up.pids()
     assert not any(gone(pid) for pid in pids.values())
     up.proc.kill()
@@ -312,6 +316,17 @@ def test_kill_9_of_counter_up_takes_every_child_with_it(up):
     wait_for(lambda: all(gone(pid) for pid in pids.values()), 10,
              message=lambda: f"children of the killed counter up still alive: "
                              f"{ {n: p for n, p in pids.items() if not gone(p)} }")
+    said = f"the last `counter up` on {up.data_dir} (pid {up.proc.pid}) ended without its stop"
+    for run, expected in (("after-kill", True), ("after-stop", False)):
+        again = start_up(tmp_path / run, up.data_dir)
+        try:
+            wait_for(lambda: "counter is up" in again.output() or again.proc.poll() is not None, START_TIMEOUT_S,
+                     interval=0.1, message="counter up again")  # the killed one's endpoints file is still there
+            assert (said in again.output()) is expected, again.output()
+            code, _ = again.signal_and_wait(signal.SIGINT, 90)
+            assert code == 0, again.output()
+        finally:
+            again.cleanup()
 
 
 def test_broker_death_is_reported_and_stops_everything(up):
