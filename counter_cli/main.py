@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import sys
 
 from counter_cli import (
@@ -17,6 +18,7 @@ from counter_cli import (
     up_cmd,
     worker_cmd,
 )
+from counter_cli.common import fail
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +43,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except sqlite3.OperationalError as exc:  # a store file a verb reads or writes (audit, recount, replay)
+        hint = ""
+        if any(word in str(exc) for word in ("readonly", "unable to open")):
+            hint = (" (the data directory must be writable, even to read: SQLite keeps each file's write-ahead log "
+                    "and its index beside it; copy a read-only one somewhere writable)")
+        fail(f"the SQLite store in the data directory (COUNTER_DATA_DIR or --data-dir) failed: {exc}{hint}", code=1)
 
 
 if __name__ == "__main__":

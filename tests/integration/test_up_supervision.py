@@ -320,8 +320,8 @@ def test_kill_9_of_counter_up_takes_every_child_with_it_and_the_next_one_says_so
     for run, expected in (("after-kill", True), ("after-stop", False)):
         again = start_up(tmp_path / run, up.data_dir)
         try:
-            wait_for(lambda: "counter is up" in again.output() or again.proc.poll() is not None, START_TIMEOUT_S,
-                     interval=0.1, message="counter up again")  # the killed one's endpoints file is still there
+            wait_for(lambda run=again: "counter is up" in run.output() or run.proc.poll() is not None,
+                     START_TIMEOUT_S, interval=0.1, message="counter up again")  # the killed one's endpoints file stays
             assert (said in again.output()) is expected, again.output()
             code, _ = again.signal_and_wait(signal.SIGINT, 90)
             assert code == 0, again.output()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -130,3 +131,18 @@ def test_a_reason_kind_keeps_the_numbers_of_quoted_names() -> None:
     assert reason_kind("event_time 2024-10-05T14:48:00.000000Z is 67583910.849s (782.2 days) before the record "
                        "reached Kafka (2026-11-26T20:06:30.849211Z); namespace 'my_dataset' accepts at most "
                        "accept_limit=5.0s") == "event_time T is Ns before the record reached Kafka"
+
+
+def test_a_store_file_that_cannot_be_opened_is_one_clear_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """`counter audit` on a data directory it cannot write (a read-only copy: SQLite keeps each file's WAL index beside
+    it) ended in a traceback (a review); a store SQLite cannot open, here a directory in a file's place, stands in."""
+    from counter_cli.main import main
+
+    monkeypatch.setenv("COUNTER_NAMESPACES", str(Path(__file__).parents[1] / "data" / "api_namespaces.yaml"))
+    (tmp_path / "events.sqlite3").mkdir()
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "my_dataset", "c", "--data-dir", str(tmp_path)])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "the SQLite store in the data directory" in err, err
+    assert "unable to open database file (the data directory must be writable" in err, err
