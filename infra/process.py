@@ -102,6 +102,7 @@ class ManagedProcess:
         self.death_signal = death_signal
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at = 0.0
+        self.log_start = 0  # the log's size when this run of the child started: its lines are after it
         self.start_timeout = 20.0  # how long it may take to become ready; a supervisor's restarts get as long
 
     @property
@@ -137,6 +138,7 @@ class ManagedProcess:
         """Start the child without waiting for it to be ready (a supervisor polls `ready()` instead)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        self.log_start = self.log_path.stat().st_size  # the log goes on across runs (restarts, `counter up` again)
         preexec = die_with_this_process(self.death_signal) if self.death_signal is not None else None
         try:
             self.proc = subprocess.Popen(
@@ -241,8 +243,12 @@ class ManagedProcess:
             os.killpg(self.popen.pid, signal.SIGKILL)
 
     def log_tail(self, lines: int = 20) -> str:
+        """The last `lines` lines this run of the child logged (not an earlier run's: a death report quoting those
+        would mislead)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_start)
+                return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
 

@@ -72,6 +72,18 @@ def test_a_killed_child_is_restarted_and_reported(tmp_path):
     assert changes[0] is None and changes[-1] not in (None, first)  # down, then the new pid
 
 
+def test_a_death_report_quotes_the_lines_of_the_run_that_died_only(tmp_path):
+    """The log goes on across runs; the report of a death quoted an earlier run's last lines when this one had
+    written fewer (a review saw another pid's `database is locked` under a frozen worker's death)."""
+    (tmp_path / "sleeper.log").write_text("an earlier run's line\n" * 30)
+    child = Sleeper(tmp_path).start(timeout=10)
+    try:
+        wait_for(lambda: "hello from the child" in child.log_tail(), 10, message="child's first log line")
+        assert child.log_tail() == "hello from the child"
+    finally:
+        child.stop()
+
+
 def test_backoff_grows_while_a_child_keeps_failing(tmp_path):
     events = Events()
     child = Sleeper(tmp_path, [sys.executable, "-c", "import sys; print('bad config'); sys.exit(3)"])
