@@ -12,6 +12,7 @@ frozen, and the exact count once it runs.
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ FORGOTTEN_AFTER_S = 4 * 9 / 8 + 0.5  # the API's recent_s (4 s), forgotten an ei
 def test_add_and_get_counts_writes_it_forgot_or_waits_for_the_worker(kafka_bootstrap: str, memcached_address: str,
                                                                       tmp_path: Path) -> None:
     with worker_and_api(kafka_bootstrap, memcached_address, tmp_path, NAMESPACES) as (env, client):
-        counter = {"namespace": "views", "counter_name": "title"}
+        counter = {"namespace": "views", "counter_name": f"idle-{uuid.uuid4().hex[:8]}"}  # the memcached is shared
         [worker] = env.workers
         env.pause_settled(worker)
         try:
