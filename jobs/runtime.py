@@ -67,7 +67,7 @@ def shared_cache(settings: Settings) -> tuple[RollupCache | None, str]:
             if memcached:
                 spec = f"memcached://{memcached}"
     if spec.startswith("memcached://"):
-        return open_cache(spec), f"cache {spec} refreshed"
+        return open_cache(spec, key_prefix=settings.worker_id), f"cache {spec} refreshed"
     return None, ("no shared cache (COUNTER_CACHE=memory or no memcached of `counter up` found): in-process "
                   "caches of running API servers keep their values until the namespace TTL")
 

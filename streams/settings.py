@@ -67,7 +67,8 @@ class Settings(BaseSettings):
     mutations_retention_ms: int = Field(7 * 24 * HOUR_MS, ge=-1, le=100 * 365 * 24 * HOUR_MS, description=(
         "Kafka retention of the mutations topic: -1 (forever) or at least an hour (a worker down longer loses "
         "writes; seconds given as ms land below it)"))
-    worker_id: str = Field("counter-worker", description="Faust app id = consumer group of all workers")
+    worker_id: str = Field("counter-worker", description=(
+        "Faust app id = consumer group of all workers; also the rollup cache's key prefix (one per deployment)"))
     worker_log_level: str = Field("warning", description=f"one of {', '.join(LOG_LEVELS)}")
     group_session_timeout_s: float = Field(10.0, ge=1, le=1800, description=(
         "consumer group session timeout (a broker refuses more than its group.max.session.timeout.ms, 30 min)"))

@@ -87,6 +87,11 @@ class PipelineEnv:
     def dlq_topic(self) -> str:
         return f"{self.prefix}-dlq"
 
+    @property
+    def worker_id(self) -> str:
+        """COUNTER_WORKER_ID: the consumer group's name, and the prefix of the rollup cache's keys."""
+        return f"{self.prefix}-worker"
+
     def env(self) -> dict[str, str]:
         return {
             "COUNTER_KAFKA_BOOTSTRAP": self.bootstrap,
@@ -98,7 +103,7 @@ class PipelineEnv:
             "COUNTER_DLQ_TOPIC": self.dlq_topic,
             "COUNTER_MUTATIONS_PARTITIONS": str(self.partitions),
             "COUNTER_ROLLUPS_PARTITIONS": str(self.partitions),
-            "COUNTER_WORKER_ID": f"{self.prefix}-worker",
+            "COUNTER_WORKER_ID": self.worker_id,
             "COUNTER_SWEEP_INTERVAL_S": "1",
             "COUNTER_WORKER_LOG_LEVEL": "info",
         }
@@ -157,7 +162,7 @@ class PipelineEnv:
         transaction of the event store. A test of what works while the worker is frozen needs both: the API's
         AddAndGetCount stores its own event early only once the worker has every write acknowledged before
         (query_api.early_persist), and a worker frozen holding the store's write lock holds off every writer."""
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"{self.prefix}-worker.persist",
+        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"{self.worker_id}.persist",
                              "enable.auto.commit": False})
         try:
             parts = [TopicPartition(self.mutations_topic, p) for p in range(self.partitions)]

@@ -25,11 +25,12 @@ _MAX_RELATIVE_TTL_S = 30 * 24 * 3600  # memcached reads larger expiries as absol
 _MAX_ABSOLUTE_EXPIRE = 2**31 - 1
 
 
-def cache_key(namespace: str, counter: str) -> str:
-    """``rollup:<ns>:<counter>`` when that is a legal memcached key (printable ASCII, <= 250 bytes);
-    otherwise ``rollup#<xxh3-128 hex>`` of the UTF-8 key. Readable keys always start ``rollup:``
-    and hashed ones ``rollup#``, so the two forms never collide."""
-    key = f"rollup:{namespace}:{counter}"
+def cache_key(namespace: str, counter: str, prefix: str = "") -> str:
+    """``rollup:<ns>:<counter>`` (``rollup:<prefix>:<ns>:<counter>`` with a prefix: the deployment's, so two sharing
+    one memcached never read each other's rollups) when that is a legal memcached key (printable ASCII, <= 250
+    bytes); otherwise ``rollup#<xxh3-128 hex>`` of the UTF-8 key. Readable keys always start ``rollup:`` and hashed
+    ones ``rollup#``, so the two forms never collide; a prefix holds no ``:`` (a Kafka group name's characters)."""
+    key = f"rollup:{prefix}:{namespace}:{counter}" if prefix else f"rollup:{namespace}:{counter}"
     if is_legal_key(key):
         return key
     return "rollup#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
@@ -106,7 +107,7 @@ class MemcachedRollupCache:
     """
 
     def __init__(self, servers: str | Sequence[str], *, default_ttl_s: float | None = None,
-                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 1) -> None:
+                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 1, key_prefix: str = "") -> None:
         specs = [servers] if isinstance(servers, str) else list(servers)
         addresses = [addr for spec in specs for addr in parse_servers(spec)]
         self._nodes = {f"{h}:{p}": _Node(h, p, timeout_s, pool_size) for h, p in addresses}
@@ -114,6 +115,7 @@ class MemcachedRollupCache:
         self._single = next(iter(self._nodes.values())) if len(self._nodes) == 1 else None
         self.default_ttl_s = default_ttl_s
         self.breaker_s = breaker_s
+        self.key_prefix = key_prefix  # `cache_key`'s prefix: the deployment's (open_cache)
         self._lock = threading.Lock()
 
     @property
@@ -121,13 +123,13 @@ class MemcachedRollupCache:
         return list(self._nodes)
 
     async def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
-        key = cache_key(namespace, counter)
+        key = cache_key(namespace, counter, self.key_prefix)
         return _decode(await self._guard(self._node(key), lambda c: c.get(key), None))
 
     async def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
         by_node: dict[str, dict[str, Key]] = {}
         for namespace, counter in keys:
-            key = cache_key(namespace, counter)
+            key = cache_key(namespace, counter, self.key_prefix)
             by_node.setdefault(self._node(key).name, {})[key] = (namespace, counter)
         out: dict[Key, tuple[int, int]] = {}
         for name, wanted in by_node.items():
@@ -140,20 +142,20 @@ class MemcachedRollupCache:
 
     async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
                   ttl_s: float | None = None) -> None:
-        key = cache_key(namespace, counter)
+        key = cache_key(namespace, counter, self.key_prefix)
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
         await self._guard(self._node(key), lambda c: c.set(key, value, expire), None)
 
     async def advance(self, namespace: str, counter: str, count: int, rollup_ts: int,
                       ttl_s: float | None = None) -> None:
-        key = cache_key(namespace, counter)
+        key = cache_key(namespace, counter, self.key_prefix)
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
         await self._guard(self._node(key), lambda c: _advance(c, key, value, rollup_ts, expire), None)
 
     async def delete(self, namespace: str, counter: str) -> None:
-        key = cache_key(namespace, counter)
+        key = cache_key(namespace, counter, self.key_prefix)
         await self._guard(self._node(key), lambda c: c.delete(key), None)
 
     async def healthy(self) -> bool:

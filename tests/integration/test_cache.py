@@ -86,6 +86,24 @@ def test_cache_key_is_readable_when_legal_and_hashed_otherwise() -> None:
         assert key.startswith("rollup#") and len(key) <= 250 and key.isascii()
     assert cache_key("ns", "é") != cache_key("ns", "è")
     assert len({cache_key("ns", "x" * n) for n in range(240, 260)}) == 20
+    assert cache_key("ns", "views", "prod-worker") == "rollup:prod-worker:ns:views"
+    assert cache_key("ns", "é", "prod-worker") not in (cache_key("ns", "é"), cache_key("ns", "é", "staging-worker"))
+
+
+def test_deployments_sharing_a_memcached_do_not_read_each_others_rollups(memcached_address: str) -> None:
+    """Two deployments (each its COUNTER_WORKER_ID, the caches' key prefix) on one memcached, a namespace and a counter
+    name in common: each reads its own rollup. Without the prefix the second read the first's, and its counts were
+    wrong until a rollup overwrote it (tests sharing the session's memcached saw it)."""
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    prod, staging = (Sync(open_cache(f"memcached://{memcached_address}", key_prefix=p)) for p in ("prod", "staging"))
+    try:
+        prod.set("ns", name, 41, 1_000)
+        assert staging.get("ns", name) is None
+        staging.advance("ns", name, 7, 500)  # an older rollup_ts than prod's: written all the same, its own key
+        assert (prod.get("ns", name), staging.get("ns", name)) == ((41, 1_000), (7, 500))
+    finally:
+        prod.close()
+        staging.close()
 
 
 def test_advance_never_replaces_a_later_rollup(cache: RollupCache, ns: str) -> None:
