@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import console, http_floor, local_stack, progress_bar, write_result
+from bench.common import console, http_floor, local_stack, progress_bar, stack_settings, write_result
 from bench.loadgen import http_load, http_post, memcached_load
 from bench.rounds import load_args, median_ratio, medians, run_rounds
 from sinks import cache_key
@@ -52,7 +52,8 @@ def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:
                     for n in names]
         accurate = [http_post("/v1/GetCount", json.dumps({"namespace": "my_dataset_accurate",
                                                           "counter_name": n}).encode()) for n in names]
-        raw = [f"get {cache_key('my_dataset', n)}\r\n".encode() for n in names]
+        prefix = stack_settings(stack).worker_id  # the API's cache keys (sinks.cache.open_cache)
+        raw = [f"get {cache_key('my_dataset', n, prefix)}\r\n".encode() for n in names]
         host, port = api.host, api.port
         with progress_bar("warm-up", None) as update:
             http_load(host, port, eventual, concurrency=concurrency, duration_s=2, on_progress=update)
