@@ -165,8 +165,7 @@ def run(args: argparse.Namespace) -> int:
     ns_path, registry = namespaces_or_exit(settings)
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        # held until the end of the stop, or of this process however it ends
-        lock = _lock_data_dir(settings.data_dir, local_broker=settings.kafka_bootstrap is None)
+        lock = _lock_data_dir(settings.data_dir)  # held until the end of the stop, or of this process however it ends
     except OSError as exc:
         fail(f"data directory {settings.data_dir} (COUNTER_DATA_DIR): {exc.strerror or exc}", code=1)
     check_against_namespaces(settings, registry)
@@ -181,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         endpoints = _start_or_fail(stack, settings)
         if endpoints is None:
             return code
+        if stack.broker is not None:
+            _owned_by(lock, LOCAL_BROKER_MARK)  # from here a death without the stop loses the broker's writes
         drain_s = float(stack.env.get("COUNTER_PERSIST_DRAIN_S", settings.persist_drain_s))
         stop_timeout += drain_s
         signals.running()  # from here a signal is a request to stop, also while printing below
@@ -220,12 +221,12 @@ def _start_or_fail(stack: LocalStack, settings: Settings) -> dict[str, object] |
     return None
 
 
-def _lock_data_dir(data_dir: Path, *, local_broker: bool) -> IO[str]:
+def _lock_data_dir(data_dir: Path) -> IO[str]:
     """Own the data directory (an exclusive flock on `counter-up.lock`, which the kernel drops when this process
     ends), or exit naming the `counter up` that owns it. Two stacks on one directory would share its stores with
     two brokers whose partitions have the same names: each worker's persist watermark would overwrite the other's,
     so a rollup could pass events the other had not persisted yet, and one stop would remove the other's
-    endpoints file. The file holds the owner's pid (and `local broker` when it runs one) until its stop ends: found
+    endpoints file. The file holds the owner's pid, and `local broker` once one runs, until its stop ends: found
     with the lock free, it names a run that ended without its stop (kill -9, the machine down), whose local broker
     lost the writes no worker had persisted, and the console says so."""
     path = data_dir / LOCK_FILE
@@ -245,10 +246,15 @@ def _lock_data_dir(data_dir: Path, *, local_broker: bool) -> IO[str]:
                       "and no worker had persisted were lost with that broker. Writes retried with the same "
                       "idempotency tokens are counted exactly once; `counter audit` shows what a counter holds.",
                       highlight=False, soft_wrap=True)
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n{LOCAL_BROKER_MARK if local_broker else ''}\n")
-    handle.flush()
+    _owned_by(handle)
     return handle
+
+
+def _owned_by(lock: IO[str], *marks: str) -> None:
+    """Write this process's pid and `marks` into the lock file, one a line (`_lock_data_dir`)."""
+    lock.truncate(0)
+    lock.write("\n".join((str(os.getpid()), *marks)) + "\n")
+    lock.flush()
 
 
 def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:
