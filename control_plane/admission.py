@@ -36,6 +36,20 @@ def admission_error(event_time_us: int, record_ts_us: int, ns: Namespace) -> str
     return None
 
 
+def late_acknowledgement(event_time_us: int, acknowledged_us: int, ns: Namespace) -> str | None:
+    """Why the worker may refuse an event whose record the broker acknowledged at `acknowledged_us` (this clock),
+    or None. The API admits a write by its arrival, but the worker judges it by when its record reached Kafka, which
+    can be as late as the acknowledgement: an event dated more than accept_limit before the acknowledgement (a write
+    dated near the end of accept_limit that waited for a slow broker) may be dead-lettered, and was answered 200 (a
+    review). Whether it is depends on when its record reached Kafka, which the API does not know: the answer says so."""
+    if event_time_us >= acknowledged_us - int(ns.accept_limit_s * MICROS):
+        return None
+    return (f"its record was acknowledged {_span(acknowledged_us - event_time_us)} after its generation_time "
+            f"({_time(event_time_us)}), past namespace {ns.name!r}'s accept_limit={ns.accept_limit_s}s: it is counted "
+            "if its record reached Kafka within accept_limit of that time, and dead-lettered otherwise (`counter dlq "
+            "list`); GetCount tells which. A retry with the same token is refused as too old")
+
+
 def _time(us: int) -> str:
     """An event or record time as a person reads it; a time no calendar holds (an epoch in ns, say) as it came."""
     try:

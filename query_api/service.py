@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
-from control_plane.admission import admission_error, bound_reason, extras_refusal, rollup_boundary
+from control_plane.admission import (
+    admission_error,
+    bound_reason,
+    extras_refusal,
+    late_acknowledgement,
+    rollup_boundary,
+)
 from producers import DeliveryError, new_token
 from producers.group_commit import GroupCommitProducer
 from query_api import metrics
@@ -208,6 +214,13 @@ class CounterService:
         self.early = (Unnoted if shared_pipeline else EarlyPersist)(events, recent_s=2.0 if progress is None else 4.0,
                                                                   progress=progress)
         self.live = LiveReads(events)  # the events after a rollup, read for every reader of a pass at once
+        # Namespaces whose accept_limit is so short that even a write dated on arrival may be acknowledged after it
+        # (the producer waits that long; max_clock_skew on top, for a margin): usually none.
+        wait_s = broker_timeout_s(registry)  # the producer's wait for an acknowledgement (query_api.app)
+        self._broker_wait_us = int(wait_s * MICROS)
+        self._undated_may_be_late = {ns.name for ns in registry.values()
+                                     if ns.counter_type is not CounterType.BEST_EFFORT
+                                     and wait_s + ns.max_clock_skew_s >= ns.accept_limit_s}
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
         self.watermark_us = 0  # the lowest persist watermark stored (`follow_watermark`); 0: not known
         self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
@@ -378,7 +391,33 @@ class CounterService:
         avro_body, answer = encoded
         acknowledged = self.producer.send_body(avro_body)
         self.early.note_event(namespace, counter, (event_time, token, "", delta, False), acknowledged)
+        if generation_time is not None:  # dated by the client: maybe so early that a slow acknowledgement is too late
+            return answer, self._late_checked(acknowledged, self.registry[namespace], event_time, token), event_time
         return answer, acknowledged, event_time
+
+    def _late_checked(self, acknowledged: asyncio.Future[None], ns: Namespace, event_time: int,
+                      token: str) -> asyncio.Future[None]:
+        """`acknowledged`, or, for a write dated so early that its acknowledgement could come after its accept_limit
+        (`acknowledged`'s check), a future of its own that fails with NotCountedYet then. Only such writes get a
+        future and a callback: a plain AddCount otherwise shares its record's."""
+        if late_acknowledgement(event_time, time.time_ns() // 1000 + self._broker_wait_us, ns) is None:
+            return acknowledged  # even acknowledged at the last moment the producer waits, it is admitted
+        checked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settle(record: asyncio.Future[None]) -> None:
+            if checked.done():
+                return
+            if record.cancelled():
+                checked.cancel()
+            elif (exc := record.exception()) is not None:
+                checked.set_exception(exc)
+            elif reason := late_acknowledgement(event_time, time.time_ns() // 1000, ns):
+                checked.set_exception(NotCountedYet(f"the write is durable (token {token!r}), but {reason}",
+                                                    (token, event_time)))
+            else:
+                checked.set_result(None)
+        acknowledged.add_done_callback(settle)
+        return checked
 
     def write_plain_request(self, data: bytes) -> tuple[bytes, asyncio.Future[None], int] | None:
         """`write_plain` for a whole request (query_api.http_protocol's shortcut): one C call reads the request and,
@@ -393,6 +432,8 @@ class CounterService:
         avro_body, answer, key, event = taken
         acknowledged = self.producer.send_body(avro_body)
         self.early.note_keyed(key, event, acknowledged)
+        if self._undated_may_be_late and (ns := self.registry[key.split(":", 1)[0]]).name in self._undated_may_be_late:
+            return answer, self._late_checked(acknowledged, ns, event[0], event[1]), event[0]
         return answer, acknowledged, event[0]
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
@@ -402,20 +443,32 @@ class CounterService:
 
     async def send_durably(self, mutations: Sequence[Mutation]) -> None:
         """Return once the broker acknowledged every mutation (one record: all or none); BrokerUnavailable
-        otherwise."""
+        otherwise, and NotCountedYet when one was acknowledged after its accept_limit (the worker may refuse it)."""
         acknowledged = self.producer.send(mutations)
         for m in mutations:
             ns = self.registry.get(m.namespace)
             if ns is not None and eligible(ns):
                 self.early.note(m, acknowledged)  # as write_durable does
         await self.acknowledged(acknowledged)
+        now = time.time_ns() // 1000
+        for m in mutations:
+            ns = self.registry.get(m.namespace)
+            if ns is not None and m.event_time is not None and (reason := late_acknowledgement(m.event_time, now, ns)):
+                raise NotCountedYet(f"the batch is durable, but its write of {m.namespace}:{m.counter_name} (token "
+                                    f"{m.event_id!r}): {reason}")
 
     @staticmethod
     async def acknowledged(future: asyncio.Future[None], written: Written | None = None) -> None:
+        """Wait for the broker's acknowledgement of a durable write: BrokerUnavailable when it fails, NotCountedYet
+        when it came after the write's accept_limit, so the worker may refuse it (control_plane.admission.
+        late_acknowledgement; only a write whose client dated it near the end of accept_limit, and a slow broker)."""
         try:
             await future
         except DeliveryError as exc:
             raise BrokerUnavailable(str(exc), identity_of(written)) from exc
+        if written is not None and written.event_time is not None and (
+                reason := late_acknowledgement(written.event_time, time.time_ns() // 1000, written.ns)):
+            raise NotCountedYet(f"the write is durable (token {written.token!r}), but {reason}", identity_of(written))
 
     # -- reads ------------------------------------------------------------------------------------------
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
-from tests.helpers import wait_for
+from tests.helpers import read_all, wait_for
 from tests.integration.test_api import NAMESPACES
 from tests.pipeline_harness import own_broker
 
@@ -79,3 +80,52 @@ def test_a_batch_answered_503_names_each_entrys_token_and_its_retry_counts_once(
         assert c.post("/v1/AddCount", json=later).status_code == 200
         wait_for(lambda: count() != 5, 60, message="a later write counted")
         assert count() == 105  # the first attempt and its retry are one event
+
+
+def test_a_write_acknowledged_after_its_accept_limit_is_a_504_not_a_200(tmp_path):
+    """A write dated near the end of its accept_limit (3 s here) is admitted on arrival, then gathers behind a record
+    the frozen broker holds; its own record goes out, and is stamped, only once the broker is back, after the write's
+    accept_limit, so the worker dead-letters it. It was answered 200 (durable) and never counted (a review); now the
+    acknowledgement is checked against the accept_limit too, and the answer is a 504 saying why: for the plain
+    AddCount, the Python paths (ClearCount) and a batch."""
+    with own_broker(tmp_path, NAMESPACES) as (broker, _mc, env, c):
+        assert c.post("/v1/AddCount", json={"namespace": "my_dataset", "counter_name": "warm-up", "delta": 1}
+                      ).status_code == 200
+
+        def records_sent() -> float:
+            lines = c.get("/metrics").text.splitlines()
+            return sum(float(line.split()[-1]) for line in lines
+                       if line.startswith("counter_api_group_commit_records_total"))
+
+        def dated(counter: str) -> dict:
+            generation_time = datetime.fromtimestamp(time.time() - 2.4, UTC).isoformat()  # 0.6 s of accept_limit left
+            return {"namespace": "my_dataset", "counter_name": counter,
+                    "idempotency_token": {"token": uuid.uuid4().hex, "generation_time": generation_time}}
+
+        with ThreadPoolExecutor(4) as pool:
+            sent = records_sent()
+            broker.pause()
+            try:
+                ahead = pool.submit(c.post, "/v1/AddCount", json={"namespace": "my_dataset", "counter_name": "ahead",
+                                                                    "delta": 1})
+                wait_for(lambda: records_sent() > sent, 5, interval=0.01, message="a record in flight")
+                late = [pool.submit(c.post, "/v1/AddCount", json={**dated("plain-late"), "delta": 5}),
+                        pool.submit(c.post, "/v1/ClearCount", json=dated("clear-late")),
+                        pool.submit(c.post, "/v1/BatchAddCount",
+                                    json={"requests": [{**dated("batch-late"), "delta": 2}]})]
+                time.sleep(1.0)  # the stall: the writes above wait behind the record in flight (1.5 s at most)
+            finally:
+                broker.resume()
+            assert ahead.result(30).status_code == 200
+            answers = [f.result(30) for f in late]
+        for answer in answers:
+            assert answer.status_code == 504, answer.text
+            assert "past namespace 'my_dataset''s accept_limit=3.0s" in answer.text, answer.text
+
+        def dead_letters() -> list[str] | None:
+            reasons = [dict(r.headers or []).get("dlq.reason", b"").decode() for r in read_all(broker.bootstrap,
+                                                                                              env.dlq_topic)]
+            return reasons if len(reasons) >= 3 else None
+        reasons = wait_for(dead_letters, 30, interval=0.5, message="the late writes dead-lettered")
+        assert isinstance(reasons, list) and len(reasons) == 3 and all("before the record reached Kafka" in r
+                                                                      for r in reasons), reasons
