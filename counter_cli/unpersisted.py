@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from schemas import DecodeError, decode_mutations
 from schemas.record_headers import is_heartbeat
+from streams.positions import watermarks
 
 READ_FOR_S = 20.0  # reading the records after the commits: a partition past the local broker's cliff fetches slowly
 
@@ -39,9 +40,10 @@ def unpersisted(bootstrap: str, topic: str, group: str, *, timeout_s: float = 10
     try:
         partitions = sorted(consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions)
         committed = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
+        marks = watermarks(consumer, topic, partitions, timeout_s)
         spans: dict[int, tuple[int, int]] = {}
         for tp in committed:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=timeout_s)
+            low, high = marks[tp.partition]
             start = tp.offset if tp.offset >= 0 else low
             if start < high:
                 spans[tp.partition] = (start, high)

@@ -187,6 +187,15 @@ def identity_of(written: Written | None) -> Identity | None:
     return written.token, written.event_time
 
 
+def _acknowledged_late(ns: Namespace, token: str, event_time: int, what: str = "write") -> NotCountedYet | None:
+    """The 504 of a durable write whose acknowledgement came (now) after its accept_limit, or None
+    (control_plane.admission.late_acknowledgement)."""
+    reason = late_acknowledgement(event_time, time.time_ns() // 1000, ns)
+    if reason is None:
+        return None
+    return NotCountedYet(f"the {what} is durable (token {token!r}), but {reason}", (token, event_time))
+
+
 class CounterService:
     def __init__(self, registry: NamespaceRegistry, *, producer: GroupCommitProducer, signals: ReadSignals,
                  events: EventStore, rollups: RollupStore, cache: RollupCache, counters: BestEffortCounters,
@@ -411,9 +420,8 @@ class CounterService:
                 checked.cancel()
             elif (exc := record.exception()) is not None:
                 checked.set_exception(exc)
-            elif reason := late_acknowledgement(event_time, time.time_ns() // 1000, ns):
-                checked.set_exception(NotCountedYet(f"the write is durable (token {token!r}), but {reason}",
-                                                    (token, event_time)))
+            elif late := _acknowledged_late(ns, token, event_time):
+                checked.set_exception(late)
             else:
                 checked.set_result(None)
         acknowledged.add_done_callback(settle)
@@ -450,12 +458,11 @@ class CounterService:
             if ns is not None and eligible(ns):
                 self.early.note(m, acknowledged)  # as write_durable does
         await self.acknowledged(acknowledged)
-        now = time.time_ns() // 1000
         for m in mutations:
             ns = self.registry.get(m.namespace)
-            if ns is not None and m.event_time is not None and (reason := late_acknowledgement(m.event_time, now, ns)):
-                raise NotCountedYet(f"the batch is durable, but its write of {m.namespace}:{m.counter_name} (token "
-                                    f"{m.event_id!r}): {reason}")
+            if ns is not None and m.event_id is not None and m.event_time is not None and (
+                    late := _acknowledged_late(ns, m.event_id, m.event_time, f"{m.namespace}:{m.counter_name}")):
+                raise late
 
     @staticmethod
     async def acknowledged(future: asyncio.Future[None], written: Written | None = None) -> None:
@@ -466,9 +473,9 @@ class CounterService:
             await future
         except DeliveryError as exc:
             raise BrokerUnavailable(str(exc), identity_of(written)) from exc
-        if written is not None and written.event_time is not None and (
-                reason := late_acknowledgement(written.event_time, time.time_ns() // 1000, written.ns)):
-            raise NotCountedYet(f"the write is durable (token {written.token!r}), but {reason}", identity_of(written))
+        if written is not None and written.token is not None and written.event_time is not None and (
+                late := _acknowledged_late(written.ns, written.token, written.event_time)):
+            raise late
 
     # -- reads ------------------------------------------------------------------------------------------
 

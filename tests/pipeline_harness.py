@@ -26,6 +26,7 @@ from infra.memcached import LocalMemcached
 from infra.process import ManagedProcess
 from infra.stack import LocalStack
 from sinks import RollupState, SqliteRollupStore
+from streams.positions import watermarks
 from streams.settings import load_settings
 from streams.topics import ensure_topics, topic_specs
 from tests.helpers import wait_for
@@ -166,7 +167,8 @@ class PipelineEnv:
                              "enable.auto.commit": False})
         try:
             parts = [TopicPartition(self.mutations_topic, p) for p in range(self.partitions)]
-            ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
+            ends = {p: high for p, (_, high) in watermarks(consumer, self.mutations_topic,
+                                                            list(range(self.partitions))).items()}
 
             def committed_all() -> bool:
                 done = {tp.partition: tp.offset for tp in consumer.committed(parts, timeout=10)}
