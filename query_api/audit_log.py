@@ -46,7 +46,7 @@ def decode_cursor(text: str) -> ScanCursor:
         if (type(t) is not int or not MIN_EVENT_TIME <= t <= MAX_EVENT_TIME or not isinstance(event_id, str)
                 or not isinstance(item_key, str)):  # a time no event has (2**70 answered 500: SQLite's int64)
             raise TypeError
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:  # '[' x 1000 is within the query's 2048 characters
         raise BadCursor(f"not a cursor this API issued: {text[:40]!r}") from exc
     return t, event_id, item_key
 

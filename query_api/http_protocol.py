@@ -138,6 +138,15 @@ def _NO_BODY(_result: object) -> bytes:
     return b""
 
 
+def _declares_large_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the Content-Length is over MAX_FAST_BODY: such a request goes to the app as its headers end, so a
+    body over the app's limit is answered 413 at once (`app.BodyLimit`), not after the fast path buffered 16 KiB."""
+    for name, value in headers:
+        if name == b"content-length":
+            return not value.isdigit() or int(value) > MAX_FAST_BODY
+    return False
+
+
 _ANSWERS: dict[asyncio.Future[None], _Answers] = {}  # by the record's acknowledgement future, until it is done
 ADD_COUNT_ENDPOINT = FAST_PATHS[ADD_COUNT]
 
@@ -202,7 +211,8 @@ class CounterHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         idle = (self.cycle is None or self.cycle.response_complete) and not self.pipeline
         if (idle and self.url in FAST_PATHS and not self.expect_100_continue and self.limit_concurrency is None
-                and self.parser.get_method() == b"POST" and self.app_state.get("service") is not None):
+                and self.parser.get_method() == b"POST" and self.app_state.get("service") is not None
+                and not _declares_large_body(self.headers)):
             self._fast_body = b""
             return
         self._fast_body = None

@@ -366,6 +366,15 @@ def test_fast_path_hands_everything_unusual_to_the_app(stack):
     assert line.split()[1] == b"422", text
 
 
+def test_a_declared_body_over_the_limit_is_a_413_before_any_body_on_every_path(stack):
+    """README: a body over 4 MiB is answered 413 "as soon as its Content-Length says so". The fast paths (plain
+    AddCount, GetCount) buffered 16 KiB of body first and answered nothing to headers alone (a review)."""
+    for path in (b"/v1/AddCount", b"/v1/GetCount", b"/v1/BatchAddCount"):
+        head = b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        (line, _, text), = _raw_http(stack.apis[0].port, head % (path, 5 << 20), 1)  # no body sent at all
+        assert line.split()[1] == b"413" and b"over" in text, (path, line, text)
+
+
 def test_fast_path_best_effort_add_refuses_overflow_and_counts_exactly(stack):
     """AddCount on a BEST_EFFORT namespace is answered by the fast path, settled in callbacks on memcached's
     reply: concurrent adds to a new key count exactly once each, and an add past int64 is a 422 naming delta

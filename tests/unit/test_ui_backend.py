@@ -98,8 +98,10 @@ def test_cursor_rejects_what_it_did_not_issue():
     def cursor(t: object) -> str:
         return base64.urlsafe_b64encode(json.dumps([t, "a", ""]).encode()).decode().rstrip("=")
 
-    # a time no event has: 10**30 reached SQLite and answered 500 (from a review)
-    for text in ("", "nonsense", "WzEsMl0", "eyJhIjoxfQ", cursor(10**30), cursor(-1)):
+    # a time no event has: 10**30 reached SQLite and answered 500 (from a review); so did a cursor of 1,000
+    # nested arrays, 1,332 characters (RecursionError in the json module: another review)
+    nested = base64.urlsafe_b64encode(b"[" * 1000).decode()
+    for text in ("", "nonsense", "WzEsMl0", "eyJhIjoxfQ", cursor(10**30), cursor(-1), nested):
         with pytest.raises(BadCursor):
             decode_cursor(text)
 
