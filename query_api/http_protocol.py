@@ -157,12 +157,26 @@ class CounterHttpProtocol(HttpToolsProtocol):
     _fast_body: bytes | None = None
     _idle_since: float | None = None  # when the last response completed; None while a request is in flight
     _between_messages = True  # the parser is between two requests (none begun and not finished)
+    _deferred_400: str | None = None  # an unparsable request's answer, waiting for the answers of those before it
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's (which feeds the parser), but for a chunk that `_plain_request` takes whole."""
+        if self._deferred_400 is not None:  # the parser failed on an earlier chunk: nothing after it is read
+            return
         if self._between_messages and type(data) is bytes and self._plain_request(data):
             return
         super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn answers an unparsable request at once and closes the connection, dropping the answers of the
+        requests pipelined before it, which were counted: a client then retries a counted write (a review). So
+        the 400 waits until they are answered, reading nothing more meanwhile."""
+        cycle = self.cycle
+        if (cycle is not None and not cycle.response_complete) or self.pipeline:
+            self._deferred_400 = msg
+            self.flow.pause_reading()
+            return
+        super().send_400_response(msg)
 
     def _plain_request(self, data: bytes) -> bool:
         """Take a chunk that is exactly one plain AddCount request (`_plain_add.add_request`: HTTP/1.1, keep-alive,
@@ -329,12 +343,15 @@ class CounterHttpProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
-        if self.flow.read_paused:
+        if self.flow.read_paused and self._deferred_400 is None:
             self.flow.resume_reading()
         if self.pipeline:
             self._idle_since = None
             cycle, app = self.pipeline.pop()
             self._start_asgi_task(cycle, app)
+            return
+        if self._deferred_400 is not None:  # every request before the unparsable one is answered
+            self.send_400_response(self._deferred_400)
             return
         self._idle_since = self.loop.time()
         if self.timeout_keep_alive_task is None:

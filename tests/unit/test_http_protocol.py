@@ -65,6 +65,7 @@ UVICORN_METHODS = {
     "on_response_complete": "RequestResponseCycle's on_response: starts the next pipelined request, arms keep-alive",
     "_unset_keepalive_if_required": "called by data_received/connection_lost: ours marks the connection busy",
     "connection_lost": "extended to cancel the keep-alive timer",
+    "send_400_response": "called by data_received when the parser fails; ours waits for the earlier answers",
     "data_received": "overridden for a whole plain AddCount (no parser); otherwise uvicorn's, which must call "
                      "_unset_keepalive_if_required before feeding the parser",
     # used, not overridden
@@ -97,7 +98,8 @@ def test_uvicorn_private_members_still_exist() -> None:
     state, flow = ServerState(), FlowControl(FakeTransport())  # type: ignore[arg-type]
     missing += [f"ServerState.{name}" for name in ("default_headers", "total_requests", "tasks")
                 if not hasattr(state, name)]
-    missing += [f"FlowControl.{name}" for name in ("read_paused", "resume_reading") if not hasattr(flow, name)]
+    missing += [f"FlowControl.{name}" for name in ("read_paused", "pause_reading", "resume_reading")
+                if not hasattr(flow, name)]
     missing += [f"HttpRequestParser.{name}" for name in ("get_method", "get_http_version", "should_keep_alive")
                 if not hasattr(httptools.HttpRequestParser, name)]
     if not isinstance(getattr(httptools_impl, "STATUS_LINE", None), dict):
@@ -106,6 +108,8 @@ def test_uvicorn_private_members_still_exist() -> None:
 
     params = list(inspect.signature(HttpToolsProtocol._start_asgi_task).parameters)
     assert params == ["self", "cycle", "app"], f"_start_asgi_task{tuple(params)}: {RECHECK}"
+    assert "send_400_response" in inspect.getsource(HttpToolsProtocol.data_received), (
+        f"data_received no longer answers a parser error with send_400_response (ours defers it): {RECHECK}")
     assert "_unset_keepalive_if_required" in inspect.getsource(HttpToolsProtocol.data_received), (
         f"data_received no longer calls _unset_keepalive_if_required (our keep-alive timer relies on it): {RECHECK}")
 
@@ -1071,6 +1075,39 @@ def test_pipelined_requests_behind_a_fast_request_in_order(run) -> None:
                                       + app_response("GET", "/healthz", 0)
                                       + app_response("POST", "/v1/ClearCount", 37))
         assert c.server_state.total_requests == 3
+    run(scenario)
+
+
+@pytest.mark.parametrize("pipelined", [0, 1])
+def test_an_unparsable_request_is_answered_400_after_the_requests_before_it(run, pipelined) -> None:
+    """uvicorn answered the garbage at once and closed: the write before it was counted, but its client got only
+    the 400 (matched to the write) and would retry it (a review). Now the earlier answers go first, then the 400,
+    and nothing after the garbage is read."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        add = post("/v1/AddCount", {"namespace": "be", "counter_name": "c", "delta": 1})
+        earlier = add + get("/healthz") * pipelined
+        c.send(earlier + b"GARBAGE\r\n\r\n")
+        assert c.transport.data == b"" and not c.transport.closed, "the 400 went out before the earlier answers"
+        c.send(post("/v1/AddCount", {"namespace": "be", "counter_name": "d", "delta": 1}))  # read no further
+        service.settle(5)
+        await until(lambda: c.transport.closed, "the 400 and the close")
+        expected = fast_response(200, add_body("be", "c", "BEST_EFFORT", False, None))
+        if pipelined:
+            expected += app_response("GET", "/healthz", 0)
+        data = c.transport.take()
+        assert data.startswith(expected) and data[len(expected):].startswith(status_line(400)), data
+        assert data.endswith(b"Invalid HTTP request received.") and c.transport.writes_after_close == []
+        assert service.calls == [("add_best_effort", "be", "c", 1)], service.calls
+    run(scenario)
+
+
+def test_an_unparsable_request_on_an_idle_connection_is_answered_at_once(run) -> None:
+    async def scenario() -> None:
+        c = Connection(FakeService())
+        c.send(b"GARBAGE\r\n\r\n")
+        assert c.transport.closed and c.transport.take().startswith(status_line(400))
     run(scenario)
 
 
