@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -18,6 +19,7 @@ from typing import Any
 
 import orjson
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
+from fastavro._read_py import schemaless_reader as exact_schemaless_reader  # private: fastavro pinned below 1.14
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from schemas.compiled import COMPILED_NAME, avro_fast
@@ -345,6 +347,14 @@ def encode_signals(keys: Sequence[tuple[str, str]]) -> bytes:
 # --------------------------------------------------------------------------- decoding
 
 
+_WIDE_VARINT = re.compile(rb"[\x80-\xff]{9}")
+"""Nine bytes in a row with the high bit set: where an Avro long of 10 bytes or more may be. fastavro's C reader
+wraps such a long to 64 bits without a word (`2**64 + 5` in 10 bytes reads as 5, and 11 bytes read as whatever
+their low bits say), so a corrupt delta or event time was counted as another value; fastavro's pure-Python reader
+keeps Python's exact integer, which the range checks then refuse. Names of three or more non-ASCII characters
+match too, and take the slower reader for the same answer."""
+
+
 def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
     """Decode a single-object record with the schema its fingerprint names; trailing bytes are an error."""
     if len(data) < HEADER_LEN:
@@ -356,7 +366,8 @@ def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
     fo = BytesIO(data)
     fo.seek(HEADER_LEN)
     try:
-        value: Any = schemaless_reader(fo, _READERS.get(schema.fingerprint, schema.parsed), None)
+        reader = exact_schemaless_reader if _WIDE_VARINT.search(data, HEADER_LEN) else schemaless_reader
+        value: Any = reader(fo, _READERS.get(schema.fingerprint, schema.parsed), None)
     except EOFError as exc:
         detail = str(exc) or "unexpected end of data"
         raise DecodeError(f"truncated Avro body for {schema.name}: {detail}") from None

@@ -105,7 +105,11 @@ def fa_signal_batch(keys: list[tuple[str, str]]) -> bytes:
 
 def zigzag(n: int) -> bytes:
     """An Avro long, written here independently of the code under test."""
-    z = (n << 1) ^ (n >> 63) if -(2**63) <= n < 2**63 else (n << 1 if n >= 0 else (-n << 1) - 1)
+    return varint((n << 1) ^ (n >> 63) if -(2**63) <= n < 2**63 else (n << 1 if n >= 0 else (-n << 1) - 1))
+
+
+def varint(z: int) -> bytes:
+    """An unsigned varint of `z` as given (no zigzag, no bound: also a corrupt writer's long)."""
     out = bytearray()
     while z > 0x7F:
         out.append((z & 0x7F) | 0x80)
@@ -429,6 +433,26 @@ def test_negative_enum_indexes_are_corrupt_not_an_op() -> None:
         batch = BATCH_HEADER + b"\x02" + data[10:] + b"\x00"
         with pytest.raises(DecodeError, match=f"corrupt Avro body for MutationBatch: MutationOp index {index}"):
             decode_mutations(batch)
+
+
+@pytest.mark.parametrize("wide", [varint(2**64 + 10), varint(2**64), bytes([0x8A, *[0x80] * 9, 0x01])],
+                         ids=["65 bits in 10 bytes", "2**64", "11 bytes"])
+@pytest.mark.parametrize("field", ["delta", "event_time"])
+def test_a_long_wider_than_64_bits_is_an_error_not_wrapped(wide: bytes, field: str) -> None:
+    """fastavro's C reader wraps such a long silently (65 bits in 10 bytes read as delta 5, the case a review
+    sent through Kafka and saw counted); the general path must refuse it, alone and in a batch, as the fast
+    readers do."""
+    m = Mutation("ns", "c", 7, MIN_EVENT_TIME + 1, "t")
+    body = fa_mutation(m)[10:]
+    plain = body[1:].split(zigzag(7) + zigzag(m.event_time), 1)
+    assert len(plain) == 2
+    longs = wide + zigzag(m.event_time) if field == "delta" else zigzag(7) + wide
+    data = CM_HEADER + body[:1] + plain[0] + longs + plain[1]
+    for record in (data, BATCH_HEADER + b"\x02" + data[10:] + b"\x00"):
+        with pytest.raises(DecodeError, match=f"'{field}'"):
+            decode_mutations(record)
+    exact = codec.exact_schemaless_reader(io.BytesIO(data[10:]), CM)[field]  # the private reader codec leans on
+    assert not INT64_MIN <= exact <= INT64_MAX, exact  # Python's integer, not wrapped as fastavro's C reader does
 
 
 def test_an_empty_signal_batch_is_an_error() -> None:
