@@ -24,7 +24,16 @@ from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
 from agents.watermark import heartbeat_skew_s
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import admission_error, extras_refusal, kafka_refusal
-from schemas import MICROS, MIN_EVENT_TIME, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
+from schemas import (
+    MICROS,
+    MIN_EVENT_TIME,
+    DecodeError,
+    Mutation,
+    MutationOp,
+    decode_mutations,
+    encode_mutation,
+    tokenless_json,
+)
 from schemas.codec import InvalidItems
 from schemas.dead_letter import AnyHeaders, DeadLetter
 from schemas.record_headers import is_heartbeat
@@ -370,22 +379,27 @@ def _stamped_ahead(out: PreparedBatch, rec: KafkaRecord, pairs: Iterable[tuple[i
         # is ahead depends on when it is read, so a redelivery may count it, and the DLQ's raw bytes, re-sent,
         # would be another event.
         out.dead.append(_dead_mutation(
-            rec, m, index, single and m.event_id is not None, event_time, event_id, timestamp_us,
-            f"record timestamp {micros_iso(timestamp_us)} is {clock.ahead_s(timestamp_us):.3f}s ahead of the worker's "
-            f"clock ({micros_iso(clock.now_us)}), so it is not when the record reached Kafka; namespace {ns.name!r} "
-            f"allows max_clock_skew={ns.max_clock_skew_s}s (a producer clock that far ahead, or a timestamp set by "
-            "the client)"))
+            rec, m, index, single and m.event_id is not None, event_time, event_id, timestamp_us, keep_identity=True,
+            reason=f"record timestamp {micros_iso(timestamp_us)} is {clock.ahead_s(timestamp_us):.3f}s ahead of the "
+            f"worker's clock ({micros_iso(clock.now_us)}), so it is not when the record reached Kafka; namespace "
+            f"{ns.name!r} allows max_clock_skew={ns.max_clock_skew_s}s (a producer clock that far ahead, or a "
+            "timestamp set by the client)"))
     return kept
 
 
 def _dead_mutation(rec: KafkaRecord, m: Mutation, index: int, single: bool, event_time: int, event_id: str,
-                   timestamp_us: int, reason: str) -> DeadLetter:
+                   timestamp_us: int, reason: str, *, keep_identity: bool = False) -> DeadLetter:
     """A rejected mutation's dead letter: the record as it arrived when it holds only that mutation; else that
-    mutation alone, re-encoded with the identity it was given (so a re-submit keeps it), or, when it cannot be
-    encoded (e.g. a token-less one stamped before 2000), the whole record, marked with the mutation's index
-    (`dlq.whole_record`): re-sent, it would count its other mutations again."""
+    mutation alone: a token-less item of a JSON array as its JSON text without a token, which re-sent takes its
+    new record's time and position as a token-less record does (given an identity of its Kafka position and the
+    record's time, it could never be replayed once older than accept_limit: a review lost an unknown namespace's
+    writes so), unless `keep_identity`; any other re-encoded with the identity it was given (so a re-submit
+    keeps it), or, when it cannot be encoded (e.g. a token-less one stamped before 2000), the whole record,
+    marked with the mutation's index (`dlq.whole_record`): re-sent, it would count its other mutations again."""
     if single:
         return _dead(rec, rec.value or b"", reason, timestamp_us)
+    if m.event_id is None and not keep_identity:
+        return _dead(rec, tokenless_json(m), reason, timestamp_us)
     try:
         value = encode_mutation(m._replace(event_time=event_time, event_id=event_id))
     except Exception:  # e.g. a ValidationError: the DLQ keeps what arrived instead

@@ -51,12 +51,13 @@ Which records can succeed: a re-submitted record gets a new Kafka timestamp, and
 event time against it. Mutations carrying an idempotency token keep their event time (generation_time), so
 one older than the namespace's accept_limit is rejected again ("event_time ... before the record reached
 Kafka"): fix those by producing new mutations, not by re-submitting. Undecodable records stay undecodable.
-Token-less JSON records take the new record's time and position as their identity, so each re-submission
-counts again: progress is kept in <COUNTER_DATA_DIR>/dlq/<dlq topic>.json and a rerun never re-sends a
-record it already sent (--force does; harmless for records with tokens, which are idempotent). A record is
-known by its source (topic, partition, offset, time) and bytes, not its DLQ position: of several dead letters
-of one source mutation only one is re-submitted, and a new dead letter at a DLQ position a restarted local
-broker reused is not taken for an old one.
+Token-less JSON records, and token-less items of a JSON array (dead-lettered alone, as JSON), take the new
+record's time and position as their identity, so each re-submission counts again: progress is kept in
+<COUNTER_DATA_DIR>/dlq/<dlq topic>.json and a rerun never re-sends a record it already sent (--force does;
+harmless for records with tokens, which are idempotent). A record is known by its source (topic, partition,
+offset, time) and bytes, not its DLQ position: of several dead letters of one source mutation only one is
+re-submitted, and a new dead letter at a DLQ position a restarted local broker reused is not taken for an old
+one.
 Interrupt it (Ctrl-C) at any time and run it again to continue.
 Exit status: 0 done, 1 delivery failed, 130 interrupted."""
 

@@ -40,7 +40,7 @@ from schemas.dimensions import (
     validate_internal_counter_name,
     validate_item,
 )
-from schemas.json_records import mutation_from_json
+from schemas.json_records import mutation_from_json, tokenless_json
 from schemas.model import MAX_SHARDS, MICROS, Mutation, MutationOp, counter_key, shard_key, shard_of
 from schemas.validation import (
     INT64_MAX,
@@ -108,6 +108,7 @@ __all__ = [
     "signal_body",
     "split_combination",
     "subset_combinations",
+    "tokenless_json",
     "v2_body",
     "validate_counter_name",
     "validate_delta",

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from schemas.dimensions import validate_dimensions, validate_item
 from schemas.model import Mutation, MutationOp
 from schemas.validation import (
@@ -110,6 +112,25 @@ def mutation_from_json(obj: Mapping[str, Any]) -> Mutation:
         raise ValidationError("dimensions", "a clear applies to the counter and all its combinations: "
                                             "send it without dimensions")
     return Mutation(namespace, counter_name, delta, event_time, event_id, item_key, op, dimensions, item)
+
+
+def tokenless_json(m: Mutation) -> bytes:
+    """The JSON record of a mutation that came without a token (`event_id` None), without one again: re-sent
+    alone (`counter dlq replay`), it takes its new record's time and position as its identity, as a token-less
+    record does. The dead letter of a token-less item of a JSON array is this, so it can be replayed after
+    its namespace was fixed, whatever the time."""
+    if m.event_id is not None:
+        raise ValueError(f"{m.key} has a token: its JSON record would carry it")
+    obj: dict[str, Any] = {"namespace": m.namespace, "counter_name": m.counter_name, "delta": m.delta}
+    if m.op is MutationOp.CLEAR:
+        obj["op"] = "clear"
+    if m.event_item_key:
+        obj["event_item_key"] = m.event_item_key
+    if m.dimensions:
+        obj["dimensions"] = dict(m.dimensions)
+    if m.item:
+        obj["item"] = m.item
+    return orjson.dumps(obj)
 
 
 _PLAIN_FIELDS = frozenset({"namespace", "counter_name", "delta", "idempotency_token"})

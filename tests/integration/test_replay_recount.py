@@ -278,40 +278,52 @@ def test_a_dead_letter_resubmitted_after_its_cause_is_fixed_is_counted_once(pipe
     for _ in range(5):  # token-less JSON: identity = its (new) Kafka position
         plain.produce(pipeline.mutations_topic, json.dumps({"namespace": late_ns, "counter_name": "json", "delta": 2}),
                       key=f"{late_ns}:json".encode())
+    # token-less items of a JSON array, in a namespace added later with a short accept_limit (a review: each was
+    # dead-lettered with its record's time as its identity, and refused again when re-sent after accept_limit)
+    short_ns = "added_later_short"
+    plain.produce(pipeline.mutations_topic, json.dumps([{"namespace": short_ns, "counter_name": "arr", "delta": d}
+                                                        for d in (1, 2, 4)]))
     assert plain.flush(20) == 0
+    produced = time.monotonic()
 
     def listed():
         out = cli(pipeline, "dlq", "list", "--format", "jsonl")
         rows = jsonl(out.stdout)
-        return rows if len(rows) >= 45 else None
+        return rows if len(rows) >= 48 else None
 
-    dead = wait_for(listed, 30, interval=0.5, message="45 dead letters")
-    assert len(dead) == 45 and all("unknown namespace 'added_later'" in r["reason"] for r in dead)
+    dead = wait_for(listed, 30, interval=0.5, message="48 dead letters")
+    assert len(dead) == 48 and all("unknown namespace 'added_later" in r["reason"] for r in dead)
     assert all(r["source_topic"] == pipeline.mutations_topic and r["source_offset"] is not None for r in dead)
     table = cli(pipeline, "dlq", "list", "--reason", "unknown namespace").stdout
-    assert len(table.splitlines()) == 45 and "added_later:json +2 token=(no token)" in table
+    assert len(table.splitlines()) == 48 and "added_later:json +2 token=(no token)" in table
+    assert "added_later_short:arr +4 token=(no token)" in table, table
 
-    # The fix: the namespace is added (accept_limit long enough for the tokened events' age) and workers restart.
+    # The fix: the namespaces are added (accept_limit long enough for the tokened events' age; the array's items'
+    # shorter than their age at the replay) and workers restart.
     config = yaml.safe_load(NAMESPACES.read_text())
     config["namespaces"][late_ns] = {"counter_type": "EVENTUAL", "accept_limit": "1h"}
+    config["namespaces"][short_ns] = {"counter_type": "EVENTUAL", "accept_limit": "2s"}
     fixed_file = tmp_path / "namespaces.yaml"
     fixed_file.write_text(yaml.safe_dump(config))
     worker.stop()
     pipeline.namespaces = fixed_file  # for the CLI
     pipeline.stack.start_worker(COUNTER_NAMESPACES=str(fixed_file), **FAST_GROUP)
+    wait_for(lambda: time.monotonic() > produced + 3, 10, message="the array's items older than accept_limit")
 
     first = cli(pipeline, "dlq", "replay", "--reason", "unknown namespace")
-    assert "re-submitted 45 dead letter(s)" in first.stderr, first.stderr
+    assert "re-submitted 48 dead letter(s)" in first.stderr, first.stderr
     expected = {**oracle(tokened), "json": 10}
-    wait_for(lambda: all(stored_total(pipeline, late_ns, c) == n for c, n in expected.items()), 30,
-             message=lambda: f"{ {c: stored_total(pipeline, late_ns, c) for c in expected} } != {expected}")
+    wait_for(lambda: all(stored_total(pipeline, late_ns, c) == n for c, n in expected.items())
+             and stored_total(pipeline, short_ns, "arr") == 7, 30,
+             message=lambda: f"{ {c: stored_total(pipeline, late_ns, c) for c in expected} } != {expected}, "
+                             f"arr {stored_total(pipeline, short_ns, 'arr')} != 7")
 
     def records_of_late_ns() -> int:
         return sum(late_ns.encode() in r.value for r in read_all(pipeline.bootstrap, pipeline.mutations_topic))
 
     before = records_of_late_ns()
     second = cli(pipeline, "dlq", "replay", "--reason", "unknown namespace")
-    assert "re-submitted 0 dead letter(s)" in second.stderr and "45 skipped" in second.stderr, second.stderr
+    assert "re-submitted 0 dead letter(s)" in second.stderr and "48 skipped" in second.stderr, second.stderr
     assert "[resubmitted]" in cli(pipeline, "dlq", "list").stdout
     assert records_of_late_ns() == before  # the second run re-sent nothing
     assert {c: stored_total(pipeline, late_ns, c) for c in expected} == expected

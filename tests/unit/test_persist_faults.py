@@ -152,21 +152,47 @@ def test_a_poison_record_is_dead_lettered_and_its_neighbours_stored(tmp_path: Pa
 
 
 def test_a_rejected_mutation_that_cannot_be_re_encoded_is_dead_lettered_with_its_record_marked() -> None:
-    """F1: a token-less JSON array stamped before 2000 takes the record time as event time, which Avro refuses:
-    the DLQ gets the original record rather than prepare() raising, marked with the mutation's index
-    (`dlq.whole_record`), since its neighbour was counted and re-sending the record would count it again."""
+    """F1: an item of a JSON array with a token but no generation_time, stamped before 2000, takes the record time
+    as event time, which Avro refuses: the DLQ gets the original record rather than prepare() raising, marked
+    with the mutation's index (`dlq.whole_record`), since its neighbour was counted and re-sending the record
+    would count it again. A token-less item is dead-lettered alone as its JSON (it needs no identity)."""
     good = {"namespace": "ev", "counter_name": "c", "delta": 1,
             "idempotency_token": {"token": "t1", "generation_time": T}}
-    body = json.dumps([good, {"namespace": "ev", "counter_name": "c", "delta": 1}]).encode()
+    timeless = {"namespace": "ev", "counter_name": "c", "delta": 1, "idempotency_token": {"token": "t0"}}
+    body = json.dumps([good, timeless]).encode()
     out = prepare([rec(5, 0, body)], REGISTRY, {0: T})
     assert [row[3] for row in out.rows] == ["t1"]
     [dead] = out.dead
     assert dead.value == body and "timestamp (0 ms) is no time" in dead.reason
     assert dict(dead.record()[2])[WHOLE_RECORD] == b"1"
+    tokenless = {"namespace": "ev", "counter_name": "c", "delta": 1}
+    [dead] = prepare([rec(5, 0, json.dumps([good, tokenless]).encode())], REGISTRY, {0: T}).dead
+    assert json.loads(dead.value) == tokenless and WHOLE_RECORD not in dict(dead.record()[2])
     ahead = {**good, "idempotency_token": {"token": "t2", "generation_time": T + 60 * MICROS}}  # not admitted
     [alone] = prepare([rec(5, T, json.dumps([good, ahead]).encode())], REGISTRY, {0: T}).dead
     assert [m.event_id for m in decode_mutations(alone.value)] == ["t2"]  # re-encoded alone: no marker
     assert WHOLE_RECORD not in dict(alone.record()[2])
+
+
+@pytest.mark.parametrize("item", [
+    {"namespace": "nowhere", "counter_name": "c", "delta": 3},
+    {"namespace": "nowhere", "counter_name": "c", "op": "clear"},
+    {"namespace": "nowhere", "counter_name": "c", "delta": -2, "event_item_key": "k", "dimensions": {"a": "b"},
+     "item": "x"},
+], ids=["add", "clear", "every field"])
+def test_a_token_less_item_of_a_json_array_is_dead_lettered_as_its_json_without_an_identity(item: dict) -> None:
+    """A review: an unknown namespace's token-less item, dead-lettered with its Kafka position and record time as
+    its identity, was refused again when `counter dlq replay` re-sent it after the fix (its time older than
+    accept_limit): lost for good. Its dead letter is now its JSON, token-less, which re-sent is a new write."""
+    good = {"namespace": "ev", "counter_name": "c", "delta": 1,
+            "idempotency_token": {"token": "t1", "generation_time": T}}
+    out = prepare([rec(5, T, json.dumps([good, item]).encode())], REGISTRY, {0: T})
+    assert [row[3] for row in out.rows] == ["t1"]
+    [dead] = out.dead
+    assert "unknown namespace" in dead.reason and WHOLE_RECORD not in dict(dead.record()[2])
+    [m] = decode_mutations(dead.value)
+    assert m.event_id is None and m.event_time is None, m  # re-sent: a new record's time and position
+    assert m == decode_mutations(json.dumps(item).encode())[0]
 
 
 @pytest.mark.parametrize("stamped_ms", [0, -1, 946_684_799_999])  # none given, "no timestamp", 1999-12-31
