@@ -310,11 +310,19 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
                 continue
             reason = admission.refusal or admission_error(
                 event_time, arrived, admission.ns)  # type: ignore[arg-type]  # None only with a refusal (above)
+            if reason and admission.refusal is None and timestamp_us < arrived:
+                reason += _ARRIVAL_FROM_FLOOR % micros_iso(timestamp_us)
             out.dead.append(_dead_mutation(rec, m, index, single, event_time, event_id, timestamp_us,
                                            reason or "not admitted"))
     out.records = n
     return out
 
+
+_ARRIVAL_FROM_FLOOR = (" (the record reached Kafka then at the earliest, the partition's last heartbeat before it: "
+                       "its own timestamp, %s, is older, set by its client; a topic with LogAppendTime, as the service "
+                       "creates on Apache Kafka, gives the exact time)")
+"""The admission reason's note when the record's own timestamp is older than its partition's heartbeat floor: the
+time it quotes as the arrival is the floor, and a review read it as wrong."""
 
 HEARTBEAT_WARN_EVERY_S = 60.0
 _heartbeat_warned = -HEARTBEAT_WARN_EVERY_S

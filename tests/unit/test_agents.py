@@ -14,6 +14,7 @@ from control_plane import parse_namespaces
 from control_plane.admission import admission_error, rollup_boundary
 from schemas import MICROS, Mutation, MutationOp, encode_batch, encode_mutation
 from schemas.record_headers import is_heartbeat
+from schemas.validation import micros_iso
 from sinks import InProcessRollupCache, Partitioning, SqliteEventStore, SqliteRollupStore
 
 REGISTRY = parse_namespaces({"namespaces": {
@@ -95,6 +96,10 @@ class TestPrepare:
         out = prepare([rec(b"", 0, ts=T, heartbeat=True), rec(late, 1, ts=T - 10 * MICROS)], REGISTRY, floor)
         assert out.rows == [] and "accept_limit" in out.dead[0].reason
         assert floor == {3: T}
+        # the reason says the arrival it quotes is the heartbeat's, and why (a review read it as wrong)
+        assert f"its own timestamp, {micros_iso(T - 10 * MICROS)}, is older, set by its client" in out.dead[0].reason
+        own = prepare([rec(late, 1, ts=T + 10 * MICROS)], REGISTRY).dead[0].reason  # its own timestamp: no note
+        assert "accept_limit" in own and "its own timestamp" not in own
         # Without the heartbeat before it, its own timestamp admits it.
         assert prepare([rec(late, 1, ts=T - 10 * MICROS)], REGISTRY).rows != []
 
