@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import logging
 import math
 import threading
@@ -73,6 +75,11 @@ async def _advance(client: AsyncMemcached, key: str, value: bytes, rollup_ts: in
                 key, ADVANCE_TRIES)
 
 
+async def _advanced(client: AsyncMemcached, key: str, value: bytes, rollup_ts: int, expire: int) -> bool:
+    await _advance(client, key, value, rollup_ts, expire)
+    return True
+
+
 def parse_servers(spec: str) -> list[tuple[str, int]]:
     body = spec.strip()
     if body.startswith("memcached://"):
@@ -89,6 +96,11 @@ def parse_servers(spec: str) -> list[tuple[str, int]]:
     return servers
 
 
+MAX_UNWRITTEN = 100_000
+"""Rollups kept per server to write once it answers again (`MemcachedRollupCache.advance`); past it a failed
+write is dropped, and its counter may read its older cached rollup until its next one (logged once an outage)."""
+
+
 class _Node:
     """One memcached server with its connection pool and circuit breaker."""
 
@@ -97,6 +109,9 @@ class _Node:
         self.client = AsyncMemcached(host, port, timeout_s=timeout_s, pool_size=pool_size)
         self.down_until = 0.0  # monotonic time before which memcached is skipped
         self.failing = False  # inside an outage (already logged)
+        self.unwritten: dict[str, tuple[bytes, int, int]] = {}  # key -> (value, rollup_ts, expire) not yet written
+        self.rewriting: asyncio.Task[None] | None = None  # writes `unwritten` once the server answers
+        self.dropped = 0  # failed writes not kept (past MAX_UNWRITTEN) this outage
 
 
 class MemcachedRollupCache:
@@ -149,10 +164,16 @@ class MemcachedRollupCache:
 
     async def advance(self, namespace: str, counter: str, count: int, rollup_ts: int,
                       ttl_s: float | None = None) -> None:
+        """Store the rollup unless a later one is held. One that cannot be written now (the server down, hung or
+        in its breaker window) is written once the server answers again: the server may still hold the counter's
+        older rollup, which reads would serve as current (a review saw 10 for 9 s after an outage, where the store
+        had 15 for 25 s)."""
         key = cache_key(namespace, counter, self.key_prefix)
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
-        await self._guard(self._node(key), lambda c: _advance(c, key, value, rollup_ts, expire), None)
+        node = self._node(key)
+        if not await self._guard(node, lambda c: _advanced(c, key, value, rollup_ts, expire), False):
+            self._keep_unwritten(node, key, value, rollup_ts, expire)
 
     async def delete(self, namespace: str, counter: str) -> None:
         key = cache_key(namespace, counter, self.key_prefix)
@@ -167,6 +188,8 @@ class MemcachedRollupCache:
 
     async def close(self) -> None:
         for node in self._nodes.values():
+            if node.rewriting is not None:
+                node.rewriting.cancel()
             with contextlib.suppress(Exception):  # best effort, like everything here
                 await node.client.close()
 
@@ -174,6 +197,36 @@ class MemcachedRollupCache:
 
     def _node(self, key: str) -> _Node:
         return self._single or self._nodes[self._ring.get_node(key)]
+
+    def _keep_unwritten(self, node: _Node, key: str, value: bytes, rollup_ts: int, expire: int) -> None:
+        held = node.unwritten.get(key)
+        if held is not None and held[1] > rollup_ts:
+            return
+        if held is None and len(node.unwritten) >= MAX_UNWRITTEN:
+            node.dropped += 1
+            if node.dropped == 1:
+                log.warning("memcached %s: over %d rollups wait to be cached; the counters of those not kept may "
+                            "read an older cached count until their next rollup", node.name, MAX_UNWRITTEN)
+            return
+        node.unwritten[key] = (value, rollup_ts, expire)
+        if node.rewriting is None or node.rewriting.done():
+            node.rewriting = asyncio.get_running_loop().create_task(self._rewrite(node))
+
+    async def _rewrite(self, node: _Node) -> None:
+        """Write the node's unwritten rollups once it answers, each unless a later one is held; tried again after
+        each breaker window while it does not."""
+        while node.unwritten:
+            await asyncio.sleep(max(node.down_until - time.monotonic(), 0.0) + 0.01)
+            for key, (value, rollup_ts, expire) in list(node.unwritten.items()):
+                write = functools.partial(_advanced, key=key, value=value, rollup_ts=rollup_ts, expire=expire)
+                if not await self._guard(node, write, False):
+                    break  # down again: after its breaker window
+                if node.unwritten.get(key, (b"", -1, 0))[1] == rollup_ts:
+                    del node.unwritten[key]
+        if node.dropped:
+            log.warning("memcached %s: %d rollups were not kept to be cached after its outage", node.name,
+                        node.dropped)
+            node.dropped = 0
 
     @staticmethod
     def _expire(ttl_s: float | None) -> int:

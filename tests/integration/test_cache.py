@@ -272,6 +272,46 @@ def test_memcached_hung_server_then_recovery(tmp_path: Path, ns: str) -> None:
         cache.close()
 
 
+def test_a_rollup_not_cached_in_an_outage_is_cached_once_memcached_answers(tmp_path: Path, ns: str) -> None:
+    """A review: the worker's cache write of a rollup failed while memcached hung; resumed, memcached still held the
+    older rollup, and EVENTUAL reads answered it (10 instead of 15) for seconds, until the counter's next rollup.
+    The failed write is kept and made once memcached answers; a later rollup is never replaced by it."""
+    async def scenario(server: LocalMemcached) -> None:
+        cache = MemcachedRollupCache(server.address, timeout_s=0.2, breaker_s=0.5)
+        reader = MemcachedRollupCache(server.address)  # another process's view (the API's)
+        try:
+            await cache.advance(ns, "c", 10, 1)
+            await cache.advance(ns, "d", 1, 1)
+            server.pause()
+            try:
+                await cache.advance(ns, "c", 15, 2)  # times out
+                await cache.advance(ns, "d", 2, 2)  # the breaker is open: not even tried
+                await cache.advance(ns, "d", 3, 3)
+            finally:
+                server.resume()
+            deadline = time.monotonic() + 10
+            while await reader.get_many([(ns, "c"), (ns, "d")]) != {(ns, "c"): (15, 2), (ns, "d"): (3, 3)}:
+                assert time.monotonic() < deadline, await reader.get_many([(ns, "c"), (ns, "d")])
+                await asyncio.sleep(0.05)
+            # kept again and written late, a rollup never replaces a later one written meanwhile
+            server.pause()
+            try:
+                await cache.advance(ns, "c", 16, 4)
+            finally:
+                server.resume()
+            await reader.advance(ns, "c", 17, 5)
+            while cache._nodes[server.address].unwritten:
+                assert time.monotonic() < deadline + 10, "the kept rollup never written"
+                await asyncio.sleep(0.05)
+            assert await reader.get(ns, "c") == (17, 5)
+        finally:
+            await cache.close()
+            await reader.close()
+
+    with LocalMemcached(tmp_path / "memcached.log") as server:
+        asyncio.run(scenario(server))
+
+
 def test_memcached_stopped_server(tmp_path: Path, ns: str) -> None:
     server = LocalMemcached(tmp_path / "memcached.log").start()
     cache = Sync(MemcachedRollupCache(server.address))
