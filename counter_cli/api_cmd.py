@@ -12,10 +12,11 @@ from counter_cli.common import (
     build_native_parts,
     check_listen,
     fail,
+    namespaces_or_exit,
     resolve_bootstrap,
     settings_or_exit,
 )
-from streams.settings import check_host
+from streams.settings import check_host, in_process_cache_problem
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
+    if not settings.cache.startswith("memcached://"):  # the API's in-process cache
+        problem = in_process_cache_problem(settings, namespaces_or_exit(settings)[1].values())
+        if problem:
+            fail(problem)
     if args.host is not None:
         try:
             check_host(args.host)

@@ -39,7 +39,7 @@ from query_api.signals import ReadSignals
 from query_api.store_errors import StoreErrors
 from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
 from sinks.best_effort import open_counters
-from streams.settings import Settings, load_settings
+from streams.settings import Settings, in_process_cache_problem, load_settings
 from streams.signals import SignalSender
 
 
@@ -55,6 +55,9 @@ def build_service(settings: Settings) -> CounterService:
     unique = any(ns.counts_unique for ns in registry.values())
     sketches = open_namespace_sketch_store(buckets, registry, lock_wait_s=wait_s) if unique else None  # unique counts
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
+    problem = None if cache_spec else in_process_cache_problem(settings, registry.values())
+    if problem:
+        raise RuntimeError(problem)
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=wait_s)
     producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))

@@ -294,6 +294,21 @@ def namespace_bound_problems(settings: Settings, namespaces: Iterable[Namespace]
     return problems
 
 
+def in_process_cache_problem(settings: Settings, namespaces: Iterable[Namespace]) -> str | None:
+    """Why API processes sharing a pipeline cannot run on the in-process cache, or None: a BEST_EFFORT namespace
+    keeps its counts in the cache, so each process would count its own (a review read 5 and 15 of 20 writes, and
+    a ClearCount left the other process's count). Call it when the cache is the in-process one."""
+    best_effort = next((ns.name for ns in namespaces if ns.counter_type is CounterType.BEST_EFFORT), None)
+    if best_effort is None or not settings.api_shared:
+        return None
+    shared = (f"{ENV_PREFIX}API_WORKERS={settings.api_workers}" if settings.api_workers > 1
+              else f"{ENV_PREFIX}API_SHARED_PIPELINE=true")
+    return (f"{shared} with the in-process cache ({ENV_PREFIX}CACHE={settings.cache}"
+            f"{', and no memcached installed' if settings.cache == 'auto' else ''}): namespace {best_effort!r} is "
+            "BEST_EFFORT, whose counts live in the cache, so each API process would count its own; set "
+            f"{ENV_PREFIX}CACHE=memcached://host:port (a memcached every API process reaches), or run one API process")
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Read COUNTER_* from the environment; raise SettingsError naming the variable on a bad value."""
     try:

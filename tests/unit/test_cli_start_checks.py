@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from counter_cli import common, up_cmd, worker_cmd
+from counter_cli import api_cmd, common, up_cmd, worker_cmd
 from counter_cli.main import build_parser
 
 
@@ -80,6 +80,38 @@ def test_counter_up_refuses_a_setting_the_worker_would_lower(monkeypatch, tmp_pa
     _exits(2, args.run, args)
     assert ("error: invalid settings: COUNTER_PERSIST_CHECKPOINT_MS=3600000 is above 5000, half the rollup window"
             in _error(capsys))
+
+
+@pytest.mark.parametrize("verb", ["up", "api"])
+@pytest.mark.parametrize(("env", "named"), [({"COUNTER_API_WORKERS": "2"}, "COUNTER_API_WORKERS=2"),
+                                            ({"COUNTER_API_SHARED_PIPELINE": "true"}, "COUNTER_API_SHARED_PIPELINE")])
+def test_api_processes_sharing_a_pipeline_refuse_the_in_process_cache(monkeypatch, tmp_path, capsys, verb, env,
+                                                                       named):
+    """A review: with COUNTER_API_WORKERS=2 and no memcached, each API process kept its own BEST_EFFORT counts
+    (reads of 20 writes answered 5 and 15). The shipped namespaces have a BEST_EFFORT one."""
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("COUNTER_CACHE", "memory")
+    monkeypatch.delenv("COUNTER_NAMESPACES", raising=False)
+    args = build_parser().parse_args([verb, "--data-dir", str(tmp_path), "--no-compile"])
+    monkeypatch.setattr(up_cmd, "LocalStack", lambda *_: pytest.fail("started despite the setting"))
+    monkeypatch.setattr(api_cmd.os, "execve", lambda *_: pytest.fail("started despite the setting"))
+    _exits(2, args.run, args)
+    error = _error(capsys)
+    assert named in error and "COUNTER_CACHE=memory" in error and "BEST_EFFORT" in error, error
+    assert "COUNTER_CACHE=memcached://host:port" in error
+
+
+def test_in_process_cache_problem_only_with_a_best_effort_namespace_and_shared_api() -> None:
+    from control_plane import load_namespaces
+    from streams.settings import in_process_cache_problem, load_settings
+
+    registry = load_namespaces(common.default_config_path())
+    durable = [ns for ns in registry.values() if ns.counter_type.value != "BEST_EFFORT"]
+    assert in_process_cache_problem(load_settings(api_workers=2, cache="memory"), durable) is None
+    assert in_process_cache_problem(load_settings(api_workers=1, cache="memory"), registry.values()) is None
+    assert "no memcached installed" in (in_process_cache_problem(load_settings(api_workers=2, cache="auto"),
+                                                                 registry.values()) or "")
 
 
 def test_counter_worker_says_when_it_starts_and_stops(monkeypatch, tmp_path, capsys):
