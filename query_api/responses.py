@@ -37,7 +37,7 @@ from query_api.service import (
 from query_api.windows import Series
 from schemas import MICROS, Dimensions
 from sinks import store_unavailable
-from sinks.best_effort import CounterOverflow, CounterUnavailable
+from sinks.best_effort import CounterOverflow, CounterUnavailable, CounterWriteUnknown
 from sinks.windows import WindowError
 
 SERVICE_ERRORS: tuple[type[Exception], ...] = (NamespaceNotFound, BrokerUnavailable, CounterUnavailable,
@@ -174,7 +174,7 @@ def _error_response(exc: Exception) -> tuple[int, dict]:
         return 422, {"detail": [{"loc": ["body", "delta"], "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, NamespaceNotFound):
         return 404, {"detail": str(exc)}
-    if isinstance(exc, NotCountedYet):
+    if isinstance(exc, NotCountedYet | CounterWriteUnknown):
         return 504, {"detail": str(exc)}
     if isinstance(exc, BrokerUnavailable | CounterUnavailable | DeliveryError):
         return 503, {"detail": str(exc)}

@@ -5,11 +5,16 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Protocol
 
-__all__ = ["BestEffortCounters", "CounterOverflow", "CounterUnavailable", "open_counters"]
+__all__ = ["BestEffortCounters", "CounterOverflow", "CounterUnavailable", "CounterWriteUnknown", "open_counters"]
 
 
 class CounterUnavailable(RuntimeError):
     """The best-effort counter backend (memcached) cannot be reached."""
+
+
+class CounterWriteUnknown(CounterUnavailable):
+    """memcached took a BEST_EFFORT write (an add or a clear) and did not answer: it may have been applied, and a
+    retry, which no token makes idempotent here, may count it twice."""
 
 
 class CounterOverflow(ValueError):

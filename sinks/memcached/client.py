@@ -36,6 +36,15 @@ def is_legal_key(key: str) -> bool:
 class MemcachedError(RuntimeError):
     """memcached could not be reached or answered something unexpected."""
 
+    unanswered = False  # whether the request went to memcached and got no reply (`MemcachedUnanswered`)
+
+
+class MemcachedUnanswered(MemcachedError):
+    """A request queued on a connection that then timed out or broke: memcached may have applied it, so a write
+    that failed so is not known to be undone (a review's five `incr`s answered 503 were applied on resume)."""
+
+    unanswered = True
+
 
 OnReply = Callable[[Any, "MemcachedError | None"], None]  # (reply, None) or (None, error)
 Waiter = asyncio.Future | OnReply
@@ -157,8 +166,9 @@ class _Connection(asyncio.Protocol):
             self._watchdog.cancel()
             self._watchdog = None
         pending, self._pending = self._pending, deque()
+        unanswered = MemcachedUnanswered(str(error)) if pending else error
         for _, waiter, _ in pending:
-            _deliver(waiter, None, error)
+            _deliver(waiter, None, unanswered)
         if self.transport is not None:
             self.transport.close()
 

@@ -15,7 +15,7 @@ import time
 
 import xxhash
 
-from sinks.best_effort import CounterOverflow, CounterUnavailable
+from sinks.best_effort import CounterOverflow, CounterUnavailable, CounterWriteUnknown
 from sinks.memcached.client import AsyncMemcached, MemcachedError, arith_value, is_legal_key
 from sinks.memcached.rollup_cache import parse_servers
 
@@ -26,6 +26,14 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_RELATIVE_TTL_S = 30 * 24 * 3600
 _MAX_ABSOLUTE_EXPIRE = 2**31 - 1
 _MAX_REMEMBERED = 100_000  # touch times kept per process
+
+
+def _write_failed(exc: MemcachedError) -> CounterUnavailable:
+    """A failed add or clear: not applied (a 503) when it never reached memcached, else of unknown outcome (504)."""
+    if exc.unanswered:
+        return CounterWriteUnknown(f"{exc}: memcached took the write and did not answer, so it may have been "
+                                   "applied; a BEST_EFFORT write has no idempotency, so a retry may count it twice")
+    return CounterUnavailable(str(exc))
 
 
 @functools.lru_cache(maxsize=100_000)  # the key check was 2% of a fast AddCount
@@ -107,7 +115,7 @@ class MemcachedCounters:
                 raise error
             raw = arith_value(b"incr", key, line)  # type: ignore[arg-type]  # error is None here
         except MemcachedError as exc:
-            result.set_exception(CounterUnavailable(str(exc)))
+            result.set_exception(_write_failed(exc))
             return
         except Exception as exc:  # never leave the caller waiting
             result.set_exception(exc)
@@ -135,7 +143,7 @@ class MemcachedCounters:
                 await self._client.touch(key, _expire(ttl_s))
             return raw - BIAS
         except MemcachedError as exc:
-            raise CounterUnavailable(str(exc)) from exc
+            raise _write_failed(exc) from exc
 
     def _touch_due(self, key: str, ttl_s: float | None) -> bool:
         """`incr` keeps the expiry set at creation: touch it again at most every tenth of the TTL."""
@@ -156,7 +164,7 @@ class MemcachedCounters:
         try:
             await self._client.delete(best_effort_key(namespace, counter))
         except MemcachedError as exc:
-            raise CounterUnavailable(str(exc)) from exc
+            raise _write_failed(exc) from exc
 
     async def healthy(self) -> bool:
         try:

@@ -16,7 +16,7 @@ from pymemcache.client.base import Client
 from infra.memcached import LocalMemcached
 from infra.process import free_port
 from sinks import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
-from sinks.best_effort import CounterOverflow, CounterUnavailable
+from sinks.best_effort import CounterOverflow, CounterUnavailable, CounterWriteUnknown
 from sinks.memcached.client import AsyncMemcached
 from sinks.memcached.counters import MemcachedCounters
 from tests.helpers import Sync, wait_for
@@ -226,11 +226,46 @@ def test_best_effort_counters_create_refresh_ttl_and_refuse_overflow(memcached_a
         assert await counters.get(ns, "top") == 2**63 - 1  # the wrap was undone
         await counters.close()
         dead = MemcachedCounters(f"memcached://127.0.0.1:{free_port()}")
-        with pytest.raises(CounterUnavailable):
+        with pytest.raises(CounterUnavailable) as refused:
             await dead.add(ns, "x", 1, None)
+        assert not isinstance(refused.value, CounterWriteUnknown)  # never sent: not applied (a 503)
         await dead.close()
 
     asyncio.run(scenario())
+
+
+def test_a_best_effort_write_memcached_took_but_did_not_answer_is_of_unknown_outcome(tmp_path: Path,
+                                                                                     ns: str) -> None:
+    """A review: with memcached hung, five adds and a clear were answered 503 (not applied), and applied once it
+    resumed: a client retrying a 503 counts twice. Such a write is a CounterWriteUnknown (the API's 504)."""
+    async def scenario(server: LocalMemcached) -> None:
+        counters = MemcachedCounters(f"memcached://{server.address}")
+        try:
+            assert await counters.add(ns, "c", 1, None) == 1
+            assert await counters.add(ns, "d", 7, None) == 7
+            server.pause()
+            try:
+                for _ in range(3):
+                    with pytest.raises(CounterWriteUnknown, match="may have been applied"):
+                        await counters.add(ns, "c", 10, None)
+                with pytest.raises(CounterWriteUnknown, match="may have been applied"):
+                    await counters.clear(ns, "d")
+            finally:
+                server.resume()
+            deadline = time.monotonic() + 10
+            while True:  # the connection is new after the failure
+                try:
+                    got = (await counters.get(ns, "c"), await counters.get(ns, "d"))
+                    break
+                except CounterUnavailable:
+                    assert time.monotonic() < deadline
+                    await asyncio.sleep(0.05)
+            assert got == (31, 0), got  # memcached applied every write it took (on loopback it gets them all)
+        finally:
+            await counters.close()
+
+    with LocalMemcached(tmp_path / "memcached.log") as server:
+        asyncio.run(scenario(server))
 
 
 def test_memcached_outage_costs_reads_nothing_and_never_raises(caplog: pytest.LogCaptureFixture) -> None:

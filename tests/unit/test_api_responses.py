@@ -55,3 +55,12 @@ def test_a_failed_or_uncounted_durable_write_answers_the_identity_a_retry_must_s
     assert error_response(DeliveryError("down"), identity)[1]["idempotency_token"] == expected  # a shared failure
     assert error_response(BrokerUnavailable("down")) == (503, {"detail": "down"})
     assert "idempotency_token" not in error_response(Rejected("delta", "bad"), identity)[1]
+
+
+def test_a_best_effort_write_of_unknown_outcome_is_a_504_and_one_never_sent_a_503() -> None:
+    """A review: BEST_EFFORT writes memcached took without answering were 503s ("not applied"), and applied."""
+    from query_api.responses import error_response
+    from sinks.best_effort import CounterUnavailable, CounterWriteUnknown
+
+    assert error_response(CounterWriteUnknown("may have been applied")) == (504, {"detail": "may have been applied"})
+    assert error_response(CounterUnavailable("refused")) == (503, {"detail": "refused"})
