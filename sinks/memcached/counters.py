@@ -154,11 +154,18 @@ class MemcachedCounters:
         return self._touched.get(key, 0.0) + ttl_s / 10 <= time.monotonic()
 
     async def get(self, namespace: str, counter: str) -> int:
+        key = best_effort_key(namespace, counter)
         try:
-            raw = await self._client.get(best_effort_key(namespace, counter))
+            raw = await self._client.get(key)
         except MemcachedError as exc:
             raise CounterUnavailable(str(exc)) from exc
-        return 0 if raw is None else int(raw) - BIAS
+        if raw is None:
+            return 0
+        try:
+            return int(raw) - BIAS  # memcached's incr pads a shorter number with spaces
+        except ValueError:  # not written by this service: another application shares the key
+            raise CounterUnavailable(f"memcached {self.address}: key {key} holds {raw[:40]!r}, not a count "
+                                     "(another application writes it?)") from None
 
     async def clear(self, namespace: str, counter: str) -> None:
         try:

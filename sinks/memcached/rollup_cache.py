@@ -28,11 +28,14 @@ _MAX_ABSOLUTE_EXPIRE = 2**31 - 1
 
 
 def cache_key(namespace: str, counter: str, prefix: str = "") -> str:
-    """``rollup:<ns>:<counter>`` (``rollup:<prefix>:<ns>:<counter>`` with a prefix: the deployment's, so two sharing
+    """``rollup/<ns>:<counter>`` (``rollup/<prefix>:<ns>:<counter>`` with a prefix: the deployment's, so two sharing
     one memcached never read each other's rollups) when that is a legal memcached key (printable ASCII, <= 250
-    bytes); otherwise ``rollup#<xxh3-128 hex>`` of the UTF-8 key. Readable keys always start ``rollup:`` and hashed
-    ones ``rollup#``, so the two forms never collide; a prefix holds no ``:`` (a Kafka group name's characters)."""
-    key = f"rollup:{prefix}:{namespace}:{counter}" if prefix else f"rollup:{namespace}:{counter}"
+    bytes); otherwise ``rollup#<xxh3-128 hex>`` of the UTF-8 key. Readable keys always start ``rollup/`` and hashed
+    ones ``rollup#``, so the two forms never collide; a prefix holds no ``:`` (a Kafka group name's characters).
+    A BEST_EFFORT key (`counters.best_effort_key`) is ``<ns>:<counter>`` or ``be#<hex>``, and a namespace holds no
+    ``/``: no rollup key is one (``rollup:<prefix>:...`` was namespace ``rollup``'s counter ``<prefix>:...``, whose
+    GetCount then read a rollup: a review's 500)."""
+    key = f"rollup/{prefix}:{namespace}:{counter}" if prefix else f"rollup/{namespace}:{counter}"
     if is_legal_key(key):
         return key
     return "rollup#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))

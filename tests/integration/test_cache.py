@@ -18,7 +18,7 @@ from infra.process import free_port
 from sinks import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
 from sinks.best_effort import CounterOverflow, CounterUnavailable, CounterWriteUnknown
 from sinks.memcached.client import AsyncMemcached
-from sinks.memcached.counters import MemcachedCounters
+from sinks.memcached.counters import MemcachedCounters, best_effort_key
 from tests.helpers import Sync, wait_for
 
 pytestmark = pytest.mark.integration
@@ -80,14 +80,28 @@ def test_long_and_unicode_counter_names(cache: RollupCache, ns: str) -> None:
 
 
 def test_cache_key_is_readable_when_legal_and_hashed_otherwise() -> None:
-    assert cache_key("ns", "views") == "rollup:ns:views"
+    assert cache_key("ns", "views") == "rollup/ns:views"
     for name in ("é", "a b", "x" * 250):
         key = cache_key("ns", name)
         assert key.startswith("rollup#") and len(key) <= 250 and key.isascii()
     assert cache_key("ns", "é") != cache_key("ns", "è")
     assert len({cache_key("ns", "x" * n) for n in range(240, 260)}) == 20
-    assert cache_key("ns", "views", "prod-worker") == "rollup:prod-worker:ns:views"
+    assert cache_key("ns", "views", "prod-worker") == "rollup/prod-worker:ns:views"
     assert cache_key("ns", "é", "prod-worker") not in (cache_key("ns", "é"), cache_key("ns", "é", "staging-worker"))
+    # a BEST_EFFORT namespace `rollup` once had the rollup of my_dataset:x under its counter `counter-worker:...`
+    assert best_effort_key("rollup", "counter-worker:my_dataset:x") != cache_key("my_dataset", "x", "counter-worker")
+    assert not cache_key("my_dataset", "x", "counter-worker").split(":")[0].replace("_", "").isalnum()
+
+
+def test_a_best_effort_key_holding_no_count_is_a_503_naming_the_key_not_a_500(memcached_address: str,
+                                                                               ns: str) -> None:
+    """Another application writing a BEST_EFFORT key: GetCount raised ValueError (a 500, from a review)."""
+    host, port = memcached_address.rsplit(":", 1)
+    assert Client((host, int(port))).set(best_effort_key(ns, "c"), b"4:1795750528533999", noreply=False)
+    counters = Sync(MemcachedCounters(f"memcached://{memcached_address}"))
+    with pytest.raises(CounterUnavailable, match=f"{ns}:c holds b'4:1795750528533999', not a count"):
+        counters.get(ns, "c")
+    counters.close()
 
 
 def test_deployments_sharing_a_memcached_do_not_read_each_others_rollups(memcached_address: str) -> None:
@@ -124,7 +138,7 @@ def test_memcached_advance_under_concurrent_writers_keeps_the_latest(mc: Memcach
     """Many writers at once, every rollup_ts in a shuffled order: the latest wins whatever the interleaving (the
     compare-and-set rounds), and a value that is not a rollup is replaced."""
     host, port = memcached_address.rsplit(":", 1)
-    Client((host, int(port))).set(f"rollup:{ns}:junk", b"not a rollup")
+    Client((host, int(port))).set(f"rollup/{ns}:junk", b"not a rollup")
     cache = MemcachedRollupCache(memcached_address, pool_size=4)
     order = [7, 3, 9, 1, 8, 2, 6, 4, 5, 0] * 3
 
@@ -160,7 +174,7 @@ def test_memcached_holds_count_and_rollup_ts_in_one_value(mc: MemcachedRollupCac
                                                           ns: str) -> None:
     mc.set(ns, "views", 12, 345)
     host, port = memcached_address.rsplit(":", 1)
-    raw = Client((host, int(port))).get(f"rollup:{ns}:views")
+    raw = Client((host, int(port))).get(f"rollup/{ns}:views")
     assert raw == b"12:345"
 
 
