@@ -50,7 +50,9 @@ examples:
 Which records can succeed: a re-submitted record gets a new Kafka timestamp, and admission judges the
 event time against it. Mutations carrying an idempotency token keep their event time (generation_time), so
 one older than the namespace's accept_limit is rejected again ("event_time ... before the record reached
-Kafka"): fix those by producing new mutations, not by re-submitting. Undecodable records stay undecodable.
+Kafka"): recover those with `counter replay --from <a time before them> --namespace <ns>`, which re-reads the
+original records (while the broker holds them) and judges each by when it first reached Kafka, or by producing new
+mutations; not by re-submitting. Undecodable records stay undecodable.
 Token-less JSON records, and token-less items of a JSON array (dead-lettered alone, as JSON), take the new
 record's time and position as their identity, so each re-submission counts again: progress is kept in
 <COUNTER_DATA_DIR>/dlq/<dlq topic>.json and a rerun never re-sends a record it already sent (--force does;

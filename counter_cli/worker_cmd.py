@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from counter_cli.common import (
     add_no_compile,
@@ -19,11 +20,13 @@ from counter_cli.common import (
     console,
     fail,
     namespaces_or_exit,
+    read_endpoints,
     resolve_bootstrap,
     settings_or_exit,
 )
 from infra.parent_death import die_with_this_process
 from infra.process import free_port
+from streams.settings import Settings
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -48,13 +51,21 @@ def run(args: argparse.Namespace) -> int:
     if args.web_port is not None and not 0 <= args.web_port <= 65535:  # else the settings' error names the variable
         fail(f"--web-port: {args.web_port} is outside 0..65535 (0: any free port)")
     settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port)
+    shared = _shared_with_stack(settings, read_endpoints(settings))
+    if shared:
+        settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port, **shared)
     _, registry = namespaces_or_exit(settings)
     check_against_namespaces(settings, registry)
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     port = settings.worker_port or free_port()
     check_listen("127.0.0.1", port, "the worker's host",
                  "--web-port" if args.web_port is not None else "COUNTER_WORKER_PORT")
-    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=bootstrap, COUNTER_WORKER_PORT=str(port))
+    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=bootstrap, COUNTER_WORKER_PORT=str(port),
+               **{f"COUNTER_{name.upper()}": value for name, value in shared.items()})
+    if not settings.cache.startswith("memcached://") and not shared:
+        console.print(f"[yellow]warning:[/] this worker writes no shared cache (COUNTER_CACHE={settings.cache}): an "
+                      "API reading memcached would keep answering the counts it had cached for the counters this "
+                      "worker rolls up; set COUNTER_CACHE as the API's", soft_wrap=True, highlight=False)
     if args.data_dir is not None:
         env["COUNTER_DATA_DIR"] = str(args.data_dir)
     build_native_parts(args)
@@ -64,6 +75,39 @@ def run(args: argparse.Namespace) -> int:
     return run_child([sys.executable, "-m", "agents"], env, started=lambda pid: console.print(
         f"worker {pid} joining consumer group {group} (persist: {group}.persist) on {bootstrap}; metrics "
         f"http://127.0.0.1:{port}/metrics", soft_wrap=True, highlight=False), name="worker")
+
+
+def _shared_with_stack(settings: Settings, endpoints: dict[str, Any]) -> dict[str, str]:
+    """The settings a worker joining a running `counter up` (its endpoints file) takes from it, as overrides: the
+    cache its API reads, since a worker rolling counters up without it leaves the API's cached counts as they were
+    (a review read 0 for 7, indefinitely), and its namespace file, since a worker without a namespace dead-letters
+    its acknowledged writes. Either one set to something else fails, naming both."""
+    if not endpoints:
+        return {}
+    shared: dict[str, str] = {}
+    memcached = endpoints.get("memcached")
+    cache = f"memcached://{memcached}" if memcached else "memory"
+    if "cache" not in settings.model_fields_set or settings.cache == "auto":
+        shared["cache"] = cache
+    elif settings.cache.rstrip("/") != cache:
+        fail(f"COUNTER_CACHE={settings.cache}, but the running `counter up`'s API reads {cache}: a worker must "
+             "write the cache the API reads, or its counts stay as cached; unset COUNTER_CACHE to use counter up's")
+    namespaces = endpoints.get("namespaces")
+    if isinstance(namespaces, str):
+        if settings.namespaces is None:
+            shared["namespaces"] = namespaces
+        elif not _same_file(settings.namespaces, Path(namespaces)):
+            fail(f"COUNTER_NAMESPACES={settings.namespaces}, but the running `counter up`'s workers use {namespaces}: "
+                 "workers of one consumer group need the same namespaces (one without a namespace dead-letters its "
+                 "writes); unset COUNTER_NAMESPACES to use counter up's")
+    return shared
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False
 
 
 def run_child(argv: Sequence[str], env: dict[str, str], *, started: Callable[[int], None], name: str) -> int:

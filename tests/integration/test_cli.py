@@ -42,7 +42,8 @@ def test_up_writes_endpoints_answers_and_stops_on_sigint(tmp_path):
         wait_for(lambda: endpoints_file.exists() or proc.poll() is not None, 60, message="endpoints.json")
         assert proc.poll() is None, proc.stdout.read()
         endpoints = json.loads(endpoints_file.read_text())
-        assert set(endpoints) >= {"kafka_bootstrap", "api_url", "ui_url", "memcached", "processes"}
+        assert set(endpoints) >= {"kafka_bootstrap", "api_url", "ui_url", "memcached", "namespaces", "processes"}
+        assert Path(endpoints["namespaces"]).is_file()  # the file a `counter worker` joining the stack loads
         with urllib.request.urlopen(endpoints["ui_url"], timeout=10) as page:  # the web UI, served by the API
             assert page.status == 200 and b"Counter Abstraction" in page.read()
         pids = endpoints["processes"]

@@ -135,6 +135,73 @@ def test_counter_worker_says_when_it_starts_and_stops(monkeypatch, tmp_path, cap
             f"http://127.0.0.1:{port}/metrics") in _error(capsys)
 
 
+def _stack_endpoints(tmp_path, **extra: Any) -> None:
+    """The endpoints file of a running `counter up` on tmp_path (this process plays its supervisor)."""
+    import json
+    import os
+
+    (tmp_path / ".counter").mkdir(exist_ok=True)
+    endpoints = {"kafka_bootstrap": "127.0.0.1:9", "supervisor_pid": os.getpid(), **extra}
+    common.settings_or_exit(data_dir=tmp_path).endpoints_path.write_text(json.dumps(endpoints))
+
+
+def _worker_env(monkeypatch, tmp_path) -> list[dict[str, str]]:
+    ran: list[dict[str, str]] = []
+
+    def child(argv: list[str], env: dict[str, str], *, started: Any, name: str) -> int:
+        ran.append(env)
+        return 0
+
+    monkeypatch.setattr(worker_cmd, "run_child", child)
+    args = build_parser().parse_args(["worker", "--web-port", "0", "--no-compile", "--data-dir", str(tmp_path)])
+    assert args.run(args) == 0
+    return ran
+
+
+def test_a_worker_joining_counter_up_takes_its_cache_and_namespace_file(monkeypatch, tmp_path, capsys):
+    """A review: `counter worker` beside `counter up`, as the README shows, rolled counters up without the
+    memcached the API reads (GetCount kept answering 0 for 7, indefinitely), and loaded the shipped namespaces
+    instead of counter up's COUNTER_NAMESPACES (it dead-lettered the writes of the others)."""
+    for name in ("COUNTER_NAMESPACES", "COUNTER_CACHE", "COUNTER_KAFKA_BOOTSTRAP"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "mine.yaml"
+    config.write_text(common.default_config_path().read_text())
+    _stack_endpoints(tmp_path, memcached="127.0.0.1:11311", namespaces=str(config))
+    [env] = _worker_env(monkeypatch, tmp_path)
+    assert env["COUNTER_CACHE"] == "memcached://127.0.0.1:11311" and env["COUNTER_NAMESPACES"] == str(config)
+    assert env["COUNTER_KAFKA_BOOTSTRAP"] == "127.0.0.1:9" and "warning" not in _error(capsys)
+    _stack_endpoints(tmp_path, memcached=None, namespaces=str(config))  # counter up's in-process cache
+    assert _worker_env(monkeypatch, tmp_path)[0]["COUNTER_CACHE"] == "memory"
+
+
+@pytest.mark.parametrize(("variable", "value", "said"), [
+    ("COUNTER_CACHE", "memcached://127.0.0.1:11999", "the running `counter up`'s API reads memcached://127.0.0.1:1"),
+    ("COUNTER_NAMESPACES", "OTHER", "the running `counter up`'s workers use"),
+])
+def test_a_worker_joining_counter_up_with_another_cache_or_namespace_file_fails(monkeypatch, tmp_path, capsys,
+                                                                                variable, value, said):
+    for name in ("COUNTER_NAMESPACES", "COUNTER_CACHE", "COUNTER_KAFKA_BOOTSTRAP"):
+        monkeypatch.delenv(name, raising=False)
+    other = tmp_path / "other.yaml"
+    other.write_text(common.default_config_path().read_text().replace("my_dataset", "other_dataset"))
+    monkeypatch.setenv(variable, str(other) if value == "OTHER" else value)
+    _stack_endpoints(tmp_path, memcached="127.0.0.1:11311", namespaces=str(common.default_config_path()))
+    monkeypatch.setattr(worker_cmd, "run_child", lambda *_a, **_k: pytest.fail("started despite the mismatch"))
+    args = build_parser().parse_args(["worker", "--web-port", "0", "--no-compile", "--data-dir", str(tmp_path)])
+    _exits(2, args.run, args)
+    error = _error(capsys)
+    assert variable in error and said in error, error
+
+
+def test_a_worker_without_counter_up_or_memcached_warns_that_it_writes_no_shared_cache(monkeypatch, tmp_path,
+                                                                                       capsys):
+    for name in ("COUNTER_NAMESPACES", "COUNTER_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COUNTER_KAFKA_BOOTSTRAP", "127.0.0.1:9")
+    [env] = _worker_env(monkeypatch, tmp_path)
+    assert "COUNTER_CACHE" not in env and "writes no shared cache (COUNTER_CACHE=auto)" in _error(capsys)
+
+
 def test_run_child_forwards_a_stop_signal_and_says_how_the_child_ended(tmp_path, capsys):
     code = worker_cmd.run_child([sys.executable, "-c", "import sys; sys.exit(3)"], {}, started=lambda pid: None,
                                 name="worker")
