@@ -22,6 +22,8 @@ from enum import StrEnum
 from itertools import pairwise
 from typing import NamedTuple
 
+from schemas.validation import micros_iso
+
 __all__ = [
     "CHAIN",
     "BucketRange",
@@ -405,14 +407,15 @@ def series_range(g: Granularity, start_us: int, end_us: int, *, now_us: int, ret
     ``TooManyBuckets`` beyond ``max_buckets`` (None: no limit)."""
     if end_us <= start_us:  # a start in the future is at fault even when end was given (or defaulted to now)
         if start_us > now_us:
-            raise WindowError(f"must not be in the future (now is {now_us}) unless end is after it", field="start")
-        raise WindowError(f"must be after start ({start_us})", field="end")
+            raise WindowError(f"must not be in the future (now is {micros_iso(now_us)}) unless end is after it",
+                              field="start")
+        raise WindowError(f"must be after start ({micros_iso(start_us)})", field="end")
     lo, hi = align_down(start_us, g), align_up(end_us, g)
     oldest = retained_from(g, now_us, retention_s)
     if oldest is not None and lo < oldest:
         if hi <= oldest:
-            raise WindowError(f"the range ends before the oldest retained {g} bucket ({oldest}): {g} buckets are "
-                              f"kept {retention_s:g}s", field="end")
+            raise WindowError(f"the range ends before the oldest retained {g} bucket ({micros_iso(oldest)}): {g} "
+                              f"buckets are kept {retention_s:g}s", field="end")
         lo = oldest
     if max_buckets is not None and (hi - lo) // g.width_us > max_buckets:
         raise TooManyBuckets((hi - lo) // g.width_us, max_buckets, g)
