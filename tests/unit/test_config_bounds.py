@@ -65,9 +65,19 @@ def test_memcached_expiries_never_pass_2038(monkeypatch: pytest.MonkeyPatch, exp
     """memcached reads an absolute expiry above 2^31 as already passed: every write of the item would vanish."""
     monkeypatch.setattr(time, "time", lambda: 2_100_000_000.0)  # 2036: ten years on is past 2038
     assert expire(MAX_TTL_S) == MEMCACHED_MAX_EXPIRE
-    assert expire(31 * 86400) == 2_100_000_000 + 31 * 86400  # absolute, unclamped while it fits
-    assert expire(3600) == 3600  # relative (up to 30 days)
+    # a BEST_EFFORT key lives its TTL plus the tenth between two touches past its last write (counters._expire)
+    extra = 1.1 if expire is memcached_counters._expire else 1.0
+    assert expire(31 * 86400) == 2_100_000_000 + round(31 * 86400 * extra)  # absolute, unclamped while it fits
+    assert expire(3600) == round(3600 * extra)  # relative (up to 30 days)
     assert expire(None) == 0
+
+
+def test_a_best_effort_key_outlives_its_ttl_after_its_last_write() -> None:
+    """A review: touched at most every tenth of the TTL, a key set to expire a TTL after its last touch expired up
+    to a tenth of the TTL before a TTL after its last write (0 read 46.5 s after the last write, TTL 50 s)."""
+    ttl = 50.0
+    last_touch, last_write = 0.0, 0.999 * ttl / 10  # the last write just before the next touch is due
+    assert last_touch + memcached_counters._expire(ttl) >= last_write + ttl
 
 
 # --- 2. upper bounds that keep every value inside the stores' integers ------------------------------------------
