@@ -275,6 +275,13 @@ class Replay:
         marks = watermarks(consumer, self.topic, partitions)
         spec = self.options.spec(self.topic)
         resuming = bool(committed) and self.state.get("spec") is not None
+        if resuming and self.state.get("finished") and (self.start is not None or self.state["spec"] != spec):
+            # the last run ended: --from or other options start a new replay (a review was told to "resume" it)
+            self.progress.log(f"replay {self.name!r} finished at {self.state['finished']}: starting a new one")
+            resuming = False
+            if self.start is None:
+                raise ReplayError(f"replay {self.name!r} finished with other options: give --from (earliest, a time "
+                                  "or P:O,...) to start a new one")
         if resuming:
             saved = self.state["spec"]
             if saved != spec:

@@ -195,6 +195,12 @@ def test_replaying_the_whole_topic_three_times_changes_no_count(pipeline):
     out = cli(pipeline, "replay", "--json")
     (summary,) = jsonl(out.stdout)
     assert summary["events"] == 0 and summary["finished"], summary
+    # Once it finished, --from, or other options, start a new replay (a review: --from was ignored, and other
+    # options were refused as a replay to "resume")
+    for extra in ([], ["--namespace", NS]):
+        out = cli(pipeline, "replay", "--from", "earliest", *extra, "--json")
+        (summary,) = jsonl(out.stdout)
+        assert summary["finished"] and summary["events"] == 400 + 30 and summary["new_events"] == 0, summary
 
 
 def test_events_deleted_from_the_store_are_restored_by_a_replay_from_earliest(pipeline):
