@@ -232,10 +232,14 @@ class UniqueConfig:
 
 @dataclass(frozen=True, slots=True)
 class ApiKey:
-    """A credential for one namespace. ``key`` is kept out of ``repr`` so logs never leak it."""
+    """A credential for one namespace. ``key`` is kept out of ``repr`` so logs never leak it. ``missing_env``
+    names the unset environment variable of a ``key_env`` (``key`` is then empty and matches no caller): only
+    the API needs the keys, which refuses to start without them (`NamespaceRegistry.missing_keys`); the worker and
+    the jobs load the file without the API's secrets."""
 
     key: str = field(repr=False)
     scopes: frozenset[str] = frozenset()
+    missing_env: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,6 +339,12 @@ class NamespaceRegistry(Mapping[str, Namespace]):
     def names(self) -> tuple[str, ...]:
         """Namespace names in the order the file defines them."""
         return tuple(self._by_name)
+
+    def missing_keys(self) -> list[str]:
+        """What the API lacks to check callers: one line per API key whose ``key_env`` variable is not set."""
+        return [f"namespace {ns.name!r}: api_keys[{i}].key_env: environment variable {k.missing_env!r} is not set or "
+                "empty (the API needs it)"
+                for ns in self._by_name.values() for i, k in enumerate(ns.api_keys) if k.missing_env]
 
     def shard_counts(self) -> dict[str, int]:
         """``name -> shards`` of the namespaces that spread their counters over more than one Kafka key (what

@@ -429,6 +429,9 @@ class _Resolver:
         seen: dict[str, int] = {}
         for i, item in enumerate(setting.value):
             api_key = _api_key(item, namespace=self.name, where=f"{where}[{i}]")
+            if api_key.missing_env:  # no key to compare: the API refuses to start (NamespaceRegistry.missing_keys)
+                keys.append(api_key)
+                continue
             if api_key.key in seen:  # never echo the key itself: error messages end up in logs
                 raise ConfigError(
                     f"duplicate API key (same key as {where}[{seen[api_key.key]}]); list each key once "
@@ -461,13 +464,10 @@ def _api_key(item: object, *, namespace: str, where: str) -> ApiKey:
             raise ConfigError(
                 "must name an environment variable", namespace=namespace, field=f"{where}.key_env"
             )
-        key = os.environ.get(var.strip())
-        if not key:
-            raise ConfigError(
-                f"environment variable {var.strip()!r} is not set or empty", namespace=namespace,
-                field=f"{where}.key_env",
-            )
+        key = os.environ.get(var.strip()) or ""
+        missing_env = "" if key else var.strip()
     else:
+        missing_env = ""
         key = item["key"]
         if not isinstance(key, str) or not key:
             got = "an empty string" if key == "" else type(key).__name__
@@ -495,7 +495,7 @@ def _api_key(item: object, *, namespace: str, where: str) -> ApiKey:
                 field=f"{where}.scopes",
             )
         normalised.add(value)
-    return ApiKey(key=key, scopes=frozenset(normalised))
+    return ApiKey(key=key, scopes=frozenset(normalised), missing_env=missing_env)
 
 
 def _show(value: object) -> str:

@@ -10,13 +10,14 @@ from pathlib import Path
 from counter_cli.common import (
     add_no_compile,
     build_native_parts,
+    check_api_namespaces,
     check_listen,
     fail,
     namespaces_or_exit,
     resolve_bootstrap,
     settings_or_exit,
 )
-from streams.settings import check_host, in_process_cache_problem
+from streams.settings import check_host
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,10 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
-    if not settings.cache.startswith("memcached://"):  # the API's in-process cache
-        problem = in_process_cache_problem(settings, namespaces_or_exit(settings)[1].values())
-        if problem:
-            fail(problem)
+    _, registry = namespaces_or_exit(settings)
+    check_api_namespaces(settings, registry)
     if args.host is not None:
         try:
             check_host(args.host)

@@ -18,7 +18,13 @@ from rich.text import Text
 
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
 from infra.native import BuildOutcome, ensure_native_builds
-from streams.settings import Settings, SettingsError, load_settings, namespace_bound_problems
+from streams.settings import (
+    Settings,
+    SettingsError,
+    in_process_cache_problem,
+    load_settings,
+    namespace_bound_problems,
+)
 
 console = Console(stderr=True)
 
@@ -53,6 +59,20 @@ def check_against_namespaces(settings: Settings, registry: NamespaceRegistry) ->
     problems = namespace_bound_problems(settings, registry.values())
     if problems:
         fail("invalid settings: " + "; ".join(problems))
+
+
+def check_api_namespaces(settings: Settings, registry: NamespaceRegistry, *,
+                         in_process_cache: bool | None = None) -> None:
+    """Fail on what the API needs of the namespaces before it starts: every API key's environment variable, and a
+    shared cache for BEST_EFFORT counts when API processes share the pipeline (`in_process_cache`: whether the
+    API's cache will be the in-process one; default: unless COUNTER_CACHE names a memcached)."""
+    problems = registry.missing_keys()
+    if in_process_cache is None:
+        in_process_cache = not settings.cache.startswith("memcached://")
+    if in_process_cache and (problem := in_process_cache_problem(settings, registry.values())):
+        problems.append(problem)
+    if problems:
+        fail("; ".join(problems))
 
 
 def check_listen(host: str, port: int, host_source: str, port_source: str) -> None:

@@ -23,6 +23,7 @@ from counter_cli.common import (
     add_no_compile,
     build_native_parts,
     check_against_namespaces,
+    check_api_namespaces,
     check_listen,
     console,
     fail,
@@ -36,7 +37,7 @@ from infra.memcached import find_memcached
 from infra.process import ManagedProcess, ServiceError
 from infra.stack import LocalStack
 from infra.supervisor import Supervisor
-from streams.settings import Settings, in_process_cache_problem
+from streams.settings import Settings
 from streams.topics import TopicError, ensure_topics, topic_specs
 
 BROKER_LOSS = (
@@ -169,10 +170,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         fail(f"data directory {settings.data_dir} (COUNTER_DATA_DIR): {exc.strerror or exc}", code=1)
     check_against_namespaces(settings, registry)
-    if settings.cache == "memory" or (settings.cache == "auto" and find_memcached() is None):
-        problem = in_process_cache_problem(settings, registry.values())
-        if problem:
-            fail(problem)
+    check_api_namespaces(settings, registry, in_process_cache=settings.cache == "memory" or (
+        settings.cache == "auto" and find_memcached() is None))
     check_listen(settings.api_host, settings.api_port, "COUNTER_API_HOST", "COUNTER_API_PORT")
     check_listen("127.0.0.1", settings.worker_port, "the worker's host", "COUNTER_WORKER_PORT")
     signals = StopSignals()

@@ -55,9 +55,11 @@ def build_service(settings: Settings) -> CounterService:
     unique = any(ns.counts_unique for ns in registry.values())
     sketches = open_namespace_sketch_store(buckets, registry, lock_wait_s=wait_s) if unique else None  # unique counts
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
-    problem = None if cache_spec else in_process_cache_problem(settings, registry.values())
-    if problem:
-        raise RuntimeError(problem)
+    problems = registry.missing_keys()
+    if not cache_spec and (problem := in_process_cache_problem(settings, registry.values())):
+        problems.append(problem)
+    if problems:
+        raise RuntimeError("; ".join(problems))
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=wait_s)
     producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))

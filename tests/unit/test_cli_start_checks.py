@@ -102,6 +102,23 @@ def test_api_processes_sharing_a_pipeline_refuse_the_in_process_cache(monkeypatc
     assert "COUNTER_CACHE=memcached://host:port" in error
 
 
+@pytest.mark.parametrize("verb", ["up", "api"])
+def test_the_api_refuses_to_start_without_an_api_key_variable_that_other_verbs_do_without(monkeypatch, tmp_path,
+                                                                                         capsys, verb):
+    config = tmp_path / "keys.yaml"
+    config.write_text("namespaces:\n  secured:\n    counter_type: EVENTUAL\n    api_keys:\n"
+                      "      - {key_env: CP_TEST_UNSET_KEY, scopes: [read]}\n")
+    monkeypatch.setenv("COUNTER_NAMESPACES", str(config))
+    monkeypatch.delenv("CP_TEST_UNSET_KEY", raising=False)
+    assert common.namespaces_or_exit(common.settings_or_exit())[1]["secured"].requires_auth  # loads for the others
+    args = build_parser().parse_args([verb, "--data-dir", str(tmp_path), "--no-compile"])
+    monkeypatch.setattr(up_cmd, "LocalStack", lambda *_: pytest.fail("started despite the setting"))
+    monkeypatch.setattr(api_cmd.os, "execve", lambda *_: pytest.fail("started despite the setting"))
+    _exits(2, args.run, args)
+    assert ("namespace 'secured': api_keys[0].key_env: environment variable 'CP_TEST_UNSET_KEY' is not set or "
+            "empty") in _error(capsys)
+
+
 def test_in_process_cache_problem_only_with_a_best_effort_namespace_and_shared_api() -> None:
     from control_plane import load_namespaces
     from streams.settings import in_process_cache_problem, load_settings

@@ -653,12 +653,6 @@ BAD_FLAT_FIELDS = [
         "duplicate",
         id="duplicate-key",
     ),
-    pytest.param(
-        {"api_keys": [{"key_env": "CP_TEST_UNSET_VARIABLE", "scopes": ["read"]}]},
-        "api_keys[0].key_env",
-        "not set",
-        id="key-env-unset",
-    ),
     pytest.param({"name": "other"}, "name", "does not match", id="name-mismatch"),
     pytest.param({"windows": 5}, "windows", "must be a mapping with keys granularities, retention",
                  id="windows-not-mapping"),
@@ -1072,6 +1066,24 @@ def test_api_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     assert b.allows("shared", "write")  # the same key may serve several namespaces
     assert open_ns.allows(None, "write")
     assert "shared" not in repr(a) and "from-env" not in repr(a)  # secrets stay out of logs
+    assert registry.missing_keys() == []
+
+
+def test_an_unset_key_env_loads_denies_every_caller_and_is_named_for_the_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review: `counter audit` of one namespace refused to run because another's API key variable was unset. Only
+    the API needs the keys: the file loads, the namespace admits nobody, and the API's start names the variable."""
+    monkeypatch.delenv("CP_TEST_UNSET_VARIABLE", raising=False)
+    registry = parse_namespaces({"namespaces": {"a": {"counter_type": "EVENTUAL", "api_keys": [
+        {"key": "k", "scopes": ["read"]}, {"key_env": "CP_TEST_UNSET_VARIABLE", "scopes": ["read", "write"]},
+        {"key_env": "CP_TEST_UNSET_VARIABLE", "scopes": ["write"]}]}}})
+    a = registry["a"]
+    assert a.requires_auth and a.allows("k", "read") and not a.allows("k", "write")
+    assert not any(a.allows(key, "write") for key in ("", None, "CP_TEST_UNSET_VARIABLE"))
+    assert registry.missing_keys() == [
+        "namespace 'a': api_keys[1].key_env: environment variable 'CP_TEST_UNSET_VARIABLE' is not set or empty "
+        "(the API needs it)",
+        "namespace 'a': api_keys[2].key_env: environment variable 'CP_TEST_UNSET_VARIABLE' is not set or empty "
+        "(the API needs it)"]
 
 
 def test_api_key_errors_never_echo_the_key() -> None:
