@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["store_unavailable"]
+__all__ = ["StoreAway", "store_unavailable"]
+
+
+class StoreAway(RuntimeError):
+    """A store's own error for an outage it detects itself (a Cassandra coordinator that does not know a table the
+    catalog lists yet): waited out like the drivers' outage errors, never read as "no rows"."""
+
 
 # SQLite primary result codes that say the file is away, not that one counter is bad: BUSY, LOCKED, NOMEM, READONLY,
 # IOERR, FULL, CANTOPEN, PROTOCOL, NOTADB. Not SQLITE_ERROR (an overflowing SUM, a missing table), nor CORRUPT: a
@@ -25,7 +31,7 @@ def store_unavailable(exc: BaseException) -> bool:
     """Whether an error says the store is away (locked, failing I/O, full, no replica, timed out) rather than that
     one counter cannot be rolled up (an overflowing sum, a bad row). Only such errors can prove an outage; one counter
     can still fail with one alone (a read timing out on a huge partition), so one counter proves nothing."""
-    if isinstance(exc, OSError):  # refused or reset connections, timeouts (TimeoutError), disk errors
+    if isinstance(exc, OSError | StoreAway):  # refused or reset connections, timeouts (TimeoutError), disk errors
         return True
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)

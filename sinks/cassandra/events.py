@@ -72,7 +72,7 @@ from sinks.cassandra.cql import (
     parts_for,
     slice_table_name,
 )
-from sinks.cassandra.session import Executor, MissingTable, run_bounded
+from sinks.cassandra.session import Executor, MissingTable, SliceTableUnknown, run_bounded
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
 from sinks.sketches import BucketItems, bucket_items_of
 from sinks.windows import BucketSum, bucket_sums_of
@@ -191,7 +191,7 @@ class CassandraEventStore:
             stmts += [self._rows(p, namespace, c, after, upto) for p in ps]
             owners += [i] * len(ps)
         events: dict[int, list[tuple]] = {}
-        for i, rows in zip(owners, await self._x.run_all(stmts, missing_ok=True), strict=True):
+        for i, rows in zip(owners, await self._read(namespace, stmts), strict=True):
             events.setdefault(i, []).extend(rows or ())
         return events
 
@@ -229,8 +229,7 @@ class CassandraEventStore:
         for start in range(0, len(buckets), _SCAN_BUCKETS_PER_ROUND):
             chunk = set(buckets[start:start + _SCAN_BUCKETS_PER_ROUND])
             chosen = [p for p in parts if p.time_bucket in chunk]
-            results = await self._x.run_all([self._rows(p, namespace, counter, low, upto_us) for p in chosen],
-                                            missing_ok=True)
+            results = await self._read(namespace, [self._rows(p, namespace, counter, low, upto_us) for p in chosen])
             merged = sorted(((int(t), eid, key, int(d or 0), bool(c)) for result in results
                              for t, eid, key, d, c in (result or ())), key=lambda r: (r[0], r[1], r[2]))
             for t, eid, key, d, c in merged:  # time buckets are disjoint and ascending: global order
@@ -250,7 +249,7 @@ class CassandraEventStore:
             return [False] * len(keys)
         stmts = [self._cql.rows(slice_table_name(namespace, part.slice_of(t)), namespace, counter, part.time_bucket(t),
                                 part.event_bucket(event_id), t - 1, t) for counter, t, event_id, _key in keys]
-        found = await self._x.run_all(stmts, missing_ok=True)
+        found = await self._read(namespace, stmts)
         return [any(r[1] == event_id and r[2] == item_key for r in rows or ())
                 for (_c, _t, event_id, item_key), rows in zip(keys, found, strict=True)]
 
@@ -292,10 +291,9 @@ class CassandraEventStore:
         parts = await self._parts(namespace, counter, MIN_BIGINT, cutoff - 1, part)
         c = self._cql
         tail = self._settled_tail(parts, cutoff, rolled_up_to_us, part)
-        found = await self._x.run_all([
+        found = await self._read(namespace, [
             *(c.count_before(p.table, namespace, counter, p.time_bucket, p.event_bucket, cutoff) for p in parts),
-            *(c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket, cutoff - 1, 2**63 - 1) for p in tail)],
-            missing_ok=True)
+            *(c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket, cutoff - 1, 2**63 - 1) for p in tail)])
         counts, left = found[:len(parts)], found[len(parts):]
         if len(self._cutoffs) >= _REGISTERED_MAX:
             self._cutoffs.clear()
@@ -431,7 +429,8 @@ class CassandraEventStore:
         A part whose table this process does not know yet (another process created the slice)
         re-reads the catalog once: a table missing from a fresh catalog was dropped by retention
         (catalog rows are written before any event, and removed only after the DROP), so it is
-        skipped. A known table dropped meanwhile answers "unconfigured table": read as empty.
+        skipped. A known table that answers "unconfigured table" is read as empty only when retention can have
+        dropped it meanwhile; otherwise its coordinator lags on its schema (`_read`).
         """
         tb_lo, tb_hi = index_bounds(after_us, upto_us, part)
         index_rows = await self._x.run(self._cql.index_range(namespace, counter, tb_lo, tb_hi))
@@ -442,6 +441,25 @@ class CassandraEventStore:
             parts = [p for p in parts if p.table in known]
         return parts
 
+    async def _read(self, namespace: str, stmts: Sequence[Stmt]) -> list[list[tuple] | None]:
+        """Reads of slice tables, a table that does not exist reading as None (empty): one never written, or one
+        retention dropped whose catalog row is not yet removed. A table the catalog lists that retention cannot
+        have dropped (its slice ends after now - delete_after, or the namespace keeps events forever) is one the
+        coordinator does not know yet: SliceTableUnknown, an outage the caller waits out. Read as empty, a rollup
+        certified a count without its events (a review)."""
+        results = await self._x.run_all(stmts, missing_ok=True)
+        missing = {s.table for s, r in zip(stmts, results, strict=True) if r is None and s.table is not None}
+        if missing:
+            rows = await self._x.run(self._cql.list_slices(namespace))
+            self._known[namespace] = {row[1] for row in rows}
+            delete_after = self._delete_after(namespace)
+            horizon = self._clock_us() - int(delete_after * 1_000_000) if delete_after else None
+            unknown = sorted(table for _s, table, _start, end in rows
+                             if table in missing and (horizon is None or int(end) > horizon))
+            if unknown:
+                raise SliceTableUnknown(namespace, unknown)
+        return results
+
     async def _aggregate_parts(self, namespace: str, counter: str, after_us: int, upto_us: int, part: Partitioning,
                                parts: list[Part]) -> Aggregate:
         """Aggregate of one window from its event partitions: flagged ones read row by row, the rest summed."""
@@ -450,8 +468,8 @@ class CassandraEventStore:
         flagged = [p for p in parts if p.has_clear]
         plain = [p for p in parts if not p.has_clear]
         rows: list[tuple] = []
-        for result in await self._x.run_all([self._rows(p, namespace, counter, after_us, upto_us) for p in flagged],
-                                            missing_ok=True):
+        for result in await self._read(namespace, [self._rows(p, namespace, counter, after_us, upto_us)
+                                                   for p in flagged]):
             rows.extend(result or ())
         return await self._combine(namespace, counter, after_us, upto_us, part, rows, plain)
 
@@ -467,8 +485,8 @@ class CassandraEventStore:
         if last_clear is None:
             delta = sum(int(r[3] or 0) for r in flagged_rows)
             events = len(flagged_rows)
-            sums = await self._x.run_all([c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket, after_us,
-                                                upto_us) for p in plain], missing_ok=True)
+            sums = await self._read(namespace, [c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket,
+                                                      after_us, upto_us) for p in plain])
             for result in sums:
                 if result:
                     delta += int(result[0][0] or 0)
@@ -489,7 +507,7 @@ class CassandraEventStore:
                 stmts.append(c.sum(p.table, namespace, counter, p.time_bucket, p.event_bucket, last_clear - 1,
                                    last_clear))
                 at_clear.append(True)
-        for erased, result in zip(at_clear, await self._x.run_all(stmts, missing_ok=True), strict=True):
+        for erased, result in zip(at_clear, await self._read(namespace, stmts), strict=True):
             if result:
                 if not erased:
                     delta += int(result[0][0] or 0)

@@ -30,6 +30,7 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
 from cassandra.policies import DCAwareRoundRobinPolicy, RetryPolicy, TokenAwarePolicy, WriteType
 from cassandra.query import SimpleStatement, tuple_factory
 
+from sinks.availability import StoreAway
 from sinks.cassandra.config import CassandraConfig
 from sinks.cassandra.cql import BASE_TABLES, Stmt, schema_statements
 
@@ -58,6 +59,17 @@ class MissingTable(Exception):
     def __init__(self, table: str | None, cause: BaseException | None = None) -> None:
         super().__init__(f"table {table!r} does not exist" + (f": {cause}" if cause else ""))
         self.table = table
+
+
+class SliceTableUnknown(StoreAway):
+    """A slice table the catalog lists and retention cannot have dropped answered "unconfigured table": its
+    coordinator has not applied the table's schema yet (agreement pending, a node down during the DDL). Reading it
+    as empty would let a rollup certify a count without its events, for good (a review)."""
+
+    def __init__(self, namespace: str, tables: Sequence[str]) -> None:
+        super().__init__(f"namespace {namespace!r}: slice table(s) {', '.join(tables)} are listed in event_slices but "
+                         "unknown to the coordinator (schema agreement pending?): retried later")
+        self.tables = tuple(tables)
 
 
 class CassandraSchemaError(RuntimeError):
