@@ -27,6 +27,12 @@ _CASSANDRA_AWAY = frozenset({"NoHostAvailable", "Unavailable", "Timeout", "Opera
                              "OverloadedErrorMessage", "IsBootstrappingErrorMessage"})
 
 
+# Protocol v5's CAS_WRITE_UNKNOWN (Cassandra 4.0+): a lightweight transaction whose outcome is unknown under contention
+# or a lost quorum, which protocol v4 reports as a WriteTimeout of type CAS. cassandra-driver 3.30 decodes it as the
+# bare protocol.ErrorMessage, never shown to the retry policy; every caller of an LWT re-reads at the serial level.
+_CAS_WRITE_UNKNOWN = 0x1700
+
+
 def store_unavailable(exc: BaseException) -> bool:
     """Whether an error says the store is away (locked, failing I/O, full, no replica, timed out) rather than that
     one counter cannot be rolled up (an overflowing sum, a bad row). Only such errors can prove an outage; one counter
@@ -36,4 +42,6 @@ def store_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, sqlite3.Error):
         code = getattr(exc, "sqlite_errorcode", None)
         return code is not None and code & 0xFF in _SQLITE_AWAY
+    if type(exc).__name__ == "ErrorMessage" and getattr(exc, "code", None) == _CAS_WRITE_UNKNOWN:
+        return True  # the driver has no class for it: a Paxos round whose outcome is unknown (a review)
     return any(cls.__module__.startswith("cassandra") and cls.__name__ in _CASSANDRA_AWAY for cls in type(exc).__mro__)

@@ -455,6 +455,24 @@ def test_a_corrupt_page_says_no_store_outage() -> None:
     assert store_unavailable(busy) and store_unavailable(cantopen)
 
 
+def test_a_lightweight_transaction_of_unknown_outcome_says_the_store_is_away() -> None:
+    """A review: protocol v5 reports an LWT of unknown outcome as error 0x1700, which cassandra-driver decodes as the
+    bare ErrorMessage: the API's namespace pin answered it 500. Other server errors (an invalid query) stay bugs."""
+    import io
+    import struct
+
+    from cassandra import ProtocolVersion
+    from cassandra.protocol import ErrorMessage
+
+    def server_error(code: int, extra: bytes = b"") -> Exception:
+        text = b"CAS operation result is unknown"
+        body = struct.pack(">i", code) + struct.pack(">H", len(text)) + text + extra
+        return ErrorMessage.recv_body(io.BytesIO(body), ProtocolVersion.V5).to_exception()
+
+    assert store_unavailable(server_error(0x1700, struct.pack(">Hii", 6, 1, 2)))  # LOCAL_QUORUM, 1 of 2
+    assert not store_unavailable(server_error(0x2200))  # an invalid query
+
+
 @pytest.mark.parametrize("when", ["after a batch done", "after a batch failing", "after a counter alone"])
 def test_a_stop_is_seen_between_any_two_store_calls_of_a_pass(tmp_path: Path, when: str) -> None:
     """The store of three namespaces is away, each of its calls maybe a timeout; the worker stops (or hands its
