@@ -78,7 +78,8 @@ CONSISTENCY_LEVELS = (
     "ANY", "ONE", "TWO", "THREE", "QUORUM", "ALL", "LOCAL_QUORUM", "EACH_QUORUM", "LOCAL_ONE",
 )
 # Replicas a request at a counting level waits for, and whether they are counted in the local DC only;
-# the other levels (QUORUM, LOCAL_QUORUM, EACH_QUORUM, ALL) make any read meet any write by construction.
+# the other levels (QUORUM, LOCAL_QUORUM, EACH_QUORUM, ALL) make any read meet any write by construction, within
+# one DC for LOCAL_QUORUM (workers of one consumer group keep to one DC with it: infra/README.md, Scaling).
 _COUNTED_LEVELS = {"ONE": (1, False), "TWO": (2, False), "THREE": (3, False), "LOCAL_ONE": (1, True)}
 SERIAL_LEVELS = ("SERIAL", "LOCAL_SERIAL")
 
