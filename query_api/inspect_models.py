@@ -134,3 +134,6 @@ class PipelineHealthResponse(BaseModel):
     rollup_queue: RollupQueue | None
     dlq: DeadLetters | None
     rates: PipelineRates
+    warnings: list[str] = Field(..., description="what to act on: no record persisted for 30 s or more while records "
+                                                 "wait (a worker down or hung, its store failing), and on the local "
+                                                 "broker, partitions long enough to slow every fetch")

@@ -80,6 +80,7 @@ class Snapshot:
     request_rates: dict[str, float]
     rate_window_s: float | None
     errors: dict[str, str]
+    persisted_still_s: float | None = None  # how long the persisted total has kept its value (None: not measured)
 
 
 @dataclass
@@ -106,6 +107,16 @@ class Rates:
             before = base[1].get(name)
             rates[name] = None if before is None or value < before else (value - before) / span
         return rates, span
+
+    def still_for(self, name: str, now: float, value: float | None) -> float | None:
+        """Seconds the total `name` has held `value` (its current one), over the samples kept (up to `window_s`);
+        None when no sample holds it yet."""
+        since = None
+        for t, totals in reversed(self.samples):
+            if value is None or totals.get(name) != value:
+                break
+            since = t
+        return None if since is None else now - since
 
 
 class PipelineHealth:
@@ -162,11 +173,13 @@ class PipelineHealth:
         except Exception as exc:
             errors["store"] = f"{type(exc).__name__}: {exc}"
         now = time.monotonic()
-        rates, span = self._rates.observe(now, _totals(broker))
+        totals = _totals(broker)
+        rates, span = self._rates.observe(now, totals)
+        still = self._rates.still_for("persisted_records", now, totals.get("persisted_records"))
         served = {endpoint: float(n) for endpoint, n in metrics.requests_by_endpoint().items()}
         requests, request_span = self._request_rates.observe(now, served)
         return Snapshot(time.time_ns() // 1000, store, broker, rates,
-                        {k: v for k, v in requests.items() if v is not None}, span or request_span, errors)
+                        {k: v for k, v in requests.items() if v is not None}, span or request_span, errors, still)
 
     async def _store_figures(self) -> StoreFigures:
         watermarks = await self.rollups.watermarks(self.settings.mutations_topic)
@@ -242,10 +255,9 @@ def _warnings(snapshot: Snapshot) -> list[str]:
     if mutations is None:
         return []
     out = []
-    window = snapshot.rate_window_s
-    if (window is not None and window >= STALLED_AFTER_S and snapshot.rates.get("persisted_records") == 0
-            and mutations.total_lag > 0):
-        out.append(f"the workers persisted no record of {mutations.topic} in the last {window:.0f} s while "
+    still = snapshot.persisted_still_s
+    if still is not None and still >= STALLED_AFTER_S and mutations.total_lag > 0:
+        out.append(f"the workers persisted no record of {mutations.topic} in the last {still:.0f} s while "
                    f"{mutations.total_lag:,} wait: a worker is down or hung, or its store is failing (locked by "
                    "another process, a full disk); the workers' logs say which")
     if broker is not None and broker.cluster_id == TANSU_CLUSTER_ID and (

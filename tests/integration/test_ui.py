@@ -189,6 +189,7 @@ def world(kafka_bootstrap: str, memcached_address: str, tmp_path_factory: pytest
         wait_for(lambda: any(d["reason"] == f"unknown namespace {w.bad_namespace!r}"
                              for d in (w.client.get("/v1/pipeline").json()["dlq"] or {}).get("dead_letters", [])),
                  30, interval=0.5, message="the dead letter in GET /v1/pipeline")
+        assert w.client.get("/v1/pipeline").json()["warnings"] == []  # served (the model once dropped it)
         yield w
     env.stop()
 

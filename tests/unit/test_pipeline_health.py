@@ -189,19 +189,39 @@ def test_persisting_that_stands_still_while_records_wait_is_a_warning(registry):
     """A worker down or hung, or its store failing (a full disk, a lock held by another process), left `errors` empty:
     the API's own reads still worked (a review). No record persisted over the rate window (at least
     STALLED_AFTER_S) while records wait is now a warning; a window too short, records persisted, or none waiting
-    is not."""
+    is not. It is how long the persisted total stood still, not a zero rate over the whole 60 s rate window,
+    which said so only a minute in (another review)."""
     from query_api.broker_offsets import TopicOffsets
-    from query_api.pipeline_health import STALLED_AFTER_S, BrokerFigures
+    from query_api.pipeline_health import STALLED_AFTER_S, BrokerFigures, Rates
 
-    def warnings(persisted_per_s: float | None, window_s: float | None, committed: int) -> list[str]:
+    def warnings(still_s: float | None, committed: int) -> list[str]:
         mutations = TopicOffsets("m", {0: 0, 1: 0}, {0: 500, 1: 700}, {0: committed, 1: 700})
         broker = BrokerFigures(mutations, None, None, {}, [], {}, "kafka-prod-cluster")
-        snapshot = Snapshot(NOW, None, broker, {"persisted_records": persisted_per_s}, {}, window_s, {})
+        snapshot = Snapshot(NOW, None, broker, {}, {}, 60.0, {}, still_s)
         return render(snapshot, registry, SETTINGS, lambda name: True)["warnings"]
 
-    [warning] = warnings(0.0, STALLED_AFTER_S + 5, committed=100)
+    [warning] = warnings(STALLED_AFTER_S + 5, committed=100)
     assert warning.startswith("the workers persisted no record of m in the last 35 s while 400 wait"), warning
-    assert warnings(0.0, STALLED_AFTER_S - 1, committed=100) == []  # too short to tell
-    assert warnings(12.5, STALLED_AFTER_S + 5, committed=100) == []  # lagging, but moving
-    assert warnings(0.0, STALLED_AFTER_S + 5, committed=500) == []  # idle: nothing waits
-    assert warnings(None, None, committed=100) == []  # not measured yet
+    assert warnings(STALLED_AFTER_S - 1, committed=100) == []  # too short to tell
+    assert warnings(STALLED_AFTER_S + 5, committed=500) == []  # idle: nothing waits
+    assert warnings(None, committed=100) == []  # not measured yet
+    rates = Rates()  # persisting for 30 s, then standing still: said after 30 s more, inside the 60 s window
+    for t in range(0, 61, 2):
+        rates.observe(float(t), {"persisted_records": min(t, 30) * 100.0})
+    assert rates.still_for("persisted_records", 60.0, 3000.0) == 30.0
+    assert rates.still_for("persisted_records", 60.0, 3100.0) is None  # moved since the last sample
+
+
+def test_the_route_model_serves_every_figure_render_gives(registry):
+    """A review: `warnings` was computed but missing from the route's response model, so FastAPI dropped it and
+    neither GET /v1/pipeline nor the health page ever showed one. Every figure must survive the model."""
+    from query_api.broker_offsets import TopicOffsets
+    from query_api.inspect_models import PipelineHealthResponse
+    from query_api.pipeline_health import STALLED_AFTER_S, BrokerFigures
+
+    mutations = TopicOffsets("m", {0: 0}, {0: 500}, {0: 100})
+    broker = BrokerFigures(mutations, None, None, {}, [], {}, "kafka-prod-cluster")
+    rendered = render(Snapshot(NOW, None, broker, {}, {}, 60.0, {}, STALLED_AFTER_S + 1), registry, SETTINGS,
+                      lambda name: True)
+    served = PipelineHealthResponse.model_validate(rendered).model_dump(mode="json")
+    assert set(served) == set(rendered) and served["warnings"] == rendered["warnings"] != []
