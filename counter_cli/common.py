@@ -107,12 +107,13 @@ def read_endpoints(settings: Settings) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     pid = endpoints.get("supervisor_pid") if isinstance(endpoints, dict) else None
-    if not isinstance(endpoints, dict) or (isinstance(pid, int) and not _alive(pid)):
+    if not isinstance(endpoints, dict) or (isinstance(pid, int) and not alive(pid)):
         return {}
     return endpoints
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
@@ -14,6 +15,7 @@ from typing import Any
 
 from counter_cli.common import (
     add_no_compile,
+    alive,
     build_native_parts,
     check_against_namespaces,
     check_listen,
@@ -51,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
     if args.web_port is not None and not 0 <= args.web_port <= 65535:  # else the settings' error names the variable
         fail(f"--web-port: {args.web_port} is outside 0..65535 (0: any free port)")
     settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port)
-    shared = _shared_with_stack(settings, read_endpoints(settings))
+    endpoints = read_endpoints(settings)
+    shared = _shared_with_stack(settings, endpoints)
     if shared:
         settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port, **shared)
     _, registry = namespaces_or_exit(settings)
@@ -72,9 +75,11 @@ def run(args: argparse.Namespace) -> int:
     group = settings.worker_id
     # The worker is its own process (agents are never imported by the CLI), run as a child rather than exec'd so
     # that this process can say when it stops.
+    stack = endpoints.get("supervisor_pid")
     return run_child([sys.executable, "-m", "agents"], env, started=lambda pid: console.print(
         f"worker {pid} joining consumer group {group} (persist: {group}.persist) on {bootstrap}; metrics "
-        f"http://127.0.0.1:{port}/metrics", soft_wrap=True, highlight=False), name="worker")
+        f"http://127.0.0.1:{port}/metrics" + (f"; it stops with counter up ({stack})" if stack else ""),
+        soft_wrap=True, highlight=False), name="worker", stop_with=stack if isinstance(stack, int) else None)
 
 
 def _shared_with_stack(settings: Settings, endpoints: dict[str, Any]) -> dict[str, str]:
@@ -110,11 +115,17 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def run_child(argv: Sequence[str], env: dict[str, str], *, started: Callable[[int], None], name: str) -> int:
+STOP_GRACE_S = 15.0  # how long a worker whose `counter up` stopped may take to stop before it is killed
+
+
+def run_child(argv: Sequence[str], env: dict[str, str], *, started: Callable[[int], None], name: str,
+              stop_with: int | None = None) -> int:
     """Run `argv` to its end, print one line when it has stopped, and return its exit status (128 + the signal
     that killed it). The child has its own session, so a terminal's Ctrl-C reaches it once, forwarded from here,
     as do SIGTERM and SIGHUP sent to this process; and it gets SIGTERM if this process dies first (a stop it
-    handles as any other: a worker persists what it holds)."""
+    handles as any other: a worker persists what it holds). With `stop_with` (a `counter up`'s pid) it is stopped
+    when that process is gone, and killed STOP_GRACE_S later: its broker went with it (a review's worker wrote
+    thousands of connection errors and ignored SIGTERM for 40 s)."""
     received: list[int] = []
     child = subprocess.Popen(argv, env=env, start_new_session=True,
                              preexec_fn=die_with_this_process(signal.SIGTERM))
@@ -127,7 +138,7 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, started: Callable[[in
     previous = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
         started(child.pid)
-        code = child.wait()
+        code = _wait(child, stop_with, name)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -138,6 +149,25 @@ def run_child(argv: Sequence[str], env: dict[str, str], *, started: Callable[[in
     asked = f" after {_signal_name(received[0])}" if received else ""
     console.print(f"{name} {child.pid} stopped{asked} ({how})", soft_wrap=True, highlight=False)
     return 128 - code if code < 0 else code
+
+
+def _wait(child: subprocess.Popen[bytes], stop_with: int | None, name: str) -> int:
+    """The child's exit status, once it ends; stopping it when `stop_with` is gone (see run_child)."""
+    if stop_with is None:
+        return child.wait()
+    stopping_since: float | None = None
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        if stopping_since is None and not alive(stop_with):
+            console.print(f"counter up ({stop_with}) stopped, and its broker with it: stopping {name} {child.pid}",
+                          soft_wrap=True, highlight=False)
+            os.kill(child.pid, signal.SIGTERM)
+            stopping_since = time.monotonic()
+        elif stopping_since is not None and time.monotonic() - stopping_since > STOP_GRACE_S:
+            child.kill()
 
 
 def _signal_name(signum: int) -> str:

@@ -3,8 +3,10 @@ namespace file's origin, settings the namespaces would override, and a worker's 
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from typing import Any
@@ -135,7 +137,7 @@ def test_counter_worker_says_when_it_starts_and_stops(monkeypatch, tmp_path, cap
     """README: "a second worker joins the consumer group"; `counter worker` exec'd the worker and said nothing."""
     ran: list[dict[str, str]] = []
 
-    def child(argv: list[str], env: dict[str, str], *, started: Any, name: str) -> int:
+    def child(argv: list[str], env: dict[str, str], *, started: Any, name: str, stop_with: int | None) -> int:
         ran.append(env)
         started(4242)
         return 0
@@ -155,7 +157,6 @@ def test_counter_worker_says_when_it_starts_and_stops(monkeypatch, tmp_path, cap
 def _stack_endpoints(tmp_path, **extra: Any) -> None:
     """The endpoints file of a running `counter up` on tmp_path (this process plays its supervisor)."""
     import json
-    import os
 
     (tmp_path / ".counter").mkdir(exist_ok=True)
     endpoints = {"kafka_bootstrap": "127.0.0.1:9", "supervisor_pid": os.getpid(), **extra}
@@ -165,8 +166,8 @@ def _stack_endpoints(tmp_path, **extra: Any) -> None:
 def _worker_env(monkeypatch, tmp_path) -> list[dict[str, str]]:
     ran: list[dict[str, str]] = []
 
-    def child(argv: list[str], env: dict[str, str], *, started: Any, name: str) -> int:
-        ran.append(env)
+    def child(argv: list[str], env: dict[str, str], *, started: Any, name: str, stop_with: int | None) -> int:
+        ran.append({**env, "stop_with": str(stop_with)})
         return 0
 
     monkeypatch.setattr(worker_cmd, "run_child", child)
@@ -187,6 +188,7 @@ def test_a_worker_joining_counter_up_takes_its_cache_and_namespace_file(monkeypa
     [env] = _worker_env(monkeypatch, tmp_path)
     assert env["COUNTER_CACHE"] == "memcached://127.0.0.1:11311" and env["COUNTER_NAMESPACES"] == str(config)
     assert env["COUNTER_KAFKA_BOOTSTRAP"] == "127.0.0.1:9" and "warning" not in _error(capsys)
+    assert env["stop_with"] == str(os.getpid())  # counter up's supervisor (this process plays it)
     _stack_endpoints(tmp_path, memcached=None, namespaces=str(config))  # counter up's in-process cache
     assert _worker_env(monkeypatch, tmp_path)[0]["COUNTER_CACHE"] == "memory"
 
@@ -217,6 +219,23 @@ def test_a_worker_without_counter_up_or_memcached_warns_that_it_writes_no_shared
     monkeypatch.setenv("COUNTER_KAFKA_BOOTSTRAP", "127.0.0.1:9")
     [env] = _worker_env(monkeypatch, tmp_path)
     assert "COUNTER_CACHE" not in env and "writes no shared cache (COUNTER_CACHE=auto)" in _error(capsys)
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True])
+def test_a_worker_beside_counter_up_stops_when_counter_up_is_gone(monkeypatch, capsys, ignores_sigterm):
+    """A review: a second worker outlived the stack's stop, writing thousands of connection errors to a broker that
+    was gone, and ignored SIGTERM for 40 s. It is stopped once counter up is gone, and killed STOP_GRACE_S on."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid names no process
+    monkeypatch.setattr(worker_cmd, "STOP_GRACE_S", 0.5)
+    body = ("import signal, time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if ignores_sigterm else "")
+            + "time.sleep(60)")
+    started = time.monotonic()
+    code = worker_cmd.run_child([sys.executable, "-c", body], {}, started=lambda pid: None, name="worker",
+                                stop_with=gone.pid)
+    assert time.monotonic() - started < 10
+    assert code == (128 + signal.SIGKILL if ignores_sigterm else 128 + signal.SIGTERM)
+    assert f"counter up ({gone.pid}) stopped, and its broker with it: stopping worker" in _error(capsys)
 
 
 def test_run_child_forwards_a_stop_signal_and_says_how_the_child_ended(tmp_path, capsys):
