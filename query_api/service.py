@@ -691,16 +691,16 @@ class CounterService:
         if not await self.progress.wait_covers(ends, timeout_s):
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but earlier writes were not persisted within "
-                f"{self.read_your_write_timeout_s}s; GetCount will include it (a retry with the same token "
-                f"and generation_time within accept_limit of it is counted once)",
+                f"{self.read_your_write_timeout_s}s of its acknowledgement; GetCount will include it (a retry with "
+                "the same token and generation_time within accept_limit of it is counted once)",
                 identity)
 
     async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
         if not await self.arrivals.wait(ns.name, (counter, event_time, token, item_key)):
             raise NotCountedYet(
                 f"the write is durable (token {token!r}) but was not counted within "
-                f"{self.read_your_write_timeout_s}s; GetCount will include it (a retry with the same token "
-                f"and generation_time within accept_limit of it is counted once)",
+                f"{self.read_your_write_timeout_s}s of its acknowledgement; GetCount will include it (a retry with "
+                "the same token and generation_time within accept_limit of it is counted once)",
                 (token, event_time))
 
 
