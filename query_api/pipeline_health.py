@@ -214,7 +214,7 @@ class PipelineHealth:
 
 def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, can_read: Any) -> dict[str, Any]:
     """The JSON body of GET /v1/pipeline. `can_read(namespace) -> bool` says whether the caller may see a dead
-    letter's key and record (a namespace with API keys keeps them from callers without its read scope)."""
+    letter's reason, key and record (a namespace with API keys keeps them from callers without its read scope)."""
     now = snapshot.at_us
     store, broker = snapshot.store, snapshot.broker
     mutations = broker.mutations if broker else None
@@ -235,7 +235,7 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
         "pending_truncated": any(r["pending_truncated"] for r in rollups),
         "rollup_lag_s": max(rollup_lags) if rollup_lags else None,
         "rollup_queue": _queue(broker.rollups) if broker and broker.rollups else None,
-        "dlq": _dlq(broker, broker.dlq, settings, can_read) if broker and broker.dlq else None,
+        "dlq": _dlq(broker, broker.dlq, settings, can_read, registry) if broker and broker.dlq else None,
         "rates": {"window_s": snapshot.rate_window_s,
                   "mutation_records_per_s": snapshot.rates.get("mutation_records"),
                   "persisted_records_per_s": snapshot.rates.get("persisted_records"),
@@ -321,29 +321,43 @@ def _queue(rollups: TopicOffsets) -> dict[str, Any]:
     return {"depth": rollups.total_lag, "partitions": parts}
 
 
-def _dlq(broker: BrokerFigures, dlq: TopicOffsets, settings: Settings, can_read: Any) -> dict[str, Any]:
+_HIDDEN = "(hidden: the namespace's read key is needed)"
+
+
+def _dlq(broker: BrokerFigures, dlq: TopicOffsets, settings: Settings, can_read: Any,
+         registry: NamespaceRegistry) -> dict[str, Any]:
+    """The DLQ's figures and newest dead letters. A dead letter's reason, key and record show only to a caller who
+    may read every namespace its record holds; one whose namespaces cannot be told (undecodable: its text and its
+    client-chosen key may name any) only to a caller who may read every namespace. A review read a protected
+    namespace's counter names and deltas there without a key: undecodable records showed to anyone, a record's
+    key chose the namespace judged, and reasons quote names and dimension values."""
     size = sum(broker.dlq_ends[p] - dlq.low[p] for p in broker.dlq_ends)
+    reads_all: bool | None = None
     letters = []
     for r in broker.dead_letters:
-        namespace = _namespace_of(r)
-        visible = namespace is None or can_read(namespace)
+        namespaces = _namespaces_of(r)
+        if namespaces:
+            visible = all(can_read(name) for name in namespaces)
+        else:
+            if reads_all is None:
+                reads_all = all(can_read(name) for name in registry.names())
+            visible = reads_all
         h = r.headers
         letters.append({
             "partition": r.partition, "offset": r.offset, "time": _time(r.timestamp_us),
-            "reason": h.get(REASON, "?"), "namespace": namespace,
+            "reason": h.get(REASON, "?") if visible else _HIDDEN, "namespace": namespaces[0] if namespaces else None,
             "source": f"{h.get(SOURCE_TOPIC, '?')}[{h.get(SOURCE_PARTITION, '?')}]@{h.get(SOURCE_OFFSET, '?')}",
             "key": (r.key or b"").decode(errors="replace") if visible else None,
-            "record": preview(r.value) if visible else "(hidden: the namespace's read key is needed)"})
+            "record": preview(r.value) if visible else _HIDDEN})
     return {"topic": settings.dlq_topic, "size": size, "dead_letters": letters}
 
 
-def _namespace_of(r: DeadRecord) -> str | None:
+def _namespaces_of(r: DeadRecord) -> list[str]:
+    """The namespaces a dead record's mutations name, first one first; [] when it does not decode."""
     try:
-        return decode_mutations(r.value)[0].namespace
-    except (DecodeError, IndexError):
-        pass
-    key = (r.key or b"").decode(errors="replace")
-    return key.split(":", 1)[0] if ":" in key else None
+        return list(dict.fromkeys(m.namespace for m in decode_mutations(r.value)))
+    except DecodeError:
+        return []
 
 
 def preview(value: bytes, width: int = 160) -> str:

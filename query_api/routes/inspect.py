@@ -111,8 +111,9 @@ async def audit_log(namespace: str, service: Service, key: CallerKey,
 async def pipeline_health(request: Request, service: Service, key: CallerKey) -> Any:
     """Pipeline health from shared state and the broker: persist watermark lag per partition, rollups pending per
     namespace and their lag, the rollup queue's depth, the DLQ's size and newest dead letters with their reasons,
-    and ingest and request rates. Figures are refreshed at most every two seconds. A dead letter's key and record
-    are hidden unless the caller may read its namespace."""
+    and ingest and request rates. Figures are refreshed at most every two seconds. A dead letter's reason, key and
+    record are hidden unless the caller may read every namespace its record names (every namespace, when it does
+    not decode)."""
     health: PipelineHealth = request.app.state.health  # set by the lifespan
     snapshot = await health.snapshot()
 

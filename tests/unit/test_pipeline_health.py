@@ -12,7 +12,7 @@ import pytest
 
 from control_plane import NamespaceRegistry, parse_namespaces
 from query_api.pipeline_health import PipelineHealth, Snapshot, render
-from schemas import MICROS
+from schemas import MICROS, Mutation
 from sinks import SqliteRollupStore
 from streams.settings import Settings
 
@@ -225,3 +225,37 @@ def test_the_route_model_serves_every_figure_render_gives(registry):
                       lambda name: True)
     served = PipelineHealthResponse.model_validate(rendered).model_dump(mode="json")
     assert set(served) == set(rendered) and served["warnings"] == rendered["warnings"] != []
+
+
+def test_a_dead_letter_shows_its_reason_key_and_record_only_to_a_reader_of_every_namespace_it_may_hold():
+    """A review read a keyed namespace's counter names and deltas on the health page without a key: an undecodable
+    record showed to anyone, a record keyed `my_dataset:x` was judged as my_dataset's, and reasons (which quote
+    counter names and dimension values) were never hidden."""
+    from query_api.broker_offsets import DeadRecord, TopicOffsets
+    from query_api.pipeline_health import BrokerFigures
+    from schemas import MutationOp, encode_batch
+    from schemas.dead_letter import REASON
+
+    registry = parse_namespaces("""
+namespaces:
+  open: { counter_type: EVENTUAL }
+  secret: { counter_type: EVENTUAL, api_keys: [{ key: r, scopes: [read] }] }
+""")
+    undecodable = b'{"namespace": "secret", "counter_name": "layoffs", "delta": 300, "delta": 300}'
+    mixed = encode_batch([Mutation("open", "a", 1, NOW, "t1", "", MutationOp.ADD),
+                          Mutation("secret", "salary", 1, NOW, "t2", "", MutationOp.ADD)])
+    letters = [DeadRecord(0, i, NOW, key, value, {REASON: f"why {i}: secret's salary"})
+               for i, (key, value) in enumerate([(b"open:x", undecodable), (None, mixed),
+                                                  (None, b'{"namespace": "open", "counter_name": "b", "delta": 1}')])]
+    dlq = TopicOffsets("d", {0: 0}, {0: 3}, {})
+    broker = BrokerFigures(None, None, dlq, {0: 3}, letters, {}, "kafka-prod-cluster")
+
+    def shown(key: str | None) -> list[tuple[str, str | None]]:
+        body = render(Snapshot(NOW, None, broker, {}, {}, None, {}), registry, SETTINGS,
+                      lambda name: registry[name].allows(key, "read"))
+        return [(d["reason"], d["key"]) for d in body["dlq"]["dead_letters"]]
+
+    hidden = "(hidden: the namespace's read key is needed)"
+    assert shown(None) == [(hidden, None), (hidden, None), ("why 2: secret's salary", "")]
+    assert shown("r") == [("why 0: secret's salary", "open:x"), ("why 1: secret's salary", ""),
+                          ("why 2: secret's salary", "")]
