@@ -146,7 +146,7 @@ def test_health_render_hides_dead_letters_of_namespaces_the_caller_cannot_read(r
     assert body["rollup_lag_s"] == 9.0 and body["rollups"][0]["pending_counters"] == 3
     assert body["dlq"]["size"] == 3  # the end found by reading the tail, past the reported end offset
     hidden, shown = body["dlq"]["dead_letters"]
-    assert hidden["key"] is None and "hidden" in hidden["record"] and hidden["reason"] == "why 1"
+    assert hidden["key"] is None and "hidden" in hidden["record"] and "hidden" in hidden["reason"]  # it may quote
     assert shown["key"] == "gone:c" and shown["record"] == "gone:c +2 token=(no token)"
 
 
@@ -236,3 +236,34 @@ def test_a_watermark_past_the_latest_write_persisted_still_lags_while_records_wa
     body = render(Snapshot(NOW, store, BrokerFigures(offsets, empty, empty, {}, []), {}, {}, None, {}), registry,
                   _settings(), lambda name: True)
     assert [w["lag_s"] for w in body["watermarks"]] == [3600.0, 0.0]  # partition 0 holds 5,000 unpersisted
+
+
+def test_counter_pages_skip_a_counters_combinations_instead_of_coming_back_empty(events, registry):
+    """A review: a counter with 130 dimension combinations filled the next store pages with nothing but them, and
+    GET /v1/namespaces/{ns}/counters answered `counters: []` with a next_after, click after click in the UI."""
+    from query_api.routes.inspect import list_counters
+
+    names = ["a", *(f"b country=C{i:03d}" for i in range(130)), "b", "c", "d"]
+    events.write_events([("open", n, NOW + i, f"e{i}", "", 1, False) for i, n in enumerate(names)])
+
+    class Service:
+        def __init__(self) -> None:
+            self.events = events._target
+
+        @staticmethod
+        def namespace(name: str):
+            return registry[name]
+
+    def page(after: str | None) -> tuple[list[str], str | None]:
+        got = events._runner.run(list_counters("open", Service(), None, after=after, limit=3))  # type: ignore[arg-type]
+        return got.counters, got.next_after
+
+    seen, after, calls = [], None, 0
+    while True:
+        counters, after = page(after)
+        calls += 1
+        assert counters or after is None, "an empty page that says there is more"
+        seen += counters
+        if after is None:
+            break
+    assert seen == ["a", "b", "c", "d"] and calls <= 3, (seen, calls)

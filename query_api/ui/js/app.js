@@ -12,10 +12,20 @@ const main = document.getElementById("main");
 let dispose = null;
 let generation = 0;
 
+/** A path part as written, when it is no valid percent-encoding (`%E0%A4%A` threw a URIError before the page's own
+ * error handling, leaving the previous page on screen: a review); the page then says what it could not find. */
+function decodePart(part) {
+  try {
+    return decodeURIComponent(part);
+  } catch {
+    return part;
+  }
+}
+
 /** The current route: {page, params, query}. */
 export function route() {
   const [path, search = ""] = location.hash.replace(/^#/, "").split("?");
-  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  const parts = path.split("/").filter(Boolean).map(decodePart);
   const query = Object.fromEntries(new URLSearchParams(search));
   if (parts[0] === "health") return {page: "health", params: {}, query};
   if (parts[0] === "ns" && parts.length >= 4 && parts[2] === "c") {

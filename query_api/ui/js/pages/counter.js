@@ -16,13 +16,15 @@ function countCard(ns, counter) {
   const value = h("span", {class: "big", id: "count"}, "…");
   const asOf = h("span", {id: "as-of"});
   const since = h("span", {class: "note"});
+  const upTo = h("span", null, "exact up to ");  // blank before the first rollup ("exact up to not rolled up yet")
   const element = card("Count", {id: "count-card"},
     h("p", {class: "figure"}, value),
-    h("p", null, ns.counter_type === "BEST_EFFORT" ? "approximate (memcached)" : ["exact up to ", asOf, " ", since]));
+    h("p", null, ns.counter_type === "BEST_EFFORT" ? "approximate (memcached)" : [upTo, asOf, " ", since]));
   const load = async () => {
     const c = await getCount(ns.name, counter);
     value.textContent = count(c.count);
     value.dataset.value = String(c.count);
+    upTo.textContent = c.as_of ? "exact up to " : "";
     asOf.textContent = c.as_of ? time(c.as_of) : "not rolled up yet";
     asOf.dataset.value = c.as_of || "";
     since.textContent = c.as_of ? `(${ago(c.as_of)})` : "";

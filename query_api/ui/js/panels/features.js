@@ -121,7 +121,8 @@ export function renderBreakdown(el, ns, counter) {
       try {
         const data = await feature.load(ns, counter, {key: key.value, filter: parseFilter(filter.value, keys),
                                                       window: windowSelect.value ? {last: windowSelect.value} : null});
-        const groups = [...data.groups].sort((a, b) => Number(b.count) - Number(a.count));
+        // compared exactly: counts beyond 2^53 are BigInts, and close ones would tie as floats (a review)
+        const groups = [...data.groups].sort((a, b) => (BigInt(b.count) > BigInt(a.count)) - (BigInt(b.count) < BigInt(a.count)));
         const max = Math.max(0, ...groups.map((g) => Number(g.count)));
         fill(result, groups.length
           ? table([key.value, "count", ""], groups.map((g) => h("tr", null, h("td", null, g.value),
