@@ -162,6 +162,9 @@ def add_delta(delta: int | None, item: str) -> int:
                                    "leave it out: it is 1 then)")
 
 
+FLUSH_MARGIN_S = 5.0
+
+
 class CounterProducer:
     """Produce AddCount / ClearCount mutations to the mutations topic.
 
@@ -192,6 +195,9 @@ class CounterProducer:
         # A long-lived caller that awaits every future (the API) turns this off so failures do not pile up.
         self.track_failures = track_failures
         self.metadata_timeout_s = 10.0
+        # flush's and close's default wait: past the delivery timeout, so the broker's verdict on every record (its
+        # failure carrying its mutations, for `retry`) comes before they give up (a review's error carried none)
+        self.wait_s = delivery_timeout_ms / 1000 + FLUSH_MARGIN_S
         self._kafka = RenewingProducer({
             "bootstrap.servers": bootstrap_servers,
             "acks": "all",
@@ -228,12 +234,14 @@ class CounterProducer:
         undeclared key, a counter at max_combinations) dead-letters the mutation with the reason. `item` is what a
         UNIQUE namespace counts: `delta` may then be left out (it is 1); without an item it is required
         (ValidationError naming `delta`)."""
+        self._partitions()  # first: a generated time is drawn once the broker answered, not before a wait for it
         return self.send(self.mutation(MutationOp.ADD, namespace, counter_name, add_delta(delta, item), token,
                                        generation_time, item_key, dimensions, item))
 
     def clear(self, namespace: str, counter_name: str, *, token: str | None = None,
               generation_time: str | float | int | None = None) -> Future[None]:
         """ClearCount: reset a counter to zero as of `generation_time` (default: now)."""
+        self._partitions()  # as in `add`
         return self.send(self.mutation(MutationOp.CLEAR, namespace, counter_name, 0, token, generation_time))
 
     @staticmethod
@@ -295,9 +303,10 @@ class CounterProducer:
         shards = self.shards.get(mutation.namespace, 1) if self.shards else 1
         return (mutation.key if shards == 1 else mutation.sharded_key(shards)).encode()
 
-    def flush(self, timeout: float = 30.0) -> None:
-        """Send everything buffered and wait for acknowledgements; raise DeliveryError on any failure, with the
-        failed mutations (`retry` them)."""
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything buffered and wait for acknowledgements (by default a little past the delivery timeout);
+        raise DeliveryError on any failure, with the failed mutations (`retry` them)."""
+        timeout = self.wait_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         try:
             self._drain(older_than=None)
@@ -326,19 +335,31 @@ class CounterProducer:
         except KafkaException as exc:
             raise DeliveryError(f"broker unreachable: {exc.args[0].str()}") from exc
 
-    def close(self, timeout: float = 30.0) -> None:
-        """Flush and stop; raises DeliveryError if anything was not delivered. Records still unacknowledged after
-        `timeout` are given up: their futures fail with DeliveryError rather than never settling."""
+    def close(self, timeout: float | None = None) -> None:
+        """Flush and stop; raises DeliveryError if anything was not delivered, with the mutations of the records
+        given up. Records still unacknowledged after `timeout` (by default a little past the delivery timeout) are
+        given up: their futures fail with DeliveryError rather than never settling."""
         if self._closed:
             return
+        error: DeliveryError | None = None
         try:
             self.flush(timeout)
+        except DeliveryError as exc:
+            error = exc
         finally:
             self._closed = True
             self._wake.set()
             self._poller.join(timeout=2.0)
             if not self._poller.is_alive():
                 self._kafka.close()
+        with self._lock:  # records given up when the handle closed: their mutations, for `retry`
+            failures, self._failures = self._failures, []
+            failed, self._failed = self._failed, []
+        if failed and (error is None or not error.mutations):
+            raise DeliveryError(f"{len(failed)} mutation(s) given up at close, not acknowledged by the broker"
+                                + (f" ({error})" if error else ""), failures, failed) from error
+        if error is not None:
+            raise error
 
     def __enter__(self) -> CounterProducer:
         return self

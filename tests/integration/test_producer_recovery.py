@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -105,6 +106,55 @@ def test_a_failed_write_retried_from_its_error_keeps_its_token_and_is_counted_on
     likes = [m for r in read_all(broker.bootstrap, topic_name) for m in decode_mutations(r.value)
              if m.counter_name == "likes"]
     assert likes and {(m.event_id, m.event_time) for m in likes} == {(sent.event_id, sent.event_time)}
+
+
+def test_a_close_that_gives_records_up_raises_their_mutations_for_a_retry(broker: LocalBroker, topic_name: str) -> None:
+    """A review: leaving the README's `with` block while the broker hung raised a DeliveryError with no mutations
+    (flush's wait was the delivery timeout itself, and the records close then gave up were never reported), so
+    `retry(error)` had nothing to send. By default flush and close now wait past the delivery timeout, and a close
+    that gives records up raises them."""
+    make_topic(broker.bootstrap, topic_name, 1)
+    producer = CounterProducer(broker.bootstrap, topic=topic_name, delivery_timeout_ms=TIMEOUT_MS)
+    assert producer.wait_s > TIMEOUT_MS / 1000
+    producer.add("my_dataset", "warmup", 1).result(10)
+    broker.pause()
+    try:
+        future = producer.add("my_dataset", "likes", 1, token="given-up")
+        with pytest.raises(DeliveryError) as info:
+            producer.close(0.5)  # shorter than the delivery timeout: the record is given up at close
+    finally:
+        time.sleep(max(0.0, STALL_S - TIMEOUT_MS / 1000))
+        broker.resume()
+    assert [m.event_id for m in info.value.mutations] == ["given-up"], info.value
+    assert future.done() and isinstance(future.exception(), DeliveryError)
+
+
+def test_a_generated_time_is_drawn_once_the_broker_answered(broker: LocalBroker, topic_name: str) -> None:
+    """A review: a new producer's first add drew `now` as the write's time, then waited up to 10 s for the topic's
+    metadata of a slow broker: its record reached Kafka past the 5 s accept_limit and was dead-lettered, with no
+    error. The time is drawn after that wait."""
+    make_topic(broker.bootstrap, topic_name, 1)
+    producer = CounterProducer(broker.bootstrap, topic=topic_name, delivery_timeout_ms=10_000)
+    try:
+        broker.pause()
+        resumed = [0.0]
+
+        def resume_later() -> None:
+            time.sleep(STALL_S)
+            resumed[0] = time.time()
+            broker.resume()
+
+        thread = threading.Thread(target=resume_later)
+        thread.start()
+        try:
+            producer.add("my_dataset", "first", 1).result(20)  # waits for the metadata
+        finally:
+            thread.join()
+    finally:
+        producer.close()
+    (first,) = [m for r in read_all(broker.bootstrap, topic_name) for m in decode_mutations(r.value)
+                if m.counter_name == "first"]
+    assert first.event_time >= (resumed[0] - 0.5) * 1_000_000, (first.event_time, resumed[0])
 
 
 def test_async_producer_writes_again_after_a_stall_longer_than_its_timeout(
