@@ -217,7 +217,8 @@ class CounterProducer:
         self._lock = threading.Lock()
         self._sending = 0  # batches taken out of _pending and not yet handed to librdkafka
         self._sent = threading.Condition(self._lock)  # notified when _sending drops to 0
-        self._closed = False
+        self._closed = False  # the sending thread's end
+        self._closing = False  # close() began: no more sends
         self._wake = threading.Event()  # set by sends: the idle poller sleeps on it instead of polling
         self._poller = threading.Thread(target=self._poll_loop, name="counter-producer-poll", daemon=True)
         self._poller.start()
@@ -257,7 +258,7 @@ class CounterProducer:
 
     def send(self, mutation: Mutation) -> Future[None]:
         """Queue one validated mutation; the future resolves on broker acknowledgement."""
-        if self._closed:
+        if self._closing:
             raise RuntimeError("CounterProducer is closed")
         key = self.key_of(mutation)
         try:
@@ -270,6 +271,8 @@ class CounterProducer:
             self._produce(key, encode_mutation(mutation), partition, future, [mutation])
             return future
         with self._lock:
+            if self._closing:  # checked again under the lock close() takes: nothing is buffered after its flush
+                raise RuntimeError("CounterProducer is closed")
             pending = self._pending.get(partition)
             if pending is None:
                 pending = self._pending[partition] = _Pending()
@@ -339,8 +342,10 @@ class CounterProducer:
         """Flush and stop; raises DeliveryError if anything was not delivered, with the mutations of the records
         given up. Records still unacknowledged after `timeout` (by default a little past the delivery timeout) are
         given up: their futures fail with DeliveryError rather than never settling."""
-        if self._closed:
-            return
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True  # sends from other threads refused from here (a review's 136 were left buffered)
         error: DeliveryError | None = None
         try:
             self.flush(timeout)
