@@ -13,6 +13,7 @@ from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError
 from producers.client import add_delta, now_micros
 from schemas import DecodeError, Mutation, MutationOp, ValidationError, mutation_from_json
+from schemas.validation import micros_iso
 
 EXAMPLES = """examples:
   counter produce my_dataset counter123 2
@@ -26,7 +27,8 @@ A JSONL line has the AddCount body of the Netflix post, plus "op": "clear" for a
   {"namespace": "my_dataset", "counter_name": "counter123", "delta": 2,
    "idempotency_token": {"token": "some_event_id", "generation_time": "2026-11-23T12:10:00Z"}}
   {"namespace": "plays", "counter_name": "title_1", "delta": 1, "dimensions": {"country": "US", "device": "tv"}}
-Lines without a token get a generated one (then re-sending the file counts it again).
+Lines without a token get a generated one (then re-sending the file counts it again); a line with a token needs
+its generation_time, as the API does: a time drawn at each run would count it again too.
 What the pipeline would dead-letter is refused before anything is sent (exit 2, naming the argument, or the
 line and field): a namespace the namespace file does not define, a BEST_EFFORT one (its counts live in the
 cache: write them through the API), dimensions it does not declare, an item outside a UNIQUE namespace, and a
@@ -45,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("counter_name", nargs="?")
     p.add_argument("delta", nargs="?", type=int, help="positive or negative (e.g. -1)")
     p.add_argument("--clear", action="store_true", help="ClearCount instead of AddCount")
-    p.add_argument("--token", help="idempotency token (default: generated)")
-    p.add_argument("--generation-time", help="ISO-8601 or epoch (s/ms/µs); default now")
+    p.add_argument("--token", help="idempotency token (default: generated); needs --generation-time")
+    p.add_argument("--generation-time", help="ISO-8601 or epoch (s/ms/µs); default now (without --token)")
     p.add_argument("--item-key", default="", help="event_item_key (default empty)")
     p.add_argument("--item", default="", help="the item a UNIQUE namespace counts (e.g. a user id); DELTA may then "
                                               "be left out (it is 1)")
@@ -79,17 +81,34 @@ def run(args: argparse.Namespace) -> int:
             fail(f"{_argument(refused[0])}: {refused[1]} (the pipeline would dead-letter this write)")
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.mutations_topic
+    handed = [0]
     try:
         with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, shards=registry) as producer:
             if args.file is None:
                 producer.send(mutations[0])
+                handed[0] = 1
             else:
-                _send_with_progress(producer, mutations)
+                _send_with_progress(producer, mutations, handed)
             producer.flush()
     except DeliveryError as exc:
-        fail(str(exc), code=1)
+        fail(f"{exc}; {_retry_advice(args, mutations)}", code=1)
+    except KeyboardInterrupt:
+        console.print(f"interrupted after {handed[0]:,} of {len(mutations):,} mutation(s) were handed to the producer "
+                      "(those the broker acknowledged are counted); "
+                      f"{_retry_advice(args, mutations)}", soft_wrap=True, highlight=False)
+        return 130
     console.print(f"produced {len(mutations)} mutation(s) to {topic} on {bootstrap}")
     return 0
+
+
+def _retry_advice(args: argparse.Namespace, mutations: list[Mutation]) -> str:
+    """How to send again without counting twice (a review: a failed single write printed nothing to retry with)."""
+    if args.file is None:
+        m = mutations[0]  # its token and time: given, or drawn by CounterProducer.mutation (never None there)
+        return (f"to retry, send it again with --token {m.event_id} --generation-time {micros_iso(m.event_time or 0)} "
+                "(counted once, if within the namespace's accept_limit of that time)")
+    return ("running the file again counts its lines with a token and generation_time once, counts the lines "
+            "without a token again, and refuses lines older than their namespace's accept_limit")
 
 
 def _from_args(args: argparse.Namespace) -> Mutation:
@@ -99,6 +118,9 @@ def _from_args(args: argparse.Namespace) -> Mutation:
         fail("DELTA is required for an add (or pass --clear, or --item in a UNIQUE namespace)")
     if args.clear and args.item:
         fail("--clear takes no --item: a clear erases every item counted before it")
+    if args.token is not None and args.generation_time is None:
+        fail("--token needs --generation-time (e.g. $(date -u +%FT%TZ)): with a time drawn at each run, running the "
+             "command again would count the write again")
     op = MutationOp.CLEAR if args.clear else MutationOp.ADD
     dimensions = _dimensions(args.dimension)
     if dimensions and args.clear:
@@ -169,6 +191,9 @@ def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> list[Mu
             continue
         try:
             m = mutation_from_json(json.loads(line))
+            if m.event_id is not None and m.event_time is None:  # as the API refuses it
+                raise ValidationError("idempotency_token.generation_time", "is required with a token: a time drawn "
+                                      "at each run would make a re-run of the file count the line again")
             drawn = m.event_time is None  # the time is drawn here, now: no time to judge (max_clock_skew may be 0)
             m = CounterProducer.mutation(
                 m.op, m.namespace, m.counter_name, m.delta, m.event_id,
@@ -189,10 +214,11 @@ def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> list[Mu
     return mutations
 
 
-def _send_with_progress(producer: CounterProducer, mutations: list[Mutation]) -> None:
+def _send_with_progress(producer: CounterProducer, mutations: list[Mutation], handed: list[int]) -> None:
     with ProgressBar("producing", total=len(mutations), unit="mut") as bar:
         step = max(1, len(mutations) // 200)
         for i, m in enumerate(mutations, 1):
             producer.send(m)
+            handed[0] = i
             if i % step == 0 or i == len(mutations):
                 bar.update(completed=i)

@@ -128,3 +128,35 @@ def test_file_lines_without_a_time_are_judged_at_the_time_drawn_for_them(tmp_pat
                             for i in range(3)))
     assert produce("--file", str(path)) == 0, capsys.readouterr().err
     assert len(Recorder.sent) == 3
+
+
+def test_a_token_without_a_generation_time_is_refused_since_a_rerun_would_count_it_again(tmp_path: Path, capsys):
+    """A review: a file whose lines had tokens but no generation_time counted twice when run twice (each run drew its
+    own time); the API refuses such a body with a 422. So do `counter produce --token` and a file's line."""
+    with pytest.raises(SystemExit) as exited:
+        produce("my_dataset", "c", "2", "--token", "evt-1")
+    assert exited.value.code == 2 and "--token needs --generation-time" in capsys.readouterr().err
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"namespace": "my_dataset", "counter_name": "c", "delta": 1,
+                                "idempotency_token": {"token": "t1"}}) + "\n")
+    with pytest.raises(SystemExit) as exited:
+        produce("--file", str(path))
+    err = " ".join(capsys.readouterr().err.split())
+    assert exited.value.code == 2 and "m.jsonl:1:" in err and "idempotency_token.generation_time" in err, err
+    assert Recorder.sent == []
+
+
+def test_a_failed_single_write_says_how_to_retry_it_once(monkeypatch, capsys):
+    """A review: `error: 1 record(s) not acknowledged ...` and nothing else: the token and time the CLI drew, which a
+    retry must send to be counted once, were not said."""
+    from producers import DeliveryError
+
+    def fail_flush(self: Recorder) -> None:
+        raise DeliveryError("1 record(s) not acknowledged by the broker within 35.0s")
+
+    monkeypatch.setattr(Recorder, "flush", fail_flush, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        produce("my_dataset", "c", "2")
+    err = " ".join(capsys.readouterr().err.split())
+    [m] = Recorder.sent
+    assert exited.value.code == 1 and f"--token {m.event_id} --generation-time 20" in err, err
