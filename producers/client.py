@@ -235,15 +235,15 @@ class CounterProducer:
         undeclared key, a counter at max_combinations) dead-letters the mutation with the reason. `item` is what a
         UNIQUE namespace counts: `delta` may then be left out (it is 1); without an item it is required
         (ValidationError naming `delta`)."""
-        self._partitions()  # first: a generated time is drawn once the broker answered, not before a wait for it
-        return self.send(self.mutation(MutationOp.ADD, namespace, counter_name, add_delta(delta, item), token,
-                                       generation_time, item_key, dimensions, item))
+        return self.send(self._timed(self.mutation(MutationOp.ADD, namespace, counter_name, add_delta(delta, item),
+                                                   token, generation_time, item_key, dimensions, item),
+                                     generation_time))
 
     def clear(self, namespace: str, counter_name: str, *, token: str | None = None,
               generation_time: str | float | int | None = None) -> Future[None]:
         """ClearCount: reset a counter to zero as of `generation_time` (default: now)."""
-        self._partitions()  # as in `add`
-        return self.send(self.mutation(MutationOp.CLEAR, namespace, counter_name, 0, token, generation_time))
+        return self.send(self._timed(self.mutation(MutationOp.CLEAR, namespace, counter_name, 0, token,
+                                                   generation_time), generation_time))
 
     @staticmethod
     def mutation(op: MutationOp, namespace: str, counter_name: str, delta: int, token: str | None = None,
@@ -255,6 +255,19 @@ class CounterProducer:
             namespace=namespace, counter_name=counter_name, delta=delta, event_time=event_time,
             event_id=new_token() if token is None else token, event_item_key=item_key, op=op,
             dimensions=validate_dimensions(dimensions), item=item))
+
+    def _timed(self, mutation: Mutation, generation_time: object) -> Mutation:
+        """`mutation` (validated), its generated time drawn again after the first wait for the topic's metadata:
+        drawn before a 10 s wait for a slow broker, its record reached Kafka past a 5 s accept_limit and was
+        dead-lettered, silently (a review)."""
+        if generation_time is not None or self._num_partitions is not None:
+            return mutation
+        try:
+            self._partitions()
+        except DeliveryError as exc:
+            exc.mutations = [mutation]
+            raise
+        return mutation._replace(event_time=now_micros())
 
     def send(self, mutation: Mutation) -> Future[None]:
         """Queue one validated mutation; the future resolves on broker acknowledgement."""

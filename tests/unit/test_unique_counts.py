@@ -372,7 +372,7 @@ def test_counter_produce_takes_an_item_and_then_no_delta() -> None:
     from counter_cli.produce_cmd import _from_args
 
     def args(**kw: Any) -> argparse.Namespace:
-        base = {"namespace": "visitors", "counter_name": "home", "delta": None, "clear": False, "token": "t",
+        base = {"namespace": "visitors", "counter_name": "home", "delta": None, "clear": False, "token": None,
                 "generation_time": None, "item_key": "", "dimension": ["country=US"], "item": "user-42"}
         return argparse.Namespace(**{**base, **kw})
 
