@@ -220,7 +220,7 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
     mutations = broker.mutations if broker else None
     watermarks = _watermarks(now, store, mutations)
     lags = [w["lag_s"] for w in watermarks if w["lag_s"] is not None]
-    rollups = _rollups(now, store, registry)
+    rollups = _rollups(now, store, registry, can_read)
     rollup_lags = [r["lag_s"] for r in rollups if r["lag_s"] is not None]
     heartbeats = len(watermarks) * 1000 / settings.watermark_interval_ms
     return {
@@ -284,13 +284,15 @@ def _watermarks(now: int, store: StoreFigures | None, mutations: TopicOffsets | 
     return rows
 
 
-def _rollups(now: int, store: StoreFigures | None, registry: NamespaceRegistry) -> list[dict[str, Any]]:
-    """Per rolled-up namespace: its pending counters and the age of the oldest un-rolled-up work (0: none)."""
+def _rollups(now: int, store: StoreFigures | None, registry: NamespaceRegistry,
+             can_read: Any) -> list[dict[str, Any]]:
+    """Per rolled-up namespace the caller may read (a keyed one's figures are its readers': a review saw them from a
+    caller without its key): its pending counters and the age of the oldest un-rolled-up work (0: none)."""
     if store is None:
         return []
     rows = []
     for ns in registry.values():
-        if ns.counter_type is CounterType.BEST_EFFORT:
+        if ns.counter_type is CounterType.BEST_EFFORT or not can_read(ns.name):
             continue
         pending = store.pending.get(ns.name, PendingRollups())
         since = pending.oldest_us if pending.counters else None

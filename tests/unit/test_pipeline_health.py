@@ -259,3 +259,25 @@ namespaces:
     assert shown(None) == [(hidden, None), (hidden, None), ("why 2: secret's salary", "")]
     assert shown("r") == [("why 0: secret's salary", "open:x"), ("why 1: secret's salary", ""),
                           ("why 2: secret's salary", "")]
+
+
+def test_the_rollups_of_a_keyed_namespace_show_only_to_its_readers():
+    """A review: the health page's "Rollups per namespace" showed a keyed namespace's pending counters and lag to a
+    caller without its key."""
+    from query_api.pipeline_health import StoreFigures
+    from sinks.model import PendingRollups
+
+    registry = parse_namespaces("""
+namespaces:
+  open: { counter_type: EVENTUAL }
+  secret: { counter_type: EVENTUAL, api_keys: [{ key: r, scopes: [read] }] }
+""")
+    store = StoreFigures({}, None, {"open": PendingRollups(2, NOW - MICROS),
+                                    "secret": PendingRollups(7, NOW - 9 * MICROS)})
+
+    def rows(key: str | None) -> dict[str, int]:
+        body = render(Snapshot(NOW, store, None, {}, {}, None, {}), registry, SETTINGS,
+                      lambda name: registry[name].allows(key, "read"))
+        return {r["namespace"]: r["pending_counters"] for r in body["rollups"]}
+
+    assert rows(None) == {"open": 2} and rows("r") == {"open": 2, "secret": 7}
