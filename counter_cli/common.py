@@ -21,7 +21,7 @@ from infra.native import BuildOutcome, ensure_native_builds
 from streams.settings import (
     Settings,
     SettingsError,
-    in_process_cache_problem,
+    api_start_problems,
     load_settings,
     namespace_bound_problems,
 )
@@ -66,12 +66,9 @@ def check_api_namespaces(settings: Settings, registry: NamespaceRegistry, *,
     """Fail on what the API needs of the namespaces before it starts: every API key's environment variable, and a
     shared cache for BEST_EFFORT counts when API processes share the pipeline (`in_process_cache`: whether the
     API's cache will be the in-process one; default: unless COUNTER_CACHE names a memcached)."""
-    problems = registry.missing_keys()
     if in_process_cache is None:
         in_process_cache = not settings.cache.startswith("memcached://")
-    if in_process_cache and (problem := in_process_cache_problem(settings, registry.values())):
-        problems.append(problem)
-    if problems:
+    if problems := api_start_problems(settings, registry, in_process_cache=in_process_cache):
         fail("; ".join(problems))
 
 

@@ -39,7 +39,7 @@ from query_api.signals import ReadSignals
 from query_api.store_errors import StoreErrors
 from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
 from sinks.best_effort import open_counters
-from streams.settings import Settings, in_process_cache_problem, load_settings
+from streams.settings import Settings, api_start_problems, load_settings
 from streams.signals import SignalSender
 
 
@@ -55,10 +55,7 @@ def build_service(settings: Settings) -> CounterService:
     unique = any(ns.counts_unique for ns in registry.values())
     sketches = open_namespace_sketch_store(buckets, registry, lock_wait_s=wait_s) if unique else None  # unique counts
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
-    problems = registry.missing_keys()
-    if not cache_spec and (problem := in_process_cache_problem(settings, registry.values())):
-        problems.append(problem)
-    if problems:
+    if problems := api_start_problems(settings, registry, in_process_cache=not cache_spec):
         raise RuntimeError("; ".join(problems))
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=wait_s)
     producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)

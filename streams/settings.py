@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from control_plane import CounterType, Namespace
+from control_plane import CounterType, Namespace, NamespaceRegistry
 
 ENV_PREFIX = "COUNTER_"
 HOUR_S, HOUR_MS = 3600, 3_600_000
@@ -307,6 +307,15 @@ def in_process_cache_problem(settings: Settings, namespaces: Iterable[Namespace]
             f"{', and no memcached installed' if settings.cache == 'auto' else ''}): namespace {best_effort!r} is "
             "BEST_EFFORT, whose counts live in the cache, so each API process would count its own; set "
             f"{ENV_PREFIX}CACHE=memcached://host:port (a memcached every API process reaches), or run one API process")
+
+
+def api_start_problems(settings: Settings, registry: NamespaceRegistry, *, in_process_cache: bool) -> list[str]:
+    """What the API lacks to start with these namespaces, one line each: an API key's unset environment variable
+    (`NamespaceRegistry.missing_keys`), and a shared cache for BEST_EFFORT counts (`in_process_cache_problem`)."""
+    problems = registry.missing_keys()
+    if in_process_cache and (problem := in_process_cache_problem(settings, registry.values())):
+        problems.append(problem)
+    return problems
 
 
 def load_settings(**overrides: Any) -> Settings:

@@ -418,9 +418,13 @@ class CassandraEventStore:
 
     async def _refresh_catalog(self, namespace: str) -> set[str]:
         """The namespace's slice tables as the catalog lists them now (and remember them)."""
-        tables = {row[1] for row in await self._x.run(self._cql.list_slices(namespace))}
-        self._known[namespace] = tables
-        return tables
+        return set(await self._catalog_ends(namespace))
+
+    async def _catalog_ends(self, namespace: str) -> dict[str, int]:
+        """Each slice table the catalog lists now, with the end of its slice (and remember them)."""
+        ends = {row[1]: int(row[3]) for row in await self._x.run(self._cql.list_slices(namespace))}
+        self._known[namespace] = set(ends)
+        return ends
 
     async def _parts(self, namespace: str, counter: str, after_us: int, upto_us: int,
                      part: Partitioning) -> list[Part]:
@@ -450,12 +454,10 @@ class CassandraEventStore:
         results = await self._x.run_all(stmts, missing_ok=True)
         missing = {s.table for s, r in zip(stmts, results, strict=True) if r is None and s.table is not None}
         if missing:
-            rows = await self._x.run(self._cql.list_slices(namespace))
-            self._known[namespace] = {row[1] for row in rows}
+            ends = await self._catalog_ends(namespace)
             delete_after = self._delete_after(namespace)
             horizon = self._clock_us() - int(delete_after * 1_000_000) if delete_after else None
-            unknown = sorted(table for _s, table, _start, end in rows
-                             if table in missing and (horizon is None or int(end) > horizon))
+            unknown = sorted(table for table in missing & set(ends) if horizon is None or ends[table] > horizon)
             if unknown:
                 raise SliceTableUnknown(namespace, unknown)
         return results
