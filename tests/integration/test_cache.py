@@ -274,7 +274,9 @@ def test_a_best_effort_write_memcached_took_but_did_not_answer_is_of_unknown_out
                 except CounterUnavailable:
                     assert time.monotonic() < deadline
                     await asyncio.sleep(0.05)
-            assert got == (31, 0), got  # memcached applied every write it took (on loopback it gets them all)
+            # each write memcached read before the client gave the connection up is applied (usually all three;
+            # a CI run saw two): whether it was is unknown to the client, hence the 504
+            assert got[0] in (1, 11, 21, 31) and got[1] in (0, 7), got
         finally:
             await counters.close()
 
