@@ -228,7 +228,8 @@ def build(settings: Settings) -> Pipeline:
         log.warning("%s", problem)
     pipeline = Pipeline(
         settings=settings, registry=registry, events=events, rollups=rollups, buckets=buckets,
-        cache=open_cache(_cache_spec(settings), key_prefix=settings.worker_id), app=app, topics=topics,
+        cache=open_cache(_cache_spec(settings), key_prefix=settings.worker_id, scope=rollups.identity),
+        app=app, topics=topics,
         tracker=WatermarkTracker(skew),
         mutation_partitions=counts[settings.mutations_topic],
         rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure(), kafka=kafka,

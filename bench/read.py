@@ -10,6 +10,7 @@ figures are medians over the rounds.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 import time
@@ -20,7 +21,17 @@ import httpx
 from bench.common import console, http_floor, local_stack, progress_bar, stack_settings, write_result
 from bench.loadgen import http_load, http_post, memcached_load
 from bench.rounds import load_args, median_ratio, medians, run_rounds
-from sinks import cache_key
+from sinks import SqliteRollupStore, cache_key, scoped_prefix
+from sinks.factory import ROLLUPS_FILE
+from streams.settings import Settings
+
+
+async def _cache_prefix(settings: Settings) -> str:
+    store = SqliteRollupStore(settings.data_dir / ROLLUPS_FILE)
+    try:
+        return scoped_prefix(settings.worker_id, await store.identity())
+    finally:
+        await store.close()
 
 
 def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:
@@ -52,7 +63,7 @@ def run(duration: float, concurrency: int, counters: int, rounds: int) -> dict:
                     for n in names]
         accurate = [http_post("/v1/GetCount", json.dumps({"namespace": "my_dataset_accurate",
                                                           "counter_name": n}).encode()) for n in names]
-        prefix = stack_settings(stack).worker_id  # the API's cache keys (sinks.cache.open_cache)
+        prefix = asyncio.run(_cache_prefix(stack_settings(stack)))  # the API's cache keys (sinks.cache.open_cache)
         raw = [f"get {cache_key('my_dataset', n, prefix)}\r\n".encode() for n in names]
         host, port = api.host, api.port
         with progress_bar("warm-up", None) as update:

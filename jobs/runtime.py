@@ -58,8 +58,8 @@ class Runtime:
             await self.cache.close()
 
 
-def shared_cache(settings: Settings) -> tuple[RollupCache | None, str]:
-    """The cache the readers share, or None with a note when there is none reachable from here."""
+def shared_cache(settings: Settings, rollups: RollupStore) -> tuple[RollupCache | None, str]:
+    """The cache the readers of `rollups` share, or None with a note when there is none reachable from here."""
     spec = settings.cache
     if spec == "auto":
         with contextlib.suppress(OSError, ValueError):
@@ -67,7 +67,7 @@ def shared_cache(settings: Settings) -> tuple[RollupCache | None, str]:
             if memcached:
                 spec = f"memcached://{memcached}"
     if spec.startswith("memcached://"):
-        return open_cache(spec, key_prefix=settings.worker_id), f"cache {spec} refreshed"
+        return open_cache(spec, key_prefix=settings.worker_id, scope=rollups.identity), f"cache {spec} refreshed"
     return None, ("no shared cache (COUNTER_CACHE=memory or no memcached of `counter up` found): in-process "
                   "caches of running API servers keep their values until the namespace TTL")
 
@@ -82,5 +82,5 @@ def open_runtime(settings: Settings) -> Runtime:
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     sketches = (open_namespace_sketch_store(buckets, registry) if any(ns.counts_unique for ns in registry.values())
                 else None)
-    cache, note = shared_cache(settings)
+    cache, note = shared_cache(settings, rollups)
     return Runtime(settings, registry, events, rollups, buckets, cache, note, partitions, sketches)

@@ -67,7 +67,7 @@ def build_service(settings: Settings) -> CounterService:
         events=events, rollups=rollups, buckets=buckets, sketches=sketches, counters=open_counters(cache_spec),
         read_signal_lag_s=settings.read_signal_lag_s, shared_pipeline=settings.api_shared,
         # An in-process cache cannot see the worker's rollups: its entries live a second at most.
-        cache=open_cache(cache_spec, local_max_ttl_s=1.0, key_prefix=settings.worker_id))
+        cache=open_cache(cache_spec, local_max_ttl_s=1.0, key_prefix=settings.worker_id, scope=rollups.identity))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -30,7 +30,7 @@ from sinks.factory import (
     open_sketch_store,
     open_stores,
 )
-from sinks.memcached.rollup_cache import MemcachedRollupCache, cache_key
+from sinks.memcached.rollup_cache import MemcachedRollupCache, cache_key, scoped_prefix
 from sinks.memory.rollup_cache import InProcessRollupCache
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, RollupState, apply_aggregate
 from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore, SqliteSketchStore
@@ -69,6 +69,7 @@ __all__ = [
     "open_namespace_stores",
     "open_sketch_store",
     "open_stores",
+    "scoped_prefix",
     "store_unavailable",
     "written_key",
 ]

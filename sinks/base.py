@@ -44,6 +44,12 @@ def claims_for(marks: Mapping[int, int], claims: Mapping[int, int]) -> dict[int,
     return {int(p): int(claims[p]) for p in marks}
 
 
+IDENTITY_CLAIM = ("", -1)
+"""Where a rollup store keeps its identity (`RollupStore.identity`): the claim on partition -1 of topic '' (no Kafka
+topic has that name, nothing claims or publishes under it), taken once by the first process that asks and never
+replaced."""
+
+
 def new_claim() -> int:
     """A claim id for `RollupStore.claim_partitions`: random 63 bits (positive, fits a bigint), so claims never
     repeat, even where a store's claims were lost or restored and would start again."""
@@ -193,6 +199,12 @@ class RollupStore(Protocol):
         ...
 
     async def watermarks(self, topic: str) -> dict[int, int]: ...
+
+    async def identity(self) -> str:
+        """This store's id: drawn by the first process that asks (first writer wins), the same for every process
+        on the store since, and another for a fresh store (a new data directory or keyspace). The rollup cache's
+        keys carry it (`sinks.cache.open_cache`), so a new store never reads an earlier one's cached counts."""
+        ...
 
     async def delete(self, namespace: str, counter: str | None = None) -> int:
         """Drop rollup rows of one counter or a whole namespace (ops, recounts); returns rows dropped. The

@@ -10,7 +10,7 @@ failure, so an outage costs reads almost nothing) and never fails a write.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol, runtime_checkable
 
 __all__ = ["Key", "RollupCache", "open_cache"]
@@ -50,10 +50,13 @@ class RollupCache(Protocol):
 
 
 def open_cache(spec: str | None, *, default_ttl_s: float | None = None,
-               local_max_ttl_s: float | None = None, key_prefix: str = "") -> RollupCache:
+               local_max_ttl_s: float | None = None, key_prefix: str = "",
+               scope: Callable[[], Awaitable[str]] | None = None) -> RollupCache:
     """None / "" / "memory" -> in-process; "host:port[,host:port]" or "memcached://..." -> memcached, its keys
-    prefixed by `key_prefix`: the service passes its deployment's name (COUNTER_WORKER_ID), since two deployments
-    sharing one memcached and a namespace name would read each other's rollups (wrong counts).
+    prefixed by `key_prefix` and the identity `scope` gives: the service passes its deployment's name
+    (COUNTER_WORKER_ID) and its rollup store's `identity`, since two deployments sharing one memcached and a
+    namespace name would read each other's rollups, and a new store (a fresh data directory or keyspace) the counts
+    an earlier one cached (wrong counts).
 
     `local_max_ttl_s` bounds how long an in-process cache keeps a value whatever TTL a namespace asks for: the
     API's own cache never sees the worker's rollups, so a namespace's hour-long `ttl` would serve its first read
@@ -68,5 +71,5 @@ def open_cache(spec: str | None, *, default_ttl_s: float | None = None,
     if text in ("auto", "default"):
         raise ValueError(f"cache {spec!r} must be resolved to 'memory' or 'memcached://host:port' first")
     if text.startswith("memcached://") or "://" not in text:
-        return MemcachedRollupCache(text, default_ttl_s=default_ttl_s, key_prefix=key_prefix)
+        return MemcachedRollupCache(text, default_ttl_s=default_ttl_s, key_prefix=key_prefix, scope=scope)
     raise ValueError(f"unknown cache {spec!r}: expected 'memory' or 'memcached://host:port[,host:port]'")

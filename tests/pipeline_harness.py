@@ -25,7 +25,7 @@ from infra.broker import LocalBroker
 from infra.memcached import LocalMemcached
 from infra.process import ManagedProcess
 from infra.stack import LocalStack
-from sinks import RollupState, SqliteRollupStore
+from sinks import RollupState, SqliteRollupStore, scoped_prefix
 from streams.positions import watermarks
 from streams.settings import load_settings
 from streams.topics import ensure_topics, topic_specs
@@ -190,6 +190,16 @@ class PipelineEnv:
             store = SqliteRollupStore(self.data_dir / "rollups.sqlite3")
             try:
                 return await store.get_many(keys)
+            finally:
+                await store.close()
+        return asyncio.run(read())
+
+    def cache_prefix(self) -> str:
+        """The keys' prefix of the deployment's rollup cache: its id and its store's identity (`sinks.cache`)."""
+        async def read() -> str:
+            store = SqliteRollupStore(self.data_dir / "rollups.sqlite3")
+            try:
+                return scoped_prefix(self.worker_id, await store.identity())
             finally:
                 await store.close()
         return asyncio.run(read())

@@ -97,7 +97,7 @@ import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from sinks.base import claim_topic, claims_for, new_claim
+from sinks.base import IDENTITY_CLAIM, claim_topic, claims_for, new_claim
 from sinks.cassandra.cql import RollupCql, Stmt, pending_shard
 from sinks.cassandra.session import Executor
 from sinks.model import PendingRollups, RollupState, prefix_end
@@ -125,6 +125,7 @@ class CassandraRollupStore:
         # claim topic -> its partitions known to have been claimed (listed, or claimed here): what `watermarks` reads
         # while it reads the list
         self._claimed_parts: dict[str, set[int]] = {}
+        self._identity: str | None = None
 
     def _shard(self, namespace: str, counter: str) -> int:
         return pending_shard(namespace, counter, self._shards)
@@ -289,6 +290,18 @@ class CassandraRollupStore:
             if mark is not None:
                 out[p] = max(int(mark), out.get(p, int(mark)))
         return out
+
+    async def identity(self) -> str:
+        if self._identity is None:
+            for _ in range(LWT_ATTEMPTS):
+                claim, _marks = await self._claimed(*IDENTITY_CLAIM)
+                if claim is not None:
+                    self._identity = f"{claim:016x}"
+                    break
+                await self._applied(self._cql.first_claim(*IDENTITY_CLAIM, new_claim()))  # first writer wins
+            else:
+                raise RuntimeError(f"could not read the store's identity: {LWT_ATTEMPTS} attempts")
+        return self._identity
 
     async def delete(self, namespace: str, counter: str | None = None) -> int:
         now = self._clock_us()

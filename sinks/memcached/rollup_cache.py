@@ -19,7 +19,7 @@ from pymemcache.client.rendezvous import RendezvousHash
 from sinks.cache import Key
 from sinks.memcached.client import AsyncMemcached, is_legal_key
 
-__all__ = ["MemcachedRollupCache", "cache_key", "parse_servers"]
+__all__ = ["MemcachedRollupCache", "cache_key", "parse_servers", "scoped_prefix"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,11 @@ def cache_key(namespace: str, counter: str, prefix: str = "") -> str:
     if is_legal_key(key):
         return key
     return "rollup#" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
+
+
+def scoped_prefix(key_prefix: str, identity: str) -> str:
+    """`cache_key`'s prefix for a deployment (`key_prefix`) on the store with `identity` (`RollupStore.identity`)."""
+    return f"{key_prefix}.{identity}" if key_prefix else identity
 
 
 def _encode(count: int, rollup_ts: int) -> bytes:
@@ -125,7 +130,10 @@ class MemcachedRollupCache:
     """
 
     def __init__(self, servers: str | Sequence[str], *, default_ttl_s: float | None = None,
-                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 1, key_prefix: str = "") -> None:
+                 timeout_s: float = 0.2, breaker_s: float = 1.0, pool_size: int = 1, key_prefix: str = "",
+                 scope: Callable[[], Awaitable[str]] | None = None) -> None:
+        """`key_prefix` names the deployment; `scope`, when given, the store (`RollupStore.identity`): keys are then
+        prefixed ``<key_prefix>.<identity>``, read once, at the first call that needs a key."""
         specs = [servers] if isinstance(servers, str) else list(servers)
         addresses = [addr for spec in specs for addr in parse_servers(spec)]
         self._nodes = {f"{h}:{p}": _Node(h, p, timeout_s, pool_size) for h, p in addresses}
@@ -133,7 +141,10 @@ class MemcachedRollupCache:
         self._single = next(iter(self._nodes.values())) if len(self._nodes) == 1 else None
         self.default_ttl_s = default_ttl_s
         self.breaker_s = breaker_s
-        self.key_prefix = key_prefix  # `cache_key`'s prefix: the deployment's (open_cache)
+        self.key_prefix = key_prefix  # the deployment's (open_cache)
+        self._scope = scope
+        self._prefix: str | None = None if scope is not None else key_prefix  # `cache_key`'s, once known
+        self._scope_failing = False
         self._lock = threading.Lock()
 
     @property
@@ -141,13 +152,19 @@ class MemcachedRollupCache:
         return list(self._nodes)
 
     async def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
-        key = cache_key(namespace, counter, self.key_prefix)
+        prefix = self._prefix if self._prefix is not None else await self._scoped()
+        if prefix is None:
+            return None
+        key = cache_key(namespace, counter, prefix)
         return _decode(await self._guard(self._node(key), lambda c: c.get(key), None))
 
     async def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
+        prefix = self._prefix if self._prefix is not None else await self._scoped()
+        if prefix is None:
+            return {}
         by_node: dict[str, dict[str, Key]] = {}
         for namespace, counter in keys:
-            key = cache_key(namespace, counter, self.key_prefix)
+            key = cache_key(namespace, counter, prefix)
             by_node.setdefault(self._node(key).name, {})[key] = (namespace, counter)
         out: dict[Key, tuple[int, int]] = {}
         for name, wanted in by_node.items():
@@ -160,7 +177,10 @@ class MemcachedRollupCache:
 
     async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
                   ttl_s: float | None = None) -> None:
-        key = cache_key(namespace, counter, self.key_prefix)
+        prefix = self._prefix if self._prefix is not None else await self._scoped()
+        if prefix is None:
+            return
+        key = cache_key(namespace, counter, prefix)
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
         await self._guard(self._node(key), lambda c: c.set(key, value, expire), None)
@@ -171,7 +191,10 @@ class MemcachedRollupCache:
         in its breaker window) is written once the server answers again: the server may still hold the counter's
         older rollup, which reads would serve as current (a review saw 10 for 9 s after an outage, where the store
         had 15 for 25 s)."""
-        key = cache_key(namespace, counter, self.key_prefix)
+        prefix = self._prefix if self._prefix is not None else await self._scoped()
+        if prefix is None:
+            return
+        key = cache_key(namespace, counter, prefix)
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
         node = self._node(key)
@@ -179,7 +202,10 @@ class MemcachedRollupCache:
             self._keep_unwritten(node, key, value, rollup_ts, expire)
 
     async def delete(self, namespace: str, counter: str) -> None:
-        key = cache_key(namespace, counter, self.key_prefix)
+        prefix = self._prefix if self._prefix is not None else await self._scoped()
+        if prefix is None:
+            return
+        key = cache_key(namespace, counter, prefix)
         await self._guard(self._node(key), lambda c: c.delete(key), None)
 
     async def healthy(self) -> bool:
@@ -197,6 +223,22 @@ class MemcachedRollupCache:
                 await node.client.close()
 
     # -- internals ----------------------------------------------------------------------------
+
+    async def _scoped(self) -> str | None:
+        """The keys' prefix with the store's identity, read once; None while the store cannot say (the call then
+        does nothing: a read misses, a write is skipped, which only the store being unreachable right after it
+        answered the rollup or clear that asked can cause)."""
+        assert self._scope is not None
+        try:
+            identity = await self._scope()
+        except Exception as exc:  # a cache must never fail its caller
+            if not self._scope_failing:
+                self._scope_failing = True
+                log.warning("rollup cache unused until the store says its identity (%s: %s)", type(exc).__name__, exc)
+            return None
+        self._scope_failing = False
+        self._prefix = scoped_prefix(self.key_prefix, identity)
+        return self._prefix
 
     def _node(self, key: str) -> _Node:
         return self._single or self._nodes[self._ring.get_node(key)]

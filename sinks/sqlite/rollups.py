@@ -23,7 +23,7 @@ import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from sinks.base import claim_topic, claims_for, new_claim
+from sinks.base import IDENTITY_CLAIM, claim_topic, claims_for, new_claim
 from sinks.model import PendingRollups, RollupState, later_than_stored, prefix_end
 from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows
 from sinks.sqlite.thread import SqliteThread
@@ -130,6 +130,7 @@ class SqliteRollupStore:
     def __init__(self, path: str | Path, *, lock_wait_s: float | None = None) -> None:
         self._db = SqliteThread(path, "sqlite-rollups", self._setup, lock_wait_s=lock_wait_s)
         self._sweep_after: tuple[str, str] | None = None  # stale() resumes after it (thread-confined)
+        self._identity: str | None = None
 
     @property
     def path(self) -> Path:
@@ -228,6 +229,11 @@ class SqliteRollupStore:
     async def watermarks(self, topic: str) -> dict[int, int]:
         return await self._db.run(lambda conn: dict(conn.execute(
             "SELECT partition, mark_us FROM watermarks WHERE topic = ?", (topic,)).fetchall()))
+
+    async def identity(self) -> str:
+        if self._identity is None:
+            self._identity = await self._db.run(lambda conn: self._db.write(conn, _identity))
+        return self._identity
 
     async def delete(self, namespace: str, counter: str | None = None) -> int:
         return await self._db.run(lambda conn: self._db.write(conn, _delete, namespace, counter))
@@ -331,3 +337,12 @@ def _delete(conn: sqlite3.Connection, namespace: str, counter: str | None) -> in
     for (rollup_ts,) in found:
         conn.execute(_DROP_BOUND_UPTO, (namespace, rollup_ts))
     return len(found)
+
+
+def _identity(conn: sqlite3.Connection) -> str:
+    """`RollupStore.identity`: the identity claim, taken if nobody has (in a write transaction: one process does)."""
+    conn.execute("INSERT INTO watermark_claims (topic, partition, claim) VALUES (?, ?, ?) "
+                 "ON CONFLICT (topic, partition) DO NOTHING", (*IDENTITY_CLAIM, new_claim()))
+    (claim,) = conn.execute("SELECT claim FROM watermark_claims WHERE topic = ? AND partition = ?",
+                            IDENTITY_CLAIM).fetchone()
+    return f"{int(claim):016x}"

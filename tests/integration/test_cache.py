@@ -15,7 +15,15 @@ from pymemcache.client.base import Client
 
 from infra.memcached import LocalMemcached
 from infra.process import free_port
-from sinks import InProcessRollupCache, MemcachedRollupCache, RollupCache, cache_key, open_cache
+from sinks import (
+    ROLLUPS_FILE,
+    InProcessRollupCache,
+    MemcachedRollupCache,
+    RollupCache,
+    SqliteRollupStore,
+    cache_key,
+    open_cache,
+)
 from sinks.best_effort import CounterOverflow, CounterUnavailable, CounterWriteUnknown
 from sinks.memcached.client import AsyncMemcached
 from sinks.memcached.counters import MemcachedCounters, best_effort_key
@@ -118,6 +126,56 @@ def test_deployments_sharing_a_memcached_do_not_read_each_others_rollups(memcach
     finally:
         prod.close()
         staging.close()
+
+
+def test_a_new_store_never_reads_the_rollups_an_earlier_store_cached(memcached_address: str, tmp_path: Path) -> None:
+    """One deployment id on one memcached, its store replaced by a fresh one (a new data directory or keyspace): the
+    new store's counters read nothing cached. With keys naming the deployment only, a counter the new store had never
+    counted read the old store's 41 until a rollup of it replaced that (a review)."""
+    name = f"store-{uuid.uuid4().hex[:8]}"
+    for d in ("old", "new"):
+        (tmp_path / d).mkdir()
+    old_store, new_store = (SqliteRollupStore(tmp_path / d / ROLLUPS_FILE) for d in ("old", "new"))
+    old, new, restarted = (Sync(open_cache(f"memcached://{memcached_address}", key_prefix="prod", scope=s.identity))
+                           for s in (old_store, new_store, old_store))
+    try:
+        old.advance("ns", name, 41, 1_000)
+        assert new.get("ns", name) is None and new.get_many([("ns", name)]) == {}
+        new.advance("ns", name, 2, 500)  # an older rollup_ts than the old store's: its own key
+        assert (restarted.get("ns", name), new.get("ns", name)) == ((41, 1_000), (2, 500))  # a process on the old store
+    finally:
+        for c in (old, new, restarted):
+            c.close()
+        for store in (old_store, new_store):
+            asyncio.run(store.close())
+
+
+def test_a_cache_whose_store_cannot_say_its_identity_is_skipped_not_failed(memcached_address: str,
+                                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """Until the store answers, the cache does nothing (a read misses, a write is skipped) and never raises; then it
+    works under the identity read."""
+    name, answers = f"scope-{uuid.uuid4().hex[:8]}", iter([OSError("store down"), OSError("still down"), "abc"])
+
+    async def identity() -> str:
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    cache = Sync(open_cache(f"memcached://{memcached_address}", key_prefix="p", scope=identity))
+    try:
+        with caplog.at_level(logging.WARNING, logger="sinks.memcached.rollup_cache"):
+            cache.advance("ns", name, 5, 100)
+            assert cache.get("ns", name) is None
+        assert [r.getMessage() for r in caplog.records].count(
+            "rollup cache unused until the store says its identity (OSError: store down)") == 1
+        assert len(caplog.records) == 1  # once an outage
+        cache.advance("ns", name, 5, 100)
+        assert cache.get("ns", name) == (5, 100)
+        host, port = memcached_address.rsplit(":", 1)
+        assert Client((host, int(port))).get(cache_key("ns", name, "p.abc")) == b"5:100"
+    finally:
+        cache.close()
 
 
 def test_advance_never_replaces_a_later_rollup(cache: RollupCache, ns: str) -> None:

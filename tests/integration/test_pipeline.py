@@ -101,7 +101,7 @@ def test_exact_after_triple_delivery_and_converges_in_time(pipeline):
     took = time.monotonic() - last_write
     assert took <= CONVERGENCE_BUDGET_S, f"converged in {took:.2f}s, budget {CONVERGENCE_BUDGET_S}s"
     # The cache holds count and rollup_ts in one value, matching the store.
-    cache = Sync(open_cache(f"memcached://{pipeline.memcached}", key_prefix=pipeline.worker_id))
+    cache = Sync(open_cache(f"memcached://{pipeline.memcached}", key_prefix=pipeline.cache_prefix()))
     states = pipeline.rollups([(NS, c) for c in expected])
     for c, n in expected.items():
         cached = cache.get(NS, c)

@@ -152,7 +152,7 @@ def test_recount_restores_deleted_rollups_after_dry_run_reports_the_drift(pipeli
     fixed = cli(pipeline, "recount", NS, "--all")
     assert f"recounted {len(expected)} counters in" in fixed.stderr, fixed.stderr
     converge(pipeline, expected, timeout=5)
-    cache = Sync(open_cache(f"memcached://{pipeline.memcached}", key_prefix=pipeline.worker_id))
+    cache = Sync(open_cache(f"memcached://{pipeline.memcached}", key_prefix=pipeline.cache_prefix()))
     try:
         states = pipeline.rollups([(NS, c) for c in expected])
         for c, n in expected.items():

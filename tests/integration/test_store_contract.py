@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import random
+import re
 import sqlite3
 import uuid
 from collections.abc import Awaitable, Iterator
@@ -765,6 +766,29 @@ def test_a_claim_fences_the_publications_of_earlier_claims(stores: Stores) -> No
     assert stores.run(rs.set_watermarks(floor_key, {0: 180}, claims=second)) == set()
     with pytest.raises(ValueError, match="no claim"):
         stores.run(rs.set_watermarks(topic, {0: 1, 1: 1}, claims=second))
+
+
+def test_a_store_has_one_identity_for_every_process_on_it(stores: Stores) -> None:
+    """What the rollup cache's keys carry (`sinks.cache.open_cache`): the first caller draws it, racing callers and
+    later ones read the same, and claims leave it alone."""
+    async def race() -> list[str]:
+        return list(await asyncio.gather(*(stores.rollups.identity() for _ in range(3))))
+
+    ids = stores.run(race())
+    assert len(set(ids)) == 1 and re.fullmatch("[0-9a-f]{16}", ids[0]), ids
+    stores.run(stores.rollups.claim_partitions(f"topic-{stores.namespace}", [0, 1]))
+    assert stores.run(stores.rollups.identity()) == ids[0]
+
+
+def test_sqlite_identity_is_the_file_s(tmp_path: Path) -> None:
+    """Another process's store on the same file reads the identity the first drew; a fresh file has another."""
+    first, same, fresh = (SqliteRollupStore(tmp_path / name) for name in ("a.sqlite3", "a.sqlite3", "b.sqlite3"))
+    try:
+        drawn = asyncio.run(first.identity())
+        assert asyncio.run(same.identity()) == drawn != asyncio.run(fresh.identity())
+    finally:
+        for store in (first, same, fresh):
+            asyncio.run(store.close())
 
 
 def test_racing_claims_differ_and_only_the_latest_publishes(stores: Stores) -> None:

@@ -1014,6 +1014,22 @@ def test_a_claim_is_listed_before_it_is_returned():
     assert asyncio.run(CassandraRollupStore(fake).watermarks("t")) == {0: 10, 1: 10}
 
 
+def test_racing_stores_read_one_identity_and_a_fresh_keyspace_another():
+    """`RollupStore.identity` (the rollup cache's keys carry it): first writer wins by a lightweight transaction; the
+    processes racing it and those after read the winner's, and a fresh keyspace draws another."""
+    fake, _, store = fake_stores()
+    others = [CassandraRollupStore(fake) for _ in range(3)]
+
+    async def race() -> list[str]:
+        return list(await asyncio.gather(store.identity(), *(o.identity() for o in others)))
+
+    ids = asyncio.run(race())
+    assert len(set(ids)) == 1 and len(ids[0]) == 16
+    assert [s.op for s in fake.log].count("claims.first") >= 1 and fake.write_kinds["watermark_claims"] == {"lwt"}
+    assert asyncio.run(CassandraRollupStore(fake).identity()) == ids[0]
+    assert asyncio.run(fake_stores()[2].identity()) != ids[0]
+
+
 def test_claims_never_repeat_after_the_claims_were_lost():
     """Claims were the previous one + 1 from 1: after the claims table was lost (dropped and recreated, truncated) a
     stale worker's claim equalled the next owner's, and its publications landed."""
