@@ -53,13 +53,22 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from operator import attrgetter
 
-from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition, codec
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from agents.persist import KafkaRecord
 from schemas.record_headers import READ_YOUR_WRITE_HEADER, has_header
 
 log = logging.getLogger("counter.persist")
+
+
+def missing_codecs() -> list[str]:
+    """The compression codecs aiokafka cannot read here (it reads snappy, lz4 and zstd with cramjam, the extras of
+    its requirement in pyproject.toml). Any client may compress its batches, and a topic's compression.type may
+    have the broker do it; a batch the consumer cannot read fails every fetch of its partition, so a worker without
+    them refuses to start (`agents.worker.build`)."""
+    checks = {"gzip": codec.has_gzip, "snappy": codec.has_snappy, "lz4": codec.has_lz4, "zstd": codec.has_zstd}
+    return [name for name, present in checks.items() if not present()]
 
 Key = tuple[str, str]
 Persist = Callable[[list[KafkaRecord]], Awaitable[Iterable[Key]]]  # stores a batch; the counters it touched
@@ -215,6 +224,9 @@ class PersistConsumer:
         self._config = dict(
             bootstrap_servers=bootstrap, group_id=group_id, client_id=f"{group_id}-consumer",
             enable_auto_commit=False, auto_offset_reset="earliest",
+            # an outside transactional producer's aborted writes are not writes (aiokafka's default reads them, and
+            # records of a transaction still open); librdkafka's consumers (counter replay) default to this too
+            isolation_level="read_committed",
             fetch_max_wait_ms=wait_ms, fetch_min_bytes=min_bytes, max_partition_fetch_bytes=4 << 20,
             fetch_max_bytes=64 << 20,
             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=max(500, session_timeout_ms // 5),

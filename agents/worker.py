@@ -21,7 +21,7 @@ from agents import metrics
 from agents.arrival import ArrivalFloors
 from agents.dimensions import Combinations
 from agents.persist import KafkaRecord, PreparedBatch, prepare
-from agents.persist_consumer import PersistConsumer, run_consumer
+from agents.persist_consumer import PersistConsumer, missing_codecs, run_consumer
 from agents.persist_path import persist_batch
 from agents.rollup import BackPressure, Key, global_watermark
 from agents.rollup_batches import Outage, RollupsAbandoned, rollup_many
@@ -208,6 +208,9 @@ class Pipeline:
 
 def build(settings: Settings) -> Pipeline:
     """Validate configuration, create topics and stores, and wire the agents onto a Faust app."""
+    if missing := missing_codecs():
+        raise RuntimeError(f"the Kafka consumer cannot read {', '.join(missing)} compressed records: install cramjam "
+                           "(pip install 'aiokafka[lz4,snappy,zstd]'; the project's requirements include it)")
     registry = load_namespaces(settings.namespaces or default_namespaces())
     # kafka_bootstrap is set: `python -m agents` refuses to start without it (create_app would raise too)
     counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))  # type: ignore[arg-type]

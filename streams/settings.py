@@ -63,7 +63,10 @@ class Settings(BaseSettings):
     mutations_partitions: int = Field(8, ge=1, le=10_000)
     rollups_partitions: int = Field(8, ge=1, le=10_000)
     dlq_partitions: int = Field(1, ge=1, le=10_000)
-    replication_factor: int = Field(1, ge=1, le=15)
+    replication_factor: int | None = Field(None, ge=1, le=15, description=(
+        "replicas of each topic the service creates; unset: the broker's default.replication.factor (a single "
+        "replica loses acknowledged writes with its broker, and fails every write where min.insync.replicas is "
+        "above it)"))
     mutations_retention_ms: int = Field(7 * 24 * HOUR_MS, ge=-1, le=100 * 365 * 24 * HOUR_MS, description=(
         "Kafka retention of the mutations topic: -1 (forever) or at least an hour (a worker down longer loses "
         "writes; seconds given as ms land below it)"))

@@ -20,30 +20,33 @@ from streams.settings import Settings
 log = logging.getLogger(__name__)
 
 DAY_MS = 24 * 3600 * 1000
+BROKER_DEFAULT = -1  # a CreateTopics replication factor: the broker's default.replication.factor (Kafka 2.4+)
 
 
 @dataclass(frozen=True, slots=True)
 class TopicSpec:
     name: str
     partitions: int
-    replication_factor: int = 1
+    replication_factor: int = BROKER_DEFAULT
     config: dict[str, str] = field(default_factory=dict)
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
-    """The service's three topics, shaped by the settings."""
-    rf = settings.replication_factor
+    """The service's three topics, shaped by the settings. Their batches are kept as the producer compressed them
+    (compression.type=producer): a cluster default of another codec would have the broker recompress every one."""
+    rf = BROKER_DEFAULT if settings.replication_factor is None else settings.replication_factor
+    kept = {"compression.type": "producer"}
     return [
         TopicSpec(settings.mutations_topic, settings.mutations_partitions, rf, {
             "message.timestamp.type": "LogAppendTime",
-            "retention.ms": str(settings.mutations_retention_ms),
+            "retention.ms": str(settings.mutations_retention_ms), **kept,
         }),
         TopicSpec(settings.rollups_topic, settings.rollups_partitions, rf, {
-            "retention.ms": str(DAY_MS),
+            "retention.ms": str(DAY_MS), **kept,
         }),
         TopicSpec(settings.dlq_topic, settings.dlq_partitions, rf, {
             "message.timestamp.type": "LogAppendTime",
-            "retention.ms": str(30 * DAY_MS),
+            "retention.ms": str(30 * DAY_MS), **kept,
         }),
     ]
 

@@ -87,7 +87,7 @@ def test_each_services_environment_validates(monkeypatch, name):
     assert config.local_dc == env_of("cassandra")["CASSANDRA_DC"] and config.consistency == "LOCAL_QUORUM"
     assert settings.cache == "memcached://memcached:11211"
     assert settings.mutations_partitions >= 3 and settings.rollups_partitions >= 3
-    assert settings.replication_factor == 1  # one broker here; 3 in production (README)
+    assert settings.replication_factor == 1  # one broker here; the broker's default in production (README)
 
 
 def test_workers_share_one_group_and_the_api_listens_outside():

@@ -11,12 +11,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import aiokafka
-from aiokafka import TopicPartition
+import pytest
+from aiokafka import TopicPartition, codec
 from aiokafka.consumer.fetcher import Fetcher
 from aiokafka.consumer.subscription_state import SubscriptionState
 
+from agents import persist_consumer as module
 from agents.persist_consumer import FetchPace, PersistConsumer, has_unread, read_your_write_in, set_fetch_wait
-from agents.worker import persist_waits
+from agents.worker import build, persist_waits
 from control_plane import parse_namespaces
 from schemas.record_headers import HEARTBEAT_HEADER, READ_YOUR_WRITE_HEADER, READ_YOUR_WRITE_HEADERS, has_header
 from streams.settings import Settings
@@ -153,3 +155,22 @@ def test_the_worker_lowers_settings_to_the_bound_the_start_up_check_names() -> N
     from agents.worker import half_window_ms
 
     assert all(half_window_ms(ms / 1000) == max(1, ms // 2) for ms in range(1, 3_600_001))
+
+
+def test_the_consumer_reads_committed_records_only() -> None:
+    """An outside transactional producer's aborted writes are not counted (aiokafka's default, read_uncommitted,
+    returned them: a review's 5 aborted + 3 committed counted 8). The config must be one aiokafka accepts."""
+    config = persist_consumer()._config
+    assert config["isolation_level"] == "read_committed"
+    assert "isolation_level" in inspect.signature(aiokafka.AIOKafkaConsumer.__init__).parameters
+
+
+def test_a_worker_without_the_compression_codecs_refuses_to_start(monkeypatch: Any) -> None:
+    """Without cramjam aiokafka reads no snappy, lz4 or zstd batch, and the worker crashed on each fetch of one
+    forever: it now refuses to start, naming what to install."""
+    assert module.missing_codecs() == []  # installed here (pyproject.toml's aiokafka extras)
+    monkeypatch.setattr(codec, "has_lz4", lambda: False)
+    monkeypatch.setattr(codec, "has_zstd", lambda: False)
+    assert module.missing_codecs() == ["lz4", "zstd"]
+    with pytest.raises(RuntimeError, match=r"cannot read lz4, zstd compressed records: install cramjam"):
+        build(Settings(kafka_bootstrap="127.0.0.1:1"))

@@ -64,6 +64,12 @@ def test_defaults_and_overrides(monkeypatch):
     assert set(specs) == {"counter-mutations", "counter-rollups", "counter-mutations-dlq"}
     assert specs["counter-mutations"].partitions == 12
     assert specs["counter-mutations"].config["message.timestamp.type"] == "LogAppendTime"
+    # the broker's default replication (1 replica lost writes with its broker, and failed every write under
+    # min.insync.replicas=2); batches kept as the producer compressed them
+    assert {t.replication_factor for t in specs.values()} == {-1}
+    assert {t.config["compression.type"] for t in specs.values()} == {"producer"}
+    monkeypatch.setenv("COUNTER_REPLICATION_FACTOR", "3")
+    assert {t.replication_factor for t in topic_specs(load_settings())} == {3}
 
 
 @pytest.mark.parametrize("workers, shared, expected", [
