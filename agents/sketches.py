@@ -15,7 +15,8 @@ In a UNIQUE namespace (``ns.unique``) every bucket also has an HLL sketch of the
 A union is idempotent and a sketch is rebuilt from immutable events, so a re-run step, a replay or a recount
 computes the same sketches again: nothing a retry or a duplicate does can move an estimate. Sources are guarded as
 for buckets: in a recount, minutes only from events newer than ``delete_after``; parents only from children still
-retained (or recomputed in this call); the rest is left as stored. A worker's step (``worker_step``) starts from
+retained (or recomputed in this call), or in a worker's step the stored parent with the items of its events since
+(``agents.windows.continued_parents``); the rest is left as stored. A worker's step (``worker_step``) starts from
 rollup_ts however late it runs (``agents.windows.events_floor``).
 
 Clears are the bucket store's (``maintain_buckets`` bumps them first): readers mask sketches with them as they
@@ -29,10 +30,18 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from agents.windows import BucketWork, events_floor, merge_steps, minutes_from, recompute_parents, retention_floor
+from agents.windows import (
+    BucketWork,
+    continued_parents,
+    events_floor,
+    merge_steps,
+    minutes_from,
+    recompute_parents,
+    retention_floor,
+)
 from control_plane import Namespace
 from sinks import BucketStore, EventStore, SketchStore
-from sinks.sketches import SketchRow, Union, sketch_of
+from sinks.sketches import BucketItems, SketchRow, Union, sketch_of
 from sinks.windows import CHAIN, BucketRange, Granularity, is_masked
 
 __all__ = ["SketchMaintenance", "maintain_sketches"]
@@ -99,7 +108,21 @@ async def maintain_sketches(ns: Namespace, items: Iterable[BucketWork | tuple[st
     async def read_children(ranges: list[BucketRange]) -> list[list[tuple[int, bytes, int]]]:
         return await sketches.read_sketches_many(ns.name, ranges)
 
-    skipped = await recompute_parents(chain, computed, known_from, store_floor, read_children, union_of)
+    async def continue_sketches(keys: list[tuple[str, int]], parent: Granularity) -> dict[tuple[str, int], bytes]:
+        stored = await sketches.read_sketches_many(ns.name, [(c, parent, p, p + 1) for c, p in keys])
+        return await continued_parents(keys, parent, stored, steps, events.bucket_items_many, ns.name, add_items)
+
+    def add_items(_counter: str, before: bytes | None, bucket: BucketItems | None) -> bytes:
+        union = Union(lg_k)
+        if before:
+            union.add_sketch(before)
+        if bucket is not None:
+            union.add_items(bucket[1])
+        return union.sketch()
+
+    steps = {w.counter: w for w in work}
+    skipped = await recompute_parents(chain, computed, known_from, store_floor, read_children, union_of,
+                                      continue_sketches if worker_step else None)
     if skipped:
         log.warning("namespace %r: %s left as stored: their finer sketches or events are past retention",
                     ns.name, ", ".join(f"{n} {g} sketch(es)" for g, n in skipped.items()))

@@ -23,13 +23,15 @@ are refused (same boundary) or rewrite equal values (later boundary), so nothing
 the next rollup recomputes the same buckets, and a rollup_ts then always certifies its buckets.
 
 A bucket is recomputed only while its sources are complete: hours from minutes still within their retention or
-recomputed in this call, days likewise from hours; and, in a recount (which recomputes from before the counter's
-rollup_ts), minutes from events newer than the namespace's ``delete_after`` only (older rolled-up ones may be
-deleted). A recount from zero thus rebuilds what the events still support and leaves older buckets as they were,
-instead of overwriting them with partial sums. A worker's step (``continue_minutes``) starts from the counter's
-rollup_ts however late it runs: no store deletes an event a rollup has not passed (SQLite deletes rolled-up events
-only; Cassandra's TTL backstop, when a rollup stalls past it, takes the events from the rollup's total as well), so
-its minutes hold exactly what its rollup adds and the buckets since the last clear keep summing to the total.
+recomputed in this call, days likewise from hours (in a worker's step, an hour whose earlier minutes are past
+their retention continues from its stored sum with its events since: `continued_parents`); and, in a recount
+(which recomputes from before the counter's rollup_ts), minutes from events newer than the namespace's
+``delete_after`` only (older rolled-up ones may be deleted). A recount from zero thus rebuilds what the events
+still support and leaves older buckets as they were, instead of overwriting them with partial sums. A worker's
+step (``continue_minutes``) starts from the counter's rollup_ts however late it runs: no store deletes an event a
+rollup has not passed (SQLite deletes rolled-up events only; Cassandra's TTL backstop, when a rollup stalls past
+it, takes the events from the rollup's total as well), so its minutes hold exactly what its rollup adds and the
+buckets since the last clear keep summing to the total.
 Buckets already past their own retention are used for their parents but not written back.
 """
 
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import NamedTuple, TypeVar
@@ -45,10 +47,10 @@ from typing import NamedTuple, TypeVar
 from control_plane import Namespace
 from sinks import BucketStore, EventStore
 from sinks.model import saturate
-from sinks.windows import CHAIN, BucketRange, BucketRow, Granularity, align_down, align_up, masked
+from sinks.windows import CHAIN, BucketRange, BucketRow, BucketSum, Granularity, align_down, align_up, masked
 
-__all__ = ["BucketWork", "Maintenance", "events_floor", "maintain_buckets", "merge_steps", "minutes_from",
-           "recompute_parents", "retention_floor"]
+__all__ = ["BucketWork", "Maintenance", "continued_parents", "events_floor", "maintain_buckets", "merge_steps",
+           "minutes_from", "recompute_parents", "retention_floor"]
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +136,16 @@ async def maintain_buckets(ns: Namespace, items: Iterable[BucketWork | tuple[str
     async def read_children(ranges: list[BucketRange]) -> list[list[tuple[int, int, int]]]:
         return await buckets.read_buckets_many(ns.name, ranges)
 
-    skipped = await recompute_parents(chain, computed, known_from, store_floor, read_children, add_up)
+    async def continue_sums(keys: list[tuple[str, int]], parent: Granularity) -> dict[tuple[str, int], int]:
+        stored = await buckets.read_buckets_many(ns.name, [(c, parent, p, p + 1) for c, p in keys])
+        return await continued_parents(keys, parent, stored, steps, events.bucket_sums_many, ns.name, add_sum)
+
+    def add_sum(counter: str, before: int | None, bucket: BucketSum | None) -> int:
+        return saturate((before or 0) + (bucket[1] if bucket is not None else 0), (ns.name, counter))
+
+    steps = {w.counter: w for w in work}
+    skipped = await recompute_parents(chain, computed, known_from, store_floor, read_children, add_up,
+                                      continue_sums if continue_minutes else None)
     if skipped:
         log.warning("namespace %r: %s left as stored: their finer buckets or events are past retention",
                     ns.name, ", ".join(f"{n} {g}(s)" for g, n in skipped.items()))
@@ -174,15 +185,22 @@ async def _stored_partial_minutes(namespace: str, work: list[BucketWork], known_
 V = TypeVar("V")
 
 
+Continue = Callable[[list[tuple[str, int]], Granularity], Awaitable[dict[tuple[str, int], V]]]
+"""Parents (counter, start) of a granularity whose stored children may be gone, computed otherwise: a worker's step
+continues each from its stored value (`continued_parents`)."""
+
+
 async def recompute_parents(chain: tuple[Granularity, ...], computed: dict[Granularity, dict[tuple[str, int], V]],
                             known_from: Mapping[str, int], store_floor: Mapping[Granularity, int],
                             read: Callable[[list[BucketRange]], Awaitable[list[list[tuple[int, V, int]]]]],
-                            combine: Callable[[str, Granularity, dict[int, V]], V]) -> dict[Granularity, int]:
+                            combine: Callable[[str, Granularity, dict[int, V]], V],
+                            continued: Continue[V] | None = None) -> dict[Granularity, int]:
     """Step 2 of the maintenance, for bucket sums and unique sketches alike: every parent (hour, day) of a
     recomputed child is recomputed from all its children (the recomputed ones, the others read back from the
     store with `read`), combined by `combine(counter, child granularity, {child start: value})`. A parent whose
-    stored children may be gone (before `known_from`, past the child's retention) is left as stored; returns how
-    many were, per granularity. `computed` gains the parents."""
+    stored children may be gone (before `known_from`, past the child's retention) is computed by `continued`
+    when given (a worker's step) and still within its own retention, else left as stored; returns how many were
+    left, per granularity. `computed` gains the parents."""
     skipped: dict[Granularity, int] = {}
     for child, parent in pairwise(chain):
         children: dict[tuple[str, int], dict[int, V]] = {}  # (counter, parent start) -> recomputed children
@@ -190,8 +208,12 @@ async def recompute_parents(chain: tuple[Granularity, ...], computed: dict[Granu
             children.setdefault((c, align_down(start, parent)), {})[start] = value
         # children before known_from come from the store: they must still be there
         ready = sorted(k for k in children if k[1] >= min(known_from[k[0]], store_floor[child]))
-        if len(ready) < len(children):
-            skipped[parent] = len(children) - len(ready)
+        late = [k for k in sorted(children) if k[1] < min(known_from[k[0]], store_floor[child])
+                and k[1] + parent.width_us > store_floor[parent]] if continued is not None else []
+        if late and continued is not None:
+            computed[parent].update(await continued(late, parent))
+        if len(ready) + len(late) < len(children):
+            skipped[parent] = len(children) - len(ready) - len(late)
         ranges: list[BucketRange] = [(c, child, p, min(p + parent.width_us, known_from[c])) for c, p in ready]
         stored = await read(ranges) if ranges else []
         for (c, p), parent_rows in zip(ready, stored, strict=True):
@@ -200,6 +222,33 @@ async def recompute_parents(chain: tuple[Granularity, ...], computed: dict[Granu
             computed[parent][(c, p)] = combine(c, child, values)
         known_from = {c: align_up(k, parent) for c, k in known_from.items()}
     return skipped
+
+
+B = TypeVar("B", bound=tuple)  # a bucket of new events: (start, sum or items, the clear inside it or None, events)
+
+
+async def continued_parents(keys: list[tuple[str, int]], parent: Granularity, stored: list[list[tuple[int, V, int]]],
+                            steps: Mapping[str, BucketWork],
+                            found: Callable[[str, Sequence[tuple[str, int, int]], int], Awaitable[list[list[B]]]],
+                            namespace: str, merge: Callable[[str, V | None, B | None], V]) -> dict[tuple[str, int], V]:
+    """`recompute_parents`' `continued` in a worker's step. A parent whose earlier children are past their retention
+    (the step's rollup_ts lies in an hour older than the minutes kept: a long accept_limit, or a rollup days late)
+    is its stored value (`stored`: a row or none per key) merged by `merge(counter, stored value, bucket)` with the
+    bucket its events after that value's computed_upto, up to the step's boundary, make at the parent's width
+    (`found`: the event store's bucket sums or items); a clear among them restarts it (no stored value). The stored
+    value is whole as of its computed_upto: no event at or before a rollup_ts arrives later, and every step with
+    events in the parent rewrote it. Without this the parent was left as stored, short of every later write in it
+    (a review: an hour and its day read 0 where the total was 11)."""
+    rows = [found_rows[0] if found_rows and found_rows[0][0] == p else None for (_c, p), found_rows in
+            zip(keys, stored, strict=True)]
+    windows = [(c, steps[c].rollup_ts if row is None else row[2], min(steps[c].boundary, p + parent.width_us - 1))
+               for (c, p), row in zip(keys, rows, strict=True)]
+    out: dict[tuple[str, int], V] = {}
+    for (c, p), row, buckets in zip(keys, rows, await found(namespace, windows, parent.width_us), strict=True):
+        bucket = next((b for b in buckets if b[0] == p), None)
+        before = None if row is None or (bucket is not None and bucket[2] is not None) else row[1]
+        out[(c, p)] = merge(c, before, bucket)
+    return out
 
 
 def events_floor(ns: Namespace, now_us: int, *, worker_step: bool) -> int:

@@ -233,6 +233,19 @@ def test_a_rollup_later_than_delete_after_still_puts_its_items_in_sketches(stack
     assert {g for g, _start in stack.stored("u", "c")} == {HOUR, DAY}  # the minutes are past their retention
 
 
+def test_a_late_step_into_an_hour_past_minute_retention_adds_its_items_to_the_hour(stack: Stack) -> None:
+    """A worker step whose rollup_ts lies inside an hour whose minutes are past their retention: the hour's and the
+    day's sketches take its items (they were left as stored, holding only the first step's 20)."""
+    t0 = DAY0 + 1 * H + 10 * M  # the hour's earlier minutes are none the step recomputes
+    stack.write([row("u", "c", t0 + i * S, f"u{i}", f"x{i}") for i in range(40)])
+    stack.step(U, ["c"], t0 + 19 * S + S // 2)  # on time: x0..x19; rollup_ts inside the hour
+    stack.step(U, ["c"], t0 + 3 * D)  # three days late (minutes are kept 48 h): x20..x39
+    now = t0 + 3 * D + M
+    assert round(stack.window(U, "c", t0 - t0 % H, t0 - t0 % H + H, now).estimate) == 40  # the hour
+    assert round(stack.window(U, "c", DAY0, DAY0 + D, now).estimate) == 40  # its day
+    assert round(stack.total(U, "c", now).estimate) == 40
+
+
 def test_a_window_reaching_before_2000_is_refused_at_once(stack: Stack) -> None:
     for last in ("1000000d", "99999999999999999999999d"):
         with pytest.raises(WindowError, match="before 2000") as info:

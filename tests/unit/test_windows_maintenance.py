@@ -376,3 +376,51 @@ def test_the_minute_holding_rollup_ts_continues_from_its_stored_sum(tmp_path: Pa
     assert windows == [("c", m - 1, m + 59 * S)]
     assert env.stored("c", MINUTE) == {m: 6}
     env.close()
+
+
+def test_a_late_step_into_an_hour_past_minute_retention_continues_the_hour(tmp_path: Path) -> None:
+    """A worker step whose rollup_ts lies inside an hour whose minutes are past their retention (the rollup days
+    late, or an accept_limit reaching past the minutes kept) adds its events to the stored hour and day. They were
+    left as stored: a review's hour and day read 1 where the total was 11 (and 0 with a long accept_limit)."""
+    env = Env(tmp_path, namespace({"retention": {"minute": "2h", "hour": "90d", "day": "forever"}}))
+    env.write([ev(DAY0 + 10 * M, "e1", 1), ev(DAY0 + 40 * M, "e2", 10)])
+    env.step("c", DAY0 + 20 * M)  # on time: e1 only; rollup_ts inside 00:00-01:00
+    late = env.step("c", DAY0 + 50 * H, now_us=DAY0 + 50 * H + SETTLE)  # 50 h late: e2
+    assert late.skipped == {} and env.rollup["c"][0] == 11
+    assert env.stored("c", HOUR) == {DAY0: 11} and env.stored("c", DAY) == {DAY0: 11}
+    assert env.stored("c", MINUTE) == {DAY0 + 10 * M: 1}  # e2's is past its 2 h retention: computed, not written
+    # a clear among the late events restarts the hour after it: what follows it counts
+    env.write([ev(DAY0 + 10 * M, "e1", 1, counter="d"), ev(DAY0 + 40 * M, "e2", 10, counter="d"),
+               ev(DAY0 + 45 * M, "clear", 0, counter="d", clear=True), ev(DAY0 + 46 * M, "e3", 5, counter="d")])
+    env.step("d", DAY0 + 20 * M)
+    env.step("d", DAY0 + 50 * H, now_us=DAY0 + 50 * H + SETTLE)
+    assert env.rollup["d"][0] == 5 and env.clear("d") == DAY0 + 45 * M
+    assert env.stored("d", HOUR) == {DAY0: 5} and env.stored("d", DAY) == {DAY0: 5}
+    env.close()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), boundaries=steps, lateness=st.lists(st.sampled_from([0, 3, 50]), max_size=8))
+def test_late_steps_keep_hours_and_days_summing_to_the_total(seed, boundaries, lateness):
+    """The property above with minutes kept 2 h and steps run on time or hours late (their minutes then past
+    retention): the hours and days read as first principles say, and sum to the total."""
+    rng = random.Random(seed)
+    rows = random_events(rng, rng.randrange(1, 200), 56 * H)
+    with tempfile.TemporaryDirectory() as directory:
+        env = Env(Path(directory), namespace({"retention": {"minute": "2h", "hour": "90d", "day": "forever"}}))
+        env.write(rows)
+        now = 0
+        for i, minutes in enumerate(sorted(boundaries)):
+            boundary = T0 + minutes * M + rng.randrange(M)
+            now = max(now, boundary + SETTLE + (lateness[i] if i < len(lateness) else 0) * H)
+            env.step("ab", boundary, now_us=now)
+            for c in env.rollup:
+                assert_buckets_sum_to_total(env, c, (HOUR, DAY))
+        for c in env.rollup:
+            expected, last = oracle(rows, c, env.rollup[c][1])
+            for g in (HOUR, DAY):
+                got = env.stored(c, g)
+                keys = set(got) | set(expected[g])
+                assert {k: masked(g, k, got.get(k, 0), last) for k in keys} == {
+                    k: masked(g, k, expected[g].get(k, 0), last) for k in keys}, g
+        env.close()
