@@ -23,7 +23,7 @@ from typing import Protocol
 from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
 from agents.watermark import heartbeat_skew_s
 from control_plane import CounterType, Namespace, NamespaceRegistry
-from control_plane.admission import admission_error, extras_refusal, kafka_refusal
+from control_plane.admission import admission_error, ahead_allowed_us, extras_refusal, kafka_refusal
 from schemas import (
     MICROS,
     MIN_EVENT_TIME,
@@ -115,7 +115,7 @@ class PreparedBatch:
 class _Admission:
     """Per namespace, what admission needs on the hot path: the accept window in µs (computed once)."""
 
-    __slots__ = ("accept_us", "dimensions", "ns", "refusal", "skew_us", "unique")
+    __slots__ = ("accept_us", "ahead_us", "dimensions", "ns", "refusal", "skew_us", "unique")
 
     def __init__(self, ns: Namespace | None, name: str) -> None:
         self.ns: Namespace | None = ns
@@ -126,6 +126,7 @@ class _Admission:
             self.refusal = kafka_refusal(ns)
         self.accept_us = int(ns.accept_limit_s * MICROS) if ns else 0
         self.skew_us = int(ns.max_clock_skew_s * MICROS) if ns else 0
+        self.ahead_us = ahead_allowed_us(ns) if ns else 0  # how far after its record's time an event may be
         self.dimensions = bool(ns and ns.dimensions)  # its clears reach the combinations
         self.unique = bool(ns and ns.counts_unique)  # every add carries an item, the event's item key
 
@@ -283,7 +284,7 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
             if event_id is None:  # a JSON record without a token: its Kafka position is its identity
                 event_id = f"kafka:{identity_topic or rec.topic}:{partition}:{rec.offset}:{index}"
             if (admission.refusal is None and arrived - admission.accept_us <= event_time
-                    <= arrived + admission.skew_us):
+                    <= arrived + admission.ahead_us):
                 is_clear = op is MutationOp.CLEAR
                 if dimensions or item or admission.unique:
                     ns: Namespace = admission.ns  # type: ignore[assignment]  # None only with a refusal

@@ -36,10 +36,10 @@ from agents.watermark import (
 )
 from control_plane import CounterType, Namespace, NamespaceRegistry, load_namespaces
 from control_plane import default_config_path as default_namespaces
-from control_plane.admission import covering_watermark
+from control_plane.admission import ahead_allowed_us, covering_watermark
 from infra.heap import freeze_startup_heap
 from producers.asyncio_producer import AsyncProducer
-from schemas import MICROS, DecodeError, codec, decode_signals
+from schemas import DecodeError, codec, decode_signals
 from schemas.dead_letter import DeadLetter
 from schemas.record_headers import HEARTBEAT_HEADER
 from sinks import (
@@ -187,11 +187,11 @@ class Pipeline:
         the group had committed offsets (`partitions_assigned`): a `counter up` restarted with its own broker (whose
         groups start empty) left them pending until the next write. The newest write among them is recorded as a
         write on no partition (`request_heartbeats`), once: then the covering watermark includes it. Recorded as
-        having reached Kafka at the earliest its event time allows (its namespace's max_clock_skew before it, as
-        admission allows): what the covering watermark adds covers the event all the same, and a write whose arrival was
+        having reached Kafka at the earliest its event time allows (`ahead_allowed_us` before it, as admission
+        allows): what the covering watermark adds covers the event all the same, and a write whose arrival was
         published, dated ahead by a client, does not ask again at every sweep."""
         states = await self.rollups.get_many(list(stale))
-        newest = max((s.last_write_ts - int(self.registry[ns].max_clock_skew_s * MICROS)
+        newest = max((s.last_write_ts - ahead_allowed_us(self.registry[ns])
                       for (ns, _c), s in states.items() if ns in self.registry), default=0)
         needed = covering_watermark({NO_PARTITION: newest}, self.registry.values()) if newest > 0 else None
         covering = await self.covering()

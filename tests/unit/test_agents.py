@@ -41,7 +41,18 @@ class TestAdmission:
         assert admission_error(T - 2 * MICROS, T, EV) is None
         assert admission_error(T + MICROS // 2, T, EV) is None
         assert "accept_limit" in admission_error(T - 2 * MICROS - 1, T, EV)
-        assert "max_clock_skew" in admission_error(T + MICROS // 2 + 1, T, EV)
+        assert admission_error(T + MICROS // 2 + 999, T, EV) is None  # within the record's millisecond
+        assert "max_clock_skew" in admission_error(T + MICROS // 2 + 1000, T, EV)
+
+    def test_an_event_in_its_records_millisecond_is_not_ahead_of_it_with_no_skew_allowed(self):
+        """max_clock_skew 0 (allowed): the API dates a write in µs, the broker stamps its record in ms, truncated:
+        the event was 'ahead' by under 1 ms and nearly every API write was dead-lettered after its 200."""
+        ns = parse_namespaces({"namespaces": {"z": {"counter_type": "EVENTUAL", "max_clock_skew": 0}}})["z"]
+        batch = prepare([rec(encode_mutation(Mutation("z", "c", 1, T + 999, "t1", "", MutationOp.ADD))),
+                         rec(encode_mutation(Mutation("z", "c", 1, T + 1000, "t2", "", MutationOp.ADD)), offset=1)],
+                        {"z": ns}, now_us=T + MICROS)
+        assert [r[3] for r in batch.rows] == ["t1"]
+        assert len(batch.dead) == 1 and "max_clock_skew=0.0s" in batch.dead[0].reason
 
     def test_consumer_lag_never_rejects(self):
         # The agent's clock plays no part: an hour-old record is judged against its own timestamp.

@@ -56,10 +56,11 @@ def test_the_tracker_keeps_each_partitions_latest_write_and_never_goes_back() ->
 
 def test_the_covering_watermark_lets_a_rollup_count_every_admitted_event_of_the_write() -> None:
     covering = covering_watermark({0: T - MICROS, 3: T, -1: T - 5 * MICROS}, REGISTRY.values())
-    assert covering == T + 4 * MICROS + 1  # the latest write; acc: 3 s accept + 1 s skew; BEST_EFFORT has no rollups
+    # the latest write; acc: 3 s accept + 1 s skew + the rest of the record's millisecond; BEST_EFFORT has no rollups
+    assert covering == T + 4 * MICROS + 999 + 1
     assert covering_watermark({}, REGISTRY.values()) is None  # nothing written: nothing to cover
     for ns in (REGISTRY["ev"], REGISTRY["acc"]):
-        latest = T + int(ns.max_clock_skew_s * MICROS)  # the latest event time admitted from a record at T
+        latest = T + int(ns.max_clock_skew_s * MICROS) + 999  # the latest event time admitted from a record at T
         assert admission_error(latest, T, ns) is None and admission_error(latest + 1, T, ns) is not None
         far_later = T + 3600 * MICROS
         assert rollup_boundary(far_later, covering, ns) >= latest  # the standing watermark holds nothing back
