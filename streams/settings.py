@@ -147,7 +147,7 @@ class Settings(BaseSettings):
         if value is None or not value.strip():
             return None
         _check_host_ports(value, "host:port[,host:port]")
-        return value.strip()
+        return ",".join(_plaintext_listener(part.strip()) for part in value.split(","))
 
     @field_validator("mutations_retention_ms")
     @classmethod
@@ -165,11 +165,17 @@ class Settings(BaseSettings):
 
     @field_validator("mutations_topic", "rollups_topic", "dlq_topic", "worker_id")
     @classmethod
-    def _kafka_name(cls, value: str) -> str:
-        """Kafka refuses other topic names only when the topic is created; Faust names topics after the worker id."""
-        if _KAFKA_NAME.fullmatch(value) and value not in (".", ".."):
-            return value
-        raise ValueError("expected 1-249 of A-Z a-z 0-9 . _ - (Kafka's legal topic and group names)")
+    def _kafka_name(cls, value: str, info: ValidationInfo) -> str:
+        """Kafka refuses other topic names only when the topic is created; Faust names topics after the worker id.
+        The three topics are three: one named twice failed at start-up with a broker protocol error naming no
+        variable (a review), and on a cluster where it exists would mix signals or dead letters into mutations."""
+        if not _KAFKA_NAME.fullmatch(value) or value in (".", ".."):
+            raise ValueError("expected 1-249 of A-Z a-z 0-9 . _ - (Kafka's legal topic and group names)")
+        if info.field_name != "worker_id":
+            for other in ("mutations_topic", "rollups_topic"):
+                if other != info.field_name and info.data.get(other) == value:
+                    raise ValueError(f"is also {ENV_PREFIX}{other.upper()}: the service's three topics must differ")
+        return value
 
     @field_validator("store")
     @classmethod
@@ -232,6 +238,19 @@ def check_host(host: str) -> str:
         raise ValueError(f"{host!r} is neither an IP address nor a host name (labels of 1-63 letters, digits, "
                          "'-' or '_', separated by dots)")
     return host
+
+
+def _plaintext_listener(part: str) -> str:
+    """``host:port`` of a bootstrap server given in librdkafka's listener form, ``PLAINTEXT://host:port``: Faust and
+    aiokafka take host:port only (the worker died on ``PLAINTEXT://``, a review). Another protocol is refused: the
+    service connects in plaintext."""
+    scheme, found, rest = part.partition("://")
+    if not found:
+        return part
+    if scheme.upper() != "PLAINTEXT":
+        raise ValueError(f"{part!r}: the service connects to Kafka in plaintext (PLAINTEXT://host:port or host:port); "
+                         f"{scheme.upper()} listeners are not supported")
+    return rest
 
 
 def _check_host_ports(value: str, expected: str) -> None:

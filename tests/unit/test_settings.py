@@ -46,7 +46,7 @@ def test_bad_setting_names_the_variable(monkeypatch, var, value):
     ("COUNTER_WORKER_LOG_LEVEL", "INFO", "worker_log_level", "info"),
     ("COUNTER_CACHE", "memcached://10.0.0.1:11211,10.0.0.2:11211/", "cache", "memcached://10.0.0.1:11211,"
                                                                               "10.0.0.2:11211/"),
-    ("COUNTER_KAFKA_BOOTSTRAP", " a:9092, b:65535 ", "kafka_bootstrap", "a:9092, b:65535"),
+    ("COUNTER_KAFKA_BOOTSTRAP", " a:9092, b:65535 ", "kafka_bootstrap", "a:9092,b:65535"),
     ("COUNTER_MUTATIONS_TOPIC", "team.counter_mutations-v2", "mutations_topic", "team.counter_mutations-v2"),
     ("COUNTER_STORE", "sqlite:///var/lib/counter", "store", "sqlite:///var/lib/counter"),
 ])
@@ -126,11 +126,32 @@ def test_hosts_and_store_urls_are_checked_for_shape(monkeypatch, var, value, say
     ("COUNTER_API_HOST", "api_1.internal."), ("COUNTER_KAFKA_BOOTSTRAP", "[::1]:9092,kafka-0.kafka:9092"),
     ("COUNTER_CACHE", "memcached://[fe80::1]:11211"),
     ("COUNTER_STORE", "cassandra://h1,h2:9042/ks?dc=dc1"), ("COUNTER_STORE", "cassandra://u:p%40ss@[::1]:9042/ks"),
-    ("COUNTER_KAFKA_BOOTSTRAP", "PLAINTEXT://kafka:9092,SSL://kafka-1:9093"),  # librdkafka's form; refused for a time
 ])
 def test_good_hosts_and_store_urls_load(monkeypatch, var, value):
     monkeypatch.setenv(var, value)
     load_settings()
+
+
+def test_a_plaintext_listener_is_taken_as_its_host_and_another_protocol_is_refused(monkeypatch):
+    """librdkafka's listener form: Faust and aiokafka take host:port only, and the worker died on PLAINTEXT://."""
+    monkeypatch.setenv("COUNTER_KAFKA_BOOTSTRAP", "PLAINTEXT://kafka:9092, plaintext://[::1]:9093,k2:9094")
+    assert load_settings().kafka_bootstrap == "kafka:9092,[::1]:9093,k2:9094"
+    monkeypatch.setenv("COUNTER_KAFKA_BOOTSTRAP", "PLAINTEXT://kafka:9092,SSL://kafka-1:9093")
+    with pytest.raises(SettingsError, match="COUNTER_KAFKA_BOOTSTRAP: 'SSL://kafka-1:9093': the service connects to "
+                                            "Kafka in plaintext"):
+        load_settings()
+
+
+@pytest.mark.parametrize("var, value, says", [
+    ("COUNTER_ROLLUPS_TOPIC", "counter-mutations", "COUNTER_ROLLUPS_TOPIC: is also COUNTER_MUTATIONS_TOPIC"),
+    ("COUNTER_DLQ_TOPIC", "counter-mutations", "COUNTER_DLQ_TOPIC: is also COUNTER_MUTATIONS_TOPIC"),
+    ("COUNTER_DLQ_TOPIC", "counter-rollups", "COUNTER_DLQ_TOPIC: is also COUNTER_ROLLUPS_TOPIC"),
+])
+def test_the_three_topics_must_differ(monkeypatch, var, value, says):
+    """One topic named twice failed at start-up with a broker protocol error that named no variable (a review)."""
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError, match=says):
+        load_settings()
 
 
 def test_a_bad_value_is_shown_once(monkeypatch):
