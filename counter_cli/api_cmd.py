@@ -12,8 +12,11 @@ from counter_cli.common import (
     build_native_parts,
     check_api_namespaces,
     check_listen,
+    console,
     fail,
+    joined_stack,
     namespaces_or_exit,
+    read_endpoints,
     resolve_bootstrap,
     settings_or_exit,
 )
@@ -40,6 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_or_exit(data_dir=args.data_dir)
+    endpoints = read_endpoints(settings)
+    shared = joined_stack(settings, endpoints)  # beside a running `counter up`: its cache and namespaces
+    if endpoints and settings.api_shared_pipeline is None:
+        shared["api_shared_pipeline"] = "true"  # AddAndGetCount counts the other API's writes too
+    if shared:
+        settings = settings_or_exit(data_dir=args.data_dir, **shared)
     _, registry = namespaces_or_exit(settings)
     check_api_namespaces(settings, registry)
     if args.host is not None:
@@ -53,7 +62,12 @@ def run(args: argparse.Namespace) -> int:
         fail(f"--port: {port} is outside 0..65535 (0: any free port)")
     check_listen(host, port, "COUNTER_API_HOST" if args.host is None else "--host",
                  "COUNTER_API_PORT" if args.port is None else "--port")
-    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=resolve_bootstrap(settings, args.bootstrap))
+    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=resolve_bootstrap(settings, args.bootstrap),
+               **{f"COUNTER_{name.upper()}": value for name, value in shared.items()})
+    if endpoints and not endpoints.get("api_shared_pipeline"):
+        console.print("[yellow]warning:[/] the running `counter up`'s API does not share the pipeline: its "
+                      "AddAndGetCount does not count this API's writes (start counter up with "
+                      "COUNTER_API_SHARED_PIPELINE=true to have it count them)", soft_wrap=True, highlight=False)
     for name, value in (("COUNTER_API_HOST", args.host), ("COUNTER_API_PORT", args.port),
                         ("COUNTER_DATA_DIR", args.data_dir)):
         if value is not None:

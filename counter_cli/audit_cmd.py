@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from control_plane import CounterType, NamespaceRegistry
-from counter_cli.common import console, fail, namespaces_or_exit, settings_or_exit
+from counter_cli.common import console, fail, namespaces_or_exit, stack_settings_or_exit
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.audit import (
     SERIES_FIELDS,
@@ -98,7 +98,7 @@ def _time(value: str | None, flag: str) -> int | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_or_exit(data_dir=args.data_dir)
+    settings = stack_settings_or_exit(data_dir=args.data_dir)
     _, registry = namespaces_or_exit(settings)
     ns = registry.get(args.namespace)
     if ns is None:

@@ -120,6 +120,50 @@ def alive(pid: int) -> bool:
     return True
 
 
+def joined_stack(settings: Settings, endpoints: dict[str, Any] | None = None) -> dict[str, str]:
+    """The settings a process joining a running `counter up` (its endpoints file) takes from it, as overrides: the
+    cache its API reads, since a worker rolling counters up without it leaves the API's cached counts as they were
+    (a review read 0 for 7, indefinitely) and another API would count BEST_EFFORT writes apart (5 and 7 of 12), and
+    its namespace file, since a worker without a namespace dead-letters its acknowledged writes and a replay or a
+    recount would judge them by the shipped example's. Either one set to something else fails, naming both."""
+    endpoints = read_endpoints(settings) if endpoints is None else endpoints
+    if not endpoints:
+        return {}
+    shared: dict[str, str] = {}
+    memcached = endpoints.get("memcached")
+    cache = f"memcached://{memcached}" if memcached else "memory"
+    if "cache" not in settings.model_fields_set or settings.cache == "auto":
+        shared["cache"] = cache
+    elif settings.cache.rstrip("/") != cache:
+        fail(f"COUNTER_CACHE={settings.cache}, but the running `counter up`'s API reads {cache}: a process joining it "
+             "must use the cache the API reads (a worker's rollups would not reach it, an API's BEST_EFFORT counts "
+             "would be counted apart); unset COUNTER_CACHE to use counter up's")
+    namespaces = endpoints.get("namespaces")
+    if isinstance(namespaces, str):
+        if settings.namespaces is None:
+            shared["namespaces"] = namespaces
+        elif not _same_file(settings.namespaces, Path(namespaces)):
+            fail(f"COUNTER_NAMESPACES={settings.namespaces}, but the running `counter up` uses {namespaces}: "
+                 "processes of one deployment need the same namespaces (a worker without a namespace dead-letters "
+                 "its writes); unset COUNTER_NAMESPACES to use counter up's")
+    return shared
+
+
+def stack_settings_or_exit(**overrides: Any) -> Settings:
+    """`settings_or_exit` for a verb that works with a running `counter up`, if there is one: with its cache and
+    namespace file (`joined_stack`)."""
+    settings = settings_or_exit(**overrides)
+    shared = joined_stack(settings)
+    return settings_or_exit(**overrides, **shared) if shared else settings
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or a.read_bytes() == b.read_bytes()
+    except OSError:
+        return False
+
+
 def resolve_bootstrap(settings: Settings, explicit: str | None) -> str:
     """--bootstrap, else COUNTER_KAFKA_BOOTSTRAP, else the broker of a running `counter up`."""
     bootstrap = explicit or settings.kafka_bootstrap or read_endpoints(settings).get("kafka_bootstrap")
@@ -141,7 +185,9 @@ def job_settings(bootstrap: str, data_dir: Path | None) -> Settings:
     overrides: dict[str, Any] = {"kafka_bootstrap": bootstrap}
     if data_dir is not None:
         overrides["data_dir"] = data_dir
-    return load_settings(**overrides)
+    settings = load_settings(**overrides)
+    shared = joined_stack(settings)  # a running `counter up`'s cache and namespaces
+    return load_settings(**overrides, **shared) if shared else settings
 
 
 def add_no_compile(p: argparse.ArgumentParser) -> None:

@@ -12,7 +12,14 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 
-from counter_cli.common import console, fail, kafka_failure, namespaces_or_exit, resolve_bootstrap, settings_or_exit
+from counter_cli.common import (
+    console,
+    fail,
+    kafka_failure,
+    namespaces_or_exit,
+    resolve_bootstrap,
+    stack_settings_or_exit,
+)
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.dlq import DeadRecord, SentLog, iso, pending, read_dead_letters, resubmit, select, state_path
 from schemas.dead_letter import (
@@ -126,7 +133,7 @@ def _read(args: argparse.Namespace, bootstrap: str, topic: str) -> list[DeadReco
 def run_list(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 0:
         fail("--limit must be >= 0 (0 shows all)")
-    settings = settings_or_exit(data_dir=args.data_dir)
+    settings = stack_settings_or_exit(data_dir=args.data_dir)
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.dlq_topic
     records = _read(args, bootstrap, topic)
@@ -205,7 +212,7 @@ def _leave_out(records: list[DeadRecord], excluded: Callable[[DeadRecord], bool]
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    settings = settings_or_exit(data_dir=args.data_dir)
+    settings = stack_settings_or_exit(data_dir=args.data_dir)
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.dlq_topic
     target = args.to_topic or settings.mutations_topic

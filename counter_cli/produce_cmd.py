@@ -8,7 +8,7 @@ from pathlib import Path
 
 from control_plane import NamespaceRegistry
 from control_plane.admission import admission_error, extras_refusal, kafka_refusal
-from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, settings_or_exit
+from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, stack_settings_or_exit
 from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError
 from producers.client import add_delta, now_micros
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = settings_or_exit()
+    settings = stack_settings_or_exit()
     if args.file is None and (args.namespace is None or args.counter_name is None):
         fail("give NAMESPACE COUNTER [DELTA], or --file FILE.jsonl (see counter produce --help)")
     if args.file is not None and args.namespace is not None:

@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         if endpoints is None:
             return code
         endpoints["namespaces"] = str(ns_path.resolve())  # what `counter worker` joining this stack loads too
+        endpoints["api_shared_pipeline"] = settings.api_shared  # whether its API counts another API's writes
         if stack.broker is not None:
             _owned_by(lock, LOCAL_BROKER_MARK)  # from here a death without the stop loses the broker's writes
         drain_s = float(stack.env.get("COUNTER_PERSIST_DRAIN_S", settings.persist_drain_s))

@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from counter_cli.common import (
     add_no_compile,
@@ -21,6 +20,7 @@ from counter_cli.common import (
     check_listen,
     console,
     fail,
+    joined_stack,
     namespaces_or_exit,
     read_endpoints,
     resolve_bootstrap,
@@ -28,7 +28,6 @@ from counter_cli.common import (
 )
 from infra.parent_death import die_with_this_process
 from infra.process import free_port
-from streams.settings import Settings
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -54,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         fail(f"--web-port: {args.web_port} is outside 0..65535 (0: any free port)")
     settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port)
     endpoints = read_endpoints(settings)
-    shared = _shared_with_stack(settings, endpoints)
+    shared = joined_stack(settings, endpoints)
     if shared:
         settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port, **shared)
     _, registry = namespaces_or_exit(settings)
@@ -80,39 +79,6 @@ def run(args: argparse.Namespace) -> int:
         f"worker {pid} joining consumer group {group} (persist: {group}.persist) on {bootstrap}; metrics "
         f"http://127.0.0.1:{port}/metrics" + (f"; it stops with counter up ({stack})" if stack else ""),
         soft_wrap=True, highlight=False), name="worker", stop_with=stack if isinstance(stack, int) else None)
-
-
-def _shared_with_stack(settings: Settings, endpoints: dict[str, Any]) -> dict[str, str]:
-    """The settings a worker joining a running `counter up` (its endpoints file) takes from it, as overrides: the
-    cache its API reads, since a worker rolling counters up without it leaves the API's cached counts as they were
-    (a review read 0 for 7, indefinitely), and its namespace file, since a worker without a namespace dead-letters
-    its acknowledged writes. Either one set to something else fails, naming both."""
-    if not endpoints:
-        return {}
-    shared: dict[str, str] = {}
-    memcached = endpoints.get("memcached")
-    cache = f"memcached://{memcached}" if memcached else "memory"
-    if "cache" not in settings.model_fields_set or settings.cache == "auto":
-        shared["cache"] = cache
-    elif settings.cache.rstrip("/") != cache:
-        fail(f"COUNTER_CACHE={settings.cache}, but the running `counter up`'s API reads {cache}: a worker must "
-             "write the cache the API reads, or its counts stay as cached; unset COUNTER_CACHE to use counter up's")
-    namespaces = endpoints.get("namespaces")
-    if isinstance(namespaces, str):
-        if settings.namespaces is None:
-            shared["namespaces"] = namespaces
-        elif not _same_file(settings.namespaces, Path(namespaces)):
-            fail(f"COUNTER_NAMESPACES={settings.namespaces}, but the running `counter up`'s workers use {namespaces}: "
-                 "workers of one consumer group need the same namespaces (one without a namespace dead-letters its "
-                 "writes); unset COUNTER_NAMESPACES to use counter up's")
-    return shared
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or a.read_bytes() == b.read_bytes()
-    except OSError:
-        return False
 
 
 STOP_GRACE_S = 15.0  # how long a worker whose `counter up` stopped may take to stop before it is killed

@@ -195,7 +195,7 @@ def test_a_worker_joining_counter_up_takes_its_cache_and_namespace_file(monkeypa
 
 @pytest.mark.parametrize(("variable", "value", "said"), [
     ("COUNTER_CACHE", "memcached://127.0.0.1:11999", "the running `counter up`'s API reads memcached://127.0.0.1:1"),
-    ("COUNTER_NAMESPACES", "OTHER", "the running `counter up`'s workers use"),
+    ("COUNTER_NAMESPACES", "OTHER", "the running `counter up` uses"),
 ])
 def test_a_worker_joining_counter_up_with_another_cache_or_namespace_file_fails(monkeypatch, tmp_path, capsys,
                                                                                 variable, value, said):
@@ -210,6 +210,46 @@ def test_a_worker_joining_counter_up_with_another_cache_or_namespace_file_fails(
     _exits(2, args.run, args)
     error = _error(capsys)
     assert variable in error and said in error, error
+
+
+@pytest.mark.parametrize("stack_shares", [False, True])
+def test_an_api_beside_counter_up_takes_its_cache_and_namespaces_and_shares_the_pipeline(monkeypatch, tmp_path,
+                                                                                         capsys, stack_shares):
+    """A review: `counter api` beside `counter up` took only the broker, and counted BEST_EFFORT writes in its own
+    in-process cache (5 on one API, 7 on the other, of 12). It takes counter up's cache and namespace file, shares
+    the pipeline, and says when counter up's own API does not."""
+    for name in ("COUNTER_NAMESPACES", "COUNTER_CACHE", "COUNTER_KAFKA_BOOTSTRAP", "COUNTER_API_SHARED_PIPELINE"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "mine.yaml"
+    config.write_text(common.default_config_path().read_text())
+    _stack_endpoints(tmp_path, memcached="127.0.0.1:11311", namespaces=str(config), api_shared_pipeline=stack_shares)
+    started: list[dict[str, str]] = []
+
+    def execve(_path: str, _argv: list[str], env: dict[str, str]) -> None:
+        started.append(env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(api_cmd.os, "execve", execve)
+    args = build_parser().parse_args(["api", "--port", "0", "--no-compile", "--data-dir", str(tmp_path)])
+    _exits(0, args.run, args)
+    [env] = started
+    assert env["COUNTER_CACHE"] == "memcached://127.0.0.1:11311" and env["COUNTER_NAMESPACES"] == str(config)
+    assert env["COUNTER_API_SHARED_PIPELINE"] == "true" and env["COUNTER_KAFKA_BOOTSTRAP"] == "127.0.0.1:9"
+    said = _error(capsys)
+    assert ("its AddAndGetCount does not count this API's writes" in said) is not stack_shares, said
+
+
+def test_the_operator_tools_take_counter_ups_namespace_file(monkeypatch, tmp_path):
+    """A review: replay, recount, audit, dlq and produce loaded the shipped namespaces beside a `counter up` started
+    with its own: a replay rejected 16 counted writes as an unknown namespace's, and could dead-letter them."""
+    for name in ("COUNTER_NAMESPACES", "COUNTER_CACHE", "COUNTER_KAFKA_BOOTSTRAP"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "mine.yaml"
+    config.write_text(common.default_config_path().read_text().replace("my_dataset:", "nope:", 1))
+    _stack_endpoints(tmp_path, memcached="127.0.0.1:11311", namespaces=str(config))
+    for settings in (common.stack_settings_or_exit(data_dir=tmp_path), common.job_settings("127.0.0.1:9", tmp_path)):
+        assert settings.namespaces == config and settings.cache == "memcached://127.0.0.1:11311"
+        assert "nope" in common.namespaces_or_exit(settings)[1].names()
 
 
 def test_a_worker_without_counter_up_or_memcached_warns_that_it_writes_no_shared_cache(monkeypatch, tmp_path,
