@@ -49,6 +49,7 @@ from sinks import (
     RollupStore,
     SketchStore,
     arrival_keys,
+    dropped_key,
     open_cache,
     open_namespace_sketch_store,
     open_namespace_stores,
@@ -399,10 +400,12 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
             if ns.counter_type is CounterType.BEST_EFFORT:
                 continue
             rolled = await p.rollups.min_rollup_ts(ns.name)
-            dropped = await p.events.drop_expired_slices(
-                ns.name, now_us - int(ns.retention.delete_after_s * 1e6), rolled)
+            events_cutoff = now_us - int(ns.retention.delete_after_s * 1e6)
+            dropped = await p.events.drop_expired_slices(ns.name, events_cutoff, rolled)
             if dropped:
                 log.info("retention: dropped %d slice(s) of namespace %s", dropped, ns.name)
+                # recounts start their totals there (jobs.recount): the events before it may be gone
+                await p.rollups.set_watermarks(dropped_key(ns.name), {0: events_cutoff})
             for name in ns.windows.granularities:
                 g = Granularity(name)
                 cutoff = expiry_cutoff(g, now_us, ns.windows.retention_s(name))

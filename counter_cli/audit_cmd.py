@@ -145,8 +145,9 @@ def run(args: argparse.Namespace) -> int:
         console.print("stored rollup: none yet", highlight=False)
         return 0
     if at_rollup is None:
-        console.print(f"stored rollup: {state.count:,} at {iso(state.rollup_ts)} (outside the exported range: "
-                      "not compared)", highlight=False)
+        why = result.not_compared or "outside the exported range"
+        console.print(f"stored rollup: {state.count:,} at {iso(state.rollup_ts)} (not compared: {why})",
+                      highlight=False)
         return 0
     match = at_rollup == state.count
     verdict = "[green]matches[/]" if match else "[bold red]DIFFERS[/] (run `counter recount` to fix it)"

@@ -38,6 +38,7 @@ from sinks import (
     RollupState,
     RollupStore,
     apply_aggregate,
+    dropped_key,
     open_namespace_stores,
 )
 from sinks.windows import Granularity, StoredBucket, align_down, align_up, fill_series, retained_from, series_range
@@ -191,6 +192,7 @@ class AuditResult:
     at_rollup: int | None  # the running total at the stored rollup_ts, when the range covers it
     interrupted: bool
     stored: RollupState | None  # the stored rollup, read after the export
+    not_compared: str | None = None  # why the running total cannot be compared with the rollup, beyond the range
 
 
 async def audit(events: EventStore, rollups: RollupStore, options: AuditOptions, rows: Callable[[list[Row]], None],
@@ -237,6 +239,11 @@ async def audit(events: EventStore, rollups: RollupStore, options: AuditOptions,
                 break
     finally:
         progress.finish()
+    dropped = (await rollups.watermarks(dropped_key(namespace))).get(0, 0)
+    if at_rollup is not None and after_us < dropped:  # the running total misses what retention deleted
+        return AuditResult(tally, None, interrupted, await rollups.get(namespace, counter),
+                           f"retention deleted the events before {iso(dropped)} (delete_after), which the "
+                           "count includes; `--from` after it exports a range the rollup can be checked at")
     return AuditResult(tally, at_rollup, interrupted, await rollups.get(namespace, counter))
 
 

@@ -51,7 +51,7 @@ from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.runtime import Runtime
 from jobs.state import fmt_time, read_json, write_json_atomic
 from schemas import MAX_EVENT_TIME, parse_generation_time
-from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore, apply_aggregate
+from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore, apply_aggregate, dropped_key
 from sinks.windows import CHAIN, BucketRange, BucketRow, BucketSum, Granularity, StoredBucket, align_down, masked
 
 Key = tuple[str, str]
@@ -232,7 +232,16 @@ async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, ro
     boundary = rollup_boundary(now_us, watermark_us, ns)
     state = await rollups.get(name, counter)
     start, base = 0, 0
-    if since_us is not None:
+    if since_us is None and state is not None:
+        # Events before what retention may have deleted cannot be recounted: from there, the stored count is taken
+        # as it was, as --since takes it (a recount from zero set a counter of 110 to the 10 still stored: a review)
+        dropped = (await rollups.watermarks(dropped_key(name))).get(0, 0)
+        if state.rollup_ts <= dropped:
+            start, base = state.rollup_ts, state.count
+        elif dropped > 0:
+            window = await events.aggregate(name, counter, dropped, state.rollup_ts)
+            start, base = dropped, (0 if window.cleared else state.count - window.delta)
+    elif since_us is not None:
         if state is None or state.rollup_ts < since_us:
             return CounterRecount(name, counter, None if state is None else state.count,
                                   None if state is None else state.rollup_ts, None, boundary, 0, "no-base", "skipped")

@@ -17,6 +17,7 @@ from sinks.base import (
     Stores,
     arrival_keys,
     claim_topic,
+    dropped_key,
     written_key,
 )
 from sinks.cache import RollupCache, open_cache
@@ -64,6 +65,7 @@ __all__ = [
     "arrival_keys",
     "cache_key",
     "claim_topic",
+    "dropped_key",
     "open_cache",
     "open_namespace_sketch_store",
     "open_namespace_stores",

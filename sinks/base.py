@@ -30,6 +30,13 @@ def arrival_keys(topic: str) -> tuple[str, str]:
     return f"{topic}/arrival-from", f"{topic}/arrival-floor"
 
 
+def dropped_key(namespace: str) -> str:
+    """Where `RollupStore.set_watermarks`/`watermarks` keep (partition 0) the event time before which the retention
+    timer may have deleted the namespace's events (`drop_expired_slices`): a recount cannot recompute a total from
+    events before it. ' ' and ':' are in no Kafka topic name, so the key never meets a topic's."""
+    return f"dropped events:{namespace}"
+
+
 def claim_topic(key: str) -> str:
     """The topic whose partitions' claims (`RollupStore.claim_partitions`) fence publications to watermark key `key`:
     the key itself, or what precedes its '/' (`written_key`, `arrival_keys`; Kafka topic names have no '/')."""
