@@ -106,6 +106,9 @@ def run(args: argparse.Namespace) -> int:
     if ns.counter_type is CounterType.BEST_EFFORT:
         fail(f"namespace {args.namespace!r} is BEST_EFFORT: its counts live in the cache only, no events to audit")
     start, end = _time(args.start, "--from"), _time(args.end, "--to")
+    if args.by is not None and ns.counts_unique:
+        fail(f"--by: namespace {args.namespace!r} counts distinct items (UNIQUE): its series are estimated from "
+             "sketches, which GetCountSeries answers; the audit's buckets would count writes")
     if args.by is not None:
         return _run_series(args, settings, registry, start, end)
     if args.format in ("json", "table"):
@@ -137,6 +140,10 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"{args.namespace}:{args.counter}: {tally.events:,} event(s){where} ({progress.summary()}): "
                   f"{tally.adds:,} increment(s), {tally.clears:,} clear(s), {tally.uncounted:,} tied with a clear "
                   f"(not counted); running total {tally.total:,}", highlight=False, emoji=False, markup=False)
+    if ns.counts_unique:
+        console.print(f"namespace {args.namespace!r} counts distinct items (UNIQUE): the running total counts its "
+                      "writes (each item once per write); the count GetCount answers is the distinct items' estimate",
+                      highlight=False)
     if result.interrupted:
         console.print("interrupted; run the same command with --resume (and --output) to continue",
                       highlight=False)
@@ -239,6 +246,10 @@ def _run_series(args: argparse.Namespace, settings: Settings, registry: Namespac
     console.print(f"{args.namespace}:{args.counter}: {result.buckets:,} {g} bucket(s){where} from "
                   f"{iso(result.start_us)} to {iso(result.end_us)} ({progress.summary()}): total {result.total:,}, "
                   f"as_of {as_of}", highlight=False, emoji=False, markup=False)
+    if ns.counts_unique:
+        console.print(f"namespace {args.namespace!r} counts distinct items (UNIQUE): the running total counts its "
+                      "writes (each item once per write); the count GetCount answers is the distinct items' estimate",
+                      highlight=False)
     if result.interrupted:
         console.print("interrupted; run the same command with --resume (and --output) to continue",
                       highlight=False)

@@ -102,8 +102,8 @@ def check(args: argparse.Namespace) -> None:
         fail("give COUNTER names or --all, not both")
     if not args.all and not args.counters:
         fail("give COUNTER names, or --all for every counter of the namespace")
-    if args.wait < 0:
-        fail("--wait must be >= 0")
+    if not 0 <= args.wait <= 3600:  # nan fails both comparisons; inf would wait forever for a counter behind
+        fail(f"--wait must be 0 to 3600 seconds, got {args.wait}")
     if args.since is not None:
         try:
             parse_generation_time(args.since, field="--since")

@@ -327,3 +327,21 @@ def test_a_bad_web_port_is_named_as_the_argument_given(tmp_path, capsys):
     _exits(2, args.run, args)
     err = _error(capsys)
     assert "--web-port: 70000 is outside 0..65535" in err and "COUNTER_WORKER_PORT" not in err, err
+
+
+def test_audit_by_bucket_of_a_unique_namespace_is_refused_naming_why(monkeypatch, tmp_path, capsys):
+    """A review: `counter audit visitors C --by hour` printed 200 (the writes) where GetCountSeries answered 20
+    distinct items; the README says --by prints the series as GetCountSeries answers it."""
+    for name in ("COUNTER_NAMESPACES", "COUNTER_CACHE", "COUNTER_KAFKA_BOOTSTRAP"):
+        monkeypatch.delenv(name, raising=False)
+    args = build_parser().parse_args(["audit", "visitors", "home", "--by", "hour", "--data-dir", str(tmp_path)])
+    _exits(2, args.run, args)
+    assert "--by: namespace 'visitors' counts distinct items (UNIQUE)" in _error(capsys)
+
+
+@pytest.mark.parametrize("wait", ["nan", "inf", "-1"])
+def test_recount_wait_is_a_bounded_number_of_seconds(tmp_path, capsys, wait):
+    """A review: --wait nan and inf were taken; with inf a counter staying behind was waited for forever."""
+    args = build_parser().parse_args(["recount", "my_dataset", "--all", "--wait", wait, "--data-dir", str(tmp_path)])
+    _exits(2, args.run, args)
+    assert "--wait must be 0 to 3600 seconds" in _error(capsys)
