@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from agents.dimensions import Clear, DimensionedWrite, dimensioned_write
 from agents.watermark import heartbeat_skew_s
 from control_plane import CounterType, Namespace, NamespaceRegistry
-from control_plane.admission import admission_error, ahead_allowed_us, extras_refusal, kafka_refusal
+from control_plane.admission import admission_error, ahead_allowed_us, extras_refusal, kafka_refusal, rolled_past
 from schemas import (
     MICROS,
     MIN_EVENT_TIME,
@@ -38,7 +38,7 @@ from schemas.codec import InvalidItems
 from schemas.dead_letter import AnyHeaders, DeadLetter
 from schemas.record_headers import is_heartbeat
 from schemas.validation import micros_iso
-from sinks import EventRow
+from sinks import EventRow, EventStore
 
 log = logging.getLogger("counter.persist")
 
@@ -93,11 +93,15 @@ class PreparedBatch:
     written: dict[int, int] = field(default_factory=dict)  # partition -> latest arrival (µs) of a record with writes
     dimensioned: list[DimensionedWrite] = field(default_factory=list)  # expanded by the persist path
     clears: list[Clear] = field(default_factory=list)  # clears in namespaces with dimensions (to expand)
+    # events dated at or before their namespace's rollups (`prepare(rolled=...)`): (namespace, (counter, event_time,
+    # event_id, item_key)) and the dead letter each is unless already stored (`settle_behind`)
+    behind: list[tuple[str, tuple[str, int, str, str], DeadLetter]] = field(default_factory=list)
 
     def extend(self, other: PreparedBatch) -> None:
         """Append a later chunk of the same batch."""
         self.rows.extend(other.rows)
         self.dead.extend(other.dead)
+        self.behind.extend(other.behind)
         self.records += other.records
         self.heartbeats.extend(other.heartbeats)
         written = self.written
@@ -115,9 +119,9 @@ class PreparedBatch:
 class _Admission:
     """Per namespace, what admission needs on the hot path: the accept window in µs (computed once)."""
 
-    __slots__ = ("accept_us", "ahead_us", "dimensions", "ns", "refusal", "skew_us", "unique")
+    __slots__ = ("accept_us", "ahead_us", "dimensions", "ns", "refusal", "rolled_us", "skew_us", "unique")
 
-    def __init__(self, ns: Namespace | None, name: str) -> None:
+    def __init__(self, ns: Namespace | None, name: str, rolled_us: int = -1) -> None:
         self.ns: Namespace | None = ns
         self.refusal: str | None = None
         if ns is None:
@@ -127,13 +131,14 @@ class _Admission:
         self.accept_us = int(ns.accept_limit_s * MICROS) if ns else 0
         self.skew_us = int(ns.max_clock_skew_s * MICROS) if ns else 0
         self.ahead_us = ahead_allowed_us(ns) if ns else 0  # how far after its record's time an event may be
+        self.rolled_us = rolled_us  # the namespace's rollups had passed this: an event at or before it is not counted
         self.dimensions = bool(ns and ns.dimensions)  # its clears reach the combinations
         self.unique = bool(ns and ns.counts_unique)  # every add carries an item, the event's item key
 
 
 def prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry,
             arrival_floor: dict[int, int] | None = None, *, identity_topic: str | None = None,
-            now_us: int | None = None) -> PreparedBatch:
+            now_us: int | None = None, rolled: Mapping[str, int] | None = None) -> PreparedBatch:
     """Decode, identify and admit every mutation of a batch of records (no I/O).
 
     Admission judges an event against when its record reached Kafka. A LogAppendTime topic stamps exactly
@@ -159,13 +164,19 @@ def prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry,
     `identity_topic` names the topic in the identity of token-less JSON mutations (their Kafka position):
     a replay from a restored copy of the topic passes the original name.
 
+    `rolled` (the worker's, not a replay's: namespace -> `RollupStore.newest_rollup_ts` lately) holds back an event
+    dated at or before its namespace's rollups, which no rollup would count: admission never admits one unless its
+    window grew since those rollups (a raised accept_limit: a review's write dated 60 s back was stored, not
+    counted, and not dead-lettered), or the record is delivered again (a group's offsets lost). Such events go to
+    `behind`: `settle_behind` dead-letters those not stored yet and drops the others (counted already).
+
     A record that fails in an unexpected way (a bug, or input the decoder did not foresee) must not stall the
     persist path, which would retry the batch forever: the batch is then prepared again record by record, and
     the failing ones dead-lettered with the exception as reason. The bulk pass stays free of per-record guards.
     """
     floor = {} if arrival_floor is None else arrival_floor
     start = dict(floor)
-    clock = _Clock(registry, wall_clock_us() if now_us is None else now_us)
+    clock = _Clock(registry, wall_clock_us() if now_us is None else now_us, rolled)
     try:
         return _prepare(records, registry, floor, identity_topic, clock)
     except Exception:
@@ -173,6 +184,18 @@ def prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry,
         floor.clear()
         floor.update(start)  # the failed pass may have raised it past records it is about to judge again
         return _one_by_one(records, registry, floor, identity_topic, clock)
+
+
+async def settle_behind(batch: PreparedBatch, events: EventStore) -> None:
+    """Dead-letter the batch's `behind` events that are not stored; drop the stored ones, which a record delivered
+    again carries (dead-lettered, a `counter dlq replay` would count them again, as new writes)."""
+    by_namespace: dict[str, list[tuple[tuple[str, int, str, str], DeadLetter]]] = {}
+    for namespace, key, letter in batch.behind:
+        by_namespace.setdefault(namespace, []).append((key, letter))
+    for namespace, items in by_namespace.items():
+        stored = await events.contains(namespace, [key for key, _letter in items])
+        batch.dead.extend(letter for (_key, letter), found in zip(items, stored, strict=True) if not found)
+    batch.behind.clear()
 
 
 def wall_clock_us() -> int:
@@ -183,10 +206,11 @@ def wall_clock_us() -> int:
 class _Clock:
     """The worker's clock for one `prepare` call and the limits it puts on record timestamps (µs)."""
 
-    __slots__ = ("heartbeat_skew_s", "heartbeat_us", "now_us", "stamp_us")
+    __slots__ = ("heartbeat_skew_s", "heartbeat_us", "now_us", "rolled", "stamp_us")
 
-    def __init__(self, registry: NamespaceRegistry, now_us: int) -> None:
+    def __init__(self, registry: NamespaceRegistry, now_us: int, rolled: Mapping[str, int] | None = None) -> None:
         self.now_us = now_us
+        self.rolled = rolled or {}  # namespace -> its rollups' newest rollup_ts (`prepare`)
         self.heartbeat_skew_s, smallest_skew_us = _skews(registry)
         # the latest timestamp of a heartbeat (and of a record's arrival) the worker believes
         self.heartbeat_us = now_us + int(self.heartbeat_skew_s * MICROS)
@@ -272,7 +296,8 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
             namespace, counter, delta, event_time, event_id, item_key, op, dimensions, item = m
             admission = admissions.get(namespace)
             if admission is None:
-                admission = admissions[namespace] = _Admission(registry.get(namespace), namespace)
+                admission = admissions[namespace] = _Admission(registry.get(namespace), namespace,
+                                                               clock.rolled.get(namespace, -1))
             if event_time is None:
                 event_time = timestamp_us
                 if event_time < MIN_EVENT_TIME:  # a record stamped 0 or -1 (none) by its client: no time to count at
@@ -284,7 +309,7 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
             if event_id is None:  # a JSON record without a token: its Kafka position is its identity
                 event_id = f"kafka:{identity_topic or rec.topic}:{partition}:{rec.offset}:{index}"
             if (admission.refusal is None and arrived - admission.accept_us <= event_time
-                    <= arrived + admission.ahead_us):
+                    <= arrived + admission.ahead_us and event_time > admission.rolled_us):
                 is_clear = op is MutationOp.CLEAR
                 if dimensions or item or admission.unique:
                     ns: Namespace = admission.ns  # type: ignore[assignment]  # None only with a refusal
@@ -311,7 +336,12 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
                 continue
             reason = admission.refusal or admission_error(
                 event_time, arrived, admission.ns)  # type: ignore[arg-type]  # None only with a refusal (above)
-            if reason and admission.refusal is None and timestamp_us < arrived:
+            if reason is None:  # admissible, but at or before the namespace's rollups: refused unless stored before
+                letter = _dead_mutation(rec, m, index, single, event_time, event_id, timestamp_us, rolled_past(
+                    event_time, admission.rolled_us, admission.ns) or "")  # type: ignore[arg-type]  # not None here
+                out.behind.append((namespace, (counter, event_time, event_id, item_key), letter))
+                continue
+            if admission.refusal is None and timestamp_us < arrived:
                 reason += _ARRIVAL_FROM_FLOOR % micros_iso(timestamp_us)
             out.dead.append(_dead_mutation(rec, m, index, single, event_time, event_id, timestamp_us,
                                            reason or "not admitted"))
@@ -376,7 +406,8 @@ def _stamped_ahead(out: PreparedBatch, rec: KafkaRecord, pairs: Iterable[tuple[i
     for index, m in pairs:
         admission = admissions.get(m.namespace)
         if admission is None:
-            admission = admissions[m.namespace] = _Admission(registry.get(m.namespace), m.namespace)
+            admission = admissions[m.namespace] = _Admission(registry.get(m.namespace), m.namespace,
+                                                             clock.rolled.get(m.namespace, -1))
         ns = admission.ns
         if ns is None or admission.refusal is not None or timestamp_us <= clock.now_us + admission.skew_us:
             kept.append((index, m))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 from agents.dimensions import Combinations, expand_clears
-from agents.persist import PreparedBatch
+from agents.persist import PreparedBatch, settle_behind
 from schemas.dead_letter import DeadLetter
 from sinks import EventRow, EventStore, RollupStore
 
@@ -34,6 +34,8 @@ async def persist_batch(batch: PreparedBatch, *, events: EventStore, rollups: Ro
     `last_write` and `dead` (so the caller's metrics and signals include them): a batch is persisted once, and a
     retry after a failure prepares its records again (as the worker and the replay do).
     """
+    if batch.behind:
+        await settle_behind(batch, events)
     write_events = write or events.write_events
     new = 0
     expanded: list[tuple[str, str]] = []

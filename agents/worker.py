@@ -55,6 +55,7 @@ from sinks import (
     open_namespace_stores,
     written_key,
 )
+from sinks.rolled import RolledFloors
 from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
 from streams.settings import Settings, namespace_bound_problems
@@ -95,6 +96,7 @@ class Pipeline:
     persist_consumer: PersistConsumer | None = None
     sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
     outage: Outage = field(default_factory=Outage)  # a store outage as the rollups live through it, across batches
+    rolled: RolledFloors = field(default_factory=RolledFloors)  # what admission keeps events after (a raised limit)
 
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
@@ -448,10 +450,11 @@ async def _prepare(p: Pipeline, records: Sequence[KafkaRecord]) -> PreparedBatch
     Against a copy of the arrival floor: `_persist` raises the floor only once the batch is stored, so a retry (or
     the drain after a cancelled batch) judges its records by the heartbeats before them, not by its last one."""
     floor = dict(p.arrivals.floor)
-    batch = prepare(records[:PERSIST_CHUNK_RECORDS], p.registry, floor)
+    rolled = await p.rolled.refresh(p.rollups, p.registry)
+    batch = prepare(records[:PERSIST_CHUNK_RECORDS], p.registry, floor, rolled=rolled)
     for i in range(PERSIST_CHUNK_RECORDS, len(records), PERSIST_CHUNK_RECORDS):
         await asyncio.sleep(0)
-        batch.extend(prepare(records[i:i + PERSIST_CHUNK_RECORDS], p.registry, floor))
+        batch.extend(prepare(records[i:i + PERSIST_CHUNK_RECORDS], p.registry, floor, rolled=rolled))
     return batch
 
 

@@ -47,6 +47,16 @@ def admission_error(event_time_us: int, record_ts_us: int, ns: Namespace) -> str
     return None
 
 
+def rolled_past(event_time_us: int, rolled_us: int, ns: Namespace) -> str | None:
+    """Why an event dated at or before its namespace's rollups (`RollupStore.newest_rollup_ts`) is refused, or None:
+    no rollup counts it. Admission admits none unless its window grew past those rollups (accept_limit raised)."""
+    if event_time_us > rolled_us:
+        return None
+    return (f"event_time {_time(event_time_us)} is at or before namespace {ns.name!r}'s rollups (up to "
+            f"{_time(rolled_us)}), which no longer change: a raised accept_limit admits such times only for counters "
+            "not rolled up past them")
+
+
 def late_acknowledgement(event_time_us: int, acknowledged_us: int, ns: Namespace) -> str | None:
     """Why the worker may refuse an event whose record the broker acknowledged at `acknowledged_us` (this clock),
     or None. The API admits a write by its arrival, but the worker judges it by when its record reached Kafka, which

@@ -85,6 +85,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await service.signals.start()
         if service.progress is not None:
             service.progress.start()
+        await service.rolled.refresh(service.rollups, service.registry)  # admission's floors before the first write
         watermark = asyncio.create_task(service.follow_watermark(s.mutations_topic))
         freeze_startup_heap()  # everything built so far lives as long as the process (infra.heap)
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with

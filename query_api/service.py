@@ -26,6 +26,7 @@ from control_plane.admission import (
     bound_reason,
     extras_refusal,
     late_acknowledgement,
+    rolled_past,
     rollup_boundary,
 )
 from producers import DeliveryError, new_token
@@ -57,6 +58,7 @@ from schemas import (
 from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore
 from sinks.best_effort import BestEffortCounters
 from sinks.combinations import all_combinations
+from sinks.rolled import RolledFloors
 from sinks.windows import WindowError
 
 log = logging.getLogger(__name__)
@@ -232,6 +234,7 @@ class CounterService:
                                      and wait_s + ns.max_clock_skew_s >= ns.accept_limit_s}
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
         self.watermark_us = 0  # the lowest persist watermark stored (`follow_watermark`); 0: not known
+        self.rolled = RolledFloors()  # each namespace's newest rollup (`follow_watermark`): admission keeps after it
         self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
         self._plain_add = plain_add()
         if self._plain_add is None:
@@ -269,8 +272,8 @@ class CounterService:
         return Mutation(ns.name, counter, delta if op is MutationOp.ADD else 0, event_time, event_id, item_key, op,
                         dims, item)
 
-    @staticmethod
-    def event_identity(ns: Namespace, token: str | None, generation_time: str | int | float | None) -> tuple[int, str]:
+    def event_identity(self, ns: Namespace, token: str | None,
+                       generation_time: str | int | float | None) -> tuple[int, str]:
         """A write's event time and token: the generation time if given (validated, and refused where the pipeline
         would dead-letter it: admission), else now; the token if given (validated), else a new one.
 
@@ -286,7 +289,8 @@ class CounterService:
         if generation_time is None:
             return now, token
         event_time = parse_generation_time(generation_time, field="idempotency_token.generation_time")
-        reason = admission_error(event_time, now, ns)
+        reason = (admission_error(event_time, now, ns)
+                  or rolled_past(event_time, self.rolled.floors.get(ns.name, -1), ns))
         if reason is not None:
             raise Rejected("idempotency_token.generation_time", reason)
         return event_time, token
@@ -521,6 +525,7 @@ class CounterService:
             try:
                 marks = await self.rollups.watermarks(topic)
                 self.watermark_us = min(marks.values(), default=0)
+                await self.rolled.refresh(self.rollups, self.registry)  # what admission refuses (sinks.rolled)
             except Exception as exc:  # the store away for a moment: signals fall back to the last value
                 log.warning("persist watermark not read: %s", exc)
             await asyncio.sleep(every_s)

@@ -180,6 +180,12 @@ class RollupStore(Protocol):
         """Time up to which every stored event of the namespace is rolled up (retention bound)."""
         ...
 
+    async def newest_rollup_ts(self, namespace: str) -> int:
+        """The latest rollup_ts of any counter of the namespace (0 when nothing was rolled up): no event dated at or
+        before it can be counted any more, so admission refuses such events once the admission window grew past it
+        (a raised accept_limit, `agents.persist`). Reads the pending counters and a row, as `min_rollup_ts` does."""
+        ...
+
     async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
         """Per namespace (every one asked, in one call): its pending counters (``last_write_ts > rollup_ts``)
         counted up to ``limit``, and where the oldest pending work starts (``PendingRollups``). For the operator

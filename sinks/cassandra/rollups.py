@@ -236,6 +236,15 @@ class CassandraRollupStore:
         rows = await self._x.run(self._cql.get_bounds(namespace))
         return max((int(r[0] or 0) for r in rows), default=0)
 
+    async def newest_rollup_ts(self, namespace: str) -> int:
+        """The pending counters' rows (a converged counter's rollup_ts is at most the rollup that converged it, which
+        the bounds hold) and the bounds."""
+        pages = await self._x.run_all([self._cql.pending_of_namespace(s, namespace) for s in range(self._shards)])
+        keys = [(namespace, str(row[0])) for page in pages for row in (page or ())]
+        states = await self.get_many(keys) if keys else {}
+        rows = await self._x.run(self._cql.get_bounds(namespace))
+        return max([*(s.rollup_ts for s in states.values()), *(int(r[0] or 0) for r in rows)], default=0)
+
     async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
         names, cap = list(dict.fromkeys(namespaces)), max(0, limit)
         marked = await asyncio.gather(*(self._marked(ns, cap) for ns in names))

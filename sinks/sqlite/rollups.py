@@ -96,6 +96,11 @@ SELECT COALESCE(
     (SELECT MIN(rollup_ts) FROM rollups INDEXED BY rollups_stale WHERE namespace = ? AND last_write_ts > rollup_ts),
     (SELECT newest FROM rollup_bounds WHERE namespace = ?), 0)
 """
+_NEWEST_ROLLUP_TS = """
+SELECT MAX(COALESCE(
+    (SELECT MAX(rollup_ts) FROM rollups INDEXED BY rollups_stale WHERE namespace = ? AND last_write_ts > rollup_ts),
+    0), COALESCE((SELECT newest FROM rollup_bounds WHERE namespace = ?), 0))
+"""
 _STALE_FIRST = """
 SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts ORDER BY namespace, counter LIMIT ?
@@ -196,6 +201,10 @@ class SqliteRollupStore:
         """
         (bound,) = await self._db.run(lambda conn: conn.execute(_MIN_ROLLUP_TS, (namespace, namespace)).fetchone())
         return int(bound)
+
+    async def newest_rollup_ts(self, namespace: str) -> int:
+        (newest,) = await self._db.run(lambda conn: conn.execute(_NEWEST_ROLLUP_TS, (namespace, namespace)).fetchone())
+        return int(newest)
 
     async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
         def query(conn: sqlite3.Connection) -> dict[str, PendingRollups]:

@@ -696,6 +696,20 @@ def test_min_rollup_ts_bounds_retention(stores: Stores) -> None:
     assert stores.run(rs.min_rollup_ts(ns)) == 600
 
 
+def test_newest_rollup_ts_is_the_latest_rollup_of_any_counter(stores: Stores) -> None:
+    """What admission keeps events after (a raised accept_limit): pending counters' rollups count as converged ones."""
+    ns, rs = stores.namespace, stores.rollups
+    assert stores.run(rs.newest_rollup_ts(ns)) == 0
+    stores.run(rs.bump_last_write([(ns, "a", 90), (ns, "b", 900)]))
+    stores.run(rs.write_rollup(ns, "a", 1, 100))  # converged at 100
+    assert stores.run(rs.newest_rollup_ts(ns)) == 100
+    stores.run(rs.write_rollup(ns, "b", 1, 400))  # pending above 400
+    assert stores.run(rs.newest_rollup_ts(ns)) == 400
+    stores.run(rs.write_rollup(ns, "b", 2, 950))  # converged at 950
+    assert stores.run(rs.newest_rollup_ts(ns)) == 950
+    assert stores.run(rs.newest_rollup_ts(f"{ns}_other")) == 0
+
+
 def test_pending_rollups_start_a_never_rolled_up_counter_at_its_last_write(stores: Stores) -> None:
     """The operator's figure: where the oldest un-rolled-up work starts. A counter never rolled up counts from its
     last write, not from 0 (which min_rollup_ts, the retention bound, must keep)."""

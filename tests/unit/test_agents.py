@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from agents.persist import RawRecord, prepare
+from agents.persist import RawRecord, prepare, settle_behind
 from agents.rollup import global_watermark, rollup_counter
 from agents.watermark import WatermarkTracker
 from control_plane import parse_namespaces
@@ -161,3 +161,31 @@ def test_rollup_counts_only_the_immutable_window(stores):
         assert (await rollups.get("ev", "c")).count == 100
 
     asyncio.run(scenario())
+
+
+def test_an_event_at_or_before_its_namespaces_rollups_is_dead_lettered_with_the_reason():
+    """A raised accept_limit admits times the rollups made under the old one had passed: a review's write dated 60 s
+    back was stored and never counted, nor dead-lettered. The worker's `rolled` floors refuse such an event."""
+    at, after = encode_mutation(m("c", 1, T - MICROS, "at")), encode_mutation(m("c", 1, T - MICROS + 1, "after"))
+    batch = prepare([rec(at), rec(after, offset=1)], REGISTRY, now_us=T + MICROS, rolled={"ev": T - MICROS})
+    assert [r[3] for r in batch.rows] == ["after"] and not batch.dead
+    assert [(ns, key) for ns, key, _letter in batch.behind] == [("ev", ("c", T - MICROS, "at", ""))]
+    unfloored = prepare([rec(at)], REGISTRY, now_us=T + MICROS)  # a replay's: no floor
+    assert [r[3] for r in unfloored.rows] == ["at"]
+
+    class Events:  # what settle_behind asks the event store
+        def __init__(self, stored: bool) -> None:
+            self.stored = stored
+
+        async def contains(self, namespace: str, keys: list) -> list[bool]:
+            assert namespace == "ev" and keys == [("c", T - MICROS, "at", "")]
+            return [self.stored]
+
+    for stored in (False, True):  # not stored: dead-lettered; stored (a record delivered again): dropped
+        again = prepare([rec(at)], REGISTRY, now_us=T + MICROS, rolled={"ev": T - MICROS})
+        asyncio.run(settle_behind(again, Events(stored)))  # type: ignore[arg-type]
+        assert not again.behind and not again.rows
+        assert [d.reason for d in again.dead] == ([] if stored else [
+            f"event_time {micros_iso(T - MICROS)} is at or before namespace 'ev''s rollups (up to "
+            f"{micros_iso(T - MICROS)}), which no longer change: a raised accept_limit admits such times only for "
+            "counters not rolled up past them"])
