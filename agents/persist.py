@@ -437,14 +437,14 @@ def _dead_mutation(rec: KafkaRecord, m: Mutation, index: int, single: bool, even
     keeps it), or, when it cannot be encoded (e.g. a token-less one stamped before 2000), the whole record,
     marked with the mutation's index (`dlq.whole_record`): re-sent, it would count its other mutations again."""
     if single:
-        return _dead(rec, rec.value or b"", reason, timestamp_us)
+        return replace(_dead(rec, rec.value or b"", reason, timestamp_us), index=index)
     if m.event_id is None and not keep_identity:
-        return _dead(rec, tokenless_json(m), reason, timestamp_us)
+        return replace(_dead(rec, tokenless_json(m), reason, timestamp_us), index=index)
     try:
         value = encode_mutation(m._replace(event_time=event_time, event_id=event_id))
     except Exception:  # e.g. a ValidationError: the DLQ keeps what arrived instead
         return replace(_dead(rec, rec.value or b"", reason, timestamp_us), whole_record_of=index)
-    return _dead(rec, value, reason, timestamp_us)
+    return replace(_dead(rec, value, reason, timestamp_us), index=index)
 
 
 def _dead(rec: KafkaRecord, value: bytes, reason: str, timestamp_us: int) -> DeadLetter:

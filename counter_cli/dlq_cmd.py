@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import re
 from collections import Counter
@@ -21,7 +22,17 @@ from counter_cli.common import (
     stack_settings_or_exit,
 )
 from counter_cli.progress import Interrupt, RichProgress
-from jobs.dlq import DeadRecord, SentLog, iso, pending, read_dead_letters, resubmit, select, state_path
+from jobs.dlq import (
+    DeadRecord,
+    SentLog,
+    iso,
+    pending,
+    read_dead_letters,
+    resubmit,
+    select,
+    state_path,
+    stored_originals,
+)
 from schemas.dead_letter import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -236,13 +247,18 @@ def run_replay(args: argparse.Namespace) -> int:
     todo = _leave_out(todo, lambda r: not r.value, lambda n, r: (
         f"{n:,} dead letter(s) carry no mutation (first: {r.position}, from {r.source}: {r.reason}); not "
         "re-submitted: there is nothing in them to count"))
+    _, registry = namespaces_or_exit(settings)  # re-submitted mutations are keyed as producers key them
+    # A token-less one whose source record a `counter replay` stored since is counted: re-sent, it would count again.
+    counted = asyncio.run(stored_originals(settings, registry, todo))
+    todo = _leave_out(todo, lambda r: r.identity in counted, lambda n, r: (
+        f"{n:,} token-less dead letter(s) are counted already: a `counter replay` stored their source record's "
+        f"mutation since (first: {r.position}, from {r.source}); not re-submitted: re-sent, they would count again"))
     if args.dry_run:
         for r in todo:
             print(f"{r.position:>8}  {r.preview(60):60}  {r.reason}")
         console.print(f"dry run: would re-submit {len(todo):,} record(s) to {target}; {skipped:,} already "
                       "resubmitted (--force re-sends them)", highlight=False)
         return 0
-    _, registry = namespaces_or_exit(settings)  # re-submitted mutations are keyed as producers key them
     progress = RichProgress(console)
     try:
         with Interrupt() as stop, progress:  # SIGINT: finish the chunk in hand, then stop (twice: now)

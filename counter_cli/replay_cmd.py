@@ -160,6 +160,9 @@ def report(r: ReplayResult, speed: str, *, as_json: bool) -> int:
         kinds = ", ".join(f"{n:,} {k}" for k, n in r.rejected.most_common())
         sent = "sent to the DLQ again" if r.dead_lettered else "not re-dead-lettered (--dead-letter)"
         c.print(f"  rejected {t['rejected']:,} mutation(s) as the first time ({kinds}); {sent}", highlight=False)
+    if t["resent_by_dlq"]:
+        c.print(f"  left out {t['resent_by_dlq']:,} token-less mutation(s) `counter dlq replay` re-sent as new "
+                "writes (counted as those)", highlight=False)
     c.print(f"  {r.touched:,} counter(s) signalled for rollup; recounted {t['recounted']:,} "
             f"(drift fixed on {t['drift_fixed']:,})", highlight=False)
     if r.recount_pending and r.finished:

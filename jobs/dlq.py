@@ -25,7 +25,16 @@ from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.state import read_json, write_json_atomic
 from producers.partitioner import partition_for
 from schemas import MICROS, DecodeError, decode_mutations
-from schemas.dead_letter import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC, parse_headers
+from schemas.dead_letter import (
+    INDEX,
+    REASON,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TIMESTAMP,
+    SOURCE_TOPIC,
+    parse_headers,
+)
+from sinks import EventStore, open_namespace_stores
 from streams.positions import PartitionEnds, fetch_positions
 from streams.settings import Settings
 from streams.topics import partition_count
@@ -80,6 +89,26 @@ class DeadRecord:
         token = m.event_id if m.event_id is not None else "(no token)"
         more = f" (+{len(ms) - 1} more)" if len(ms) > 1 else ""
         return f"{m.namespace}:{m.counter_name} {what} token={token}{more}"[:width]
+
+    def tokenless(self) -> tuple[str, tuple[str, int, str, str]] | None:
+        """The event the persist path makes of this dead letter's mutation when it is token-less, as a `counter
+        replay` of its source record stores it: (namespace, (counter, event_time, "kafka:<topic>:<partition>:<offset>:
+        <index>", item key)); None for a tokened one, or one dead-lettered before `dlq.index` said which mutation of
+        its record it is."""
+        h = self.headers
+        if INDEX not in h:
+            return None
+        try:
+            ms = decode_mutations(self.value)
+            event_time = int(h[SOURCE_TIMESTAMP])
+            identity = f"kafka:{h[SOURCE_TOPIC]}:{int(h[SOURCE_PARTITION])}:{int(h[SOURCE_OFFSET])}:{int(h[INDEX])}"
+        except (DecodeError, KeyError, ValueError):
+            return None
+        if len(ms) != 1 or ms[0].event_id is not None:
+            return None
+        m = ms[0]
+        return m.namespace, (m.counter_name, event_time if m.event_time is None else m.event_time, identity,
+                             m.item or m.event_item_key)
 
     def produce_key(self, shards: Mapping[str, int] | None = None) -> bytes | None:
         """The key a producer would give the mutation now, from its value (`namespace:counter`, or its shard's key
@@ -186,7 +215,20 @@ class SentLog:
         return self.get(r) is not None
 
     def add(self, r: DeadRecord, target: str, at: str) -> None:
-        self.entries[r.identity] = {"at": at, "to": target, "reason": r.reason, "position": r.position}
+        entry: dict[str, Any] = {"at": at, "to": target, "reason": r.reason, "position": r.position}
+        if (original := r.tokenless()) is not None:  # re-sent as a new write: a replay must not store the original
+            entry["original"] = [original[0], *original[1]]
+        self.entries[r.identity] = entry
+
+    def resent_originals(self) -> set[tuple[str, str, int, str, str]]:
+        """The token-less mutations re-submitted as new writes, as their source records' events: (namespace,
+        counter, event_time, event_id, item key), which a `counter replay` of those records leaves out."""
+        out: set[tuple[str, str, int, str, str]] = set()
+        for entry in self.entries.values():
+            original = entry.get("original")
+            if isinstance(original, list) and len(original) == 5:
+                out.add((str(original[0]), str(original[1]), int(original[2]), str(original[3]), str(original[4])))
+        return out
 
     def save(self) -> None:
         data: dict[str, Any] = {"version": SENT_VERSION, "resubmitted": self.entries}
@@ -223,6 +265,29 @@ def pending(records: Iterable[DeadRecord], sent: SentLog, *, force: bool = False
             todo.append(r)
         seen.add(r.identity)
     return todo, already, duplicates
+
+
+async def stored_originals(settings: Settings, registry: Mapping[str, Any], records: list[DeadRecord]) -> set[str]:
+    """The identities of the token-less dead letters whose mutation is stored as its source record's event (a
+    `counter replay` of that record stored it since): re-sent, they would be counted a second time, as new writes."""
+    events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
+    try:
+        return await _stored(records, events)
+    finally:
+        for store in (events, rollups, buckets):
+            await store.close()
+
+
+async def _stored(records: list[DeadRecord], events: EventStore) -> set[str]:
+    by_namespace: dict[str, list[tuple[DeadRecord, tuple[str, int, str, str]]]] = {}
+    for r in records:
+        if (original := r.tokenless()) is not None:
+            by_namespace.setdefault(original[0], []).append((r, original[1]))
+    out: set[str] = set()
+    for namespace, items in by_namespace.items():
+        found = await events.contains(namespace, [key for _r, key in items])
+        out.update(r.identity for (r, _key), stored in zip(items, found, strict=True) if stored)
+    return out
 
 
 def iso(us: int) -> str:

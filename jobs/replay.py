@@ -34,6 +34,8 @@ from agents.metrics import dlq_kind
 from agents.persist import PreparedBatch, RawRecord, prepare
 from agents.persist_path import persist_batch
 from control_plane.admission import rollup_boundary
+from jobs.dlq import SentLog
+from jobs.dlq import state_path as dlq_state_path
 from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.recount import RETRY, CounterRecount, Recounter, recounter_of
 from jobs.runtime import Runtime, open_runtime
@@ -114,6 +116,7 @@ class ReplayResult:
             "records": t["records"], "heartbeats": t["heartbeats"], "before_from": t["before_from"],
             "events": t["events"], "new_events": t["new"], "restored_late_events": t["restored"],
             "rejected": t["rejected"], "rejected_by_kind": dict(self.rejected), "filtered_out": t["filtered_out"],
+            "resent_by_dlq_replay": t["resent_by_dlq"],
             "counters_touched": self.touched, "recounted": t["recounted"], "drift_fixed": t["drift_fixed"],
             "recount_pending": [list(k) for k in self.recount_pending],
         }
@@ -245,6 +248,9 @@ class Replay:
             raise ReplayError(f"--namespace {options.namespace!r} is not in the namespace file (known: "
                               f"{', '.join(runtime.registry.names())})")
         self.counters = set(options.counters)
+        # token-less mutations `counter dlq replay` re-sent as new writes: stored again as their source records'
+        # events they would count twice (a review: 30 became 65)
+        self.resent = SentLog(dlq_state_path(settings, settings.dlq_topic)).resent_originals()
         self.state: dict = {}
         self.recount: set[Key] = set()
         self.totals: Tally[str] = Tally()
@@ -406,6 +412,13 @@ class Replay:
         return len(messages)
 
     def _filter(self, batch: PreparedBatch) -> PreparedBatch:
+        if self.resent:
+            resent = self.resent
+            rows = [r for r in batch.rows if r[:5] not in resent]
+            dimensioned = [w for w in batch.dimensioned
+                           if (w.namespace, w.counter, w.event_time, w.event_id, w.item_key) not in resent]
+            self.totals["resent_by_dlq"] += len(batch.rows) - len(rows) + len(batch.dimensioned) - len(dimensioned)
+            batch.rows, batch.dimensioned = rows, dimensioned
         ns, counters = self.options.namespace, self.counters
         if ns is None:
             return batch

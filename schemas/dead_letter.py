@@ -23,6 +23,7 @@ SOURCE_TIMESTAMP = "dlq.timestamp_us"
 TRUNCATED = "dlq.truncated"  # the original value's size in bytes, when only its start is carried
 KEY_TRUNCATED = "dlq.key_truncated"  # the original key's size in bytes, when only its start is carried
 WHOLE_RECORD = "dlq.whole_record"  # the rejected mutation's index, when the value is its whole batch record
+INDEX = "dlq.index"  # the rejected mutation's index in its batch record, when the value is that mutation alone
 
 MAX_RECORD_BYTES = (1 << 20) - 1024
 """Key, value and headers of a DLQ record at most: the producers' message.max.bytes (1 MiB), less room for the
@@ -45,6 +46,7 @@ class DeadLetter:
     offset: int
     timestamp_us: int
     whole_record_of: int | None = None  # the value is the whole batch record; the rejected mutation is this one
+    index: int | None = None  # the value is the rejected mutation alone, this one of its batch record
 
     def headers(self) -> Headers:
         reason = self.reason if len(self.reason) <= MAX_REASON_CHARS else self.reason[:MAX_REASON_CHARS] + "…"
@@ -54,6 +56,8 @@ class DeadLetter:
             (SOURCE_TIMESTAMP, str(self.timestamp_us).encode())]
         if self.whole_record_of is not None:
             headers.append((WHOLE_RECORD, str(self.whole_record_of).encode()))
+        if self.index is not None:
+            headers.append((INDEX, str(self.index).encode()))
         return headers
 
     def record(self, max_bytes: int = MAX_RECORD_BYTES) -> tuple[bytes | None, bytes, Headers]:

@@ -335,6 +335,42 @@ def test_a_dead_letter_resubmitted_after_its_cause_is_fixed_is_counted_once(pipe
     assert {c: stored_total(pipeline, late_ns, c) for c in expected} == expected
     audit = jsonl(cli(pipeline, "audit", late_ns, "json").stdout)
     assert len(audit) == 5 and audit[-1]["running_total"] == 10
+    # The README's next step for the tokened ones: a replay of the source records. It stores them (they are older
+    # than accept_limit for a re-sent copy) and leaves out the token-less ones re-sent above: a review counted
+    # those twice (30 became 65).
+    replayed = cli(pipeline, "replay", "--from", "earliest", "--name", "after-dlq")
+    assert "left out 8 token-less mutation(s) `counter dlq replay` re-sent" in replayed.stderr, replayed.stderr
+    assert {c: stored_total(pipeline, late_ns, c) for c in expected} == expected
+    assert stored_total(pipeline, short_ns, "arr") == 7
+
+
+def test_a_replay_then_a_dlq_replay_counts_a_token_less_dead_letter_once(pipeline, tmp_path):
+    """The other order: `counter replay` stores a dead-lettered token-less record as its source's event once its
+    namespace is known, and `counter dlq replay` then leaves its dead letter out (re-sent, it would count again)."""
+    worker = pipeline.stack.start_worker(**FAST_GROUP)
+    from confluent_kafka import Producer
+
+    plain = Producer({"bootstrap.servers": pipeline.bootstrap})
+    for _ in range(3):
+        plain.produce(pipeline.mutations_topic, json.dumps({"namespace": "later", "counter_name": "j", "delta": 10}))
+    plain.produce(pipeline.mutations_topic, json.dumps([{"namespace": "later", "counter_name": "a", "delta": 1},
+                                                        {"namespace": NS, "counter_name": "a", "delta": 1}]))
+    assert plain.flush(20) == 0
+    wait_for(lambda: len(jsonl(cli(pipeline, "dlq", "list", "--format", "jsonl").stdout)) >= 4, 30, interval=0.5,
+             message="four dead letters")
+    config = yaml.safe_load(NAMESPACES.read_text())
+    config["namespaces"]["later"] = {"counter_type": "EVENTUAL", "accept_limit": "1h"}
+    fixed_file = tmp_path / "namespaces.yaml"
+    fixed_file.write_text(yaml.safe_dump(config))
+    worker.stop()
+    pipeline.namespaces = fixed_file
+    pipeline.stack.start_worker(COUNTER_NAMESPACES=str(fixed_file), **FAST_GROUP)
+    cli(pipeline, "replay", "--from", "earliest")
+    assert (stored_total(pipeline, "later", "j"), stored_total(pipeline, "later", "a")) == (30, 1)
+    resent = cli(pipeline, "dlq", "replay")
+    assert "4 token-less dead letter(s) are counted already" in resent.stdout + resent.stderr, resent.stderr
+    assert "re-submitted 0 dead letter(s)" in resent.stderr, resent.stderr
+    assert (stored_total(pipeline, "later", "j"), stored_total(pipeline, "later", "a")) == (30, 1)
 
 
 def dead_letters_then_dry_run(pipeline, letters: list, said: str) -> str:

@@ -505,6 +505,7 @@ def test_replay_filter_keeps_writes_by_their_base_counter(world: World) -> None:
     replay = Replay.__new__(Replay)
     replay.options = _Options()  # type: ignore[assignment]
     replay.counters = {"v"}
+    replay.resent = set()
     replay.totals = {"filtered_out": 0}  # type: ignore[assignment]
     kept = replay._filter(batch)
     assert [(w.counter, w.combinations) for w in kept.dimensioned] == [("v", ("v country=US",))]
