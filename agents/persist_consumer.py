@@ -52,6 +52,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from operator import attrgetter
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition, codec
 from aiokafka.errors import CommitFailedError, KafkaError
@@ -194,7 +195,9 @@ class PersistConsumer:
                  session_timeout_ms: int = 10_000, rebalance_timeout_ms: int = 5_000,
                  on_assigned: Callable[[set[int], bool], None] = lambda _partitions, _before: None,
                  on_revoked: Callable[[set[int]], Awaitable[None]] = _nothing_revoked,
-                 on_committed: Callable[[dict[int, int], int], None] = lambda _offsets, _sent: None) -> None:
+                 on_committed: Callable[[dict[int, int], int], None] = lambda _offsets, _sent: None,
+                 security: Mapping[str, Any] | None = None) -> None:
+        """`security`: the Kafka clients' (`Settings.kafka_security.aiokafka()`: protocol, SASL, TLS context)."""
         self.topic = topic
         self.persist = persist
         self.checkpoint = checkpoint
@@ -230,7 +233,7 @@ class PersistConsumer:
             fetch_max_wait_ms=wait_ms, fetch_min_bytes=min_bytes, max_partition_fetch_bytes=4 << 20,
             fetch_max_bytes=64 << 20,
             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=max(500, session_timeout_ms // 5),
-            rebalance_timeout_ms=rebalance_timeout_ms, max_poll_interval_ms=300_000)
+            rebalance_timeout_ms=rebalance_timeout_ms, max_poll_interval_ms=300_000, **(security or {}))
         self._consumer: AIOKafkaConsumer | None = None  # aiokafka objects are made inside the running loop
 
     def assignment(self) -> set[int]:

@@ -216,13 +216,16 @@ def build(settings: Settings) -> Pipeline:
                            "(pip install 'aiokafka[lz4,snappy,zstd]'; the project's requirements include it)")
     registry = load_namespaces(settings.namespaces or default_namespaces())
     # kafka_bootstrap is set: `python -m agents` refuses to start without it (create_app would raise too)
-    counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings))  # type: ignore[arg-type]
+    security = settings.kafka_security  # of every Kafka client (streams.kafka_security)
+    counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings),  # type: ignore[arg-type]
+                           admin_config=security.librdkafka())
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     sketches = (open_namespace_sketch_store(buckets, registry) if any(ns.counts_unique for ns in registry.values())
                 else None)
     app = create_app(settings, app_id=settings.worker_id)
-    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id=f"{settings.worker_id}-producer", timeout_s=10.0)
+    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id=f"{settings.worker_id}-producer", timeout_s=10.0,
+                          config=security.librdkafka())
     topics = declare_topics(app, settings)
     rolled = [ns for ns in registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
     skew = heartbeat_skew_s(rolled)
@@ -333,7 +336,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         min_bytes=settings.persist_fetch_min_bytes, drain_s=settings.persist_drain_s,
         session_timeout_ms=int(settings.group_session_timeout_s * 1000),
         rebalance_timeout_ms=int(settings.group_rebalance_timeout_s * 1000), on_assigned=p.partitions_assigned,
-        on_revoked=p.forget_partitions, on_committed=p.offsets_committed)
+        on_revoked=p.forget_partitions, on_committed=p.offsets_committed, security=settings.kafka_security.aiokafka())
 
     app.add_dependency(PersistService(p.persist_consumer, loop=app.loop))
 

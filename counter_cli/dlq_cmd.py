@@ -41,6 +41,7 @@ from schemas.dead_letter import (
     TRUNCATED,
     WHOLE_RECORD,
 )
+from streams.settings import Settings
 from streams.topics import TopicError
 
 DESCRIPTION = """\
@@ -128,12 +129,13 @@ def _positions(values: list[str]) -> set[tuple[int, int]]:
     return out
 
 
-def _read(args: argparse.Namespace, bootstrap: str, topic: str) -> list[DeadRecord]:
+def _read(args: argparse.Namespace, settings: Settings, bootstrap: str, topic: str) -> list[DeadRecord]:
     """The dead letters the arguments select, read with a progress bar."""
     positions = _positions(args.offset)
     with RichProgress(console) as progress:
         try:
-            records = read_dead_letters(bootstrap, topic, progress=progress)
+            records = read_dead_letters(bootstrap, topic, progress=progress,
+                                        security=settings.kafka_security.librdkafka())
         except TopicError as exc:
             fail(str(exc), code=1)
         except KafkaException as exc:
@@ -147,7 +149,7 @@ def run_list(args: argparse.Namespace) -> int:
     settings = stack_settings_or_exit(data_dir=args.data_dir)
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.dlq_topic
-    records = _read(args, bootstrap, topic)
+    records = _read(args, settings, bootstrap, topic)
     sent = SentLog(state_path(settings, topic))
     shown = records[-args.limit:] if args.limit else records
     for r in shown:
@@ -228,7 +230,7 @@ def run_replay(args: argparse.Namespace) -> int:
     topic = args.topic or settings.dlq_topic
     target = args.to_topic or settings.mutations_topic
     state = state_path(settings, topic)
-    records = _read(args, bootstrap, topic)
+    records = _read(args, settings, bootstrap, topic)
     todo, skipped, duplicates = pending(records, SentLog(state), force=args.force)
     if duplicates:
         console.print(f"{duplicates:,} dead letter(s) repeat a source mutation of another one (dead-lettered twice): "
@@ -263,6 +265,7 @@ def run_replay(args: argparse.Namespace) -> int:
     try:
         with Interrupt() as stop, progress:  # SIGINT: finish the chunk in hand, then stop (twice: now)
             result = resubmit(bootstrap, target, todo, state=state, force=args.force, progress=progress, stop=stop,
+                              security=settings.kafka_security.librdkafka(),
                               shards=registry.shard_counts())
     except TopicError as exc:
         fail(str(exc), code=1)

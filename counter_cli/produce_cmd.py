@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     topic = args.topic or settings.mutations_topic
     handed = [0]
     try:
-        with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, shards=registry) as producer:
+        with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, shards=registry,
+                             config=settings.kafka_security.librdkafka()) as producer:
             if args.file is None:
                 producer.send(mutations[0])
                 handed[0] = 1

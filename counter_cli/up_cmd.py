@@ -269,7 +269,7 @@ def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:
     if settings.kafka_bootstrap is None and "COUNTER_PERSIST_DRAIN_S" not in os.environ:
         stack.env["COUNTER_PERSIST_DRAIN_S"] = str(LOCAL_BROKER_DRAIN_S)
     memcached = _cache(stack, settings)
-    ensure_topics(bootstrap, topic_specs(settings))
+    ensure_topics(bootstrap, topic_specs(settings), admin_config=settings.kafka_security.librdkafka())
     worker = stack.start_worker(port=settings.worker_port)
     api = stack.start_api(port=settings.api_port, host=settings.api_host)
     return {"kafka_bootstrap": bootstrap, "api_url": f"http://{api.address}", "ui_url": f"http://{api.address}/ui/",

@@ -61,13 +61,16 @@ class LocalBroker(ManagedProcess):
 
     name = "broker"
 
-    def __init__(self, log_path: Path, *, port: int | None = None, binary: str | None = None) -> None:
+    def __init__(self, log_path: Path, *, port: int | None = None, binary: str | None = None,
+                 advertised: str | None = None) -> None:
+        """`advertised`: the host:port clients are told to connect to, when not this one (a TLS proxy before it)."""
         host = "127.0.0.1"
         port = port or free_port(host)
         url = f"tcp://{host}:{port}"
         super().__init__(
             [binary or find_broker_binary(), "broker", "--listener-url", url,
-             "--advertised-listener-url", url, "--storage-engine", "memory://tansu/"],
+             "--advertised-listener-url", f"tcp://{advertised}" if advertised else url,
+             "--storage-engine", "memory://tansu/"],
             host=host, port=port, log_path=log_path,
         )
 

@@ -130,14 +130,15 @@ def _printable(data: bytes) -> bool:
 
 
 def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, progress: Progress | None = None,
-                      stop: Stop = never) -> list[DeadRecord]:
+                      stop: Stop = never, security: Mapping[str, str] | None = None) -> list[DeadRecord]:
     """Every record of the DLQ topic up to its end when reading started (see PartitionEnds for why the
-    reported high watermark alone is not trusted). TopicError when the topic is missing."""
+    reported high watermark alone is not trusted). TopicError when the topic is missing. `security`: the clients'
+    (`Settings.kafka_security.librdkafka()`)."""
     progress = progress or NullProgress()
-    partitions = partition_count(bootstrap, topic)
+    partitions = partition_count(bootstrap, topic, config=security)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "counter-dlq-reader",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "enable.partition.eof": False})
+                         "enable.partition.eof": False, **(security or {})})
     progress.start("reading DLQ", unit="records")
     try:
         ends = PartitionEnds(snapshot_us=time.time_ns() // 1000, margin_us=MICROS, quiet_s=quiet_s)
@@ -303,7 +304,7 @@ class ResubmitResult:
 
 def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: Path, force: bool = False,
              progress: Progress | None = None, stop: Stop = never,
-             shards: Mapping[str, int] | None = None) -> ResubmitResult:
+             shards: Mapping[str, int] | None = None, security: Mapping[str, str] | None = None) -> ResubmitResult:
     """Re-produce the records' original bytes to `target` (keyed by their mutation's counter, or its shard in a
     namespace of `shards`), CHUNK at a time, recording each acknowledged one in `state` (`SentLog`); one record per
     source mutation, none already re-submitted unless `force` (`pending`). Stops after a chunk with a delivery
@@ -311,10 +312,10 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
     progress = progress or NullProgress()
     sent = SentLog(state)
     records = pending(records, sent, force=force)[0]
-    partitions = partition_count(bootstrap, target)
+    partitions = partition_count(bootstrap, target, config=security)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 5, "message.timeout.ms": DELIVERY_TIMEOUT_S * 1000,
-                         "client.id": "counter-dlq-replay", "allow.auto.create.topics": False})
+                         "client.id": "counter-dlq-replay", "allow.auto.create.topics": False, **(security or {})})
     result = ResubmitResult()
 
     def delivered(r: DeadRecord, err: KafkaError | None, _msg: object) -> None:  # of every chunk, into one log

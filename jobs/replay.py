@@ -198,9 +198,10 @@ class _Kafka:
 
     def __init__(self, settings: Settings, bootstrap: str) -> None:
         self.settings = settings
-        self.producer = AsyncProducer(bootstrap, client_id="counter-replay", timeout_s=30.0)
+        security = settings.kafka_security.librdkafka()
+        self.producer = AsyncProducer(bootstrap, client_id="counter-replay", timeout_s=30.0, config=security)
         self.sender = SignalSender(self.producer, settings.rollups_topic,
-                                   partition_count(bootstrap, settings.rollups_topic))
+                                   partition_count(bootstrap, settings.rollups_topic, config=security))
 
     async def signals(self, keys: list[Key]) -> None:
         await self._acknowledged(self.sender.send(keys), "rollup signals")
@@ -267,7 +268,8 @@ class Replay:
     def _consumer(self) -> Consumer:
         return Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.name,
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "enable.partition.eof": False, "client.id": "counter-replay"})
+                         "enable.partition.eof": False, "client.id": "counter-replay",
+                         **self.settings.kafka_security.librdkafka()})
 
     def _resolve(self, consumer: Consumer) -> tuple[dict[int, int], dict[int, int], bool, int | None]:
         """Start offset and reported high watermark per replayed partition; whether resuming; --from µs."""

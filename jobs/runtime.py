@@ -77,7 +77,8 @@ def open_runtime(settings: Settings) -> Runtime:
     if not settings.kafka_bootstrap:
         raise SettingsError("COUNTER_KAFKA_BOOTSTRAP: needed for the persist watermark (counter up sets it)")
     registry = load_namespaces(settings.namespaces or default_namespaces())
-    partitions = partition_count(settings.kafka_bootstrap, settings.mutations_topic)
+    partitions = partition_count(settings.kafka_bootstrap, settings.mutations_topic,
+                                 config=settings.kafka_security.librdkafka())
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     sketches = (open_namespace_sketch_store(buckets, registry) if any(ns.counts_unique for ns in registry.values())

@@ -57,10 +57,12 @@ def build_service(settings: Settings) -> CounterService:
     cache_spec = settings.cache if settings.cache.startswith("memcached://") else None
     if problems := api_start_problems(settings, registry, in_process_cache=not cache_spec):
         raise RuntimeError("; ".join(problems))
-    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=wait_s)
+    security = settings.kafka_security.librdkafka()  # of every Kafka client (streams.kafka_security)
+    kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=wait_s, config=security)
     producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))
-    progress = PersistProgress(producer, BrokerOffsets(kafka.bootstrap, client_id="counter-api-progress"),
+    progress = PersistProgress(producer, BrokerOffsets(kafka.bootstrap, client_id="counter-api-progress",
+                                                            config=security),
                                group=f"{settings.worker_id}.persist")
     return CounterService(
         registry, producer=producer, signals=signals, progress=progress,

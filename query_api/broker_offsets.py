@@ -17,6 +17,7 @@ with the broker's defaults instead of the service's topic configuration): the vi
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
@@ -85,8 +86,10 @@ class DeadRecord:
 class BrokerOffsets:
     """Reads topic ends, group commits and the DLQ's newest records; clients are made on first use."""
 
-    def __init__(self, bootstrap: str, *, timeout_s: float = 3.0, client_id: str = "counter-api-health") -> None:
+    def __init__(self, bootstrap: str, *, timeout_s: float = 3.0, client_id: str = "counter-api-health",
+                 config: Mapping[str, str] | None = None) -> None:
         self.bootstrap = bootstrap
+        self.config = dict(config or {})  # the clients' security (`Settings.kafka_security.librdkafka()`)
         self.timeout_s = timeout_s
         self.client_id = client_id
         self._admin: AdminClient | None = None
@@ -97,7 +100,7 @@ class BrokerOffsets:
     def admin(self) -> AdminClient:
         if self._admin is None:
             self._admin = AdminClient({"bootstrap.servers": self.bootstrap, "client.id": self.client_id,
-                                       "allow.auto.create.topics": False})
+                                       "allow.auto.create.topics": False, **self.config})
         return self._admin
 
     @property
@@ -107,7 +110,7 @@ class BrokerOffsets:
             self._consumer = Consumer({"bootstrap.servers": self.bootstrap, "client.id": self.client_id,
                                        "group.id": f"{self.client_id}-reader", "enable.auto.commit": False,
                                        "enable.partition.eof": False, "fetch.wait.max.ms": 50,
-                                       "auto.offset.reset": "earliest"})
+                                       "auto.offset.reset": "earliest", **self.config})
         return self._consumer
 
     def partitions(self, topic: str) -> list[int]:

@@ -130,7 +130,7 @@ class PipelineHealth:
         self.ttl_s = ttl_s
         self.dead_letters = dead_letters
         self.pending_limit = pending_limit
-        self.broker = BrokerOffsets(settings.kafka_bootstrap or "")
+        self.broker = BrokerOffsets(settings.kafka_bootstrap or "", config=settings.kafka_security.librdkafka())
         self._broker_lock = asyncio.Lock()  # one thread at a time uses the broker clients
         self._lock = asyncio.Lock()
         self._cached: tuple[float, Snapshot] | None = None

@@ -41,6 +41,7 @@ def create_app(settings: Settings, *, app_id: str = "counter-worker") -> faust.A
         topic_allow_declare=False,  # streams.topics creates topics with the right configs
         topic_disable_leader=True,
         consumer_auto_offset_reset="earliest",
+        **settings.kafka_security.faust(),
         producer_acks=-1,
         broker_session_timeout=settings.group_session_timeout_s,
         broker_rebalance_timeout=settings.group_rebalance_timeout_s,

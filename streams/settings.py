@@ -11,10 +11,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
+from streams.kafka_security import PROTOCOLS, SASL_MECHANISMS, KafkaSecurity
 
 ENV_PREFIX = "COUNTER_"
 HOUR_S, HOUR_MS = 3600, 3_600_000
@@ -41,6 +42,15 @@ class Settings(BaseSettings):
 
     kafka_bootstrap: str | None = Field(
         None, description="host:port[,host:port] of the Kafka cluster; unset = start the local Tansu broker")
+    kafka_security_protocol: str = Field("PLAINTEXT", description=(
+        f"how every Kafka client connects: one of {', '.join(PROTOCOLS)} (streams.kafka_security)"))
+    kafka_sasl_mechanism: str | None = Field(None, description=f"with SASL_*: one of {', '.join(SASL_MECHANISMS)}")
+    kafka_sasl_username: str | None = Field(None, min_length=1, description="with SASL_*")
+    kafka_sasl_password: SecretStr | None = Field(None, description="with SASL_*")
+    kafka_ssl_ca_file: Path | None = Field(None, description="with SSL or SASL_SSL: CA certificates (PEM) to trust; "
+                                           "unset: the system's")
+    kafka_ssl_cert_file: Path | None = Field(None, description="mutual TLS: this client's certificate (PEM)")
+    kafka_ssl_key_file: Path | None = Field(None, description="mutual TLS: its private key (PEM)")
     store: str = Field("sqlite", description="'sqlite', 'sqlite:///path/to/dir' or 'cassandra://h1,h2:9042/ks?dc=..'")
     cache: str = Field("auto", description="'auto' (local memcached if installed), 'memory' or 'memcached://host:port'")
     namespaces: Path | None = Field(None, description="namespace configuration file (YAML or JSON)")
@@ -147,7 +157,7 @@ class Settings(BaseSettings):
         if value is None or not value.strip():
             return None
         _check_host_ports(value, "host:port[,host:port]")
-        return ",".join(_plaintext_listener(part.strip()) for part in value.split(","))
+        return ",".join(_listener_host(part.strip()) for part in value.split(","))
 
     @field_validator("mutations_retention_ms")
     @classmethod
@@ -162,6 +172,55 @@ class Settings(BaseSettings):
         if value.strip().lower() in LOG_LEVELS:
             return value.strip().lower()
         raise ValueError(f"expected one of {', '.join(LOG_LEVELS)}")
+
+    @field_validator("kafka_security_protocol", "kafka_sasl_mechanism")
+    @classmethod
+    def _one_of(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        allowed = PROTOCOLS if info.field_name == "kafka_security_protocol" else SASL_MECHANISMS
+        if value.strip().upper() not in allowed:
+            raise ValueError(f"expected one of {', '.join(allowed)}")
+        return value.strip().upper()
+
+    @field_validator("kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file")
+    @classmethod
+    def _readable(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{value} is not a readable file")
+        return value
+
+    @model_validator(mode="after")
+    def _security_complete(self) -> Settings:
+        """SASL needs its mechanism and credentials; TLS files only mean something with TLS, a certificate needs its
+        key; and nothing half-set is silently ignored."""
+        sasl = self.kafka_security_protocol.startswith("SASL_")
+        tls = self.kafka_security_protocol in ("SSL", "SASL_SSL")
+        problems = []
+        for name in ("kafka_sasl_mechanism", "kafka_sasl_username", "kafka_sasl_password"):
+            if sasl and getattr(self, name) is None:
+                problems.append(f"{ENV_PREFIX}{name.upper()}: required with "
+                                f"COUNTER_KAFKA_SECURITY_PROTOCOL={self.kafka_security_protocol}")
+            elif not sasl and getattr(self, name) is not None:
+                problems.append(f"{ENV_PREFIX}{name.upper()}: set, but COUNTER_KAFKA_SECURITY_PROTOCOL="
+                                f"{self.kafka_security_protocol} uses no SASL (SASL_PLAINTEXT or SASL_SSL)")
+        for name in ("kafka_ssl_ca_file", "kafka_ssl_cert_file", "kafka_ssl_key_file"):
+            if not tls and getattr(self, name) is not None:
+                problems.append(f"{ENV_PREFIX}{name.upper()}: set, but COUNTER_KAFKA_SECURITY_PROTOCOL="
+                                f"{self.kafka_security_protocol} uses no TLS (SSL or SASL_SSL)")
+        if (self.kafka_ssl_cert_file is None) != (self.kafka_ssl_key_file is None):
+            problems.append("COUNTER_KAFKA_SSL_CERT_FILE and COUNTER_KAFKA_SSL_KEY_FILE: give both (mutual TLS) or "
+                            "neither")
+        if problems:
+            raise ValueError("; ".join(problems))  # each names its variable (load_settings)
+        return self
+
+    @property
+    def kafka_security(self) -> KafkaSecurity:
+        """The Kafka clients' security settings (streams.kafka_security)."""
+        return KafkaSecurity(self.kafka_security_protocol, self.kafka_sasl_mechanism, self.kafka_sasl_username,
+                             self.kafka_sasl_password.get_secret_value() if self.kafka_sasl_password else None,
+                             self.kafka_ssl_ca_file, self.kafka_ssl_cert_file, self.kafka_ssl_key_file)
 
     @field_validator("mutations_topic", "rollups_topic", "dlq_topic", "worker_id")
     @classmethod
@@ -240,16 +299,16 @@ def check_host(host: str) -> str:
     return host
 
 
-def _plaintext_listener(part: str) -> str:
+def _listener_host(part: str) -> str:
     """``host:port`` of a bootstrap server given in librdkafka's listener form, ``PLAINTEXT://host:port``: Faust and
-    aiokafka take host:port only (the worker died on ``PLAINTEXT://``, a review). Another protocol is refused: the
-    service connects in plaintext."""
+    aiokafka take host:port only (the worker died on ``PLAINTEXT://``, a review). The protocol is
+    COUNTER_KAFKA_SECURITY_PROTOCOL's, for every client; a scheme that is no Kafka protocol is refused."""
     scheme, found, rest = part.partition("://")
     if not found:
         return part
-    if scheme.upper() != "PLAINTEXT":
-        raise ValueError(f"{part!r}: the service connects to Kafka in plaintext (PLAINTEXT://host:port or host:port); "
-                         f"{scheme.upper()} listeners are not supported")
+    if scheme.upper() not in PROTOCOLS:
+        raise ValueError(f"{part!r}: {scheme!r} is no Kafka listener protocol ({', '.join(PROTOCOLS)}; set the "
+                         "protocol with COUNTER_KAFKA_SECURITY_PROTOCOL)")
     return rest
 
 
@@ -261,7 +320,7 @@ def _check_host_ports(value: str, expected: str) -> None:
         raise ValueError(f"expected {expected}, got no server")
     for part in parts:
         scheme, found, rest = part.partition("://")  # librdkafka's listener form, PLAINTEXT://host:port
-        if found and scheme.isalpha():
+        if found and scheme.replace("_", "").isalpha():
             part = rest
         host, sep, port = part.rpartition(":")
         if not sep or not host or not port.isdigit():
@@ -347,7 +406,10 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = ".".join(str(p) for p in err["loc"]) or "?"
+            field = ".".join(str(p) for p in err["loc"])
             message = str(err["msg"]).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+            if not field:  # a check of several fields (a model validator): its message names them
+                problems.append(message)
+                continue
             problems.append(f"{ENV_PREFIX}{field.upper()}: {message} (got {err.get('input')!r})")
         raise SettingsError("invalid settings: " + "; ".join(problems)) from None

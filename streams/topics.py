@@ -8,7 +8,7 @@ CreateTime) still work because our producer stamps records at send time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import xxhash
@@ -56,7 +56,7 @@ class TopicError(RuntimeError):
 
 
 def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout: float = 15.0,
-                  admin_config: dict[str, str] | None = None) -> dict[str, int]:
+                  admin_config: Mapping[str, str] | None = None) -> dict[str, int]:
     """Create missing topics; return {name: partition count} as the broker reports it.
 
     Existing topics are left alone (their partition count is reported, never changed: re-partitioning moves
@@ -99,9 +99,12 @@ def _create(admin: AdminClient, specs: list[TopicSpec], timeout: float, *, with_
         _create(admin, retry, timeout, with_config=False)
 
 
-def partition_count(bootstrap: str, topic: str, timeout: float = 10.0) -> int:
-    """How many partitions `topic` has (TopicError if it does not exist)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "allow.auto.create.topics": False})  # ask, never create
+def partition_count(bootstrap: str, topic: str, timeout: float = 10.0, *,
+                    config: Mapping[str, str] | None = None) -> int:
+    """How many partitions `topic` has (TopicError if it does not exist); `config`: the clients' security
+    (`Settings.kafka_security.librdkafka()`)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "allow.auto.create.topics": False,  # ask, never create
+                         **(config or {})})
     meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
     if meta is None or meta.error is not None or not meta.partitions:
         raise TopicError(f"topic {topic!r} is not available: {meta.error if meta is not None else 'missing'}")

@@ -78,6 +78,7 @@ class PipelineEnv:
     prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:10]}")
     partitions: int = 4
     namespaces: Path = NAMESPACES
+    extra_env: dict[str, str] = field(default_factory=dict)  # more COUNTER_* for every process (Kafka security)
     _stack: LocalStack | None = None
 
     @property
@@ -107,6 +108,7 @@ class PipelineEnv:
             "COUNTER_WORKER_ID": self.worker_id,
             "COUNTER_SWEEP_INTERVAL_S": "1",
             "COUNTER_WORKER_LOG_LEVEL": "info",
+            **self.extra_env,
         }
 
     def prepare(self) -> PipelineEnv:
@@ -117,7 +119,7 @@ class PipelineEnv:
 
     def create_topics(self) -> None:
         settings = load_settings(**{k.removeprefix("COUNTER_").lower(): v for k, v in self.env().items()})
-        ensure_topics(self.bootstrap, topic_specs(settings))
+        ensure_topics(self.bootstrap, topic_specs(settings), admin_config=settings.kafka_security.librdkafka())
 
     @property
     def stack(self) -> LocalStack:

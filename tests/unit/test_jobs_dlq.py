@@ -48,7 +48,7 @@ class FakeProducer:
 @pytest.fixture(autouse=True)
 def producer(monkeypatch):
     monkeypatch.setattr(dlq, "Producer", FakeProducer)
-    monkeypatch.setattr(dlq, "partition_count", lambda bootstrap, topic: 1)
+    monkeypatch.setattr(dlq, "partition_count", lambda bootstrap, topic, **_config: 1)
     monkeypatch.setattr(FakeProducer, "produced", [])
     monkeypatch.setattr(FakeProducer, "slow_flushes", 0)
     monkeypatch.setattr(FakeProducer, "never_settles", False)
@@ -87,7 +87,7 @@ def test_a_new_dead_letter_at_a_reused_dlq_position_is_resubmitted(tmp_path, mon
     """The local broker keeps topics in memory: after a restart the DLQ's offsets start at 0 again."""
     args = build_parser().parse_args(["dlq", "replay", "--bootstrap", "fake:9092", "--data-dir", str(tmp_path)])
     for counter, source_offset in (("first", 10), ("second", 99)):
-        monkeypatch.setattr(dlq_cmd, "_read", lambda a, b, t, c=counter, o=source_offset: [
+        monkeypatch.setattr(dlq_cmd, "_read", lambda a, s, b, t, c=counter, o=source_offset: [
             dead(c, source_offset=o, dlq_offset=0, token=True)])
         assert dlq_cmd.run_replay(args) == 0
     assert [json.loads(v)["counter_name"] for v in FakeProducer.produced] == ["first", "second"]
