@@ -66,7 +66,7 @@ examples:
   counter recount my_dataset --all --since 2024-10-05T00:00:00Z --format jsonl > drift.jsonl
 
 jsonl rows: {"namespace", "counter", "stored", "stored_rollup_ts", "recomputed", "boundary", "drift",
-             "status": ok|drift|missing|no-base, "action": dry-run|written|unchanged|behind|raced,
+             "status": ok|drift|missing|no-base|unknown, "action": dry-run|written|unchanged|behind|raced,
              "count", "rollup_ts", "buckets_checked",
              "buckets": [{"granularity": minute|hour|day, "start": RFC 3339, "start_us", "stored", "recomputed",
                           "action": dry-run|written|behind|raced}, ...]}   (drifted buckets only)
@@ -188,6 +188,9 @@ def _summary(s: RecountSummary, dry_run: bool, speed: str) -> None:
                   f"{s.count('drift'):,} drifted, {s.count('missing'):,} missing a rollup row, "
                   f"{s.count('no-base'):,} without a stored rollup at --since; total |drift| "
                   f"{s.count('abs_drift'):,}", highlight=False)
+    if s.count("unknown"):
+        console.print(f"{s.count('unknown'):,} counter(s) have neither a rollup nor an event (a misspelled name?): "
+                      "nothing to recount", highlight=False)
     if s.count("buckets_checked") or s.bucket_drift:
         fixed = "" if dry_run else f", {s.count('buckets_written'):,} rewritten"
         console.print(f"time buckets: {s.count('buckets_checked'):,} checked, {s.bucket_drift:,} drifted in "

@@ -163,8 +163,8 @@ def report(r: ReplayResult, speed: str, *, as_json: bool) -> int:
     if t["resent_by_dlq"]:
         c.print(f"  left out {t['resent_by_dlq']:,} token-less mutation(s) `counter dlq replay` re-sent as new "
                 "writes (counted as those)", highlight=False)
-    c.print(f"  {r.touched:,} counter(s) signalled for rollup; recounted {t['recounted']:,} "
-            f"(drift fixed on {t['drift_fixed']:,})", highlight=False)
+    c.print(f"  {r.touched:,} counter(s) signalled for rollup; {t['recount_checked']:,} recounted, "
+            f"{t['recounted']:,} of them rewritten (drift fixed on {t['drift_fixed']:,})", highlight=False)
     if r.recount_pending and r.finished:
         names = ", ".join(f"{ns}:{counter}" for ns, counter in r.recount_pending[:10])
         how = "--no-recount was given" if r.recount_skipped else "the watermark did not pass their rollup"

@@ -91,7 +91,7 @@ class CounterRecount:
     recomputed: int | None  # value at `boundary` (None: not computable, see status)
     boundary: int
     drift: int  # stored - recomputed at the stored rollup_ts; -recomputed for a missing row
-    status: str  # ok | drift | missing | no-base
+    status: str  # ok | drift | missing | no-base | unknown (no rollup, no event)
     action: str = "dry-run"  # dry-run | written | unchanged | behind | raced | skipped
     count: int | None = None  # the stored count after the recount
     rollup_ts: int | None = None
@@ -254,6 +254,9 @@ async def recount_counter(ns: Namespace, counter: str, *, events: EventStore, ro
         return apply_aggregate(base, await events.aggregate(name, counter, start, ts))
 
     if state is None:
+        if not (await events.aggregate(name, counter, 0, MAX_EVENT_TIME)).events:
+            # no rollup and no event: a counter nobody wrote (a misspelled name?), not one whose row was lost
+            return CounterRecount(name, counter, None, None, None, boundary, 0, "unknown", "skipped")
         recomputed = await value_at(boundary)
         result = CounterRecount(name, counter, None, None, recomputed, boundary, -recomputed, "missing")
     else:

@@ -325,6 +325,7 @@ class Replay:
                               "from_us": from_us, "started_at": fmt_time(time.time_ns() // 1000),
                               "totals": {}, "recount": [list(k) for k in carried]}
             self.totals.update(self.state.get("totals", {}))
+            self.rejected.update(self.state.get("rejected", {}))  # by kind: a resumed summary said "()" (a review)
             if not resuming:  # every replayed partition gets a committed position: resume covers exactly them
                 consumer.commit(offsets=[TopicPartition(self.topic, p, o) for p, o in starts.items()],
                                 asynchronous=False)
@@ -466,6 +467,7 @@ class Replay:
             return False
         results = await self._recount_each(recounter_of(self.runtime))
         self._save()
+        self.totals["recount_checked"] += len(results)
         self.totals["recounted"] += sum(1 for r in results if r.action == "written")
         self.totals["drift_fixed"] += sum(1 for r in results if r.action == "written" and r.status != "ok")
         drifted = [r for r in results if r.status != "ok"]
@@ -499,6 +501,7 @@ class Replay:
 
     def _save(self) -> None:
         self.state["totals"] = dict(self.totals)
+        self.state["rejected"] = dict(self.rejected)
         self.state["recount"] = [list(k) for k in sorted(self.recount | self.writer.in_doubt)]
         self.state["positions"] = {str(p): o for p, o in sorted(self.positions.items())}
         self.state["updated_at"] = fmt_time(time.time_ns() // 1000)
