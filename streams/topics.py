@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
 from streams.settings import Settings
 
@@ -69,6 +69,7 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout: float 
     missing = [s for s in specs if s.name not in existing]
     if missing:
         _create(admin, missing, timeout, with_config=True)
+    _check_existing(admin, [s for s in specs if s.name in existing], timeout)
     topics = admin.list_topics(timeout=timeout).topics
     result: dict[str, int] = {}
     for spec in specs:
@@ -77,6 +78,33 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], *, timeout: float 
             raise TopicError(f"topic {spec.name!r} is not available after creation: {meta and meta.error}")
         result[spec.name] = len(meta.partitions)
     return result
+
+
+def _check_existing(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> None:
+    """Topics someone else created: refuse a compacted one (compaction keeps a key's latest record, and mutations of
+    one counter share a key: writes a worker had not read yet would be gone), and say when one does not stamp
+    records as the service would (CreateTime on the mutations topic: admission then takes the producer's time for the
+    arrival, bounded by the heartbeats, see the README's Admission)."""
+    if not specs:
+        return
+    try:
+        found = admin.describe_configs([ConfigResource(ResourceType.TOPIC, s.name) for s in specs],
+                                       request_timeout=timeout)
+        configs = {res.name: {k: v.value for k, v in future.result(timeout).items()} for res, future in found.items()}
+    except KafkaException as exc:  # a broker that does not describe configs: nothing to check with
+        log.warning("could not read the configs of the existing topics %s: %s", ", ".join(s.name for s in specs), exc)
+        return
+    for spec in specs:
+        config = configs.get(spec.name, {})
+        if "compact" in (config.get("cleanup.policy") or ""):
+            raise TopicError(f"topic {spec.name!r} exists with cleanup.policy={config['cleanup.policy']}: compaction "
+                             "drops every record of a key but its latest, so writes not yet read would be lost; set "
+                             "cleanup.policy=delete on it (kafka-configs --alter)")
+        wanted = spec.config.get("message.timestamp.type")
+        if wanted and config.get("message.timestamp.type") not in (None, wanted):
+            log.warning("topic %s exists with message.timestamp.type=%s, not %s: admission judges a write's arrival "
+                        "by its producer's timestamp, bounded by the workers' heartbeats", spec.name,
+                        config.get("message.timestamp.type"), wanted)
 
 
 def _create(admin: AdminClient, specs: list[TopicSpec], timeout: float, *, with_config: bool) -> None:

@@ -1,7 +1,7 @@
 """Topic creation against the real broker: creates what is missing, leaves what exists."""
 
 import pytest
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from streams.topics import TopicSpec, ensure_topics
 
@@ -31,3 +31,24 @@ def test_the_service_topics_take_the_broker_default_replication(kafka_bootstrap,
         f"{topic_name}-m": 2, f"{topic_name}-r": 2, f"{topic_name}-d": 1}
     topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
     assert all(len(p.replicas) == 1 for p in topics[f"{topic_name}-m"].partitions.values())
+
+
+def test_an_existing_compacted_topic_is_refused_and_another_timestamp_type_said(kafka_bootstrap, topic_name, caplog):
+    """Topics someone else created (a review: their settings were never looked at). Compaction keeps a key's latest
+    record only, and one counter's mutations share a key: writes not yet read would be lost."""
+    import logging
+
+    from streams.topics import TopicError
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    created = admin.create_topics([
+        NewTopic(f"{topic_name}-c", 1, 1, config={"cleanup.policy": "compact"}),
+        NewTopic(f"{topic_name}-t", 1, 1, config={"message.timestamp.type": "CreateTime"})])
+    for future in created.values():
+        future.result(10)
+    with pytest.raises(TopicError, match=f"topic '{topic_name}-c' exists with cleanup.policy=compact"):
+        ensure_topics(kafka_bootstrap, [TopicSpec(f"{topic_name}-c", 1)])
+    with caplog.at_level(logging.WARNING, logger="streams.topics"):
+        ensure_topics(kafka_bootstrap, [TopicSpec(f"{topic_name}-t", 1, config={"message.timestamp.type":
+                                                                                "LogAppendTime"})])
+    assert any("message.timestamp.type=CreateTime, not LogAppendTime" in r.getMessage() for r in caplog.records)
