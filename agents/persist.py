@@ -339,7 +339,8 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
             if reason is None:  # admissible, but at or before the namespace's rollups: refused unless stored before
                 letter = _dead_mutation(rec, m, index, single, event_time, event_id, timestamp_us, rolled_past(
                     event_time, admission.rolled_us, admission.ns) or "")  # type: ignore[arg-type]  # not None here
-                out.behind.append((namespace, (counter, event_time, event_id, item_key), letter))
+                # stored as admitted: a UNIQUE add's item is its event's item key (above)
+                out.behind.append((namespace, (counter, event_time, event_id, item or item_key), letter))
                 continue
             if admission.refusal is None and timestamp_us < arrived:
                 reason += _ARRIVAL_FROM_FLOOR % micros_iso(timestamp_us)

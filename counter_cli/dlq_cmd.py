@@ -251,7 +251,12 @@ def run_replay(args: argparse.Namespace) -> int:
         "re-submitted: there is nothing in them to count"))
     _, registry = namespaces_or_exit(settings)  # re-submitted mutations are keyed as producers key them
     # A token-less one whose source record a `counter replay` stored since is counted: re-sent, it would count again.
-    counted = asyncio.run(stored_originals(settings, registry, todo))
+    try:
+        counted = asyncio.run(stored_originals(settings, registry, todo))
+    except Exception as exc:  # the store away: re-sending unchecked could count a token-less write twice
+        fail(f"cannot read the event store ({type(exc).__name__}: {exc}): `counter dlq replay` asks it whether a "
+             "replay stored a token-less dead letter's mutation before re-sending it; run again once it answers",
+             code=1)
     todo = _leave_out(todo, lambda r: r.identity in counted, lambda n, r: (
         f"{n:,} token-less dead letter(s) are counted already: a `counter replay` stored their source record's "
         f"mutation since (first: {r.position}, from {r.source}); not re-submitted: re-sent, they would count again"))

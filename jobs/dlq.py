@@ -271,6 +271,8 @@ def pending(records: Iterable[DeadRecord], sent: SentLog, *, force: bool = False
 async def stored_originals(settings: Settings, registry: Mapping[str, Any], records: list[DeadRecord]) -> set[str]:
     """The identities of the token-less dead letters whose mutation is stored as its source record's event (a
     `counter replay` of that record stored it since): re-sent, they would be counted a second time, as new writes."""
+    if not any(r.tokenless() is not None for r in records):
+        return set()  # nothing to ask the store
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     try:
         return await _stored(records, events)

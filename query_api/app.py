@@ -10,6 +10,7 @@ field), 401/403 API keys, 503 broker or (BEST_EFFORT) memcached unreachable, 504
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -41,6 +42,8 @@ from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
 from sinks.best_effort import open_counters
 from streams.settings import Settings, api_start_problems, load_settings
 from streams.signals import SignalSender
+
+log = logging.getLogger(__name__)
 
 
 def build_service(settings: Settings) -> CounterService:
@@ -87,7 +90,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await service.signals.start()
         if service.progress is not None:
             service.progress.start()
-        await service.rolled.refresh(service.rollups, service.registry)  # admission's floors before the first write
+        try:  # admission's floors before the first write; a store away now leaves them to follow_watermark
+            await service.rolled.refresh(service.rollups, service.registry)
+        except Exception as exc:
+            log.warning("the namespaces' newest rollups not read at start: %s", exc)
         watermark = asyncio.create_task(service.follow_watermark(s.mutations_topic))
         freeze_startup_heap()  # everything built so far lives as long as the process (infra.heap)
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with

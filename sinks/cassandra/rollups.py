@@ -237,8 +237,10 @@ class CassandraRollupStore:
         return max((int(r[0] or 0) for r in rows), default=0)
 
     async def newest_rollup_ts(self, namespace: str) -> int:
-        """The pending counters' rows (a converged counter's rollup_ts is at most the rollup that converged it, which
-        the bounds hold) and the bounds."""
+        """The pending counters' rows and the bounds (the newest rollup that converged a counter). A converged
+        counter rolled up again without a write (a read's signal, a recount) can be later than both: SQLite raises its
+        bound at every rollup write, this store only when a counter converges, so the admission floor it gives can
+        trail such a counter's rollup (sinks.rolled; the issue's note)."""
         pages = await self._x.run_all([self._cql.pending_of_namespace(s, namespace) for s in range(self._shards)])
         keys = [(namespace, str(row[0])) for page in pages for row in (page or ())]
         states = await self.get_many(keys) if keys else {}

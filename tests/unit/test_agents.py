@@ -189,3 +189,12 @@ def test_an_event_at_or_before_its_namespaces_rollups_is_dead_lettered_with_the_
             f"event_time {micros_iso(T - MICROS)} is at or before namespace 'ev''s rollups (up to "
             f"{micros_iso(T - MICROS)}), which no longer change: a raised accept_limit admits such times only for "
             "counters not rolled up past them"])
+
+
+def test_a_unique_add_behind_the_rollups_is_looked_up_by_its_item():
+    """A review: a redelivered UNIQUE add at or before the rollups was looked up with an empty item key, while it is
+    stored with its item as the key: found nowhere, it was dead-lettered though counted."""
+    registry = parse_namespaces({"namespaces": {"u": {"counter_type": "EVENTUAL", "aggregation": "UNIQUE"}}})
+    add = encode_mutation(Mutation("u", "c", 1, T - MICROS, "t", "", MutationOp.ADD, (), "user-7"))
+    batch = prepare([rec(add)], registry, now_us=T + MICROS, rolled={"u": T})
+    assert [key for _ns, key, _letter in batch.behind] == [("c", T - MICROS, "t", "user-7")]
