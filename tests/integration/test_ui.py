@@ -158,6 +158,9 @@ def world(kafka_bootstrap: str, memcached_address: str, tmp_path_factory: pytest
     api = env.start_api()
     with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
         w = World(env, client)
+        # First the seeded history: its rollup is stamped now (ahead of what a worker's rollup would be), and admission
+        # refuses times at or before a namespace's newest rollup (sinks.rolled): every write below comes after it.
+        w.seeded = _seed_hours(env.data_dir, w.perf_counter, time.time_ns() // 1000)
         # Through the API: three adds (one retried: counted once) ...
         adds = [{"namespace": "my_dataset", "counter_name": w.counter, "delta": d,
                  "idempotency_token": {"token": uuid.uuid4().hex, "generation_time": now_iso()}} for d in (2, 5, -1)]
@@ -177,7 +180,6 @@ def world(kafka_bootstrap: str, memcached_address: str, tmp_path_factory: pytest
         r = w.post("/v1/AddCount", {"namespace": "secured", "counter_name": w.counter, "delta": 4},
                    **{"X-API-Key": "writer-key"})
         assert r.status_code == 200, r.text
-        w.seeded = _seed_hours(env.data_dir, w.perf_counter, time.time_ns() // 1000)
         for delta in (3, 1, 2):  # events on top of the seeded history: its audit panel has entries too
             assert w.post("/v1/AddCount", {"namespace": "my_dataset", "counter_name": w.perf_counter,
                                            "delta": delta}).status_code == 200
