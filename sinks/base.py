@@ -183,7 +183,8 @@ class RollupStore(Protocol):
     async def newest_rollup_ts(self, namespace: str) -> int:
         """The latest rollup_ts of any counter of the namespace (0 when nothing was rolled up): no event dated at or
         before it can be counted any more, so admission refuses such events once the admission window grew past it
-        (a raised accept_limit, `agents.persist`). Reads the pending counters and a row, as `min_rollup_ts` does."""
+        (a raised accept_limit, `agents.persist`), every few seconds: SQLite reads one row (its bound is raised by every
+        rollup write), Cassandra the namespace's pending counters and its bounds."""
         ...
 
     async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:

@@ -96,11 +96,8 @@ SELECT COALESCE(
     (SELECT MIN(rollup_ts) FROM rollups INDEXED BY rollups_stale WHERE namespace = ? AND last_write_ts > rollup_ts),
     (SELECT newest FROM rollup_bounds WHERE namespace = ?), 0)
 """
-_NEWEST_ROLLUP_TS = """
-SELECT MAX(COALESCE(
-    (SELECT MAX(rollup_ts) FROM rollups INDEXED BY rollups_stale WHERE namespace = ? AND last_write_ts > rollup_ts),
-    0), COALESCE((SELECT newest FROM rollup_bounds WHERE namespace = ?), 0))
-"""
+# The bound is raised by every rollup write (pending counters' too): one row, however many counters are pending.
+_NEWEST_ROLLUP_TS = "SELECT COALESCE((SELECT newest FROM rollup_bounds WHERE namespace = ?), 0)"
 _STALE_FIRST = """
 SELECT namespace, counter FROM rollups INDEXED BY rollups_stale
 WHERE last_write_ts > rollup_ts ORDER BY namespace, counter LIMIT ?
@@ -203,7 +200,7 @@ class SqliteRollupStore:
         return int(bound)
 
     async def newest_rollup_ts(self, namespace: str) -> int:
-        (newest,) = await self._db.run(lambda conn: conn.execute(_NEWEST_ROLLUP_TS, (namespace, namespace)).fetchone())
+        (newest,) = await self._db.run(lambda conn: conn.execute(_NEWEST_ROLLUP_TS, (namespace,)).fetchone())
         return int(newest)
 
     async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
