@@ -32,6 +32,7 @@ from schemas import (
     MutationOp,
     decode_mutations,
     encode_mutation,
+    position_identity,
     tokenless_json,
 )
 from schemas.codec import InvalidItems
@@ -307,7 +308,7 @@ def _prepare(records: Sequence[KafkaRecord], registry: NamespaceRegistry, floor:
                         "time"))
                     continue
             if event_id is None:  # a JSON record without a token: its Kafka position is its identity
-                event_id = f"kafka:{identity_topic or rec.topic}:{partition}:{rec.offset}:{index}"
+                event_id = position_identity(identity_topic or rec.topic, partition, rec.offset, index)
             if (admission.refusal is None and arrived - admission.accept_us <= event_time
                     <= arrived + admission.ahead_us and event_time > admission.rolled_us):
                 is_clear = op is MutationOp.CLEAR
@@ -414,8 +415,8 @@ def _stamped_ahead(out: PreparedBatch, rec: KafkaRecord, pairs: Iterable[tuple[i
             kept.append((index, m))
             continue
         event_time = timestamp_us if m.event_time is None else m.event_time
-        event_id = (f"kafka:{identity_topic or rec.topic}:{rec.partition}:{rec.offset}:{index}" if m.event_id is None
-                    else m.event_id)
+        event_id = (position_identity(identity_topic or rec.topic, rec.partition, rec.offset, index)
+                    if m.event_id is None else m.event_id)
         # A token-less one is written with the identity it was given, even alone in its record: whether a record
         # is ahead depends on when it is read, so a redelivery may count it, and the DLQ's raw bytes, re-sent,
         # would be another event.

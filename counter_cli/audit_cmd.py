@@ -246,10 +246,6 @@ def _run_series(args: argparse.Namespace, settings: Settings, registry: Namespac
     console.print(f"{args.namespace}:{args.counter}: {result.buckets:,} {g} bucket(s){where} from "
                   f"{iso(result.start_us)} to {iso(result.end_us)} ({progress.summary()}): total {result.total:,}, "
                   f"as_of {as_of}", highlight=False, emoji=False, markup=False)
-    if ns.counts_unique:
-        console.print(f"namespace {args.namespace!r} counts distinct items (UNIQUE): the running total counts its "
-                      "writes (each item once per write); the count GetCount answers is the distinct items' estimate",
-                      highlight=False)
     if result.interrupted:
         console.print("interrupted; run the same command with --resume (and --output) to continue",
                       highlight=False)

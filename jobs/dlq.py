@@ -24,7 +24,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.state import read_json, write_json_atomic
 from producers.partitioner import partition_for
-from schemas import MICROS, DecodeError, decode_mutations
+from schemas import MICROS, DecodeError, decode_mutations, position_identity
 from schemas.dead_letter import (
     INDEX,
     REASON,
@@ -101,7 +101,8 @@ class DeadRecord:
         try:
             ms = decode_mutations(self.value)
             event_time = int(h[SOURCE_TIMESTAMP])
-            identity = f"kafka:{h[SOURCE_TOPIC]}:{int(h[SOURCE_PARTITION])}:{int(h[SOURCE_OFFSET])}:{int(h[INDEX])}"
+            identity = position_identity(h[SOURCE_TOPIC], int(h[SOURCE_PARTITION]), int(h[SOURCE_OFFSET]),
+                                         int(h[INDEX]))
         except (DecodeError, KeyError, ValueError):
             return None
         if len(ms) != 1 or ms[0].event_id is not None:

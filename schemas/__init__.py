@@ -41,7 +41,16 @@ from schemas.dimensions import (
     validate_item,
 )
 from schemas.json_records import mutation_from_json, tokenless_json
-from schemas.model import MAX_SHARDS, MICROS, Mutation, MutationOp, counter_key, shard_key, shard_of
+from schemas.model import (
+    MAX_SHARDS,
+    MICROS,
+    Mutation,
+    MutationOp,
+    counter_key,
+    position_identity,
+    shard_key,
+    shard_of,
+)
 from schemas.validation import (
     INT64_MAX,
     INT64_MIN,
@@ -102,6 +111,7 @@ __all__ = [
     "mutation_body",
     "mutation_from_json",
     "parse_generation_time",
+    "position_identity",
     "record_of_bodies",
     "shard_key",
     "shard_of",

@@ -61,6 +61,12 @@ def counter_key(namespace: str, counter: str) -> str:
     return f"{namespace}:{counter}"
 
 
+def position_identity(topic: str, partition: int, offset: int, index: int) -> str:
+    """The event id of a token-less mutation: its record's Kafka position and its index in the record. The persist
+    path gives it (`agents.persist`), and the DLQ tools recognise a dead letter's source event by it (`jobs.dlq`)."""
+    return f"kafka:{topic}:{partition}:{offset}:{index}"
+
+
 def shard_of(token: str | None, shards: int) -> int:
     """Which of a counter's `shards` a write goes to: the CRC-32 (IEEE, as zlib, java.util.zip.CRC32 and Go's
     crc32.ChecksumIEEE compute it) of its idempotency token's UTF-8 bytes, modulo `shards`. A retry carries the

@@ -225,14 +225,21 @@ class CassandraRollupStore:
         return result
 
     async def min_rollup_ts(self, namespace: str) -> int:
+        pending = await self._marked_states(namespace)
+        pending_ts = [s.rollup_ts if s is not None else 0 for s in pending if s is None or s.stale]
+        if pending_ts:
+            return min(pending_ts)
+        return await self._bound(namespace)
+
+    async def _marked_states(self, namespace: str) -> list[RollupState | None]:
+        """The rows of the namespace's counters marked pending (None: a marker without its row yet)."""
         pages = await self._x.run_all([self._cql.pending_of_namespace(s, namespace) for s in range(self._shards)])
         keys = [(namespace, str(row[0])) for page in pages for row in (page or ())]
-        if keys:
-            states = await self.get_many(keys)
-            pending = [states.get(k) for k in keys]
-            pending_ts = [s.rollup_ts if s is not None else 0 for s in pending if s is None or s.stale]
-            if pending_ts:
-                return min(pending_ts)
+        states = await self.get_many(keys) if keys else {}
+        return [states.get(k) for k in keys]
+
+    async def _bound(self, namespace: str) -> int:
+        """The newest rollup that converged a counter of the namespace (`rollup_bounds`), 0 if none."""
         rows = await self._x.run(self._cql.get_bounds(namespace))
         return max((int(r[0] or 0) for r in rows), default=0)
 
@@ -241,11 +248,8 @@ class CassandraRollupStore:
         counter rolled up again without a write (a read's signal, a recount) can be later than both: SQLite raises its
         bound at every rollup write, this store only when a counter converges, so the admission floor it gives can
         trail such a counter's rollup (sinks.rolled; the issue's note)."""
-        pages = await self._x.run_all([self._cql.pending_of_namespace(s, namespace) for s in range(self._shards)])
-        keys = [(namespace, str(row[0])) for page in pages for row in (page or ())]
-        states = await self.get_many(keys) if keys else {}
-        rows = await self._x.run(self._cql.get_bounds(namespace))
-        return max([*(s.rollup_ts for s in states.values()), *(int(r[0] or 0) for r in rows)], default=0)
+        marked = await self._marked_states(namespace)
+        return max([*(s.rollup_ts for s in marked if s is not None), await self._bound(namespace)])
 
     async def pending_rollups(self, namespaces: Sequence[str], limit: int = 10_000) -> dict[str, PendingRollups]:
         names, cap = list(dict.fromkeys(namespaces)), max(0, limit)

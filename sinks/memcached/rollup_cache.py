@@ -152,15 +152,12 @@ class MemcachedRollupCache:
         return list(self._nodes)
 
     async def get(self, namespace: str, counter: str) -> tuple[int, int] | None:
-        prefix = self._prefix if self._prefix is not None else await self._scoped()
-        if prefix is None:
+        if (key := await self._key(namespace, counter)) is None:
             return None
-        key = cache_key(namespace, counter, prefix)
         return _decode(await self._guard(self._node(key), lambda c: c.get(key), None))
 
     async def get_many(self, keys: Iterable[Key]) -> dict[Key, tuple[int, int]]:
-        prefix = self._prefix if self._prefix is not None else await self._scoped()
-        if prefix is None:
+        if (prefix := self._prefix if self._prefix is not None else await self._scoped()) is None:
             return {}
         by_node: dict[str, dict[str, Key]] = {}
         for namespace, counter in keys:
@@ -177,10 +174,8 @@ class MemcachedRollupCache:
 
     async def set(self, namespace: str, counter: str, count: int, rollup_ts: int,
                   ttl_s: float | None = None) -> None:
-        prefix = self._prefix if self._prefix is not None else await self._scoped()
-        if prefix is None:
+        if (key := await self._key(namespace, counter)) is None:
             return
-        key = cache_key(namespace, counter, prefix)
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
         await self._guard(self._node(key), lambda c: c.set(key, value, expire), None)
@@ -191,10 +186,8 @@ class MemcachedRollupCache:
         in its breaker window) is written once the server answers again: the server may still hold the counter's
         older rollup, which reads would serve as current (a review saw 10 for 9 s after an outage, where the store
         had 15 for 25 s)."""
-        prefix = self._prefix if self._prefix is not None else await self._scoped()
-        if prefix is None:
+        if (key := await self._key(namespace, counter)) is None:
             return
-        key = cache_key(namespace, counter, prefix)
         expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
         value = _encode(count, rollup_ts)
         node = self._node(key)
@@ -202,10 +195,8 @@ class MemcachedRollupCache:
             self._keep_unwritten(node, key, value, rollup_ts, expire)
 
     async def delete(self, namespace: str, counter: str) -> None:
-        prefix = self._prefix if self._prefix is not None else await self._scoped()
-        if prefix is None:
+        if (key := await self._key(namespace, counter)) is None:
             return
-        key = cache_key(namespace, counter, prefix)
         await self._guard(self._node(key), lambda c: c.delete(key), None)
 
     async def healthy(self) -> bool:
@@ -223,6 +214,11 @@ class MemcachedRollupCache:
                 await node.client.close()
 
     # -- internals ----------------------------------------------------------------------------
+
+    async def _key(self, namespace: str, counter: str) -> str | None:
+        """The counter's key, None while the store's identity is not known (`_scoped`)."""
+        prefix = self._prefix if self._prefix is not None else await self._scoped()
+        return None if prefix is None else cache_key(namespace, counter, prefix)
 
     async def _scoped(self) -> str | None:
         """The keys' prefix with the store's identity, read once; None while the store cannot say (the call then
