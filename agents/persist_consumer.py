@@ -233,7 +233,11 @@ class PersistConsumer:
             fetch_max_wait_ms=wait_ms, fetch_min_bytes=min_bytes, max_partition_fetch_bytes=4 << 20,
             fetch_max_bytes=64 << 20,
             session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=max(500, session_timeout_ms // 5),
-            rebalance_timeout_ms=rebalance_timeout_ms, max_poll_interval_ms=300_000, **(security or {}))
+            rebalance_timeout_ms=rebalance_timeout_ms, max_poll_interval_ms=300_000,
+            # partitions added to the topic are handed out at the group's next metadata refresh (aiokafka rejoins
+            # when a subscribed topic's partitions change); 5 min by default, while rollups wait for them
+            # (`agents.watermark.PartitionCount`)
+            metadata_max_age_ms=30_000, **(security or {}))
         self._consumer: AIOKafkaConsumer | None = None  # aiokafka objects are made inside the running loop
 
     def assignment(self) -> set[int]:

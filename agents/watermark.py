@@ -21,13 +21,17 @@ of the last batch + 1 as the high watermark, which would declare a half-read bat
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 from control_plane import CounterType, Namespace
 from schemas import MICROS
 from sinks import RollupStore, written_key
+
+log = logging.getLogger(__name__)
 
 
 def heartbeat_skew_s(namespaces: Iterable[Namespace]) -> float:
@@ -125,3 +129,39 @@ class HeartbeatPace:
 
     def sent(self, now: float) -> None:
         self._sent_at = now
+
+
+class PartitionCount:
+    """How many mutations partitions the global watermark waits for, read again from the broker every `every_s`.
+
+    Partitions added to the topic while workers run were left out of the watermark until every worker restarted:
+    rollups passed the writes waiting in the new partitions, which were then stored and never counted. A worker that
+    sees more partitions holds rollups until the new ones have watermarks (their owners heartbeat them once the
+    consumer group has handed them out, `persist_consumer`'s metadata refresh). Writes that reach a new partition
+    before the next read here can still fall behind a rollup; admission dead-letters those (`sinks.rolled`).
+    The read runs on the heartbeat timer, never on the rollup path; a broker that does not answer keeps the count."""
+
+    __slots__ = ("_due", "count", "every_s", "topic")
+
+    def __init__(self, topic: str, count: int, every_s: float = 10.0) -> None:
+        self.topic = topic
+        self.count = count
+        self.every_s = every_s
+        self._due = time.monotonic() + every_s  # the worker has just read it
+
+    async def refresh(self, read: Callable[[str], Awaitable[int]]) -> int:
+        """The count, read again with `read(topic)` when due."""
+        now = time.monotonic()
+        if now < self._due:
+            return self.count
+        self._due = now + self.every_s
+        try:
+            count = await read(self.topic)
+        except Exception as exc:  # a broker away: its outage shows elsewhere, the count stands
+            log.debug("could not read the partition count of %s: %r", self.topic, exc)
+            return self.count
+        if count != self.count:
+            log.warning("topic %s now has %d partitions (was %d): rollups wait for the watermarks of all %d",
+                        self.topic, count, self.count, count)
+            self.count = count
+        return self.count

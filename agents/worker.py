@@ -29,6 +29,7 @@ from agents.timers import surviving
 from agents.watermark import (
     NO_PARTITION,
     HeartbeatPace,
+    PartitionCount,
     WatermarkTracker,
     heartbeat_skew_s,
     heartbeats_needed,
@@ -82,7 +83,7 @@ class Pipeline:
     app: faust.App
     topics: AppTopics
     tracker: WatermarkTracker
-    mutation_partitions: int
+    mutation_partitions: PartitionCount  # the watermark waits for each; read again as partitions are added
     rollup_partitions: int
     pressure: BackPressure
     kafka: AsyncProducer
@@ -181,7 +182,8 @@ class Pipeline:
         await asyncio.gather(*futures)
 
     async def watermark(self) -> int:
-        return global_watermark(await self.rollups.watermarks(self.settings.mutations_topic), self.mutation_partitions)
+        return global_watermark(await self.rollups.watermarks(self.settings.mutations_topic),
+                                self.mutation_partitions.count)
 
     async def cover_stale(self, stale: Sequence[Key]) -> None:
         """Have heartbeats carry the watermark past the writes of counters waiting for a rollup that no published
@@ -240,7 +242,7 @@ def build(settings: Settings) -> Pipeline:
         cache=open_cache(_cache_spec(settings), key_prefix=settings.worker_id, scope=rollups.identity),
         app=app, topics=topics,
         tracker=WatermarkTracker(skew),
-        mutation_partitions=counts[settings.mutations_topic],
+        mutation_partitions=PartitionCount(settings.mutations_topic, counts[settings.mutations_topic]),
         rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure(), kafka=kafka,
         signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]), sketches=sketches,
         heartbeats=HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s)))
@@ -368,6 +370,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
     async def heartbeat() -> None:
         """Publish the watermarks earned and the writes persisted so far, and send the next heartbeat down each owned
         partition while their watermarks do not cover the latest write persisted anywhere (when due)."""
+        await p.mutation_partitions.refresh(p.kafka.partitions)
         owned, marks, written = await p.publish_watermarks()
         if not owned:
             return

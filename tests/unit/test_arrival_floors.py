@@ -19,7 +19,7 @@ import pytest
 from agents.arrival import ArrivalFloors
 from agents.persist import RawRecord
 from agents.rollup import rollup_counter
-from agents.watermark import HeartbeatPace, WatermarkTracker, heartbeats_needed
+from agents.watermark import HeartbeatPace, PartitionCount, WatermarkTracker, heartbeats_needed
 from agents.worker import Pipeline, _persist
 from control_plane import parse_namespaces
 from schemas import MICROS, Mutation, MutationOp, encode_mutation
@@ -54,7 +54,8 @@ class Stack:
 
     def worker(self) -> Pipeline:
         p = Pipeline(settings=Settings(), registry=REGISTRY, events=self.events, rollups=self.rollups, buckets=None,
-                     cache=None, app=None, topics=None, tracker=WatermarkTracker(0.5), mutation_partitions=1,
+                     cache=None, app=None, topics=None, tracker=WatermarkTracker(0.5),
+                     mutation_partitions=PartitionCount("m", 1),
                      rollup_partitions=1, pressure=None, kafka=FakeKafka(), signals=None, heartbeats=HeartbeatPace(1.0))
         p.owned_mutation_partitions = lambda: [0]  # type: ignore[method-assign]  # no consumer here
         return p

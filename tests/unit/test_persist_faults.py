@@ -16,7 +16,7 @@ import pytest
 import agents.persist
 from agents.persist import RawRecord, prepare
 from agents.persist_consumer import PersistConsumer
-from agents.watermark import HeartbeatPace, WatermarkTracker
+from agents.watermark import HeartbeatPace, PartitionCount, WatermarkTracker
 from agents.worker import Pipeline, _persist, _retrying
 from control_plane import parse_namespaces
 from producers.asyncio_producer import AsyncProducer
@@ -69,7 +69,8 @@ async def run_pipeline(tmp_path: Path, action: Any) -> tuple[Any, Pipeline]:
     part = Partitioning(4, 10, 60)
     events, rollups = SqliteEventStore(tmp_path / "e.db", lambda ns: part), SqliteRollupStore(tmp_path / "r.db")
     p = Pipeline(settings=Settings(), registry=REGISTRY, events=events, rollups=rollups, buckets=None, cache=None,
-                 app=None, topics=None, tracker=WatermarkTracker(1.0), mutation_partitions=1, rollup_partitions=1,
+                 app=None, topics=None, tracker=WatermarkTracker(1.0), mutation_partitions=PartitionCount("m", 1),
+                 rollup_partitions=1,
                  pressure=None, kafka=FakeKafka(), signals=None, heartbeats=HeartbeatPace(1.0))
     try:
         return await action(p), p
