@@ -195,7 +195,7 @@ def run_case(label: str, namespace: str, counters: int, args: argparse.Namespace
             sampler = Sampler(stack.workers, namespace)
             sampler.start()
             expected: dict[str, int] = {}
-            with CounterProducer(bootstrap, batch_size=args.batch_size, linger_ms=5, shards=registry,
+            with CounterProducer(bootstrap, batch_size=args.batch_size, linger_ms=5, namespaces=registry,
                                  config={"queue.buffering.max.messages": 1_000_000}) as producer:
                 first, last_send, acked = produce_at_rate(producer, args.mutations, args.rate, namespace, counters,
                                                           expected, sampler, seed)

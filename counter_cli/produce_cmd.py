@@ -10,7 +10,7 @@ from control_plane import NamespaceRegistry
 from control_plane.admission import admission_error, extras_refusal, kafka_refusal
 from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, stack_settings_or_exit
 from counter_cli.progress import ProgressBar
-from producers import CounterProducer, DeliveryError
+from producers import CounterProducer, DeliveryError, NotAdmitted
 from producers.client import add_delta, now_micros
 from schemas import DecodeError, Mutation, MutationOp, ValidationError, mutation_from_json
 from schemas.validation import micros_iso
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     topic = args.topic or settings.mutations_topic
     handed = [0]
     try:
-        with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, shards=registry,
+        with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, namespaces=registry,
                              config=settings.kafka_security.librdkafka()) as producer:
             if args.file is None:
                 producer.send(mutations[0])
@@ -93,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
             producer.flush()
     except DeliveryError as exc:
         fail(f"{exc}; {_retry_advice(args, mutations)}", code=1)
+    except NotAdmitted as exc:  # acknowledged, and refused by admission (a broker that stalled past accept_limit)
+        m, reason = exc.refusals[0]
+        fail(f"{len(exc.refusals)} mutation(s) reached Kafka but will be dead-lettered, not counted: {reason} "
+             f"(first: {m.namespace}/{m.counter_name}, token {m.event_id}); send "
+             + ("it again without --token: a new write" if args.file is None else
+                "those lines again with new tokens and times: new writes"), code=1)
     except KeyboardInterrupt:
         console.print(f"interrupted after {handed[0]:,} of {len(mutations):,} mutation(s) were handed to the producer "
                       "(those the broker acknowledged are counted); "

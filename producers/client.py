@@ -20,9 +20,10 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
 
 from control_plane import NamespaceRegistry
+from control_plane.admission import admission_error, kafka_refusal
 from producers.handle import RenewingProducer
 from producers.partitioner import partition_for
 from schemas import (
@@ -54,6 +55,21 @@ class DeliveryError(RuntimeError):
         super().__init__(message)
         self.failures = failures or []
         self.mutations = list(mutations)
+
+
+class NotAdmitted(Exception):
+    """Mutations the broker acknowledged that the pipeline will refuse: judged, as the worker judges them, by the
+    timestamp of the record the acknowledgement carries (`control_plane.admission`); for example a record that
+    reached Kafka after its namespace's accept_limit, behind a stalled broker. They are dead-lettered and not counted.
+    Not a DeliveryError: a `retry` re-sends the same times and would be refused again; send each again as a new write
+    (a new token and time), which cannot count twice. `refusals` holds (mutation, reason) pairs."""
+
+    def __init__(self, refusals: list[tuple[Mutation, str]]) -> None:
+        first = refusals[0][1]
+        super().__init__(f"{len(refusals)} mutation(s) acknowledged but not admitted (dead-lettered, not counted; "
+                         f"send them again as new writes); first: {first}")
+        self.refusals = refusals
+        self.mutations = [m for m, _ in refusals]
 
 
 _token_prefix = ""
@@ -173,8 +189,10 @@ class CounterProducer:
     future that resolves when the broker has acknowledged the mutation (for a batch: its record); failures
     are also collected and raised by the next `flush()`/`close()` so that ignoring futures never hides them.
 
-    `shards` says over how many Kafka keys each namespace spreads a counter's writes (its `shards` option):
-    `{"plays": 32}`, or the loaded `NamespaceRegistry` itself; a namespace left out has one key per counter.
+    `namespaces` (the loaded `NamespaceRegistry` the workers use) gives each namespace's `shards` option, over how
+    many Kafka keys it spreads a counter's writes, and has every acknowledgement judged as the worker will judge its
+    record (`NotAdmitted`); without it, `shards` gives the counts alone (`{"plays": 32}`) and nothing is judged. A
+    namespace left out has one key per counter.
     A write then goes to `namespace:counter#k`, k chosen by its idempotency token (`schemas.shard_key`), so a
     retry lands on the same partition and one hot counter spreads over many.
 
@@ -186,9 +204,10 @@ class CounterProducer:
     def __init__(self, bootstrap_servers: str, *, topic: str = DEFAULT_TOPIC, batch_size: int = 1,
                  linger_ms: float = 5.0, delivery_timeout_ms: int = 30_000,
                  config: Mapping[str, Any] | None = None, track_failures: bool = True,
-                 shards: Mapping[str, int] | NamespaceRegistry | None = None) -> None:
+                 shards: Mapping[str, int] | None = None, namespaces: NamespaceRegistry | None = None) -> None:
         _check_arguments(batch_size, linger_ms, delivery_timeout_ms)
-        self.shards = _shard_counts(shards)
+        self.shards = _shard_counts(namespaces if shards is None else shards)
+        self.namespaces = namespaces  # when given: each acknowledgement is judged as the worker will (NotAdmitted)
         self.topic = topic
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000.0
@@ -214,6 +233,7 @@ class CounterProducer:
         self._pending: dict[int, _Pending] = {}
         self._failures: list[tuple[str, str]] = []
         self._failed: list[Mutation] = []  # the mutations of `_failures`, for the DeliveryError flush raises
+        self._refused: list[tuple[Mutation, str]] = []  # acknowledged, not admitted: for the NotAdmitted of flush
         self._lock = threading.Lock()
         self._sending = 0  # batches taken out of _pending and not yet handed to librdkafka
         self._sent = threading.Condition(self._lock)  # notified when _sending drops to 0
@@ -321,7 +341,8 @@ class CounterProducer:
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything buffered and wait for acknowledgements (by default a little past the delivery timeout);
-        raise DeliveryError on any failure, with the failed mutations (`retry` them)."""
+        raise DeliveryError on any failure, with the failed mutations (`retry` them), else NotAdmitted for the
+        acknowledged mutations the pipeline will refuse (with `namespaces`)."""
         timeout = self.wait_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         try:
@@ -335,14 +356,18 @@ class CounterProducer:
         with self._lock:
             failures, self._failures = self._failures, []
             failed, self._failed = self._failed, []
+            refused, self._refused = self._refused, []
+        also = f"; and {len(refused)} acknowledged but not admitted (their futures say why)" if refused else ""
         if failures:
             raise DeliveryError(
-                f"{len(failures)} record(s) were not delivered to {self.topic!r}; first: {failures[0][1]}",
+                f"{len(failures)} record(s) were not delivered to {self.topic!r}; first: {failures[0][1]}{also}",
                 failures, failed)
         if drained is not None:
             raise drained
         if remaining:
-            raise DeliveryError(f"{remaining} record(s) not acknowledged by the broker within {timeout:.1f}s")
+            raise DeliveryError(f"{remaining} record(s) not acknowledged by the broker within {timeout:.1f}s{also}")
+        if refused:
+            raise NotAdmitted(refused)
 
     def ping(self, timeout: float = 1.0) -> None:
         """Raise DeliveryError unless the broker answers a metadata request within `timeout`."""
@@ -386,7 +411,7 @@ class CounterProducer:
         if exc_type is None:
             self.close()
         else:  # do not mask the caller's exception with a delivery error
-            with contextlib.suppress(DeliveryError):
+            with contextlib.suppress(DeliveryError, NotAdmitted):
                 self.close()
 
     # -- internals --------------------------------------------------------------------------------------
@@ -439,11 +464,16 @@ class CounterProducer:
 
     def _produce(self, key: bytes, value: bytes, partition: int, future: Future[None],
                  mutations: list[Mutation]) -> None:
-        def on_delivery(err: KafkaError | None, _msg: object) -> None:
-            if err is None:
-                future.set_result(None)
-            else:
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
                 self._fail(future, key, "not delivered", err.str(), mutations)
+            elif refused := self._not_admitted(mutations, msg):
+                if self.track_failures:
+                    with self._lock:
+                        self._refused.extend(refused)
+                future.set_exception(NotAdmitted(refused))
+            else:
+                future.set_result(None)
 
         while True:
             try:
@@ -456,6 +486,23 @@ class CounterProducer:
             except KafkaException as exc:
                 error = self._fail(future, key, f"cannot produce to {self.topic!r}", str(exc), mutations)
                 raise error from exc
+
+    def _not_admitted(self, mutations: list[Mutation], msg: Any) -> list[tuple[Mutation, str]]:
+        """The mutations of an acknowledged record the worker will dead-letter, judged by the record's timestamp
+        (LogAppendTime on the service's topics, which Apache Kafka's acknowledgement carries; else the producer's
+        CreateTime), with the namespaces given (none: nothing is judged)."""
+        if self.namespaces is None:
+            return []
+        kind, stamped_ms = msg.timestamp()
+        if kind == TIMESTAMP_NOT_AVAILABLE or stamped_ms < 0:
+            return []
+        refused = []
+        for m in mutations:
+            ns = self.namespaces.get(m.namespace)
+            if ns is not None and (reason := kafka_refusal(ns) or admission_error(m.event_time or 0,
+                                                                               stamped_ms * 1000, ns)):
+                refused.append((m, reason))
+        return refused
 
     def _fail(self, future: Future[None], key: bytes, what: str, reason: str,
               mutations: list[Mutation]) -> DeliveryError:

@@ -53,9 +53,9 @@ def test_a_sharded_hot_counter_spreads_over_partitions_and_workers_and_stays_exa
     rng = random.Random(41)
     hot: list[Event] = []
     cold: list[Event] = []
-    with CounterProducer(pipeline.bootstrap, topic=pipeline.mutations_topic, shards=registry) as single, \
+    with CounterProducer(pipeline.bootstrap, topic=pipeline.mutations_topic, namespaces=registry) as single, \
             CounterProducer(pipeline.bootstrap, topic=pipeline.mutations_topic, batch_size=64,
-                            shards=registry) as batched:
+                            namespaces=registry) as batched:
         for wave in range(6):
             events = []
             for i in range(300):

@@ -182,7 +182,7 @@ def test_producer_takes_a_registry_and_refuses_bad_counts() -> None:
     registry = parse_namespaces({"namespaces": {"hot": {"counter_type": "EVENTUAL", "shards": 4},
                                                 "plain": {"counter_type": "EVENTUAL"}}})
     assert isinstance(registry, NamespaceRegistry)
-    producer = Captured(shards=registry)
+    producer = Captured(namespaces=registry)
     try:
         assert producer.shards == {"hot": 4}
         assert producer.key_of(Mutation("hot", "c", 1, T, "123456789")) == b"hot:c#" + str(0xCBF43926 % 4).encode()
@@ -225,7 +225,7 @@ def test_counter_produce_loads_the_namespaces_shards(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(produce_cmd, "CounterProducer", Recorder)
     args = build_parser().parse_args(["produce", "hot", "viral", "1", "--bootstrap", "127.0.0.1:9"])
     assert produce_cmd.run(args) == 0
-    assert made[0]["shards"].shard_counts() == {"hot": 8}
+    assert made[0]["namespaces"].shard_counts() == {"hot": 8}
 
 
 def test_dlq_replay_keys_a_dead_mutation_by_its_shard() -> None:
