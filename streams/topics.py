@@ -7,6 +7,7 @@ CreateTime) still work because our producer stamps records at send time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -100,11 +101,42 @@ def _check_existing(admin: AdminClient, specs: list[TopicSpec], timeout: float) 
             raise TopicError(f"topic {spec.name!r} exists with cleanup.policy={config['cleanup.policy']}: compaction "
                              "drops every record of a key but its latest, so writes not yet read would be lost; set "
                              "cleanup.policy=delete on it (kafka-configs --alter)")
+        if shorter := _shorter_retention(spec, config):
+            log.warning("topic %s exists keeping records %s, less than the %s it would be created with: a worker "
+                        "down longer loses the writes it had not read, and replays reach back only that far "
+                        "(raise it with kafka-configs --alter)", spec.name, shorter, _kept(spec.config["retention.ms"]))
         wanted = spec.config.get("message.timestamp.type")
         if wanted and config.get("message.timestamp.type") not in (None, wanted):
             log.warning("topic %s exists with message.timestamp.type=%s, not %s: admission judges a write's arrival "
                         "by its producer's timestamp, bounded by the workers' heartbeats", spec.name,
                         config.get("message.timestamp.type"), wanted)
+
+
+def _shorter_retention(spec: TopicSpec, config: Mapping[str, str | None]) -> str | None:
+    """How an existing topic keeps records for less than `spec` asks (retention.ms shorter, or any retention.bytes,
+    which deletes by size whatever was read), said as a person reads it; None when it keeps them as long."""
+    wanted = spec.config.get("retention.ms")
+    if wanted is None:
+        return None
+    found = []
+    with contextlib.suppress(TypeError, ValueError):
+        ms = int(config.get("retention.ms") or wanted)
+        if ms >= 0 and (int(wanted) < 0 or ms < int(wanted)):
+            found.append(f"{_kept(str(ms))} (retention.ms={ms})")
+    with contextlib.suppress(TypeError, ValueError):
+        if (size := int(config.get("retention.bytes") or -1)) >= 0:
+            found.append(f"up to {size} bytes a partition (retention.bytes={size})")
+    return " and ".join(found) or None
+
+
+def _kept(ms: str) -> str:
+    """A retention.ms as a span: "forever", "7 days", "36 h"."""
+    value = int(ms)
+    if value < 0:
+        return "forever"
+    if value and value % DAY_MS == 0:
+        return f"{value // DAY_MS} day{'s' if value > DAY_MS else ''}"
+    return f"{value / 3_600_000:.3g} h" if value >= 3_600_000 else f"{value / 1000:g} s"
 
 
 def _create(admin: AdminClient, specs: list[TopicSpec], timeout: float, *, with_config: bool) -> None:

@@ -52,3 +52,24 @@ def test_an_existing_compacted_topic_is_refused_and_another_timestamp_type_said(
         ensure_topics(kafka_bootstrap, [TopicSpec(f"{topic_name}-t", 1, config={"message.timestamp.type":
                                                                                 "LogAppendTime"})])
     assert any("message.timestamp.type=CreateTime, not LogAppendTime" in r.getMessage() for r in caplog.records)
+
+
+def test_an_existing_topic_keeping_records_for_less_is_said(kafka_bootstrap, topic_name, caplog):
+    """A mutations topic someone created with 1 h of retention (or a size bound) deletes writes a worker down longer
+    had not read, and bounds replays: start-up says so, naming what it keeps against what it would be created with."""
+    import logging
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for future in admin.create_topics([
+            NewTopic(f"{topic_name}-s", 1, 1, config={"retention.ms": "3600000"}),
+            NewTopic(f"{topic_name}-b", 1, 1, config={"retention.ms": "604800000", "retention.bytes": "1048576"}),
+            NewTopic(f"{topic_name}-k", 1, 1, config={"retention.ms": "604800000"})]).values():
+        future.result(10)
+    week = {"retention.ms": "604800000"}
+    with caplog.at_level(logging.WARNING, logger="streams.topics"):
+        ensure_topics(kafka_bootstrap, [TopicSpec(f"{topic_name}-{n}", 1, config=week) for n in "sbk"])
+    said = [r.getMessage() for r in caplog.records]
+    assert any(f"topic {topic_name}-s exists keeping records 1 h (retention.ms=3600000), less than the 7 days" in m
+               for m in said), said
+    assert any(f"topic {topic_name}-b exists keeping records up to 1048576 bytes a partition" in m for m in said), said
+    assert not any(f"{topic_name}-k" in m for m in said), said
