@@ -125,7 +125,9 @@ def joined_stack(settings: Settings, endpoints: dict[str, Any] | None = None) ->
     cache its API reads, since a worker rolling counters up without it leaves the API's cached counts as they were
     (a review read 0 for 7, indefinitely) and another API would count BEST_EFFORT writes apart (5 and 7 of 12), and
     its namespace file, since a worker without a namespace dead-letters its acknowledged writes and a replay or a
-    recount would judge them by the shipped example's. Either one set to something else fails, naming both."""
+    recount would judge them by the shipped example's; and its store, consumer group and topics (JOINED_MISMATCH
+    says what each would break: a review's joined worker with another COUNTER_STORE persisted 214 of 912
+    acknowledged writes where no count reads them). Any of them set to something else fails, naming both."""
     endpoints = read_endpoints(settings) if endpoints is None else endpoints
     if not endpoints:
         return {}
@@ -146,7 +148,41 @@ def joined_stack(settings: Settings, endpoints: dict[str, Any] | None = None) ->
             fail(f"COUNTER_NAMESPACES={settings.namespaces}, but the running `counter up` uses {namespaces}: "
                  "processes of one deployment need the same namespaces (a worker without a namespace dead-letters "
                  "its writes); unset COUNTER_NAMESPACES to use counter up's")
+    for name, recorded in _deployment(endpoints).items():
+        mine = store_location(settings) if name == "store" else getattr(settings, name)
+        if name not in settings.model_fields_set:
+            if mine != recorded:
+                shared[name] = recorded
+        elif mine != recorded:
+            fail(f"COUNTER_{name.upper()}={getattr(settings, name)}, but the running `counter up` uses {recorded}: "
+                 f"{JOINED_MISMATCH[name]}; unset COUNTER_{name.upper()} to use counter up's")
     return shared
+
+
+JOINED_MISMATCH = {  # why a process joining a running `counter up` must use its value of each setting
+    "store": "a worker would persist its share of the writes into a store no API reads (lost to every count) and "
+             "an API would answer from it",
+    "worker_id": "a worker would form a second consumer group that counts the topic again, and an API's "
+                 "AddAndGetCount would wait for a group no worker is in",
+    "mutations_topic": "an API would send writes no worker reads, and a worker would read none of the API's",
+    "rollups_topic": "a worker's rollup signals would reach no other worker",
+    "dlq_topic": "`counter dlq` would not find what this process dead-letters",
+}
+
+
+def _deployment(endpoints: dict[str, Any]) -> dict[str, str]:
+    """The settings a running `counter up` recorded for the processes joining it (JOINED_MISMATCH's), as given."""
+    return {name: value for name in JOINED_MISMATCH if isinstance(value := endpoints.get(name), str)}
+
+
+def store_location(settings: Settings) -> str:
+    """The store the settings open, as a store URL that names it wherever it is read: `sqlite` (the data directory)
+    and a relative one become `sqlite:///<absolute dir>`."""
+    if settings.store == "sqlite":
+        return f"sqlite://{settings.data_dir.resolve()}"
+    if settings.store.startswith("sqlite://"):
+        return f"sqlite://{Path(settings.store.removeprefix('sqlite://')).resolve()}"
+    return settings.store
 
 
 def stack_settings_or_exit(**overrides: Any) -> Settings:

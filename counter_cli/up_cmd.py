@@ -30,6 +30,7 @@ from counter_cli.common import (
     kafka_failure,
     namespaces_or_exit,
     settings_or_exit,
+    store_location,
 )
 from counter_cli.unpersisted import unpersisted
 from infra.broker import LongPartitionWatch
@@ -185,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
             return code
         endpoints["namespaces"] = str(ns_path.resolve())  # what `counter worker` joining this stack loads too
         endpoints["api_shared_pipeline"] = settings.api_shared  # whether its API counts another API's writes
+        endpoints.update(store=store_location(settings), worker_id=settings.worker_id,  # what joined processes use
+                         mutations_topic=settings.mutations_topic, rollups_topic=settings.rollups_topic,
+                         dlq_topic=settings.dlq_topic)
         if stack.broker is not None:
             _owned_by(lock, LOCAL_BROKER_MARK)  # from here a death without the stop loses the broker's writes
         drain_s = float(stack.env.get("COUNTER_PERSIST_DRAIN_S", settings.persist_drain_s))

@@ -212,6 +212,53 @@ def test_a_worker_joining_counter_up_with_another_cache_or_namespace_file_fails(
     assert variable in error and said in error, error
 
 
+DEPLOYMENT = ("COUNTER_NAMESPACES", "COUNTER_CACHE", "COUNTER_KAFKA_BOOTSTRAP", "COUNTER_STORE", "COUNTER_WORKER_ID",
+              "COUNTER_MUTATIONS_TOPIC", "COUNTER_ROLLUPS_TOPIC", "COUNTER_DLQ_TOPIC")
+
+
+def _deployment_endpoints(tmp_path) -> dict[str, str]:
+    return {"memcached": "127.0.0.1:11311", "namespaces": str(common.default_config_path()),
+            "store": f"sqlite://{(tmp_path / 'elsewhere').resolve()}", "worker_id": "w-stack",
+            "mutations_topic": "m-stack", "rollups_topic": "r-stack", "dlq_topic": "d-stack"}
+
+
+def test_a_process_joining_counter_up_takes_its_store_group_and_topics(monkeypatch, tmp_path):
+    """A review: a `counter worker` with another COUNTER_STORE (a stale variable in the shell is enough) joined the
+    consumer group and persisted its share of the acknowledged writes where no API reads them: 214 of 912 were never
+    counted. A joining process now takes counter up's store, consumer group and topics."""
+    for name in DEPLOYMENT:
+        monkeypatch.delenv(name, raising=False)
+    recorded = _deployment_endpoints(tmp_path)
+    _stack_endpoints(tmp_path, **recorded)
+    [env] = _worker_env(monkeypatch, tmp_path)
+    for name in ("store", "worker_id", "mutations_topic", "rollups_topic", "dlq_topic"):
+        assert env[f"COUNTER_{name.upper()}"] == recorded[name], name
+    settings = common.stack_settings_or_exit(data_dir=tmp_path)  # the operator tools too
+    assert settings.store == recorded["store"] and settings.worker_id == "w-stack"
+    assert settings.mutations_topic == "m-stack" and settings.dlq_topic == "d-stack"
+    monkeypatch.setenv("COUNTER_STORE", f"sqlite://{tmp_path / 'x' / '..' / 'elsewhere'}")  # the same, said otherwise
+    monkeypatch.setenv("COUNTER_WORKER_ID", "w-stack")
+    assert _worker_env(monkeypatch, tmp_path)[0]["COUNTER_WORKER_ID"] == "w-stack"
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("COUNTER_STORE", "sqlite"), ("COUNTER_WORKER_ID", "other"), ("COUNTER_MUTATIONS_TOPIC", "other"),
+    ("COUNTER_ROLLUPS_TOPIC", "other"), ("COUNTER_DLQ_TOPIC", "other")])
+@pytest.mark.parametrize("verb", ["worker", "api"])
+def test_a_process_joining_counter_up_with_another_store_group_or_topic_fails(monkeypatch, tmp_path, capsys,
+                                                                              variable, value, verb):
+    for name in DEPLOYMENT:
+        monkeypatch.delenv(name, raising=False)
+    _stack_endpoints(tmp_path, **_deployment_endpoints(tmp_path))
+    monkeypatch.setenv(variable, value)
+    monkeypatch.setattr(worker_cmd, "run_child", lambda *_a, **_k: pytest.fail("started despite the mismatch"))
+    monkeypatch.setattr(api_cmd.os, "execve", lambda *_a: pytest.fail("started despite the mismatch"))
+    args = build_parser().parse_args([verb, "--no-compile", "--data-dir", str(tmp_path)])
+    _exits(2, args.run, args)
+    error = _error(capsys)
+    assert f"{variable}={value}, but the running `counter up` uses" in error and f"unset {variable}" in error, error
+
+
 @pytest.mark.parametrize("stack_shares", [False, True])
 def test_an_api_beside_counter_up_takes_its_cache_and_namespaces_and_shares_the_pipeline(monkeypatch, tmp_path,
                                                                                          capsys, stack_shares):
