@@ -349,10 +349,12 @@ def _check_persisted(stack: LocalStack, settings: Settings, drain_s: float) -> b
     about = "" if left.complete else "about "
     logs = ", ".join(str(w.log_path) for w in stack.workers)
     console.print(f"[bold red]error:[/] {about}{left.writes:,} acknowledged write(s) ({about}{left.records:,} "
-                  f"record(s)) were not persisted by the worker and are lost with the local broker: the worker did "
-                  f"not persist them within its drain (COUNTER_PERSIST_DRAIN_S={drain_s:g} s; its log says why: "
-                  f"{logs}). After the next `counter up`, writes retried with the same idempotency tokens are counted "
-                  "exactly once.", highlight=False, soft_wrap=True)
+                  f"record(s)) were not persisted and are lost with the local broker: counter up's worker did not "
+                  f"persist them within its drain (COUNTER_PERSIST_DRAIN_S={drain_s:g} s; its log says why: "
+                  f"{logs}), or a worker that joined this stack (`counter worker`) held their partitions, which "
+                  "this drain does not cover (stop joined workers before counter up). After the next `counter up`, "
+                  "writes retried with the same idempotency tokens are counted exactly once.",
+                  highlight=False, soft_wrap=True)
     return True
 
 
