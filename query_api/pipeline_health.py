@@ -49,6 +49,7 @@ PENDING_LIMIT = 10_000  # pending counters counted per namespace at most (the co
 RATE_WINDOW_S = 60.0  # rates are averaged over up to this much history
 RATE_MIN_GAP_S = 1.0  # ... and over at least this much
 STALLED_AFTER_S = 30.0  # no record persisted for this long while records wait: a warning
+WATERMARK_STALLED_S = 60.0  # a caught-up partition's watermark this far behind: a warning
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +228,7 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
         "generated_at": _time(now),
         "topics": {"mutations": settings.mutations_topic, "rollups": settings.rollups_topic, "dlq": settings.dlq_topic},
         "errors": snapshot.errors,
-        "warnings": _warnings(snapshot),
+        "warnings": _warnings(snapshot) + _watermark_warnings(watermarks, settings.mutations_topic),
         "watermarks": watermarks,
         "watermark_lag_s": max(lags) if lags else None,
         "persist_lag_records": mutations.total_lag if mutations else None,
@@ -264,6 +265,20 @@ def _warnings(snapshot: Snapshot) -> list[str]:
             warning := long_partitions(mutations.topic, mutations.high)):
         out.append(warning)
     return out
+
+
+def _watermark_warnings(rows: list[dict[str, Any]], topic: str) -> list[str]:
+    """Watermarks that stand behind although every record of their partition was persisted: rollups wait for them,
+    and no other figure moved (a review: a worker joined with another store persisted and committed its partitions
+    into a store no API reads, its watermarks never reached this one, and rollups stalled for minutes unwarned)."""
+    stuck = [w for w in rows if w["lag_s"] is not None and w["lag_s"] >= WATERMARK_STALLED_S
+             and w["persist_lag_records"] in (0, None)]
+    if not stuck:
+        return []
+    return [f"the persist watermark of {topic} partition(s) {', '.join(str(w['partition']) for w in stuck)} stands "
+            f"{max(w['lag_s'] for w in stuck):.0f} s behind though their records were persisted: rollups wait for "
+            "it. A worker that persists into another store than this API reads, or a hung one, or one whose "
+            "watermark publications are refused (its log says so)"]
 
 
 def _watermarks(now: int, store: StoreFigures | None, mutations: TopicOffsets | None) -> list[dict[str, Any]]:

@@ -212,6 +212,27 @@ def test_persisting_that_stands_still_while_records_wait_is_a_warning(registry):
     assert rates.still_for("persisted_records", 60.0, 3100.0) is None  # moved since the last sample
 
 
+def test_a_watermark_standing_behind_persisted_records_is_a_warning(registry):
+    """A review: a worker joined with another store persisted and committed its partitions into a store no API reads;
+    their watermarks here stood still and rollups waited for minutes, with `warnings: []`. A caught-up partition
+    whose watermark stands WATERMARK_STALLED_S behind the latest write is now a warning naming it; one still
+    persisting (records wait: the stall warning's case) or within the bound is not."""
+    from query_api.broker_offsets import TopicOffsets
+    from query_api.pipeline_health import WATERMARK_STALLED_S, BrokerFigures, StoreFigures
+
+    def warnings(behind_s: float, committed: int) -> list[str]:
+        mutations = TopicOffsets("m", {0: 0, 1: 0}, {0: 500, 1: 700}, {0: 500, 1: committed})
+        broker = BrokerFigures(mutations, None, None, {}, [], {}, "kafka-prod-cluster")
+        store = StoreFigures({0: NOW - MICROS, 1: NOW - int(behind_s * MICROS)}, NOW, {})
+        return render(Snapshot(NOW, store, broker, {}, {}, None, {}), registry, SETTINGS, lambda name: True)["warnings"]
+
+    [warning] = warnings(WATERMARK_STALLED_S + 86, committed=700)
+    assert warning.startswith(f"the persist watermark of {SETTINGS.mutations_topic} partition(s) 1 stands 146 s "
+                              "behind though their records were persisted"), warning
+    assert warnings(WATERMARK_STALLED_S - 5, committed=700) == []
+    assert warnings(WATERMARK_STALLED_S + 86, committed=650) == []  # still persisting: not this warning's case
+
+
 def test_the_route_model_serves_every_figure_render_gives(registry):
     """A review: `warnings` was computed but missing from the route's response model, so FastAPI dropped it and
     neither GET /v1/pipeline nor the health page ever showed one. Every figure must survive the model."""
