@@ -28,11 +28,13 @@ from jobs.dlq import (
     iso,
     pending,
     read_dead_letters,
+    recover_in_flight,
     resubmit,
     select,
     state_path,
     stored_originals,
 )
+from jobs.state import Busy, exclusive
 from schemas.dead_letter import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -224,13 +226,41 @@ def _leave_out(records: list[DeadRecord], excluded: Callable[[DeadRecord], bool]
     return out
 
 
+def _recover(bootstrap: str, state: Path, settings: Settings) -> None:
+    """Settle the chunk a stopped run left in flight (`jobs.dlq.recover_in_flight`), saying what it found."""
+    flight = SentLog(state).in_flight
+    if not flight:
+        return
+    try:
+        with RichProgress(console) as progress:
+            found = recover_in_flight(bootstrap, state, progress=progress,
+                                      security=settings.kafka_security.librdkafka())
+    except (TopicError, ValueError) as exc:
+        fail(str(exc), code=1)
+    except KafkaException as exc:
+        fail(kafka_failure(exc, bootstrap), code=1)
+    left = len(flight.get("entries") or {}) - (found or 0)
+    console.print(f"a stopped run left {found or 0:,} record(s) sent and {left:,} not sent in its last chunk: "
+                  "recorded, so none is sent twice", highlight=False)
+
+
 def run_replay(args: argparse.Namespace) -> int:
     settings = stack_settings_or_exit(data_dir=args.data_dir)
+    state = state_path(settings, args.topic or settings.dlq_topic)
+    try:
+        with exclusive(state.with_name(state.name + ".lock")):  # two runs would both send what neither recorded
+            return _replay(args, settings, state)
+    except Busy:
+        fail(f"another `counter dlq replay` of this DLQ is running (it holds {state}.lock): wait for it to end",
+             code=1)
+
+
+def _replay(args: argparse.Namespace, settings: Settings, state: Path) -> int:
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.dlq_topic
     target = args.to_topic or settings.mutations_topic
-    state = state_path(settings, topic)
     records = _read(args, settings, bootstrap, topic)
+    _recover(bootstrap, state, settings)
     todo, skipped, duplicates = pending(records, SentLog(state), force=args.force)
     if duplicates:
         console.print(f"{duplicates:,} dead letter(s) repeat a source mutation of another one (dead-lettered twice): "

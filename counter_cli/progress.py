@@ -180,19 +180,26 @@ class RichProgress:
         self.finish()
 
 
+STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, `kill`, a closed terminal
+
+
 class Interrupt:
-    """SIGINT sets a flag the loops check between units of work; a second SIGINT raises KeyboardInterrupt."""
+    """SIGINT (or SIGTERM, SIGHUP) sets a flag the loops check between units of work, so the job saves where it
+    is; a second one raises KeyboardInterrupt. (SIGTERM used to end a job without its save: a `kill` of `dlq
+    replay` left its last chunk unrecorded.)"""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous = signal.getsignal(signal.SIGINT)
+        self._previous = {sig: signal.getsignal(sig) for sig in STOPS}
 
     def install(self) -> Interrupt:
-        signal.signal(signal.SIGINT, self._handle)
+        for sig in STOPS:
+            signal.signal(sig, self._handle)
         return self
 
     def restore(self) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
     def __enter__(self) -> Interrupt:
         return self.install()

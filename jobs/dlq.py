@@ -1,11 +1,14 @@
 """Dead letters: read the DLQ topic to its end, select records, and re-submit them to the mutations topic.
 
-Re-submission progress is kept in <data dir>/dlq/<dlq topic>.json (`SentLog`): only records the broker
-acknowledged are recorded, after every chunk, so a stopped run loses nothing and a rerun never re-sends a record
-it already sent (unless forced: token-less JSON records would count again). Records are known by their source
-(`DeadRecord.identity`), not by their DLQ position: one source record may be dead-lettered twice (a worker
-redelivery, `counter replay --dead-letter`), and the local broker, which keeps topics in memory, reuses DLQ
-positions after a restart.
+Re-submission progress is kept in <data dir>/dlq/<dlq topic>.json (`SentLog`): the records the broker
+acknowledged, saved after every chunk, and before each chunk the chunk itself as in flight. A run killed between a
+chunk's send and its save (kill -9, SIGTERM; a review's every kill counted up to 100 token-less writes twice, which
+count again when sent again) leaves it in flight: the next run first reads the target topic from where the run
+began, for the records carrying those dead letters' identities (header `dlq.resent`), and records the ones found
+as sent (`recover_in_flight`). So a rerun never re-sends a record the broker has (unless forced: token-less JSON
+records would count again). Records are known by their source (`DeadRecord.identity`), not by their DLQ position:
+one source record may be dead-lettered twice (a worker redelivery, `counter replay --dead-letter`), and the local
+broker, which keeps topics in memory, reuses DLQ positions after a restart.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import calendar
 import functools
 import hashlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -28,6 +31,7 @@ from schemas import MICROS, DecodeError, decode_mutations, position_identity
 from schemas.dead_letter import (
     INDEX,
     REASON,
+    RESENT,
     SOURCE_OFFSET,
     SOURCE_PARTITION,
     SOURCE_TIMESTAMP,
@@ -39,11 +43,14 @@ from streams.positions import PartitionEnds, fetch_positions
 from streams.settings import Settings
 from streams.topics import partition_count
 
-CHUNK = 100  # records produced (and acknowledged) between two saves of the progress
+CHUNK = 1000  # records produced (and acknowledged) between two saves of the progress
 POLL_RECORDS = 1000  # records asked of each poll of the DLQ
 DELIVERY_TIMEOUT_S = 30  # the producer fails a record the broker has not acknowledged by then
 SETTLE_S = 2 * DELIVERY_TIMEOUT_S  # how long a chunk may take to be acknowledged or failed
 SENT_VERSION = 2  # of the progress file: keyed by DeadRecord.identity (version 1, unversioned: by DLQ position)
+# A chunk's records are appended within the delivery timeout of its send; the margin is for clocks (the local
+# broker stamps records with their producer's time): a record stamped later than this ends a partition's search.
+APPENDED_WITHIN_US = (DELIVERY_TIMEOUT_S + 600) * MICROS
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,23 +142,71 @@ def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, progr
     """Every record of the DLQ topic up to its end when reading started (see PartitionEnds for why the
     reported high watermark alone is not trusted). TopicError when the topic is missing. `security`: the clients'
     (`Settings.kafka_security.librdkafka()`)."""
+    records: list[DeadRecord] = []
+
+    def keep(partition: int, offset: int, timestamp_us: int, m: Any) -> None:
+        records.append(DeadRecord(partition, offset, timestamp_us, m.key(), m.value() or b"",
+                                  parse_headers(m.headers())))
+    _read(bootstrap, topic, keep, what="reading DLQ", quiet_s=quiet_s, progress=progress, stop=stop,
+          security=security)
+    return records
+
+
+def recover_in_flight(bootstrap: str, state: Path, *, progress: Progress | None = None,
+                      security: Mapping[str, str] | None = None) -> int | None:
+    """Settle the chunk a killed `dlq replay` left in flight in `state` (`SentLog.send`): read its topic from where
+    that run began, up to the chunk's last possible append, for the records carrying its dead letters' identities
+    (header `dlq.resent`), and record those as sent, the rest as not. Returns how many were sent (None: nothing was
+    in flight). TopicError when the topic is gone; ValueError when the progress file's record of it is damaged."""
+    sent = SentLog(state)
+    flight = sent.in_flight
+    if not flight:
+        return None
+    try:
+        topic = str(flight["topic"])
+        since = {int(p): int(o) for p, o in flight["since"].items()}
+        until_us = int(flight["sent_us"]) + APPENDED_WITHIN_US
+        wanted = set(_dicts(flight.get("entries")))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{state}: the chunk a stopped run left in flight is unreadable ({exc!r}); whether its "
+                         "records reached the broker is unknown (re-sent, a token-less one counts twice)") from exc
+    found: set[str] = set()
+
+    def keep(_partition: int, _offset: int, _timestamp_us: int, m: Any) -> None:
+        for name, value in m.headers() or ():
+            if name == RESENT and isinstance(value, bytes) and (identity := value.decode(errors="replace")) in wanted:
+                found.add(identity)
+    _read(bootstrap, topic, keep, what="finding what a stopped run sent", starts=since, stop_after_us=until_us,
+          progress=progress, stop=lambda: found >= wanted, security=security)
+    count = sent.found(found)
+    sent.save()
+    return count
+
+
+def _read(bootstrap: str, topic: str, keep: Callable[[int, int, int, Any], None], *, what: str,
+          starts: Mapping[int, int] | None = None, stop_after_us: int | None = None, quiet_s: float = 1.0,
+          progress: Progress | None = None, stop: Stop = never, security: Mapping[str, str] | None = None) -> None:
+    """Read `topic` from `starts` (per partition; the first offset kept where not given) to its end when reading
+    began, handing each record to `keep(partition, offset, timestamp µs, message)`; a partition ends early at a
+    record stamped after `stop_after_us`, the whole read on `stop`."""
     progress = progress or NullProgress()
     partitions = partition_count(bootstrap, topic, config=security)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "counter-dlq-reader",
                          "enable.auto.commit": False, "auto.offset.reset": "earliest",
                          "enable.partition.eof": False, **(security or {})})
-    progress.start("reading DLQ", unit="records")
+    progress.start(what, unit="records")
     try:
-        ends = PartitionEnds(snapshot_us=time.time_ns() // 1000, margin_us=MICROS, quiet_s=quiet_s)
+        ends = PartitionEnds(snapshot_us=time.time_ns() // 1000, margin_us=MICROS, quiet_s=quiet_s,
+                             stop_after_us=stop_after_us)
         assign = []
         for p in range(partitions):
             low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-            ends.add(p, start=low, high=high)
-            assign.append(TopicPartition(topic, p, low))
+            start = max(low, (starts or {}).get(p, low))
+            ends.add(p, start=start, high=high)
+            assign.append(TopicPartition(topic, p, start))
         consumer.assign(assign)
-        total = ends.remaining()
+        total, read = ends.remaining(), 0
         progress.update(total=total)
-        records: list[DeadRecord] = []
         while not ends.all_done and not stop():
             polled = consumer.consume(POLL_RECORDS, 0.5)
             for m in polled:
@@ -163,14 +218,13 @@ def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, progr
                 partition, offset = cast(int, m.partition()), cast(int, m.offset())  # set on a consumed record
                 if not ends.accept(partition, offset, ts_us):
                     continue
-                records.append(DeadRecord(partition, offset, ts_us, m.key(), m.value() or b"",
-                                          parse_headers(m.headers())))
-                if len(records) > total:
-                    total = len(records)
+                keep(partition, offset, ts_us, m)
+                read += 1
+                if read > total:
+                    total = read
                     progress.update(total=total)
                 progress.advance(1)
             ends.idle(fetch_positions(consumer, topic, ends), drained=len(polled) < POLL_RECORDS)
-        return records
     finally:
         progress.finish()
         consumer.close()
@@ -203,6 +257,10 @@ class SentLog:
             self.entries, self.by_position = saved, _dicts(data.get("by_dlq_position"))
         else:
             self.entries, self.by_position = {}, saved
+        # the chunk sent and not yet saved as acknowledged: {"topic", "since": {partition: offset}, "sent_us",
+        # "entries": {identity: entry}}; empty when the last run saved its last chunk
+        flight = data.get("in_flight")
+        self.in_flight: dict[str, Any] = flight if isinstance(flight, dict) else {}
 
     def get(self, r: DeadRecord) -> dict[str, Any] | None:
         """Its entry when `r` was re-submitted already."""
@@ -217,16 +275,32 @@ class SentLog:
         return self.get(r) is not None
 
     def add(self, r: DeadRecord, target: str, at: str) -> None:
-        entry: dict[str, Any] = {"at": at, "to": target, "reason": r.reason, "position": r.position}
-        if (original := r.tokenless()) is not None:  # re-sent as a new write: a replay must not store the original
-            entry["original"] = [original[0], *original[1]]
-        self.entries[r.identity] = entry
+        self.entries[r.identity] = _entry(r, target, at)
+
+    def send(self, records: list[DeadRecord], target: str, since: Mapping[int, int], now_us: int) -> None:
+        """Mark `records` in flight to `target`, whose partitions ended at `since` before this run sent anything
+        (saved before they are produced: `recover_in_flight`)."""
+        self.in_flight = {"topic": target, "since": {str(p): o for p, o in since.items()}, "sent_us": now_us,
+                          "entries": {r.identity: _entry(r, target, iso(now_us)) for r in records}}
+
+    def sent(self) -> None:
+        """The chunk in flight settled: what the broker acknowledged is in `entries`."""
+        self.in_flight = {}
+
+    def found(self, identities: set[str]) -> int:
+        """The in-flight records found in their topic are sent; the rest were not. Returns how many were found."""
+        entries = _dicts(self.in_flight.get("entries"))
+        for identity in identities & entries.keys():
+            self.entries[identity] = entries[identity]
+        self.in_flight = {}
+        return len(identities & entries.keys())
 
     def resent_originals(self) -> set[tuple[str, str, int, str, str]]:
         """The token-less mutations re-submitted as new writes, as their source records' events: (namespace,
         counter, event_time, event_id, item key), which a `counter replay` of those records leaves out."""
         out: set[tuple[str, str, int, str, str]] = set()
-        for entry in self.entries.values():
+        # in flight too: a run killed mid-chunk may have sent them (a rerun of `dlq replay` re-sends the others)
+        for entry in [*self.entries.values(), *_dicts(self.in_flight.get("entries")).values()]:
             original = entry.get("original")
             if isinstance(original, list) and len(original) == 5:
                 out.add((str(original[0]), str(original[1]), int(original[2]), str(original[3]), str(original[4])))
@@ -236,7 +310,16 @@ class SentLog:
         data: dict[str, Any] = {"version": SENT_VERSION, "resubmitted": self.entries}
         if self.by_position:
             data["by_dlq_position"] = self.by_position
+        if self.in_flight:
+            data["in_flight"] = self.in_flight
         write_json_atomic(self.path, data)
+
+
+def _entry(r: DeadRecord, target: str, at: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"at": at, "to": target, "reason": r.reason, "position": r.position}
+    if (original := r.tokenless()) is not None:  # re-sent as a new write: a replay must not store the original
+        entry["original"] = [original[0], *original[1]]
+    return entry
 
 
 def _dicts(value: object) -> dict[str, Any]:
@@ -314,8 +397,11 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
     error or on `stop`. TopicError when `target` is missing."""
     progress = progress or NullProgress()
     sent = SentLog(state)
+    if sent.in_flight:
+        raise ValueError(f"{state}: a stopped run left a chunk in flight; settle it first (recover_in_flight)")
     records = pending(records, sent, force=force)[0]
     partitions = partition_count(bootstrap, target, config=security)
+    since = _ends(bootstrap, target, partitions, security)  # where a search for this run's records would start
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 5, "message.timeout.ms": DELIVERY_TIMEOUT_S * 1000,
                          "client.id": "counter-dlq-replay", "allow.auto.create.topics": False, **(security or {})})
@@ -332,14 +418,18 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
     try:
         for start in range(0, len(records), CHUNK):
             chunk = records[start:start + CHUNK]
+            sent.send(chunk, target, since, time.time_ns() // 1000)
+            sent.save()  # before the first record leaves: a run killed from here on leaves the chunk in flight
             for r in chunk:
                 key = r.produce_key(shards)
                 kwargs: dict[str, Any] = {"partition": partition_for(key, partitions)} if key else {}
-                producer.produce(target, key=key, value=r.value,
+                producer.produce(target, key=key, value=r.value, headers=[(RESENT, r.identity.encode())],
                                  on_delivery=functools.partial(delivered, r), **kwargs)
             if left := _settle(producer):
-                result.errors.append(f"{left} record(s) neither acknowledged nor failed after {SETTLE_S}s: a rerun "
-                                     "re-sends them, and a token-less one may then count twice")
+                result.errors.append(f"{left} record(s) neither acknowledged nor failed after {SETTLE_S}s: the next "
+                                     "run first looks for them in the topic, and re-sends those it does not find")
+            if not result.errors:  # a failed record may have reached the broker all the same (a timeout): in flight
+                sent.sent()
             sent.save()
             progress.advance(len(chunk))
             if result.errors or stop():
@@ -349,6 +439,17 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
         progress.finish()
     result.interrupted = stop()
     return result
+
+
+def _ends(bootstrap: str, topic: str, partitions: int, security: Mapping[str, str] | None) -> dict[int, int]:
+    """Each partition's reported end (on the local broker, the start of its last batch: a search from there reads
+    a few records more)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "counter-dlq-reader",
+                         "enable.auto.commit": False, **(security or {})})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+    finally:
+        consumer.close()
 
 
 def _settle(producer: Producer) -> int:

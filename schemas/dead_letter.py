@@ -24,6 +24,7 @@ TRUNCATED = "dlq.truncated"  # the original value's size in bytes, when only its
 KEY_TRUNCATED = "dlq.key_truncated"  # the original key's size in bytes, when only its start is carried
 WHOLE_RECORD = "dlq.whole_record"  # the rejected mutation's index, when the value is its whole batch record
 INDEX = "dlq.index"  # the rejected mutation's index in its batch record, when the value is that mutation alone
+RESENT = "dlq.resent"  # on a record `counter dlq replay` re-submitted: the identity of the dead letter it came from
 
 MAX_RECORD_BYTES = (1 << 20) - 1024
 """Key, value and headers of a DLQ record at most: the producers' message.max.bytes (1 MiB), less room for the

@@ -272,6 +272,18 @@ def test_audit_sums_to_the_count_and_lists_clears_in_order(pipeline):
 FAST_GROUP = {"COUNTER_GROUP_SESSION_TIMEOUT_S": "2", "COUNTER_GROUP_REBALANCE_TIMEOUT_S": "1"}
 
 
+def add_namespaces(pipeline: PipelineEnv, worker, tmp_path, added: dict[str, dict]) -> None:
+    """The fix of an unknown namespace's dead letters: the namespaces added to the file, the worker restarted on it
+    (and the CLI pointed at it)."""
+    config = yaml.safe_load(NAMESPACES.read_text())
+    config["namespaces"].update(added)
+    fixed_file = tmp_path / "namespaces.yaml"
+    fixed_file.write_text(yaml.safe_dump(config))
+    worker.stop()
+    pipeline.namespaces = fixed_file
+    pipeline.stack.start_worker(COUNTER_NAMESPACES=str(fixed_file), **FAST_GROUP)
+
+
 def test_a_dead_letter_resubmitted_after_its_cause_is_fixed_is_counted_once(pipeline, tmp_path):
     worker = pipeline.stack.start_worker(**FAST_GROUP)
     late_ns = "added_later"
@@ -306,14 +318,8 @@ def test_a_dead_letter_resubmitted_after_its_cause_is_fixed_is_counted_once(pipe
 
     # The fix: the namespaces are added (accept_limit long enough for the tokened events' age; the array's items'
     # shorter than their age at the replay) and workers restart.
-    config = yaml.safe_load(NAMESPACES.read_text())
-    config["namespaces"][late_ns] = {"counter_type": "EVENTUAL", "accept_limit": "1h"}
-    config["namespaces"][short_ns] = {"counter_type": "EVENTUAL", "accept_limit": "2s"}
-    fixed_file = tmp_path / "namespaces.yaml"
-    fixed_file.write_text(yaml.safe_dump(config))
-    worker.stop()
-    pipeline.namespaces = fixed_file  # for the CLI
-    pipeline.stack.start_worker(COUNTER_NAMESPACES=str(fixed_file), **FAST_GROUP)
+    add_namespaces(pipeline, worker, tmp_path, {late_ns: {"counter_type": "EVENTUAL", "accept_limit": "1h"},
+                                                 short_ns: {"counter_type": "EVENTUAL", "accept_limit": "2s"}})
     wait_for(lambda: time.monotonic() > produced + 3, 10, message="the array's items older than accept_limit")
 
     first = cli(pipeline, "dlq", "replay", "--reason", "unknown namespace")
@@ -358,13 +364,7 @@ def test_a_replay_then_a_dlq_replay_counts_a_token_less_dead_letter_once(pipelin
     assert plain.flush(20) == 0
     wait_for(lambda: len(jsonl(cli(pipeline, "dlq", "list", "--format", "jsonl").stdout)) >= 4, 30, interval=0.5,
              message="four dead letters")
-    config = yaml.safe_load(NAMESPACES.read_text())
-    config["namespaces"]["later"] = {"counter_type": "EVENTUAL", "accept_limit": "1h"}
-    fixed_file = tmp_path / "namespaces.yaml"
-    fixed_file.write_text(yaml.safe_dump(config))
-    worker.stop()
-    pipeline.namespaces = fixed_file
-    pipeline.stack.start_worker(COUNTER_NAMESPACES=str(fixed_file), **FAST_GROUP)
+    add_namespaces(pipeline, worker, tmp_path, {"later": {"counter_type": "EVENTUAL", "accept_limit": "1h"}})
     cli(pipeline, "replay", "--from", "earliest")
     assert (stored_total(pipeline, "later", "j"), stored_total(pipeline, "later", "a")) == (30, 1)
     resent = cli(pipeline, "dlq", "replay")
