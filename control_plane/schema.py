@@ -421,8 +421,8 @@ class _Resolver:
         setting = self.fields["api_keys"]
         where = setting.where or "api_keys"
         if not isinstance(setting.value, list | tuple):
-            raise ConfigError(
-                f"must be a list of {{key, scopes}} mappings (got {_show(setting.value)})",
+            raise ConfigError(  # its type only: the value may hold a key, and error messages end up in logs
+                f"must be a list of {{key, scopes}} mappings (got {_kind(setting.value)})",
                 namespace=self.name, field=where,
             )
         keys: list[ApiKey] = []
@@ -441,6 +441,23 @@ class _Resolver:
             seen[api_key.key] = i
             keys.append(api_key)
         return tuple(keys)
+
+
+def _kind(value: object) -> str:
+    """A value named by its type alone ("a mapping", "a string"), for messages that must not echo a secret."""
+    return {dict: "a mapping", str: "a string", int: "a number", float: "a number", bool: "a boolean"}.get(
+        type(value), type(value).__name__)
+
+
+def _unusable_key(key: str) -> str | None:
+    """Why no caller could present this key, or None. A header value's surrounding whitespace is not part of it (a
+    trailing newline of a key read from a file never matched), and HTTP headers carry Latin-1, not UTF-8: a
+    non-ASCII key matched only when a client sent it Latin-1 encoded (a review). Never echoes the key."""
+    if key != key.strip():
+        return "must not start or end with whitespace (copy-paste error, or a file's trailing newline?)"
+    if not all("!" <= c <= "~" for c in key):
+        return "must be printable ASCII without spaces (HTTP headers cannot carry other characters as sent)"
+    return None
 
 
 def _api_key(item: object, *, namespace: str, where: str) -> ApiKey:
@@ -466,6 +483,9 @@ def _api_key(item: object, *, namespace: str, where: str) -> ApiKey:
             )
         key = os.environ.get(var.strip()) or ""
         missing_env = "" if key else var.strip()
+        if key and (problem := _unusable_key(key)):
+            raise ConfigError(f"environment variable {var.strip()}'s value {problem}", namespace=namespace,
+                              field=f"{where}.key_env")
     else:
         missing_env = ""
         key = item["key"]
@@ -475,11 +495,8 @@ def _api_key(item: object, *, namespace: str, where: str) -> ApiKey:
                 f"must be a non-empty string (got {got})",
                 namespace=namespace, field=f"{where}.key",
             )
-        if key != key.strip():
-            raise ConfigError(
-                "must not start or end with whitespace (copy-paste error?)", namespace=namespace,
-                field=f"{where}.key",
-            )
+        if problem := _unusable_key(key):
+            raise ConfigError(problem, namespace=namespace, field=f"{where}.key")
     scopes = item.get("scopes")
     if not isinstance(scopes, list | tuple) or not scopes:
         raise ConfigError(

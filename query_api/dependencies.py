@@ -26,8 +26,8 @@ class Forbidden(Exception):
 async def api_key(x_api_key: Annotated[str | None, Header()] = None,
                   authorization: Annotated[str | None, Header()] = None) -> str | None:
     """The caller's key: `X-API-Key: <key>` or `Authorization: Bearer <key>` (async: no thread hop)."""
-    if x_api_key:
-        return x_api_key
+    if x_api_key and (key := x_api_key.strip()):  # surrounding whitespace is no part of a header's value
+        return key
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
     return None

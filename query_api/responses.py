@@ -37,11 +37,11 @@ from query_api.service import (
 from query_api.windows import Series
 from schemas import MICROS, Dimensions
 from sinks import store_unavailable
-from sinks.best_effort import CounterOverflow, CounterUnavailable, CounterWriteUnknown
+from sinks.best_effort import CounterUnavailable, CounterWriteUnknown
 from sinks.windows import WindowError
 
 SERVICE_ERRORS: tuple[type[Exception], ...] = (NamespaceNotFound, BrokerUnavailable, CounterUnavailable,
-                                                NotCountedYet, Rejected, CounterOverflow, DeliveryError,
+                                                NotCountedYet, Rejected, DeliveryError,
                                                 WindowError)
 
 
@@ -170,8 +170,6 @@ def _error_response(exc: Exception) -> tuple[int, dict]:
         return 422, {"detail": [{"loc": _loc(exc.field), "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, WindowError):
         return 422, {"detail": [{"loc": _loc(exc.field or "window"), "msg": str(exc), "type": "value_error"}]}
-    if isinstance(exc, CounterOverflow):
-        return 422, {"detail": [{"loc": ["body", "delta"], "msg": str(exc), "type": "value_error"}]}
     if isinstance(exc, NamespaceNotFound):
         return 404, {"detail": str(exc)}
     if isinstance(exc, NotCountedYet | CounterWriteUnknown):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Protocol
 
-__all__ = ["BestEffortCounters", "CounterOverflow", "CounterUnavailable", "CounterWriteUnknown", "open_counters"]
+__all__ = ["BestEffortCounters", "CounterUnavailable", "CounterWriteUnknown", "open_counters"]
 
 
 class CounterUnavailable(RuntimeError):
@@ -15,10 +15,6 @@ class CounterUnavailable(RuntimeError):
 class CounterWriteUnknown(CounterUnavailable):
     """memcached took a BEST_EFFORT write (an add or a clear) and did not answer: it may have been applied, and a
     retry, which no token makes idempotent here, may count it twice."""
-
-
-class CounterOverflow(ValueError):
-    """The count would leave the signed 64-bit range."""
 
 
 class BestEffortCounters(Protocol):

@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from control_plane import CounterType, Namespace
@@ -30,7 +30,15 @@ from query_api.namespace_info import namespace_config
 from query_api.pipeline_health import PipelineHealth, render
 from schemas import MICROS, ValidationError, validate_counter_name
 
-router = APIRouter(prefix="/v1", tags=["operations"])
+
+def _per_caller(response: Response) -> None:
+    """What these views show depends on the caller's API key: a shared cache (a proxy in front of the API) must not
+    keep one caller's answer for another (a review: they carried no Cache-Control nor Vary)."""
+    response.headers["Cache-Control"] = "private"
+    response.headers["Vary"] = "X-API-Key, Authorization"
+
+
+router = APIRouter(prefix="/v1", tags=["operations"], dependencies=[Depends(_per_caller)])
 
 MAX_PAGE = 200
 

@@ -23,7 +23,6 @@ from query_api.routes.entries import authorize_entries, entry
 from query_api.service import BrokerUnavailable, CounterService, Rejected, Written
 from query_api.unique import add_and_get_unique, unique_response
 from schemas import Mutation, MutationOp
-from sinks.best_effort import CounterOverflow
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["writes"])
@@ -109,10 +108,7 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
     try:
         for i, ((r, delta, mutation), ns) in enumerate(zip(prepared, namespaces, strict=True)):
             if mutation is None:
-                try:
-                    values[i] = await service.add_best_effort(ns, r.counter_name, delta)
-                except CounterOverflow as exc:
-                    raise Rejected(f"requests.{i}.delta", str(exc)) from None
+                values[i] = await service.add_best_effort(ns, r.counter_name, delta)
         if durable:
             try:
                 await service.send_durably(durable)

@@ -3,8 +3,8 @@
 memcached counters are unsigned 64-bit: `decr` stops at zero and `incr` wraps at 2**64. Storing
 `count + 2**63` (a bias) keeps every signed 64-bit count in range. Every delta is an `incr`, a negative one by
 2**64 - |delta| (modulo 2**64 that subtracts |delta|): a result that wrapped the wrong way says the count left
-int64, and the same `incr` arithmetic undoes it exactly before the write is refused. (A `decr` stopped at zero
-could not be undone: a refused decrement changed the count.)
+int64, and one more `incr` of the right amount puts it at the bound it passed (it saturates). (A `decr` stops at
+zero, which is no bound of a signed count.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 import xxhash
 
-from sinks.best_effort import CounterOverflow, CounterUnavailable, CounterWriteUnknown
+from sinks.best_effort import CounterUnavailable, CounterWriteUnknown
 from sinks.memcached.client import AsyncMemcached, MemcachedError, arith_value, is_legal_key
 from sinks.memcached.rollup_cache import parse_servers
 
@@ -54,6 +54,14 @@ def _in_range(delta: int, raw: int) -> bool:
     """False when the `incr` of `_amount(delta)` left int64: a positive delta wrapped past 2**64 (the result is
     below the delta), a negative one did not wrap (the result is at least 2**64 - |delta|: below zero)."""
     return raw >= delta if delta >= 0 else raw < (1 << 64) + delta
+
+
+def _saturated(bound: int, raw: int) -> int:
+    """What to `incr` a count that left int64 by (`raw`, wrapped) to put it at the bound it passed: INT64_MAX (raw
+    2**64 - 1) or INT64_MIN (raw 0). A count saturates as EVENTUAL and ACCURATE counts do. It used to be refused
+    with a 422, and whether an add was refused told a key with the write scope alone the count (a review read one in
+    62 adds, each taken back). A write racing this one may move it off the bound: best effort."""
+    return (bound - raw) % (1 << 64)
 
 
 def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
@@ -137,10 +145,10 @@ class MemcachedCounters:
                 attempts += 1
                 await self._client.add(key, str(BIAS).encode(), _expire(ttl_s))
                 raw = await self._client.incr(key, _amount(delta))
-            if not _in_range(delta, raw):  # undo (modular) and refuse
-                await self._client.incr(key, _amount(-delta))
-                bound = f"exceed {INT64_MAX}" if delta > 0 else f"fall below {INT64_MIN}"
-                raise CounterOverflow(f"count of {namespace}:{counter} would {bound}")
+            if not _in_range(delta, raw):  # saturate at the bound passed, as every count does (`_saturated`)
+                bound = (1 << 64) - 1 if delta > 0 else 0
+                raw = await self._client.incr(key, _saturated(bound, raw))
+                raw = bound if raw is None else raw  # evicted in between: the count is gone; this add saw the bound
             if self._touch_due(key, ttl_s):
                 self._touched[key] = time.monotonic()
                 await self._client.touch(key, _expire(ttl_s))

@@ -6,8 +6,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from sinks.best_effort import CounterOverflow
-
 __all__ = ["InProcessCounters"]
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -37,9 +35,7 @@ class InProcessCounters:
         value, expires = counters.get(counter, (0, 0.0))
         if expires and expires <= now:
             value = 0
-        value += delta
-        if not INT64_MIN <= value <= INT64_MAX:
-            raise CounterOverflow(f"count of {namespace}:{counter} would leave the int64 range")
+        value = min(INT64_MAX, max(INT64_MIN, value + delta))  # saturates, as memcached's (`_saturated`)
         if counter not in counters:
             self._size += 1
         counters[counter] = (value, now + ttl_s if ttl_s else 0.0)

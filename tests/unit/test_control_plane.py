@@ -622,6 +622,12 @@ BAD_FLAT_FIELDS = [
     ),
     pytest.param({"queue_config": 8}, "queue_config", "must be a mapping", id="section-not-mapping"),
     pytest.param({"api_keys": "k"}, "api_keys", "must be a list", id="api-keys-not-list"),
+    pytest.param({"api_keys": {"key": "s3cr3t-PROD", "scopes": ["read"]}}, "api_keys",
+                 "must be a list of {key, scopes} mappings (got a mapping)", id="api-keys-mapping-not-echoed"),
+    pytest.param({"api_keys": [{"key": "clé-secrète", "scopes": ["read"]}]}, "api_keys[0].key",
+                 "printable ASCII", id="key-not-ascii"),
+    pytest.param({"api_keys": [{"key": "two words", "scopes": ["read"]}]}, "api_keys[0].key",
+                 "printable ASCII", id="key-with-a-space"),
     pytest.param(
         {"api_keys": [{"key": "", "scopes": ["read"]}]}, "api_keys[0].key", "non-empty", id="empty-key"
     ),
@@ -1293,3 +1299,16 @@ def test_deeply_nested_yaml_is_a_config_error_like_json(tmp_path: Path, suffix: 
     json_path.write_text('{"namespaces": ' + "[" * 5000 + "]" * 5000 + "}")
     with pytest.raises(ConfigError, match="nested too deeply"):
         load_namespaces(json_path)
+
+
+@pytest.mark.parametrize("value", ["env-key\n", " env-key", "clé"])
+def test_a_key_env_value_no_caller_could_present_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch,
+                                                                                value: str) -> None:
+    """A review: a key read from a file kept its trailing newline and never matched; a non-ASCII one matched only when
+    sent Latin-1 encoded. As for an inline key, start-up refuses it, naming the variable and never the value."""
+    monkeypatch.setenv("CP_TEST_ODD_KEY", value)
+    with pytest.raises(ConfigError) as refused:
+        parse_namespaces({"namespaces": {"a": {"counter_type": "EVENTUAL", "api_keys": [
+            {"key_env": "CP_TEST_ODD_KEY", "scopes": ["read"]}]}}})
+    said = str(refused.value)
+    assert "api_keys[0].key_env" in said and "CP_TEST_ODD_KEY" in said and value.strip() not in said, said

@@ -53,3 +53,13 @@ def test_past_the_bound_the_least_recently_written_goes_never_the_write_itself()
         await counters.clear("other", "x")
         assert len(counters) == 2 and await counters.get("other", "x") == 0
     asyncio.run(scenario())
+
+
+def test_a_count_saturates_at_the_int64_bounds_as_memcacheds_does() -> None:
+    async def scenario() -> None:
+        counters = InProcessCounters(clock=Clock())
+        assert await counters.add("ns", "c", 2**63 - 1, None) == 2**63 - 1
+        assert await counters.add("ns", "c", 5, None) == 2**63 - 1
+        assert await counters.add("ns", "c", -(2**63), None) == -1
+        assert await counters.add("ns", "c", -(2**63), None) == -(2**63)
+    asyncio.run(scenario())
