@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,10 +22,21 @@ class Busy(RuntimeError):
 
 
 def write_json_atomic(path: Path, data: object) -> None:
+    """Replace `path` with `data`, durably: the new content reaches the disk before the rename, and the rename before
+    this returns (a power loss could otherwise leave an empty file, or the old one, after the job went on: a replay's
+    list of counters still to recount lost, their restored events never counted)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     tmp.replace(path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def read_json(path: Path) -> dict:

@@ -110,7 +110,7 @@ class SqliteThread:
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_s * 1000)}")
             conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA cache_size = -65536")  # 64 MiB of page cache per connection
             conn.execute("PRAGMA temp_store = MEMORY")
             self._transaction(conn, "BEGIN IMMEDIATE", self._setup, ())
