@@ -455,8 +455,8 @@ def _unusable_key(key: str) -> str | None:
     non-ASCII key matched only when a client sent it Latin-1 encoded (a review). Never echoes the key."""
     if key != key.strip():
         return "must not start or end with whitespace (copy-paste error, or a file's trailing newline?)"
-    if not all("!" <= c <= "~" for c in key):
-        return "must be printable ASCII without spaces (HTTP headers cannot carry other characters as sent)"
+    if not all(" " <= c <= "~" for c in key):
+        return "must be printable ASCII (HTTP headers carry other characters as Latin-1, so no client's UTF-8 matches)"
     return None
 
 

@@ -6,6 +6,7 @@ import argparse
 import errno
 import json
 import os
+import re
 import socket
 import sys
 from collections.abc import Callable
@@ -150,12 +151,16 @@ def joined_stack(settings: Settings, endpoints: dict[str, Any] | None = None) ->
                  "its writes); unset COUNTER_NAMESPACES to use counter up's")
     for name, recorded in _deployment(endpoints).items():
         mine = store_location(settings) if name == "store" else getattr(settings, name)
-        if name not in settings.model_fields_set:
-            if mine != recorded:
-                shared[name] = recorded
-        elif mine != recorded:
-            fail(f"COUNTER_{name.upper()}={getattr(settings, name)}, but the running `counter up` uses {recorded}: "
-                 f"{JOINED_MISMATCH[name]}; unset COUNTER_{name.upper()} to use counter up's")
+        if mine == recorded:
+            continue
+        if name not in settings.model_fields_set and (name != "store" or recorded.startswith("sqlite://")):
+            shared[name] = recorded
+            continue
+        given = _masked(settings.store) if name == "store" else getattr(settings, name)
+        fix = (f"unset COUNTER_{name.upper()} to use counter up's" if name != "store" or
+               recorded.startswith("sqlite://") else "set COUNTER_STORE to counter up's, with its password")
+        fail(f"COUNTER_{name.upper()}={given}, but the running `counter up` uses {recorded}: "
+             f"{JOINED_MISMATCH[name]}; {fix}")
     return shared
 
 
@@ -177,12 +182,18 @@ def _deployment(endpoints: dict[str, Any]) -> dict[str, str]:
 
 def store_location(settings: Settings) -> str:
     """The store the settings open, as a store URL that names it wherever it is read: `sqlite` (the data directory)
-    and a relative one become `sqlite:///<absolute dir>`."""
+    and a relative one become `sqlite:///<absolute dir>`; a Cassandra URL with its password masked (it is written to
+    endpoints.json and printed: a review)."""
     if settings.store == "sqlite":
         return f"sqlite://{settings.data_dir.resolve()}"
     if settings.store.startswith("sqlite://"):
         return f"sqlite://{Path(settings.store.removeprefix('sqlite://')).resolve()}"
-    return settings.store
+    return _masked(settings.store)
+
+
+def _masked(url: str) -> str:
+    """A store URL with its password masked."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def stack_settings_or_exit(**overrides: Any) -> Settings:

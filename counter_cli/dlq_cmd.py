@@ -24,6 +24,7 @@ from counter_cli.common import (
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.dlq import (
     DeadRecord,
+    InFlightUnknown,
     SentLog,
     iso,
     pending,
@@ -108,6 +109,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--to-topic", help="topic to re-submit to (default COUNTER_MUTATIONS_TOPIC)")
     rp.add_argument("--dry-run", action="store_true", help="list what would be re-submitted; send nothing")
     rp.add_argument("--force", action="store_true", help="also re-send records a previous run already sent")
+    rp.add_argument("--in-flight", choices=("sent", "unsent"), default=None,
+                    help="when a stopped run left a chunk in flight and the target topic can no longer tell which of "
+                         "it was sent (retention deleted it, the topic is gone): take all of it as sent (those never "
+                         "sent are not counted) or as unsent (re-sent: a token-less one sent already counts twice)")
     rp.set_defaults(run=run_replay)
 
 
@@ -226,17 +231,31 @@ def _leave_out(records: list[DeadRecord], excluded: Callable[[DeadRecord], bool]
     return out
 
 
-def _recover(bootstrap: str, state: Path, settings: Settings) -> None:
-    """Settle the chunk a stopped run left in flight (`jobs.dlq.recover_in_flight`), saying what it found."""
-    flight = SentLog(state).in_flight
+def _recover(args: argparse.Namespace, bootstrap: str, state: Path, settings: Settings) -> None:
+    """Settle the chunk a stopped run left in flight (`jobs.dlq.recover_in_flight`), saying what it found; by
+    --in-flight when the topic cannot tell."""
+    log = SentLog(state)
+    flight = log.in_flight
     if not flight:
+        return
+    if args.dry_run:
+        console.print(f"a stopped run left {len(flight.get('entries') or {}):,} record(s) in flight: a run (not this "
+                      "dry run) first looks for them in the topic", highlight=False)
         return
     try:
         with RichProgress(console) as progress:
             found = recover_in_flight(bootstrap, state, progress=progress,
                                       security=settings.kafka_security.librdkafka())
-    except (TopicError, ValueError) as exc:
-        fail(str(exc), code=1)
+    except InFlightUnknown as exc:
+        if args.in_flight is None:
+            fail(f"{exc}: which of a stopped run's last chunk was sent cannot be known; run again with --in-flight "
+                 "sent (take them all as sent: any never sent is not counted) or --in-flight unsent (re-send them: "
+                 "a token-less one that was sent counts twice)", code=1)
+        held = log.assume(args.in_flight == "sent")
+        log.save()
+        console.print(f"{held:,} record(s) a stopped run left in flight taken as {args.in_flight} (--in-flight)",
+                      highlight=False)
+        return
     except KafkaException as exc:
         fail(kafka_failure(exc, bootstrap), code=1)
     left = len(flight.get("entries") or {}) - (found or 0)
@@ -260,7 +279,7 @@ def _replay(args: argparse.Namespace, settings: Settings, state: Path) -> int:
     topic = args.topic or settings.dlq_topic
     target = args.to_topic or settings.mutations_topic
     records = _read(args, settings, bootstrap, topic)
-    _recover(bootstrap, state, settings)
+    _recover(args, bootstrap, state, settings)
     todo, skipped, duplicates = pending(records, SentLog(state), force=args.force)
     if duplicates:
         console.print(f"{duplicates:,} dead letter(s) repeat a source mutation of another one (dead-lettered twice): "

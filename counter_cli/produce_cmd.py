@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
                 _send_with_progress(producer, mutations, handed)
             producer.flush()
     except DeliveryError as exc:
-        fail(f"{exc}; {_retry_advice(args, mutations)}", code=1)
+        also = (f" Of the acknowledged, {len(exc.refusals)} will be dead-lettered (first: {exc.refusals[0][1]}): "
+                "send those again as new writes." if exc.refusals else "")
+        fail(f"{exc}; {_retry_advice(args, mutations)}.{also}", code=1)
     except NotAdmitted as exc:  # acknowledged, and refused by admission (a broker that stalled past accept_limit)
         m, reason = exc.refusals[0]
         fail(f"{len(exc.refusals)} mutation(s) reached Kafka but will be dead-lettered, not counted: {reason} "

@@ -194,7 +194,8 @@ class Interrupt:
 
     def install(self) -> Interrupt:
         for sig in STOPS:
-            signal.signal(sig, self._handle)
+            if self._previous[sig] is not signal.SIG_IGN:  # `nohup`: a closed terminal must not stop the job
+                signal.signal(sig, self._handle)
         return self
 
     def restore(self) -> None:

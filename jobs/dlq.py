@@ -3,12 +3,14 @@
 Re-submission progress is kept in <data dir>/dlq/<dlq topic>.json (`SentLog`): the records the broker
 acknowledged, saved after every chunk, and before each chunk the chunk itself as in flight. A run killed between a
 chunk's send and its save (kill -9, SIGTERM; a review's every kill counted up to 100 token-less writes twice, which
-count again when sent again) leaves it in flight: the next run first reads the target topic from where the run
+count again when sent again) leaves it in flight: the next run first reads the target topic from where that chunk
 began, for the records carrying those dead letters' identities (header `dlq.resent`), and records the ones found
-as sent (`recover_in_flight`). So a rerun never re-sends a record the broker has (unless forced: token-less JSON
-records would count again). Records are known by their source (`DeadRecord.identity`), not by their DLQ position:
-one source record may be dead-lettered twice (a worker redelivery, `counter replay --dead-letter`), and the local
-broker, which keeps topics in memory, reuses DLQ positions after a restart.
+as sent (`recover_in_flight`). When the topic cannot tell (its records since then deleted by retention, the topic
+gone or recreated), the run refuses until the operator says which to assume (`counter dlq replay --in-flight`).
+So a rerun never re-sends a record the broker has (unless forced: token-less JSON records would count again).
+Records are known by their source (`DeadRecord.identity`), not by their DLQ position: one source record may be
+dead-lettered twice (a worker redelivery, `counter replay --dead-letter`), and the local broker, which keeps topics
+in memory, reuses DLQ positions after a restart.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from schemas.dead_letter import (
 from sinks import EventStore, open_namespace_stores
 from streams.positions import PartitionEnds, fetch_positions
 from streams.settings import Settings
-from streams.topics import partition_count
+from streams.topics import TopicError, partition_count
 
 CHUNK = 1000  # records produced (and acknowledged) between two saves of the progress
 POLL_RECORDS = 1000  # records asked of each poll of the DLQ
@@ -152,12 +154,18 @@ def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, progr
     return records
 
 
+class InFlightUnknown(ValueError):
+    """Whether a stopped run's chunk in flight reached its topic cannot be read there any more."""
+
+
 def recover_in_flight(bootstrap: str, state: Path, *, progress: Progress | None = None,
                       security: Mapping[str, str] | None = None) -> int | None:
     """Settle the chunk a killed `dlq replay` left in flight in `state` (`SentLog.send`): read its topic from where
     that run began, up to the chunk's last possible append, for the records carrying its dead letters' identities
     (header `dlq.resent`), and record those as sent, the rest as not. Returns how many were sent (None: nothing was
-    in flight). TopicError when the topic is gone; ValueError when the progress file's record of it is damaged."""
+    in flight). InFlightUnknown when the topic cannot tell: the progress file's record of the chunk damaged, the
+    topic gone, recreated (its ends before the chunk's start) or its records since the chunk's start deleted by
+    retention (a rerun days later): deciding "not sent" would count what was sent twice (a review)."""
     sent = SentLog(state)
     flight = sent.in_flight
     if not flight:
@@ -168,8 +176,17 @@ def recover_in_flight(bootstrap: str, state: Path, *, progress: Progress | None 
         until_us = int(flight["sent_us"]) + APPENDED_WITHIN_US
         wanted = set(_dicts(flight.get("entries")))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"{state}: the chunk a stopped run left in flight is unreadable ({exc!r}); whether its "
-                         "records reached the broker is unknown (re-sent, a token-less one counts twice)") from exc
+        raise InFlightUnknown(f"{state}: the chunk a stopped run left in flight is unreadable ({exc!r})") from exc
+    try:
+        marks = _watermarks(bootstrap, topic, security)
+    except TopicError as exc:
+        raise InFlightUnknown(f"the topic a stopped run was sending to is not there ({exc})") from exc
+    for p, offset in since.items():
+        low, high = marks.get(p, (0, -1))
+        if low > offset or high < offset:
+            raise InFlightUnknown(f"{topic} partition {p} no longer holds what a stopped run sent there from offset "
+                                  f"{offset} (it now spans {low}..{high}: deleted by retention, or the topic was "
+                                  "recreated)")
     found: set[str] = set()
 
     def keep(_partition: int, _offset: int, _timestamp_us: int, m: Any) -> None:
@@ -287,6 +304,13 @@ class SentLog:
         """The chunk in flight settled: what the broker acknowledged is in `entries`."""
         self.in_flight = {}
 
+    def assume(self, sent: bool) -> int:
+        """Settle the chunk in flight by the operator's word when its topic cannot tell: all sent, or none. Returns
+        how many it held."""
+        entries = set(_dicts(self.in_flight.get("entries")))
+        self.found(entries if sent else set())
+        return len(entries)
+
     def found(self, identities: set[str]) -> int:
         """The in-flight records found in their topic are sent; the rest were not. Returns how many were found."""
         entries = _dicts(self.in_flight.get("entries"))
@@ -401,7 +425,6 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
         raise ValueError(f"{state}: a stopped run left a chunk in flight; settle it first (recover_in_flight)")
     records = pending(records, sent, force=force)[0]
     partitions = partition_count(bootstrap, target, config=security)
-    since = _ends(bootstrap, target, partitions, security)  # where a search for this run's records would start
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "linger.ms": 5, "message.timeout.ms": DELIVERY_TIMEOUT_S * 1000,
                          "client.id": "counter-dlq-replay", "allow.auto.create.topics": False, **(security or {})})
@@ -418,6 +441,7 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
     try:
         for start in range(0, len(records), CHUNK):
             chunk = records[start:start + CHUNK]
+            since = _ends(bootstrap, target, partitions, security)  # where a search for this chunk would start
             sent.send(chunk, target, since, time.time_ns() // 1000)
             sent.save()  # before the first record leaves: a run killed from here on leaves the chunk in flight
             for r in chunk:
@@ -444,10 +468,18 @@ def resubmit(bootstrap: str, target: str, records: list[DeadRecord], *, state: P
 def _ends(bootstrap: str, topic: str, partitions: int, security: Mapping[str, str] | None) -> dict[int, int]:
     """Each partition's reported end (on the local broker, the start of its last batch: a search from there reads
     a few records more)."""
+    return {p: high for p, (_low, high) in _watermarks(bootstrap, topic, security, partitions).items()}
+
+
+def _watermarks(bootstrap: str, topic: str, security: Mapping[str, str] | None,
+                partitions: int | None = None) -> dict[int, tuple[int, int]]:
+    """Each partition's first and reported end offsets (TopicError when the topic is missing)."""
+    if partitions is None:
+        partitions = partition_count(bootstrap, topic, config=security)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "counter-dlq-reader",
                          "enable.auto.commit": False, **(security or {})})
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions)}
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(partitions)}
     finally:
         consumer.close()
 

@@ -51,16 +51,19 @@ class DeliveryError(RuntimeError):
     about given mutations (e.g. records still unacknowledged when `flush` gave up: their futures will say)."""
 
     def __init__(self, message: str, failures: list[tuple[str, str]] | None = None,
-                 mutations: Iterable[Mutation] = ()) -> None:
+                 mutations: Iterable[Mutation] = (), refusals: list[tuple[Mutation, str]] | None = None) -> None:
         super().__init__(message)
         self.failures = failures or []
         self.mutations = list(mutations)
+        self.refusals = refusals or []  # acknowledged meanwhile and refused by admission (`NotAdmitted`): not to retry
 
 
 class NotAdmitted(Exception):
-    """Mutations the broker acknowledged that the pipeline will refuse: judged, as the worker judges them, by the
-    timestamp of the record the acknowledgement carries (`control_plane.admission`); for example a record that
-    reached Kafka after its namespace's accept_limit, behind a stalled broker. They are dead-lettered and not counted.
+    """Mutations the broker acknowledged that the pipeline will refuse: judged by the worker's admission rule
+    (`control_plane.admission`) on the timestamp of the record the acknowledgement carries; for example a record
+    that reached Kafka after its namespace's accept_limit, behind a stalled broker. (On a CreateTime topic that is
+    the client's own time, and the worker also judges arrival by its heartbeats: a record stalled in the client can
+    be refused there unnoticed here.) They are dead-lettered and not counted.
     Not a DeliveryError: a `retry` re-sends the same times and would be refused again; send each again as a new write
     (a new token and time), which cannot count twice. `refusals` holds (mutation, reason) pairs."""
 
@@ -141,12 +144,16 @@ def _settle_when_all(parts: list[Future[None]], whole: Future[None]) -> None:
             left[0] -= 1
             if left[0]:
                 return
-        errors = [e for e in (p.exception() for p in parts) if isinstance(e, DeliveryError)]
-        if not errors:
+        failed = [p.exception() for p in parts]
+        errors = [e for e in failed if isinstance(e, DeliveryError)]
+        refused = [r for e in failed if isinstance(e, NotAdmitted) for r in e.refusals]
+        if errors:
+            whole.set_exception(DeliveryError(str(errors[0]), [f for e in errors for f in e.failures],
+                                              [m for e in errors for m in e.mutations], refused))
+        elif refused:  # a part acknowledged and refused by admission (a review: the whole resolved as delivered)
+            whole.set_exception(NotAdmitted(refused))
+        else:
             whole.set_result(None)
-            return
-        whole.set_exception(DeliveryError(str(errors[0]), [f for e in errors for f in e.failures],
-                                          [m for e in errors for m in e.mutations]))
 
     for part in parts:
         part.add_done_callback(part_done)
@@ -357,15 +364,17 @@ class CounterProducer:
             failures, self._failures = self._failures, []
             failed, self._failed = self._failed, []
             refused, self._refused = self._refused, []
-        also = f"; and {len(refused)} acknowledged but not admitted (their futures say why)" if refused else ""
+        also = f"; and {len(refused)} acknowledged but not admitted (`refusals`)" if refused else ""
         if failures:
             raise DeliveryError(
                 f"{len(failures)} record(s) were not delivered to {self.topic!r}; first: {failures[0][1]}{also}",
-                failures, failed)
+                failures, failed, refused)
         if drained is not None:
+            drained.refusals.extend(refused)
             raise drained
         if remaining:
-            raise DeliveryError(f"{remaining} record(s) not acknowledged by the broker within {timeout:.1f}s{also}")
+            raise DeliveryError(f"{remaining} record(s) not acknowledged by the broker within {timeout:.1f}s{also}",
+                                refusals=refused)
         if refused:
             raise NotAdmitted(refused)
 

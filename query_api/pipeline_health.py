@@ -272,7 +272,7 @@ def _watermark_warnings(rows: list[dict[str, Any]], topic: str) -> list[str]:
     and no other figure moved (a review: a worker joined with another store persisted and committed its partitions
     into a store no API reads, its watermarks never reached this one, and rollups stalled for minutes unwarned)."""
     stuck = [w for w in rows if w["lag_s"] is not None and w["lag_s"] >= WATERMARK_STALLED_S
-             and w["persist_lag_records"] in (0, None)]
+             and w["persist_lag_records"] == 0]  # known persisted: the broker answered
     if not stuck:
         return []
     return [f"the persist watermark of {topic} partition(s) {', '.join(str(w['partition']) for w in stuck)} stands "

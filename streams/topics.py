@@ -102,9 +102,10 @@ def _check_existing(admin: AdminClient, specs: list[TopicSpec], timeout: float) 
                              "drops every record of a key but its latest, so writes not yet read would be lost; set "
                              "cleanup.policy=delete on it (kafka-configs --alter)")
         if shorter := _shorter_retention(spec, config):
-            log.warning("topic %s exists keeping records %s, less than the %s it would be created with: a worker "
-                        "down longer loses the writes it had not read, and replays reach back only that far "
-                        "(raise it with kafka-configs --alter)", spec.name, shorter, _kept(spec.config["retention.ms"]))
+            log.warning("topic %s exists keeping records %s, less than the %s it would be created with: older "
+                        "records are deleted whether or not they were used (writes a worker down that long had not "
+                        "persisted, dead letters not yet replayed), and replays reach back only that far (raise it "
+                        "with kafka-configs --alter)", spec.name, shorter, _kept(spec.config["retention.ms"]))
         wanted = spec.config.get("message.timestamp.type")
         if wanted and config.get("message.timestamp.type") not in (None, wanted):
             log.warning("topic %s exists with message.timestamp.type=%s, not %s: admission judges a write's arrival "

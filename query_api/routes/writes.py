@@ -80,9 +80,9 @@ async def clear_count(body: ClearCountRequest, service: Service, key: CallerKey)
 async def batch_add_count(body: BatchAddCountRequest, service: Service, key: CallerKey) -> BatchAddCountResponse:
     """Many AddCounts in one call: all validated first (nothing is sent if any is refused); the durable ones
     travel in one record, so they are counted all or none. BEST_EFFORT ones are applied first, one by one: when
-    one is refused (its count would leave int64) or memcached fails, or the durable record then fails, those
-    applied are taken back (best effort, as their type says) and the batch is refused: a refused batch counted
-    its durable writes before. A refusal names its entry (`requests.N.<field>`)."""
+    memcached fails, or the durable record then fails, those applied are taken back (best effort, as their type
+    says: one that saturated at an int64 bound is taken back by its whole delta) and the batch is refused: a refused
+    batch counted its durable writes before. A refusal names its entry (`requests.N.<field>`)."""
     namespaces = []
     for i, r in enumerate(body.requests):
         with entry(i):

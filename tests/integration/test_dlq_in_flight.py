@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from jobs.dlq import DeadRecord, SentLog, _ends, pending, recover_in_flight, resubmit
+from jobs.dlq import DeadRecord, InFlightUnknown, SentLog, _ends, pending, recover_in_flight, resubmit
 from schemas.dead_letter import INDEX, REASON, RESENT, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
 from tests.helpers import make_topic, read_all, wait_for
 from tests.integration.test_replay_recount import COUNTER, FAST_GROUP, _env, add_namespaces, cli, stored_total
@@ -64,6 +64,26 @@ def test_a_chunk_left_in_flight_is_found_in_the_topic_and_only_the_rest_is_sent(
     sent = resent(kafka_bootstrap, topic_name)
     assert sorted(sent) == sorted(r.identity for r in records), "each dead letter reached the topic once"
     assert recover_in_flight(kafka_bootstrap, state) is None, "nothing left in flight after a clean run"
+
+
+def test_a_chunk_its_topic_can_no_longer_tell_about_is_settled_only_by_the_operators_word(kafka_bootstrap, topic_name,
+                                                                                          tmp_path: Path) -> None:
+    """A review: records deleted by retention since the chunk began (a rerun days later), or a recreated topic, were
+    taken as never sent and re-sent (counted twice). Recovery now refuses; `--in-flight sent|unsent` decides."""
+    make_topic(kafka_bootstrap, topic_name, 1)
+    records = dead_letters(3)
+    state = tmp_path / "dlq.json"
+    log = SentLog(state)
+    log.send(records, topic_name, {0: 50}, time.time_ns() // 1000)  # the chunk began past the topic's end now
+    log.save()
+    with pytest.raises(InFlightUnknown, match="no longer holds what a stopped run sent there from offset 50"):
+        recover_in_flight(kafka_bootstrap, state)
+    log.send(records, f"{topic_name}-gone", {0: 0}, time.time_ns() // 1000)
+    log.save()
+    with pytest.raises(InFlightUnknown, match="is not there"):
+        recover_in_flight(kafka_bootstrap, state)
+    log = SentLog(state)
+    assert log.assume(True) == 3 and not log.in_flight and pending(records, log)[0] == []
 
 
 def test_dlq_replay_killed_mid_run_and_run_again_counts_each_dead_letter_once(pipeline: PipelineEnv,

@@ -13,7 +13,7 @@ import pytest
 
 from control_plane import load_namespaces
 from producers import CounterProducer, NotAdmitted
-from schemas import MICROS
+from schemas import MICROS, MutationOp
 from tests.helpers import read_all, wait_for
 from tests.pipeline_harness import ACCEPT_LIMIT_S, PipelineEnv
 
@@ -45,6 +45,22 @@ def test_a_write_the_pipeline_will_refuse_fails_its_future_and_the_others_count(
     letters = wait_for(lambda: read_all(pipeline.bootstrap, pipeline.dlq_topic) or None, 30, interval=0.5,
                        message="the refused write dead-lettered")
     assert len(letters) == 1 and b"t-stale" in letters[0].value, "what the client refused is what the worker refused"
+
+
+def test_a_retry_of_several_mutations_fails_whole_when_one_is_refused(pipeline: PipelineEnv) -> None:
+    """A review: a future settled from several records (a retry of several mutations, a batch split in records)
+    resolved as delivered when a part was refused by admission."""
+    from producers import DeliveryError
+
+    registry = load_namespaces(pipeline.namespaces)
+    stale_us = time.time_ns() // 1000 - int((ACCEPT_LIMIT_S + 30) * MICROS)
+    with CounterProducer(pipeline.bootstrap, topic=pipeline.mutations_topic, namespaces=registry,
+                         track_failures=False) as producer:
+        stale = producer.mutation(MutationOp.ADD, NS, "c", 5, "t-stale", stale_us)
+        fresh = producer.mutation(MutationOp.ADD, NS, "d", 1, "t-fresh", time.time_ns() // 1000)
+        whole = producer.retry(DeliveryError("a stall", mutations=[stale, fresh]))
+        refused = whole.exception(timeout=30)
+    assert isinstance(refused, NotAdmitted) and [m.event_id for m in refused.mutations] == ["t-stale"], refused
 
 
 def test_without_the_namespaces_nothing_is_judged(pipeline: PipelineEnv) -> None:

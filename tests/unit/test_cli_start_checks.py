@@ -241,6 +241,25 @@ def test_a_process_joining_counter_up_takes_its_store_group_and_topics(monkeypat
     assert _worker_env(monkeypatch, tmp_path)[0]["COUNTER_WORKER_ID"] == "w-stack"
 
 
+def test_counter_ups_cassandra_password_is_never_recorded_and_a_joined_process_must_give_it(monkeypatch, tmp_path,
+                                                                                      capsys):
+    """A review: the store URL recorded for joined processes (endpoints.json, counter up's console) carried the
+    Cassandra password. It is masked there; a process joining such a stack sets COUNTER_STORE itself."""
+    for name in DEPLOYMENT:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COUNTER_STORE", "cassandra://svc:s3cret@db1:9042/ks")
+    recorded = common.store_location(common.settings_or_exit(data_dir=tmp_path))
+    assert recorded == "cassandra://svc:***@db1:9042/ks"
+    _stack_endpoints(tmp_path, store=recorded)
+    assert "store" not in common.joined_stack(common.settings_or_exit(data_dir=tmp_path)), "the same store, given"
+    monkeypatch.delenv("COUNTER_STORE")
+    monkeypatch.setattr(worker_cmd, "run_child", lambda *_a, **_k: pytest.fail("started without the store"))
+    args = build_parser().parse_args(["worker", "--no-compile", "--data-dir", str(tmp_path)])
+    _exits(2, args.run, args)
+    error = _error(capsys)
+    assert "set COUNTER_STORE to counter up's" in error and "s3cret" not in error, error
+
+
 @pytest.mark.parametrize(("variable", "value"), [
     ("COUNTER_STORE", "sqlite"), ("COUNTER_WORKER_ID", "other"), ("COUNTER_MUTATIONS_TOPIC", "other"),
     ("COUNTER_ROLLUPS_TOPIC", "other"), ("COUNTER_DLQ_TOPIC", "other")])

@@ -63,3 +63,17 @@ def test_a_count_saturates_at_the_int64_bounds_as_memcacheds_does() -> None:
         assert await counters.add("ns", "c", -(2**63), None) == -1
         assert await counters.add("ns", "c", -(2**63), None) == -(2**63)
     asyncio.run(scenario())
+
+
+def test_a_namespace_no_longer_written_empties_as_others_are_written() -> None:
+    """A review: expired counters were dropped only when their own namespace was written again."""
+    async def scenario() -> None:
+        clock = Clock()
+        counters = InProcessCounters(clock=clock)
+        for i in range(100):
+            await counters.add("old", f"c{i}", 1, 10.0)
+        clock.now += 11
+        for i in range(3):
+            await counters.add("new", f"n{i}", 1, 10.0)
+        assert len(counters) == 3, "the old namespace's expired counters went with the new one's writes"
+    asyncio.run(scenario())

@@ -21,3 +21,15 @@ def test_a_stop_signal_asks_the_job_to_stop_and_a_second_one_stops_it_now(sig: s
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), sig)
     assert signal.getsignal(sig) == before, "the previous handler is back"
+
+
+def test_a_signal_ignored_before_stays_ignored() -> None:
+    """A review: under `nohup` SIGHUP is ignored; a job must not take it as a stop when the terminal closes."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with Interrupt() as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert not stop()
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)

@@ -29,7 +29,7 @@ class FakeProducer:
     def __init__(self, conf: dict) -> None:
         self.queue: list = []
 
-    def produce(self, topic, key=None, value=None, on_delivery=None, partition=None) -> None:
+    def produce(self, topic, key=None, value=None, on_delivery=None, partition=None, headers=None) -> None:
         FakeProducer.produced.append(value)
         self.queue.append(on_delivery)
 
@@ -49,6 +49,7 @@ class FakeProducer:
 def producer(monkeypatch):
     monkeypatch.setattr(dlq, "Producer", FakeProducer)
     monkeypatch.setattr(dlq, "partition_count", lambda bootstrap, topic, **_config: 1)
+    monkeypatch.setattr(dlq, "_ends", lambda bootstrap, topic, partitions, security: {0: 0})
     monkeypatch.setattr(FakeProducer, "produced", [])
     monkeypatch.setattr(FakeProducer, "slow_flushes", 0)
     monkeypatch.setattr(FakeProducer, "never_settles", False)
@@ -125,6 +126,7 @@ def test_records_never_acknowledged_are_an_error_and_the_run_stops(tmp_path, mon
     records = [dead(f"c{i}", dlq_offset=i) for i in range(dlq.CHUNK + 1)]
     result = dlq.resubmit("fake:9092", "counter-mutations", records, state=tmp_path / "dlq.json")
     assert result.done == 0 and len(FakeProducer.produced) == dlq.CHUNK  # the second chunk is not sent
-    assert result.errors == [f"{dlq.CHUNK} record(s) neither acknowledged nor failed after 0s: a rerun re-sends "
-                             "them, and a token-less one may then count twice"]
-    assert not dlq.SentLog(tmp_path / "dlq.json").entries
+    assert result.errors == [f"{dlq.CHUNK} record(s) neither acknowledged nor failed after 0s: the next run first "
+                             "looks for them in the topic, and re-sends those it does not find"]
+    left = dlq.SentLog(tmp_path / "dlq.json")
+    assert not left.entries and len(left.in_flight["entries"]) == dlq.CHUNK, "in flight, for the next run to find"
