@@ -15,9 +15,9 @@ from counter_cli.common import (
     console,
     fail,
     joined_stack,
+    member_bootstrap,
     namespaces_or_exit,
     read_endpoints,
-    resolve_bootstrap,
     settings_or_exit,
 )
 from streams.settings import check_host
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         fail(f"--port: {port} is outside 0..65535 (0: any free port)")
     check_listen(host, port, "COUNTER_API_HOST" if args.host is None else "--host",
                  "COUNTER_API_PORT" if args.port is None else "--port")
-    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=resolve_bootstrap(settings, args.bootstrap),
+    env = dict(os.environ, COUNTER_KAFKA_BOOTSTRAP=member_bootstrap(settings, args.bootstrap, endpoints),
                **{f"COUNTER_{name.upper()}": value for name, value in shared.items()})
     if endpoints and not endpoints.get("api_shared_pipeline"):
         console.print("[yellow]warning:[/] the running `counter up`'s API does not share the pipeline: its "

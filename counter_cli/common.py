@@ -211,6 +211,24 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def member_bootstrap(settings: Settings, explicit: str | None, endpoints: dict[str, Any]) -> str:
+    """`resolve_bootstrap` for a worker or an API joining a running `counter up` (its `endpoints`): another broker
+    is refused. Its topics would be other partitions with the same numbers, whose watermarks would overwrite the
+    stack's in the shared store, and a rollup could pass writes the stack's worker had not persisted."""
+    bootstrap = resolve_bootstrap(settings, explicit)
+    stack = endpoints.get("kafka_bootstrap")
+    if isinstance(stack, str) and _brokers(bootstrap) != _brokers(stack):
+        given = "--bootstrap" if explicit else "COUNTER_KAFKA_BOOTSTRAP"
+        fail(f"{given}={bootstrap}, but the running `counter up` in this data directory uses the broker {stack}: a "
+             "worker or API joining it must use its broker (another broker's partitions would overwrite its "
+             f"watermarks in the shared store); leave out {given}, or give this process its own COUNTER_DATA_DIR")
+    return bootstrap
+
+
+def _brokers(bootstrap: str) -> set[str]:
+    return {part.strip().lower().split("://")[-1] for part in bootstrap.split(",") if part.strip()}
+
+
 def resolve_bootstrap(settings: Settings, explicit: str | None) -> str:
     """--bootstrap, else COUNTER_KAFKA_BOOTSTRAP, else the broker of a running `counter up`."""
     bootstrap = explicit or settings.kafka_bootstrap or read_endpoints(settings).get("kafka_bootstrap")

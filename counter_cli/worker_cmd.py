@@ -21,9 +21,9 @@ from counter_cli.common import (
     console,
     fail,
     joined_stack,
+    member_bootstrap,
     namespaces_or_exit,
     read_endpoints,
-    resolve_bootstrap,
     settings_or_exit,
 )
 from infra.parent_death import die_with_this_process
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         settings = settings_or_exit(data_dir=args.data_dir, worker_port=args.web_port, **shared)
     _, registry = namespaces_or_exit(settings)
     check_against_namespaces(settings, registry)
-    bootstrap = resolve_bootstrap(settings, args.bootstrap)
+    bootstrap = member_bootstrap(settings, args.bootstrap, endpoints)
     port = settings.worker_port or free_port()
     check_listen("127.0.0.1", port, "the worker's host",
                  "--web-port" if args.web_port is not None else "COUNTER_WORKER_PORT")

@@ -260,6 +260,26 @@ def test_counter_ups_cassandra_password_is_never_recorded_and_a_joined_process_m
     assert "set COUNTER_STORE to counter up's" in error and "s3cret" not in error, error
 
 
+@pytest.mark.parametrize("verb", ["worker", "api"])
+def test_a_worker_or_api_joining_counter_up_with_another_broker_fails(monkeypatch, tmp_path, capsys, verb):
+    """Another broker's partitions have the same numbers: their watermarks would overwrite the stack's in the shared
+    store, and a rollup could pass writes the stack's worker had not persisted (a review's follow-up)."""
+    for name in DEPLOYMENT:
+        monkeypatch.delenv(name, raising=False)
+    _stack_endpoints(tmp_path, memcached="127.0.0.1:11311")  # its broker: 127.0.0.1:9
+    monkeypatch.setattr(worker_cmd, "run_child", lambda *_a, **_k: pytest.fail("started on another broker"))
+    monkeypatch.setattr(api_cmd.os, "execve", lambda *_a: pytest.fail("started on another broker"))
+    args = build_parser().parse_args([verb, "--no-compile", "--bootstrap", "10.0.0.7:9092",
+                                      "--data-dir", str(tmp_path)])
+    _exits(2, args.run, args)
+    error = _error(capsys)
+    assert "--bootstrap=10.0.0.7:9092, but the running `counter up` in this data directory uses the broker " \
+           "127.0.0.1:9" in error, error
+    monkeypatch.setenv("COUNTER_KAFKA_BOOTSTRAP", "PLAINTEXT://127.0.0.1:9")  # the same broker, said otherwise
+    if verb == "worker":
+        assert _worker_env(monkeypatch, tmp_path)[0]["COUNTER_KAFKA_BOOTSTRAP"] == "127.0.0.1:9"
+
+
 @pytest.mark.parametrize(("variable", "value"), [
     ("COUNTER_STORE", "sqlite"), ("COUNTER_WORKER_ID", "other"), ("COUNTER_MUTATIONS_TOPIC", "other"),
     ("COUNTER_ROLLUPS_TOPIC", "other"), ("COUNTER_DLQ_TOPIC", "other")])
