@@ -6,7 +6,6 @@ import argparse
 import errno
 import json
 import os
-import re
 import socket
 import sys
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from rich.text import Text
 
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
 from infra.native import BuildOutcome, ensure_native_builds
+from sinks.cassandra.config import masked_url
 from streams.settings import (
     Settings,
     SettingsError,
@@ -153,12 +153,13 @@ def joined_stack(settings: Settings, endpoints: dict[str, Any] | None = None) ->
         mine = store_location(settings) if name == "store" else getattr(settings, name)
         if mine == recorded:
             continue
-        if name not in settings.model_fields_set and (name != "store" or recorded.startswith("sqlite://")):
+        masked = name == "store" and not recorded.startswith("sqlite://")  # recorded without its password
+        if name not in settings.model_fields_set and not masked:
             shared[name] = recorded
             continue
-        given = _masked(settings.store) if name == "store" else getattr(settings, name)
-        fix = (f"unset COUNTER_{name.upper()} to use counter up's" if name != "store" or
-               recorded.startswith("sqlite://") else "set COUNTER_STORE to counter up's, with its password")
+        given = masked_url(settings.store) if name == "store" else getattr(settings, name)
+        fix = "set COUNTER_STORE to counter up's, with its password" if masked else \
+            f"unset COUNTER_{name.upper()} to use counter up's"
         fail(f"COUNTER_{name.upper()}={given}, but the running `counter up` uses {recorded}: "
              f"{JOINED_MISMATCH[name]}; {fix}")
     return shared
@@ -188,12 +189,7 @@ def store_location(settings: Settings) -> str:
         return f"sqlite://{settings.data_dir.resolve()}"
     if settings.store.startswith("sqlite://"):
         return f"sqlite://{Path(settings.store.removeprefix('sqlite://')).resolve()}"
-    return _masked(settings.store)
-
-
-def _masked(url: str) -> str:
-    """A store URL with its password masked."""
-    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+    return masked_url(settings.store)
 
 
 def stack_settings_or_exit(**overrides: Any) -> Settings:

@@ -41,7 +41,7 @@ from schemas.dead_letter import (
     parse_headers,
 )
 from sinks import EventStore, open_namespace_stores
-from streams.positions import PartitionEnds, fetch_positions
+from streams.positions import PartitionEnds, fetch_positions, watermarks
 from streams.settings import Settings
 from streams.topics import TopicError, partition_count
 
@@ -161,7 +161,7 @@ class InFlightUnknown(ValueError):
 def recover_in_flight(bootstrap: str, state: Path, *, progress: Progress | None = None,
                       security: Mapping[str, str] | None = None) -> int | None:
     """Settle the chunk a killed `dlq replay` left in flight in `state` (`SentLog.send`): read its topic from where
-    that run began, up to the chunk's last possible append, for the records carrying its dead letters' identities
+    that chunk began, up to its last possible append, for the records carrying its dead letters' identities
     (header `dlq.resent`), and record those as sent, the rest as not. Returns how many were sent (None: nothing was
     in flight). InFlightUnknown when the topic cannot tell: the progress file's record of the chunk damaged, the
     topic gone, recreated (its ends before the chunk's start) or its records since the chunk's start deleted by
@@ -295,8 +295,8 @@ class SentLog:
         self.entries[r.identity] = _entry(r, target, at)
 
     def send(self, records: list[DeadRecord], target: str, since: Mapping[int, int], now_us: int) -> None:
-        """Mark `records` in flight to `target`, whose partitions ended at `since` before this run sent anything
-        (saved before they are produced: `recover_in_flight`)."""
+        """Mark `records` in flight to `target`, whose partitions ended at `since` before they were sent (saved before
+        they are produced: `recover_in_flight`)."""
         self.in_flight = {"topic": target, "since": {str(p): o for p, o in since.items()}, "sent_us": now_us,
                           "entries": {r.identity: _entry(r, target, iso(now_us)) for r in records}}
 
@@ -314,10 +314,10 @@ class SentLog:
     def found(self, identities: set[str]) -> int:
         """The in-flight records found in their topic are sent; the rest were not. Returns how many were found."""
         entries = _dicts(self.in_flight.get("entries"))
-        for identity in identities & entries.keys():
-            self.entries[identity] = entries[identity]
+        sent = identities & entries.keys()
+        self.entries.update({identity: entries[identity] for identity in sent})
         self.in_flight = {}
-        return len(identities & entries.keys())
+        return len(sent)
 
     def resent_originals(self) -> set[tuple[str, str, int, str, str]]:
         """The token-less mutations re-submitted as new writes, as their source records' events: (namespace,
@@ -479,7 +479,7 @@ def _watermarks(bootstrap: str, topic: str, security: Mapping[str, str] | None,
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "counter-dlq-reader",
                          "enable.auto.commit": False, **(security or {})})
     try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in range(partitions)}
+        return watermarks(consumer, topic, list(range(partitions)))
     finally:
         consumer.close()
 

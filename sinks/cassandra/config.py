@@ -143,7 +143,8 @@ def parse_cassandra_url(url: str) -> CassandraConfig:
     text = url.strip()
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() != "cassandra":
-        raise CassandraUrlError(f"expected 'cassandra://host[,host][:port]/keyspace[?options]', got {_safe(text)!r}")
+        raise CassandraUrlError("expected 'cassandra://host[,host][:port]/keyspace[?options]', "
+                                f"got {masked_url(text)!r}")
     rest, _, fragment = rest.partition("#")
     if fragment:
         raise CassandraUrlError(f"unexpected fragment '#{fragment}' in cassandra URL")
@@ -231,8 +232,8 @@ def _local_rf(config: CassandraConfig) -> int:
     return per_dc.get(config.local_dc or "", max(per_dc.values()))
 
 
-def _safe(text: str) -> str:
-    """The URL with any password masked (for error messages)."""
+def masked_url(text: str) -> str:
+    """The URL with any password masked (for error messages, and wherever a store URL is shown or recorded)."""
     return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", text)
 
 
