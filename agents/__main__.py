@@ -5,6 +5,7 @@ import sys
 
 from control_plane import ConfigError
 from streams.settings import SettingsError, load_settings
+from streams.store_binding import StoreMismatch
 
 
 def main() -> int:
@@ -16,7 +17,7 @@ def main() -> int:
         from agents.worker import build, start
 
         pipeline = build(settings)
-    except (SettingsError, ConfigError) as exc:
+    except (SettingsError, ConfigError, StoreMismatch) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # broker, store or cache unreachable at start-up: one line, not a traceback

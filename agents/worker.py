@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
@@ -54,6 +55,7 @@ from sinks import (
     open_cache,
     open_namespace_sketch_store,
     open_namespace_stores,
+    store_location,
     written_key,
 )
 from sinks.rolled import RolledFloors
@@ -61,6 +63,7 @@ from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
 from streams.settings import Settings, namespace_bound_problems
 from streams.signals import SignalSender
+from streams.store_binding import BindingWatch, bind_deployment
 from streams.topics import ensure_topics, topic_specs
 
 log = logging.getLogger("counter.worker")
@@ -98,6 +101,7 @@ class Pipeline:
     sketches: SketchStore | None = None  # unique counts' sketches, when a namespace is UNIQUE
     outage: Outage = field(default_factory=Outage)  # a store outage as the rollups live through it, across batches
     rolled: RolledFloors = field(default_factory=RolledFloors)  # what admission keeps events after (a raised limit)
+    binding: BindingWatch | None = None  # the store this worker's consumer group persists into (streams.store_binding)
 
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
@@ -225,6 +229,7 @@ def build(settings: Settings) -> Pipeline:
     events, rollups, buckets = open_namespace_stores(settings.store, settings.data_dir, registry)
     sketches = (open_namespace_sketch_store(buckets, registry) if any(ns.counts_unique for ns in registry.values())
                 else None)
+    binding = bound_store(settings, rollups)
     app = create_app(settings, app_id=settings.worker_id)
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id=f"{settings.worker_id}-producer", timeout_s=10.0,
                           config=security.librdkafka())
@@ -245,13 +250,22 @@ def build(settings: Settings) -> Pipeline:
         mutation_partitions=PartitionCount(settings.mutations_topic, counts[settings.mutations_topic]),
         rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure(), kafka=kafka,
         signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]), sketches=sketches,
-        heartbeats=HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s)))
+        heartbeats=HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s)), binding=binding)
     capacity = min((ns.queue.capacity_bytes for ns in rolled), default=16 << 20)
     max_signals = max(1, min(settings.rollup_max_signals, capacity // SIGNAL_BYTES))
     # A window is counted in records; the persist path packs up to SIGNALS_PER_RECORD signals in one, reads
     # send one each. A hundredth of the signal bound keeps a window of batches within a few times the bound.
     declare_agents(pipeline, coalesce_s, max(1, max_signals // 100))
     return pipeline
+
+
+def bound_store(settings: Settings, rollups: RollupStore) -> BindingWatch:
+    """Bind the consumer group to this worker's store, or refuse (StoreMismatch) when it persists into another
+    (streams.store_binding). Before the app exists: the store's identity is read on a loop of its own, in a thread of
+    its own (a caller may be running one, and asyncio.run would unset this thread's loop, which Faust's app takes)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="store-identity") as thread:
+        identity = thread.submit(asyncio.run, rollups.identity()).result()
+    return bind_deployment(settings, identity, store_location(settings.store, settings.data_dir))
 
 
 class PersistService(mode.Service):
@@ -321,6 +335,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
       idle (agents.watermark);
     - timer `sweep`: re-signals counters whose rollup is stale;
     - timer `retention`: drops expired event slices, buckets and sketches;
+    - timer `store_binding`: stops the worker once its consumer group persists into another store;
     - pages `/ready` and `/metrics`.
     """
     # Signalling more often than the rollup queues coalesce only repeats signals: at most half a window.
@@ -387,6 +402,13 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         p.heartbeats.sent(now)
         await asyncio.gather(*(p.kafka.produce(settings.mutations_topic, b"", partition=partition,
                                                headers=[(HEARTBEAT_HEADER, b"1")]) for partition in owned))
+
+    @app.timer(settings.store_binding_check_s)
+    async def store_binding() -> None:
+        """Not `surviving`: the deployment moved to another store (`counter store rebind`) must stop this worker,
+        whose writes would be counted nowhere (the watch itself outlives a broker away)."""
+        if p.binding is not None:
+            await p.binding.check()
 
     @app.timer(settings.sweep_interval_s)
     @surviving("sweep")

@@ -19,6 +19,7 @@ from rich.text import Text
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
 from infra.native import BuildOutcome, ensure_native_builds
 from sinks.cassandra.config import masked_url
+from sinks.factory import store_location as sinks_store_location
 from streams.settings import (
     Settings,
     SettingsError,
@@ -182,14 +183,8 @@ def _deployment(endpoints: dict[str, Any]) -> dict[str, str]:
 
 
 def store_location(settings: Settings) -> str:
-    """The store the settings open, as a store URL that names it wherever it is read: `sqlite` (the data directory)
-    and a relative one become `sqlite:///<absolute dir>`; a Cassandra URL with its password masked (it is written to
-    endpoints.json and printed: a review)."""
-    if settings.store == "sqlite":
-        return f"sqlite://{settings.data_dir.resolve()}"
-    if settings.store.startswith("sqlite://"):
-        return f"sqlite://{Path(settings.store.removeprefix('sqlite://')).resolve()}"
-    return masked_url(settings.store)
+    """The store the settings open, as a URL that names it wherever it is read (`sinks.store_location`)."""
+    return sinks_store_location(settings.store, settings.data_dir)
 
 
 def stack_settings_or_exit(**overrides: Any) -> Settings:

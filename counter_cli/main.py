@@ -15,6 +15,7 @@ from counter_cli import (
     recount_cmd,
     replay_cmd,
     schema_cmd,
+    store_cmd,
     up_cmd,
     worker_cmd,
 )
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     recount_cmd.register(sub)
     audit_cmd.register(sub)
     dlq_cmd.register(sub)
+    store_cmd.register(sub)
     schema_cmd.register(sub)
     bench_cmd.register(sub)
     return parser

@@ -38,10 +38,11 @@ from query_api.routes import inspect, ops, reads, ui, writes
 from query_api.service import CounterService, broker_timeout_s
 from query_api.signals import ReadSignals
 from query_api.store_errors import StoreErrors
-from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
+from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores, store_location
 from sinks.best_effort import open_counters
 from streams.settings import Settings, api_start_problems, load_settings
 from streams.signals import SignalSender
+from streams.store_binding import BindingWatch, StoreMismatch, bind_deployment
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,18 @@ def build_service(settings: Settings) -> CounterService:
         cache=open_cache(cache_spec, local_max_ttl_s=1.0, key_prefix=settings.worker_id, scope=rollups.identity))
 
 
+async def watch_binding(binding: BindingWatch, every_s: float) -> None:
+    """Read the store binding again every `every_s`: an API whose deployment moved to another store (`counter store
+    rebind`) answers from counts no worker keeps any more. It says so in its log and in /readyz (503, so that a load
+    balancer stops sending it requests) until it is restarted on that store; its writes still reach the workers."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await binding.check()
+        except StoreMismatch as exc:
+            log.error("%s", exc)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The API; services are built at start-up from COUNTER_* settings (or the given ones)."""
 
@@ -85,6 +98,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError("COUNTER_KAFKA_BOOTSTRAP must be set for the API (counter up sets it)")
         app.state.settings = s
         service = app.state.service = build_service(s)
+        identity = await service.rollups.identity()  # the consumer group's store, or StoreMismatch: no start
+        binding = app.state.binding = await asyncio.to_thread(bind_deployment, s, identity,
+                                                               store_location(s.store, s.data_dir))
         app.state.health = PipelineHealth(s, service.registry, service.rollups)  # GET /v1/pipeline
         await service.producer.start()  # starts the shared AsyncProducer
         await service.signals.start()
@@ -95,9 +111,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as exc:
             log.warning("the namespaces' newest rollups not read at start: %s", exc)
         watermark = asyncio.create_task(service.follow_watermark(s.mutations_topic))
+        watch = asyncio.create_task(watch_binding(binding, s.store_binding_check_s))
         freeze_startup_heap()  # everything built so far lives as long as the process (infra.heap)
         yield {"service": service}  # lifespan state: what query_api.http_protocol serves the fast path with
         watermark.cancel()
+        watch.cancel()
         if service.progress is not None:
             await service.progress.stop()
         await service.producer.stop()

@@ -30,6 +30,7 @@ from sinks.factory import (
     open_namespace_stores,
     open_sketch_store,
     open_stores,
+    store_location,
 )
 from sinks.memcached.rollup_cache import MemcachedRollupCache, cache_key, scoped_prefix
 from sinks.memory.rollup_cache import InProcessRollupCache
@@ -72,6 +73,7 @@ __all__ = [
     "open_sketch_store",
     "open_stores",
     "scoped_prefix",
+    "store_location",
     "store_unavailable",
     "written_key",
 ]

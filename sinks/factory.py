@@ -12,7 +12,7 @@ from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore,
 from sinks.windows import Granularity
 
 __all__ = ["BUCKETS_FILE", "EVENTS_FILE", "ROLLUPS_FILE", "SKETCHES_FILE", "Stores", "open_namespace_sketch_store",
-           "open_namespace_stores", "open_sketch_store", "open_stores"]
+           "open_namespace_stores", "open_sketch_store", "open_stores", "store_location"]
 
 EVENTS_FILE = "events.sqlite3"
 ROLLUPS_FILE = "rollups.sqlite3"
@@ -51,6 +51,19 @@ def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str]
     return Stores(SqliteEventStore(directory / EVENTS_FILE, partitioning_for, lock_wait_s=lock_wait_s),
                   SqliteRollupStore(directory / ROLLUPS_FILE, lock_wait_s=lock_wait_s),
                   SqliteBucketStore(directory / BUCKETS_FILE, lock_wait_s=lock_wait_s))
+
+
+def store_location(store_url: str, data_dir: Path) -> str:
+    """The store `open_stores` opens, as a URL that names it wherever it is read: `sqlite` (the data directory) and a
+    relative one become `sqlite:///<absolute dir>`; a Cassandra URL with its password masked (it is recorded and
+    printed: endpoints.json, the store bindings topic)."""
+    if store_url == "sqlite":
+        return f"sqlite://{Path(data_dir).resolve()}"
+    if store_url.startswith("sqlite://"):
+        return f"sqlite://{Path(store_url.removeprefix('sqlite://')).resolve()}"
+    from sinks.cassandra.config import masked_url  # a pure module: no driver import
+
+    return masked_url(store_url)
 
 
 def open_namespace_stores(store_url: str, data_dir: Path, registry: Mapping[str, Any], *,

@@ -22,6 +22,7 @@ HOUR_S, HOUR_MS = 3600, 3_600_000
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 # Kafka's legal topic names (and Faust derives its own topics and the group from the worker id).
 _KAFKA_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+STORES_SUFFIX = "-stores"  # the store bindings topic: <mutations topic>-stores (streams.store_binding)
 # A host name's labels (RFC 1123; '_' too, which container and compose names use and their resolvers answer).
 _HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 # The shape of a cassandra:// store URL (sinks.cassandra.config parses it whole when the store opens; sinks is not
@@ -125,6 +126,9 @@ class Settings(BaseSettings):
         "window hides it: at most half of coalesce_ms - accept_limit - max_clock_skew, never below "
         "watermark_interval_ms; none once the watermark covers every write"))
     sweep_interval_s: float = Field(5.0, gt=0, le=HOUR_S, description="how often stale counters are re-signalled")
+    store_binding_check_s: float = Field(30.0, ge=1, le=HOUR_S, description=(
+        "how often a running worker or API reads again which store its consumer group persists into (`counter store "
+        "rebind`): a worker on another store stops, an API fails /readyz"))
     read_signal_lag_s: float = Field(5.0, ge=0, le=24 * HOUR_S, description=(
         "a GetCount signals a rollup when the counter's rollup lags the newest possible boundary by more than this "
         "(0: every read signals, throttled to 1/s per counter)"))
@@ -230,10 +234,15 @@ class Settings(BaseSettings):
         variable (a review), and on a cluster where it exists would mix signals or dead letters into mutations."""
         if not _KAFKA_NAME.fullmatch(value) or value in (".", ".."):
             raise ValueError("expected 1-249 of A-Z a-z 0-9 . _ - (Kafka's legal topic and group names)")
+        if info.field_name == "mutations_topic" and len(value) > 249 - len(STORES_SUFFIX):
+            raise ValueError(f"expected at most {249 - len(STORES_SUFFIX)} characters: the store bindings topic is "
+                             f"named after it (<name>{STORES_SUFFIX}, 249 at most)")
         if info.field_name != "worker_id":
             for other in ("mutations_topic", "rollups_topic"):
                 if other != info.field_name and info.data.get(other) == value:
                     raise ValueError(f"is also {ENV_PREFIX}{other.upper()}: the service's three topics must differ")
+            if info.field_name != "mutations_topic" and info.data.get("mutations_topic", "") + STORES_SUFFIX == value:
+                raise ValueError(f"is the store bindings topic of {ENV_PREFIX}MUTATIONS_TOPIC (<name>{STORES_SUFFIX})")
         return value
 
     @field_validator("store")
@@ -264,6 +273,11 @@ class Settings(BaseSettings):
     def api_shared(self) -> bool:
         """Whether other API processes write to the same pipeline (`api_shared_pipeline`, else api_workers > 1)."""
         return self.api_workers > 1 if self.api_shared_pipeline is None else self.api_shared_pipeline
+
+    @property
+    def stores_topic(self) -> str:
+        """Where the consumer group's store binding is kept (streams.store_binding), named after the mutations topic."""
+        return self.mutations_topic + STORES_SUFFIX
 
     @property
     def endpoints_path(self) -> Path:

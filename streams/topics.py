@@ -33,7 +33,7 @@ class TopicSpec:
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
-    """The service's three topics, shaped by the settings. Their batches are kept as the producer compressed them
+    """The service's topics, shaped by the settings. Their batches are kept as the producer compressed them
     (compression.type=producer): a cluster default of another codec would have the broker recompress every one."""
     rf = BROKER_DEFAULT if settings.replication_factor is None else settings.replication_factor
     kept = {"compression.type": "producer"}
@@ -49,7 +49,16 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
             "message.timestamp.type": "LogAppendTime",
             "retention.ms": str(30 * DAY_MS), **kept,
         }),
+        stores_spec(settings),
     ]
+
+
+def stores_spec(settings: Settings) -> TopicSpec:
+    """The store bindings topic (streams.store_binding): one partition, so one log orders the claims, kept forever,
+    since a binding deleted by retention would let the next process on another store bind anew. It holds a record
+    per deployment and per rebind."""
+    rf = BROKER_DEFAULT if settings.replication_factor is None else settings.replication_factor
+    return TopicSpec(settings.stores_topic, 1, rf, {"retention.ms": "-1", "compression.type": "producer"})
 
 
 class TopicError(RuntimeError):

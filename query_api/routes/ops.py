@@ -1,11 +1,11 @@
-"""Operations: liveness, readiness (broker, store, caches) and Prometheus metrics."""
+"""Operations: liveness, readiness (broker, store and its binding, caches) and Prometheus metrics."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -22,10 +22,12 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", responses={503: {"description": "a dependency is unreachable"}})
-async def readyz(service: Service) -> JSONResponse:
-    """Broker, store and cache reachable."""
+async def readyz(service: Service, request: Request) -> JSONResponse:
+    """Broker, store and cache reachable, and the store the one the workers persist into (streams.store_binding)."""
+    mismatch = request.app.state.binding.mismatch  # set by the lifespan
     checks = {"broker": await _check(service.producer.kafka.ping(1.0)),
               "store": await _check(service.rollups.get("_readyz", "_readyz")),
+              "store_binding": "ok" if mismatch is None else f"another store: {mismatch}",
               "cache": "ok" if await service.cache.healthy() else "unreachable",
               "best_effort_counters": "ok" if await service.counters.healthy() else "unreachable"}
     ok = all(v == "ok" for v in checks.values())

@@ -28,7 +28,7 @@ def test_the_service_topics_take_the_broker_default_replication(kafka_bootstrap,
     settings = Settings(mutations_topic=f"{topic_name}-m", rollups_topic=f"{topic_name}-r",
                         dlq_topic=f"{topic_name}-d", mutations_partitions=2, rollups_partitions=2)
     assert ensure_topics(kafka_bootstrap, topic_specs(settings)) == {
-        f"{topic_name}-m": 2, f"{topic_name}-r": 2, f"{topic_name}-d": 1}
+        f"{topic_name}-m": 2, f"{topic_name}-r": 2, f"{topic_name}-d": 1, f"{topic_name}-m-stores": 1}
     topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
     assert all(len(p.replicas) == 1 for p in topics[f"{topic_name}-m"].partitions.values())
 

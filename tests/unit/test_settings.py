@@ -61,7 +61,8 @@ def test_defaults_and_overrides(monkeypatch):
     s = load_settings()
     assert s.kafka_bootstrap is None and s.api_port == 8080 and str(s.data_dir) == ".counter"
     specs = {t.name: t for t in topic_specs(s)}
-    assert set(specs) == {"counter-mutations", "counter-rollups", "counter-mutations-dlq"}
+    assert set(specs) == {"counter-mutations", "counter-rollups", "counter-mutations-dlq",
+                          "counter-mutations-stores"}
     assert specs["counter-mutations"].partitions == 12
     assert specs["counter-mutations"].config["message.timestamp.type"] == "LogAppendTime"
     # the broker's default replication (1 replica lost writes with its broker, and failed every write under

@@ -60,8 +60,9 @@ def test_a_failing_timer_crashes_a_faust_app_and_one_that_survives_runs_again(
 
 
 def test_every_timer_of_the_worker_survives_a_failing_run() -> None:
-    """Each `@app.timer` that `declare_agents` declares is `@surviving`."""
+    """Each `@app.timer` that `declare_agents` declares is `@surviving`, but `store_binding`: its StoreMismatch must
+    stop the worker (its BindingWatch survives a broker away itself, tests/unit/test_store_binding.py)."""
     source = inspect.getsource(worker.declare_agents)
     timers = re.findall(r"@app\.timer\([^)]*\)\n\s*(@surviving\(\"\w+\"\)\n\s*)?async def (\w+)", source)
     assert {name for _, name in timers} >= {"heartbeat", "sweep", "retention"}
-    assert [name for wrapped, name in timers if not wrapped] == []
+    assert [name for wrapped, name in timers if not wrapped] == ["store_binding"]
