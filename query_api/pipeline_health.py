@@ -82,6 +82,7 @@ class Snapshot:
     rate_window_s: float | None
     errors: dict[str, str]
     persisted_still_s: float | None = None  # how long the persisted total has kept its value (None: not measured)
+    unmarked_s: dict[int, float] = field(default_factory=dict)  # partition -> seconds without a watermark (Unmarked)
 
 
 @dataclass
@@ -120,6 +121,26 @@ class Rates:
         return None if since is None else now - since
 
 
+@dataclass
+class Unmarked:
+    """The mutations partitions without a persist watermark while a write waits for one, and since when this process
+    has seen them so. A rollup waits for every partition's watermark, and each worker heartbeats its partitions once
+    any write needs them, so one left without is a partition no worker owns: no worker runs, partitions were added
+    that the group has not handed out, or its worker's publications are refused. Its lag has no figure (no
+    watermark), so without this it stalled every rollup unwarned. An idle stack, with no write yet, has none."""
+
+    since: dict[int, float] = field(default_factory=dict)
+
+    def observe(self, now: float, store: StoreFigures | None,
+                mutations: TopicOffsets | None) -> dict[int, float]:
+        """Seconds each partition has been seen without a watermark (as before when the store or broker did not
+        answer)."""
+        if store is not None and mutations is not None:
+            missing = set(mutations.high) - set(store.watermarks) if store.covering is not None else set()
+            self.since = {p: self.since.get(p, now) for p in missing}
+        return {p: now - t for p, t in self.since.items()}
+
+
 class PipelineHealth:
     """Computes, caches and rates the figures; `snapshot()` is what the route serves."""
 
@@ -137,6 +158,7 @@ class PipelineHealth:
         self._cached: tuple[float, Snapshot] | None = None
         self._rates = Rates()
         self._request_rates = Rates()
+        self._unmarked = Unmarked()
 
     @property
     def persist_group(self) -> str:
@@ -179,8 +201,10 @@ class PipelineHealth:
         still = self._rates.still_for("persisted_records", now, totals.get("persisted_records"))
         served = {endpoint: float(n) for endpoint, n in metrics.requests_by_endpoint().items()}
         requests, request_span = self._request_rates.observe(now, served)
+        unmarked = self._unmarked.observe(now, store, broker.mutations if broker else None)
         return Snapshot(time.time_ns() // 1000, store, broker, rates,
-                        {k: v for k, v in requests.items() if v is not None}, span or request_span, errors, still)
+                        {k: v for k, v in requests.items() if v is not None}, span or request_span, errors, still,
+                        unmarked)
 
     async def _store_figures(self) -> StoreFigures:
         watermarks = await self.rollups.watermarks(self.settings.mutations_topic)
@@ -228,7 +252,8 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
         "generated_at": _time(now),
         "topics": {"mutations": settings.mutations_topic, "rollups": settings.rollups_topic, "dlq": settings.dlq_topic},
         "errors": snapshot.errors,
-        "warnings": _warnings(snapshot) + _watermark_warnings(watermarks, settings.mutations_topic),
+        "warnings": (_warnings(snapshot) + _watermark_warnings(watermarks, settings.mutations_topic)
+                     + _unmarked_warnings(snapshot.unmarked_s, settings.mutations_topic)),
         "watermarks": watermarks,
         "watermark_lag_s": max(lags) if lags else None,
         "persist_lag_records": mutations.total_lag if mutations else None,
@@ -279,6 +304,17 @@ def _watermark_warnings(rows: list[dict[str, Any]], topic: str) -> list[str]:
             f"{max(w['lag_s'] for w in stuck):.0f} s behind though their records were persisted: rollups wait for "
             "it. A worker that persists into another store than this API reads, or a hung one, or one whose "
             "watermark publications are refused (its log says so)"]
+
+
+def _unmarked_warnings(unmarked_s: dict[int, float], topic: str) -> list[str]:
+    """Partitions without a watermark for WATERMARK_STALLED_S while writes wait for it (`Unmarked`)."""
+    long = sorted(p for p, s in unmarked_s.items() if s >= WATERMARK_STALLED_S)
+    if not long:
+        return []
+    return [f"{topic} partition(s) {', '.join(map(str, long))} have had no persist watermark for "
+            f"{max(unmarked_s[p] for p in long):.0f} s while writes wait for one: every rollup waits for all "
+            "partitions. No worker owns them (none runs, or partitions were added that the consumer group has not "
+            "handed out yet), or their worker's watermark publications are refused (its log says so)"]
 
 
 def _watermarks(now: int, store: StoreFigures | None, mutations: TopicOffsets | None) -> list[dict[str, Any]]:

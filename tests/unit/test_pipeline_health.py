@@ -302,3 +302,33 @@ namespaces:
         return {r["namespace"]: r["pending_counters"] for r in body["rollups"]}
 
     assert rows(None) == {"open": 2} and rows("r") == {"open": 2, "secret": 7}
+
+
+def test_a_partition_without_a_watermark_while_writes_wait_is_a_warning_after_a_while(registry):
+    """A partition no worker owns (none runs, partitions added that the group has not handed out) has no watermark,
+    so no lag figure, and every rollup waited for it unwarned. Once a write needs watermarks (the store's covering
+    mark) and this process has seen a partition without one for WATERMARK_STALLED_S, it is a warning naming it; an
+    idle stack, where no write needs one, is not."""
+    from query_api.broker_offsets import TopicOffsets
+    from query_api.pipeline_health import WATERMARK_STALLED_S, BrokerFigures, StoreFigures, Unmarked
+
+    mutations = TopicOffsets("m", {0: 0, 1: 0, 2: 0}, {0: 500, 1: 700, 2: 0}, {0: 500, 1: 700})
+    written = StoreFigures({0: NOW, 1: NOW}, NOW - MICROS, {})
+    idle = StoreFigures({}, None, {})
+    unmarked = Unmarked()
+
+    def warnings(at: float, store: StoreFigures | None) -> list[str]:
+        seen = unmarked.observe(at, store, mutations)
+        broker = BrokerFigures(mutations, None, None, {}, [], {}, "kafka-prod-cluster")
+        snapshot = Snapshot(NOW, store, broker, {}, {}, None, {}, None, seen)
+        return render(snapshot, registry, SETTINGS, lambda name: True)["warnings"]
+
+    assert warnings(0.0, idle) == [] and warnings(WATERMARK_STALLED_S + 10, idle) == []  # nothing waits: no warning
+    assert warnings(100.0, written) == []  # just seen
+    assert warnings(100.0 + WATERMARK_STALLED_S - 1, written) == []
+    assert warnings(100.0 + WATERMARK_STALLED_S - 0.5, None) == []  # the store did not answer: the clock runs on
+    [warning] = warnings(100.0 + WATERMARK_STALLED_S + 5, written)
+    assert warning.startswith("m partition(s) 2 have had no persist watermark for 65 s while writes wait"), warning
+    healed = StoreFigures({0: NOW, 1: NOW, 2: NOW}, NOW - MICROS, {})
+    assert warnings(200.0, healed) == [] and unmarked.since == {}
+    assert warnings(201.0, written) == []  # missing again: counted from now
