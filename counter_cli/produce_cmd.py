@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from control_plane import NamespaceRegistry
-from control_plane.admission import admission_error, extras_refusal, kafka_refusal
+from control_plane.admission import admission_error, extras_refusal, kafka_refusal, record_time
 from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, stack_settings_or_exit
 from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError, NotAdmitted
@@ -165,7 +165,7 @@ def refusal(m: Mutation, registry: NamespaceRegistry, now_us: int) -> tuple[str,
         return "namespace", str(exc.args[0])
     if (refused := kafka_refusal(ns)) is not None:
         return "namespace", refused
-    reason = admission_error(now_us if m.event_time is None else m.event_time, now_us, ns)
+    reason = admission_error(now_us if m.event_time is None else m.event_time, record_time(now_us), ns)
     if reason is not None:
         return "idempotency_token.generation_time", reason
     return extras_refusal(ns, m.dimensions, m.item, m.op is MutationOp.CLEAR, delta=m.delta,

@@ -26,6 +26,7 @@ from control_plane.admission import (
     bound_reason,
     extras_refusal,
     late_acknowledgement,
+    record_time,
     rolled_past,
     rollup_boundary,
 )
@@ -289,7 +290,7 @@ class CounterService:
         if generation_time is None:
             return now, token
         event_time = parse_generation_time(generation_time, field="idempotency_token.generation_time")
-        reason = (admission_error(event_time, now, ns)
+        reason = (admission_error(event_time, record_time(now), ns)
                   or rolled_past(event_time, self.rolled.floors.get(ns.name, -1), ns))
         if reason is not None:
             raise Rejected("idempotency_token.generation_time", reason)

@@ -250,3 +250,33 @@ def test_a_token_without_a_generation_time_is_refused_on_every_path(fixed_clock:
         return refused.value.field, producer.bodies
 
     assert asyncio.run(scenario()) == ("idempotency_token.generation_time", [])
+
+
+@pytest.mark.parametrize("into_ms_us", [0, 1, 456, 999])
+def test_the_api_admits_no_time_ahead_that_the_worker_refuses_from_the_records_millisecond(
+        monkeypatch: pytest.MonkeyPatch, into_ms_us: int) -> None:
+    """A review: with max_clock_skew 0, AddCounts dated 0-4 ms ahead answered 200 and a third were dead-lettered,
+    never counted. The API judged "ahead" against its clock in µs, the worker against the record's timestamp, in
+    whole milliseconds rounded down: up to 999 µs earlier. Whatever the record's millisecond (its send comes after
+    the API's judgement), a time the API admits the worker admits."""
+    from control_plane import parse_namespaces
+    from control_plane.admission import admission_error
+    from schemas import ValidationError
+
+    registry = parse_namespaces("namespaces:\n  tight: { counter_type: EVENTUAL, max_clock_skew: 0s, "
+                                "accept_limit: 3s }\n")
+    ns = registry["tight"]
+    now_us = 1_795_662_001_123_000 + into_ms_us
+    monkeypatch.setattr(service_module.time, "time_ns", lambda: now_us * 1000)
+    svc = CounterService(registry, producer=None, signals=None, events=None, rollups=None,  # type: ignore[arg-type]
+                         cache=None, counters=None)  # type: ignore[arg-type]
+    admitted = []
+    for ahead in range(0, 2_000, 7):
+        try:
+            svc.event_identity(ns, "tok", now_us + ahead)
+        except (Rejected, ValidationError):
+            continue
+        admitted.append(now_us + ahead)
+    record_ms = now_us // 1000 * 1000  # the earliest the record can be stamped: its millisecond, as Kafka keeps it
+    assert admitted and record_ms + 999 - 7 < max(admitted) <= record_ms + 999  # the rest of the ms is admitted
+    assert all(admission_error(t, record_ms, ns) is None for t in admitted)
