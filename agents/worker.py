@@ -63,7 +63,7 @@ from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
 from streams.settings import Settings, namespace_bound_problems
 from streams.signals import SignalSender
-from streams.store_binding import BindingWatch, bind_deployment
+from streams.store_binding import BindingWatch
 from streams.topics import ensure_topics, topic_specs
 
 log = logging.getLogger("counter.worker")
@@ -265,7 +265,9 @@ def bound_store(settings: Settings, rollups: RollupStore) -> BindingWatch:
     its own (a caller may be running one, and asyncio.run would unset this thread's loop, which Faust's app takes)."""
     with ThreadPoolExecutor(1, thread_name_prefix="store-identity") as thread:
         identity = thread.submit(asyncio.run, rollups.identity()).result()
-    return bind_deployment(settings, identity, store_location(settings.store, settings.data_dir))
+    watch = BindingWatch(settings, identity, store_location(settings.store, settings.data_dir))
+    watch.bind()
+    return watch
 
 
 class PersistService(mode.Service):

@@ -42,7 +42,7 @@ from sinks import open_cache, open_namespace_sketch_store, open_namespace_stores
 from sinks.best_effort import open_counters
 from streams.settings import Settings, api_start_problems, load_settings
 from streams.signals import SignalSender
-from streams.store_binding import BindingWatch, StoreMismatch, bind_deployment
+from streams.store_binding import BindingWatch, StoreMismatch
 
 log = logging.getLogger(__name__)
 
@@ -98,9 +98,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError("COUNTER_KAFKA_BOOTSTRAP must be set for the API (counter up sets it)")
         app.state.settings = s
         service = app.state.service = build_service(s)
-        identity = await service.rollups.identity()  # the consumer group's store, or StoreMismatch: no start
-        binding = app.state.binding = await asyncio.to_thread(bind_deployment, s, identity,
-                                                               store_location(s.store, s.data_dir))
+        binding = app.state.binding = BindingWatch(s, await service.rollups.identity(),
+                                                   store_location(s.store, s.data_dir))
+        try:  # the consumer group's store: another one is no start (python -m query_api checked it first)
+            await asyncio.to_thread(binding.bind, 5.0)
+        except StoreMismatch:
+            raise
+        except Exception as exc:  # a broker away: reads are still served, and the watch binds once it answers
+            log.warning("the store binding is not checked yet (%s: %s): it is, every %g s, once the broker answers",
+                        type(exc).__name__, exc, s.store_binding_check_s)
         app.state.health = PipelineHealth(s, service.registry, service.rollups)  # GET /v1/pipeline
         await service.producer.start()  # starts the shared AsyncProducer
         await service.signals.start()

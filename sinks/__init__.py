@@ -30,6 +30,8 @@ from sinks.factory import (
     open_namespace_stores,
     open_sketch_store,
     open_stores,
+    sqlite_directory,
+    store_identity,
     store_location,
 )
 from sinks.memcached.rollup_cache import MemcachedRollupCache, cache_key, scoped_prefix
@@ -73,6 +75,8 @@ __all__ = [
     "open_sketch_store",
     "open_stores",
     "scoped_prefix",
+    "sqlite_directory",
+    "store_identity",
     "store_location",
     "store_unavailable",
     "written_key",

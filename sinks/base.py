@@ -220,6 +220,12 @@ class RollupStore(Protocol):
         keys carry it (`sinks.cache.open_cache`), so a new store never reads an earlier one's cached counts."""
         ...
 
+    async def new_identity(self) -> str:
+        """Replace this store's id with a new one, and return it. A copy of a store (a restored backup, a cloned disk)
+        carries the original's id, so nothing could tell them apart (`counter store rebind --new-store`); processes
+        that read the old id keep it until they restart."""
+        ...
+
     async def delete(self, namespace: str, counter: str | None = None) -> int:
         """Drop rollup rows of one counter or a whole namespace (ops, recounts); returns rows dropped. The
         combination registry below is left alone."""

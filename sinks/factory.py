@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ from sinks.sqlite import SqliteBucketStore, SqliteEventStore, SqliteRollupStore,
 from sinks.windows import Granularity
 
 __all__ = ["BUCKETS_FILE", "EVENTS_FILE", "ROLLUPS_FILE", "SKETCHES_FILE", "Stores", "open_namespace_sketch_store",
-           "open_namespace_stores", "open_sketch_store", "open_stores", "store_location"]
+           "open_namespace_stores", "open_sketch_store", "open_stores", "sqlite_directory", "store_identity",
+           "store_location"]
 
 EVENTS_FILE = "events.sqlite3"
 ROLLUPS_FILE = "rollups.sqlite3"
@@ -57,13 +59,33 @@ def store_location(store_url: str, data_dir: Path) -> str:
     """The store `open_stores` opens, as a URL that names it wherever it is read: `sqlite` (the data directory) and a
     relative one become `sqlite:///<absolute dir>`; a Cassandra URL with its password masked (it is recorded and
     printed: endpoints.json, the store bindings topic)."""
-    if store_url == "sqlite":
-        return f"sqlite://{Path(data_dir).resolve()}"
-    if store_url.startswith("sqlite://"):
-        return f"sqlite://{Path(store_url.removeprefix('sqlite://')).resolve()}"
+    if (directory := sqlite_directory(store_url, data_dir)) is not None:
+        return f"sqlite://{directory.resolve()}"
     from sinks.cassandra.config import masked_url  # a pure module: no driver import
 
     return masked_url(store_url)
+
+
+def sqlite_directory(store_url: str, data_dir: Path) -> Path | None:
+    """The directory of a SQLite store URL (None for another backend)."""
+    if store_url == "sqlite":
+        return Path(data_dir)
+    return Path(store_url.removeprefix("sqlite://")) if store_url.startswith("sqlite://") else None
+
+
+def store_identity(store_url: str, data_dir: Path, registry: Mapping[str, Any], *, new: bool = False) -> str:
+    """The identity of a store this process has not opened (`RollupStore.identity`, drawn now for a new store; with
+    `new`, replaced by a new one): opened, read and closed on an event loop of its own (never call it from one)."""
+    stores = open_namespace_stores(store_url, data_dir, registry)
+
+    async def read() -> str:
+        try:
+            return await (stores.rollups.new_identity() if new else stores.rollups.identity())
+        finally:
+            for store in stores:
+                await store.close()
+
+    return asyncio.run(read())
 
 
 def open_namespace_stores(store_url: str, data_dir: Path, registry: Mapping[str, Any], *,

@@ -32,6 +32,7 @@ from streams.settings import Settings
 from streams.topics import ensure_topics, stores_spec
 
 log = logging.getLogger(__name__)
+QUIET = 2  # librdkafka's log level for these short-lived clients: a broker away is their error, not a line a second
 
 @dataclass(frozen=True, slots=True)
 class StoreClaim:
@@ -103,10 +104,9 @@ def read_binding(bootstrap: str, topic: str, group: str, *, config: Mapping[str,
     return binding_of(_records(bootstrap, topic, config or {}, timeout_s), group)
 
 
-def bind(bootstrap: str, topic: str, group: str, claim: StoreClaim, *, config: Mapping[str, str] | None = None,
-         timeout_s: float = 15.0) -> StoreClaim:
-    """`group`'s binding, `claim` appended first when there is none (the topic must exist): StoreMismatch when it
-    names another store. A rebind claim is always appended."""
+def claimed(bootstrap: str, topic: str, group: str, claim: StoreClaim, *, config: Mapping[str, str] | None = None,
+            timeout_s: float = 15.0) -> StoreClaim:
+    """`group`'s binding, `claim` appended first when there is none or when it is a rebind (the topic must exist)."""
     config = config or {}
     binding = None if claim.rebind else read_binding(bootstrap, topic, group, config=config, timeout_s=timeout_s)
     if binding is None:
@@ -114,39 +114,48 @@ def bind(bootstrap: str, topic: str, group: str, claim: StoreClaim, *, config: M
         binding = read_binding(bootstrap, topic, group, config=config, timeout_s=timeout_s)
         if binding is None:
             raise RuntimeError(f"the store claim appended to {topic} is not there to read back")
-    check(binding, claim.store, claim.location, group, topic)
     return binding
 
 
-def bind_deployment(settings: Settings, store: str, location: str) -> BindingWatch:
-    """Bind the settings' consumer group to `store` (its identity; `location` for people), creating the bindings
-    topic if needed, or raise StoreMismatch; the watch that reads the binding again while the process runs."""
-    bootstrap, security = settings.kafka_bootstrap or "", settings.kafka_security.librdkafka()
-    ensure_topics(bootstrap, [stores_spec(settings)], admin_config=security)
-    claim = StoreClaim.now(store, location)
-    bind(bootstrap, settings.stores_topic, settings.worker_id, claim, config=security)
-    return BindingWatch(bootstrap, settings.stores_topic, settings.worker_id, claim, config=security)
-
-
 class BindingWatch:
-    """The binding read again by a running process: `check()` raises StoreMismatch once it names another store, and
-    `mismatch` keeps it. A broker that does not answer leaves it as it was (its outage shows elsewhere)."""
+    """A process's claim on the binding of its settings' consumer group: `bind()` at start, then `check()` while it
+    runs. Either raises StoreMismatch when the binding names another store, and `mismatch` keeps it. A check while
+    the broker does not answer leaves it as it was (the outage shows elsewhere), and binds if `bind()` could not."""
 
-    def __init__(self, bootstrap: str, topic: str, group: str, claim: StoreClaim, *,
-                 config: Mapping[str, str] | None = None) -> None:
-        self.bootstrap, self.topic, self.group, self.claim = bootstrap, topic, group, claim
-        self.config = dict(config or {})
+    def __init__(self, settings: Settings, store: str, location: str) -> None:
+        """`store`: this process's store identity (`RollupStore.identity`); `location`: its URL, for people."""
+        self.bootstrap, self.config = settings.kafka_bootstrap or "", settings.kafka_security.librdkafka()
+        self.spec = stores_spec(settings)
+        self.group = settings.worker_id
+        self.claim = StoreClaim.now(store, location)
+        self.bound = False  # the claim was made (appended, or another binding found)
         self.mismatch: StoreMismatch | None = None
+
+    def bind(self, timeout_s: float = 15.0) -> None:
+        """Create the bindings topic if needed and claim it for this store (blocking): StoreMismatch, or the broker's
+        error (each request waits up to `timeout_s`)."""
+        self._judge(self._binding(timeout_s))
 
     async def check(self) -> None:
         try:
-            binding = await asyncio.to_thread(read_binding, self.bootstrap, self.topic, self.group,
-                                              config=self.config)
+            binding = await asyncio.to_thread(self._binding)
         except Exception as exc:  # a broker away: the next check reads it
-            log.debug("could not read the store binding from %s: %r", self.topic, exc)
+            log.debug("could not read the store binding from %s: %r", self.spec.name, exc)
             return
+        self._judge(binding)
+
+    def _binding(self, timeout_s: float = 15.0) -> StoreClaim | None:
+        if self.bound:
+            return read_binding(self.bootstrap, self.spec.name, self.group, config=self.config, timeout_s=timeout_s)
+        ensure_topics(self.bootstrap, [self.spec], timeout=timeout_s, admin_config=self.config)
+        binding = claimed(self.bootstrap, self.spec.name, self.group, self.claim, config=self.config,
+                          timeout_s=timeout_s)
+        self.bound = True
+        return binding
+
+    def _judge(self, binding: StoreClaim | None) -> None:
         try:
-            check(binding, self.claim.store, self.claim.location, self.group, self.topic)
+            check(binding, self.claim.store, self.claim.location, self.group, self.spec.name)
         except StoreMismatch as exc:
             self.mismatch = exc
             raise
@@ -157,7 +166,7 @@ def _records(bootstrap: str, topic: str, config: Mapping[str, str],
              timeout_s: float) -> list[tuple[bytes | None, bytes | None]]:
     """Every record of the topic's one partition, read to its end; [] when the topic does not exist."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}.reader", "enable.auto.commit": False,
-                         "allow.auto.create.topics": False, **config})
+                         "allow.auto.create.topics": False, "log_level": QUIET, **config})
     try:
         tp = TopicPartition(topic, 0)
         try:
@@ -192,7 +201,7 @@ def _append(bootstrap: str, topic: str, group: str, claim: StoreClaim, config: M
             timeout_s: float) -> None:
     """Append `claim` under `group`'s key, acknowledged by every in-sync replica."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                         "message.timeout.ms": int(timeout_s * 1000), **config})
+                         "message.timeout.ms": int(timeout_s * 1000), "log_level": QUIET, **config})
     failed: list[KafkaError] = []
     producer.produce(topic, claim.encode(), group.encode(), partition=0,
                      on_delivery=lambda err, _msg: failed.append(err) if err is not None else None)

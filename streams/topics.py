@@ -30,6 +30,8 @@ class TopicSpec:
     partitions: int
     replication_factor: int = BROKER_DEFAULT
     config: dict[str, str] = field(default_factory=dict)
+    retention_loses: str = ("older records are deleted whether or not they were used (writes a worker down that long "
+                            "had not persisted, dead letters not yet replayed), and replays reach back only that far")
 
 
 def topic_specs(settings: Settings) -> list[TopicSpec]:
@@ -58,7 +60,9 @@ def stores_spec(settings: Settings) -> TopicSpec:
     since a binding deleted by retention would let the next process on another store bind anew. It holds a record
     per deployment and per rebind."""
     rf = BROKER_DEFAULT if settings.replication_factor is None else settings.replication_factor
-    return TopicSpec(settings.stores_topic, 1, rf, {"retention.ms": "-1", "compression.type": "producer"})
+    return TopicSpec(settings.stores_topic, 1, rf, {"retention.ms": "-1", "compression.type": "producer"},
+                     "the store binding is deleted with its record, and the next worker or API binds its own store, "
+                     "whichever it is")
 
 
 class TopicError(RuntimeError):
@@ -111,10 +115,9 @@ def _check_existing(admin: AdminClient, specs: list[TopicSpec], timeout: float) 
                              "drops every record of a key but its latest, so writes not yet read would be lost; set "
                              "cleanup.policy=delete on it (kafka-configs --alter)")
         if shorter := _shorter_retention(spec, config):
-            log.warning("topic %s exists keeping records %s, less than the %s it would be created with: older "
-                        "records are deleted whether or not they were used (writes a worker down that long had not "
-                        "persisted, dead letters not yet replayed), and replays reach back only that far (raise it "
-                        "with kafka-configs --alter)", spec.name, shorter, _kept(spec.config["retention.ms"]))
+            log.warning("topic %s exists keeping records %s, less than the %s it would be created with: %s (raise it "
+                        "with kafka-configs --alter)", spec.name, shorter, _kept(spec.config["retention.ms"]),
+                        spec.retention_loses)
         wanted = spec.config.get("message.timestamp.type")
         if wanted and config.get("message.timestamp.type") not in (None, wanted):
             log.warning("topic %s exists with message.timestamp.type=%s, not %s: admission judges a write's arrival "

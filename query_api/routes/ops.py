@@ -24,10 +24,11 @@ async def healthz() -> dict[str, str]:
 @router.get("/readyz", responses={503: {"description": "a dependency is unreachable"}})
 async def readyz(service: Service, request: Request) -> JSONResponse:
     """Broker, store and cache reachable, and the store the one the workers persist into (streams.store_binding)."""
-    mismatch = request.app.state.binding.mismatch  # set by the lifespan
+    binding = request.app.state.binding  # set by the lifespan
+    bound = "ok" if binding.bound else "not checked yet: the broker has not answered"
     checks = {"broker": await _check(service.producer.kafka.ping(1.0)),
               "store": await _check(service.rollups.get("_readyz", "_readyz")),
-              "store_binding": "ok" if mismatch is None else f"another store: {mismatch}",
+              "store_binding": bound if binding.mismatch is None else f"another store: {binding.mismatch}",
               "cache": "ok" if await service.cache.healthy() else "unreachable",
               "best_effort_counters": "ok" if await service.counters.healthy() else "unreachable"}
     ok = all(v == "ok" for v in checks.values())

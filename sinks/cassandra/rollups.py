@@ -318,6 +318,10 @@ class CassandraRollupStore:
                 raise RuntimeError(f"could not read the store's identity: {LWT_ATTEMPTS} attempts")
         return self._identity
 
+    async def new_identity(self) -> str:
+        self._identity = f"{await self._claim(*IDENTITY_CLAIM):016x}"  # compare-and-set, as a partition's claim
+        return self._identity
+
     async def delete(self, namespace: str, counter: str | None = None) -> int:
         now = self._clock_us()
         stmts: list[Stmt] = []

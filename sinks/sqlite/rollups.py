@@ -241,6 +241,12 @@ class SqliteRollupStore:
             self._identity = await self._db.run(lambda conn: self._db.write(conn, _identity))
         return self._identity
 
+    async def new_identity(self) -> str:
+        topic, partition = IDENTITY_CLAIM
+        claims = await self.claim_partitions(topic, [partition])  # a claim replaces the latest: the same write
+        self._identity = f"{claims[partition]:016x}"
+        return self._identity
+
     async def delete(self, namespace: str, counter: str | None = None) -> int:
         return await self._db.run(lambda conn: self._db.write(conn, _delete, namespace, counter))
 

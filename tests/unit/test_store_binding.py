@@ -77,7 +77,8 @@ def test_a_running_process_stops_on_another_store_and_outlives_a_broker_away(mon
         return answer  # type: ignore[return-value]
 
     monkeypatch.setattr(store_binding, "read_binding", read_binding)
-    watch = store_binding.BindingWatch("b:9092", "t-stores", "g", StoreClaim("mine", "x", "h", "t"))
+    watch = store_binding.BindingWatch(load_settings(kafka_bootstrap="b:9092", worker_id="g"), "mine", "x")
+    watch.bound = True  # bound at start: checks read the binding
     for _ in range(3):  # away, nothing bound yet, bound to this store
         asyncio.run(watch.check())
         assert watch.mismatch is None
@@ -86,3 +87,25 @@ def test_a_running_process_stops_on_another_store_and_outlives_a_broker_away(mon
     assert watch.mismatch is not None and "theirs" in str(watch.mismatch)
     asyncio.run(watch.check())  # a broker away says nothing new: the mismatch stands
     assert watch.mismatch is not None
+
+
+def test_a_process_that_could_not_bind_at_start_binds_at_its_next_check(monkeypatch) -> None:
+    """An API started while the broker was away serves reads, and binds once the broker answers."""
+    import asyncio
+
+    from streams import store_binding
+
+    calls: list[str] = []
+    monkeypatch.setattr(store_binding, "ensure_topics", lambda *a, **k: calls.append("topic"))
+
+    def claimed(bootstrap, topic, group, claim, **_kwargs):
+        calls.append(f"claim {topic} {group} {claim.store}")
+        return StoreClaim("theirs", "y", "h", "t")
+
+    monkeypatch.setattr(store_binding, "claimed", claimed)
+    watch = store_binding.BindingWatch(load_settings(kafka_bootstrap="b:9092", worker_id="g", mutations_topic="m"),
+                                       "mine", "x")
+    assert not watch.bound
+    with pytest.raises(StoreMismatch):
+        asyncio.run(watch.check())
+    assert watch.bound and calls == ["topic", "claim m-stores g mine"] and watch.mismatch is not None
