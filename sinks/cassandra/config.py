@@ -155,6 +155,7 @@ def parse_cassandra_url(url: str) -> CassandraConfig:
     keyspace = path.strip("/")
     if "/" in keyspace or not _IDENT.match(keyspace):
         raise CassandraUrlError(f"bad keyspace {keyspace!r}: a letter then up to 47 letters, digits or '_'")
+    keyspace = keyspace.lower()  # as CQL folds an unquoted name: the schema check looks it up by the folded name
 
     username = password = None
     userinfo, at, hostpart = netloc.rpartition("@")

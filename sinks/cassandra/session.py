@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import re
 import ssl
 import threading
 import weakref
@@ -184,11 +186,21 @@ def bridge_response(response_future: Any) -> asyncio.Future:
 
 # -- cluster options -----------------------------------------------------------------------------------------
 
+_CONDITIONAL = re.compile(r"\sIF\s", re.IGNORECASE)
+
+
+def is_conditional(cql: str) -> bool:
+    """Whether a statement is a lightweight transaction (`IF ...`, `IF NOT EXISTS`): never retried blindly."""
+    return _CONDITIONAL.search(cql) is not None
+
+
 def build_ssl_context(config: CassandraConfig) -> ssl.SSLContext | None:
     if not config.tls:
         return None
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.ca_file)
-    context.check_hostname = config.tls_verify  # the driver then checks each node's address
+    # the driver checks each node's certificate against the address it dials: an IP address (contact points are
+    # resolved, peers come from system.peers), so node certificates need IP subject alternative names
+    context.check_hostname = config.tls_verify
     if not config.tls_verify:
         log.warning("cassandra TLS without host name verification (tls_verify=0)")
     if config.cert_file and config.key_file:
@@ -198,8 +210,10 @@ def build_ssl_context(config: CassandraConfig) -> ssl.SSLContext | None:
 
 class IdempotentRetryPolicy(RetryPolicy):
     """The driver's default, plus: retry a timed-out write of an idempotent statement (every
-    statement of this backend is), up to ``max_write_retries`` times at the same consistency.
-    Lightweight transactions (``CAS``) are never retried blindly: their outcome is unknown."""
+    statement of this backend but the lightweight transactions), up to ``max_write_retries`` times at the same
+    consistency. A lightweight transaction is never retried blindly, its outcome unknown: its statement is not
+    marked idempotent (`is_conditional`), since a timeout in its commit step is reported as a SIMPLE write, not
+    CAS, and a retry then answers not applied where the first attempt applied."""
 
     def __init__(self, max_write_retries: int = 2) -> None:
         self.max_write_retries = max_write_retries
@@ -228,7 +242,7 @@ def cluster_options(config: CassandraConfig) -> dict[str, Any]:
         "execution_profiles": {EXEC_PROFILE_DEFAULT: profile},
         "connect_timeout": config.connect_timeout_s,
         "control_connection_timeout": config.connect_timeout_s,
-        "max_schema_agreement_wait": int(config.schema_wait_s),
+        "max_schema_agreement_wait": max(1, math.ceil(config.schema_wait_s)),  # the driver skips the wait at 0
     }
     if config.username is not None:
         options["auth_provider"] = PlainTextAuthProvider(username=config.username, password=config.password or "")
@@ -334,7 +348,7 @@ class CassandraSession:
             if prepared is None:
                 prepared = await asyncio.to_thread(self._prepare_sync, stmt.cql)
             bound = prepared.bind(stmt.params)
-            bound.is_idempotent = True
+            bound.is_idempotent = not is_conditional(stmt.cql)
             bound.fetch_size = self.config.fetch_size
             if stmt.serial:
                 bound.consistency_level = self._serial_level

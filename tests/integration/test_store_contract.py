@@ -814,9 +814,11 @@ def test_racing_claims_differ_and_only_the_latest_publishes(stores: Stores) -> N
     claims = stores.run(race())
     assert len({c[0] for c in claims}) == 3 and len({c[3] for c in claims}) == 3
     refused = [stores.run(rs.set_watermarks(topic, {0: 10 + i, 3: 10 + i}, claims=c)) for i, c in enumerate(claims)]
-    assert sorted(map(sorted, refused)) == [[], [0, 3], [0, 3]]
-    latest = refused.index(set())
-    assert stores.run(rs.watermarks(topic)) == {0: 10 + latest, 3: 10 + latest}
+    # latest per partition: on Cassandra each partition's claim is a transaction of its own, so the racers may end
+    # with one holding partition 0 and another partition 3
+    latest = {p: [i for i, r in enumerate(refused) if p not in r] for p in (0, 3)}
+    assert all(len(holders) == 1 for holders in latest.values()), refused
+    assert stores.run(rs.watermarks(topic)) == {p: 10 + holders[0] for p, holders in latest.items()}
 
 
 def test_cassandra_marks_of_a_partition_claimed_elsewhere_since_are_read(stores: Stores) -> None:

@@ -25,6 +25,7 @@ from sinks.cassandra.session import (
     bridge_response,
     build_ssl_context,
     cluster_options,
+    is_conditional,
     is_missing_table,
     run_bounded,
 )
@@ -349,3 +350,26 @@ def test_close_is_reference_counted():
     assert shut == [True] and s._session is None
     with pytest.raises(RuntimeError, match="closed"):
         asyncio.run(s.run(RollupCql("ks").get("ns", "c")))
+
+
+def test_lightweight_transactions_are_bound_not_idempotent_so_a_timeout_is_never_retried_blindly():
+    """A review: a timeout in an LWT's commit step is reported as a SIMPLE write, not CAS, and every statement was
+    bound idempotent, so the policy retried it; the retry answers not applied where the first attempt applied."""
+    s = _session()
+    cql = RollupCql("ks")
+    lwt, plain = cql.first_claim("t", 0, 7), cql.get("ns", "c")
+    assert is_conditional(lwt.cql) and not is_conditional(plain.cql)
+
+    async def main():
+        await s.run(lwt)
+        await s.run(plain)
+    asyncio.run(main())
+    assert [b.is_idempotent for b in s._session.executed] == [False, True]
+    assert _timeout(IdempotentRetryPolicy(), idempotent=False, write_type=WriteType.SIMPLE)[0] == RetryPolicy.RETHROW
+
+
+def test_a_sub_second_schema_wait_still_waits_and_a_keyspace_is_folded_as_cql_folds_it():
+    """A review: int(0.5) is 0, with which the driver skips schema agreement altogether; and `Counters` was created
+    as `counters` (unquoted) but looked up as `Counters`, so every start said the keyspace was missing."""
+    assert cluster_options(parse_cassandra_url("cassandra://h/ks?schema_wait=0.5"))["max_schema_agreement_wait"] == 1
+    assert parse_cassandra_url("cassandra://h/Counters").keyspace == "counters"
