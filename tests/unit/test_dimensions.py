@@ -507,9 +507,11 @@ def test_replay_filter_keeps_writes_by_their_base_counter(world: World) -> None:
     replay.counters = {"v"}
     replay.resent = set()
     replay.totals = {"filtered_out": 0}  # type: ignore[assignment]
+    assert batch.written
     kept = replay._filter(batch)
     assert [(w.counter, w.combinations) for w in kept.dimensioned] == [("v", ("v country=US",))]
     assert [c[1] for c in kept.clears] == ["v"]
+    assert kept.written == batch.written  # the workers are told to heartbeat past the replayed writes
 
 
 # -- producers ---------------------------------------------------------------------------------------------------
