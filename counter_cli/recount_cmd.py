@@ -24,6 +24,7 @@ from counter_cli.common import (
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.recount import RETRY, CounterRecount, RecountError, RecountJob, RecountOptions, RecountSummary, rfc3339
 from jobs.runtime import open_runtime
+from jobs.state import Busy, exclusive
 from schemas import ValidationError, parse_generation_time
 from streams.settings import Settings, SettingsError
 from streams.topics import TopicError
@@ -147,11 +148,20 @@ def run(args: argparse.Namespace) -> int:
 
 async def _recount(opts: RecountOptions, settings: Settings, rows: Rows, progress: RichProgress,
                    stop: Interrupt) -> RecountSummary:
-    runtime = open_runtime(settings)
+    """The job, holding its state file's lock: two identical runs shared one progress file, and the first to end
+    deleted it, so an interrupted second could not resume (a review)."""
+    state = opts.state_path(settings.data_dir)
+    lock = state.with_name(state.name + ".lock")
     try:
-        return await RecountJob(opts, runtime, report=rows, progress=progress, stop=stop).run()
-    finally:
-        await runtime.close()
+        with exclusive(lock):
+            runtime = open_runtime(settings)
+            try:
+                return await RecountJob(opts, runtime, report=rows, progress=progress, stop=stop).run()
+            finally:
+                await runtime.close()
+    except Busy:
+        raise RecountError(f"the same recount is running already (lock {lock}); wait for it, or stop it and run "
+                           "this one again to resume") from None
 
 
 class Rows:
