@@ -86,8 +86,10 @@ def _durable(service: CounterService, ns: Namespace, path: bytes, req: dict[str,
             then_count=path != ADD_COUNT)
     except ValidationError:  # nothing was sent: the route answers with the field named
         return None
-    if path == ADD_COUNT:
-        return acknowledged, _WrittenAnswer(written)
+    if path == ADD_COUNT:  # answered from the acknowledgement: checked against the accept_limit as the route does
+        token, event_time = written.token, written.event_time
+        assert token is not None and event_time is not None, "a durable write has its token and time"
+        return service.late_checked(acknowledged, ns, event_time, token), _WrittenAnswer(written)
     return service.count_after(written, acknowledged), count_json
 
 

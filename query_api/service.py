@@ -405,15 +405,17 @@ class CounterService:
         avro_body, answer = encoded
         acknowledged = self.producer.send_body(avro_body)
         self.early.note_event(namespace, counter, (event_time, token, "", delta, False), acknowledged)
-        if generation_time is not None:  # dated by the client: maybe so early that a slow acknowledgement is too late
-            return answer, self._late_checked(acknowledged, self.registry[namespace], event_time, token), event_time
+        if generation_time is not None or namespace in self._undated_may_be_late:  # as write_plain_request
+            return answer, self.late_checked(acknowledged, self.registry[namespace], event_time, token), event_time
         return answer, acknowledged, event_time
 
-    def _late_checked(self, acknowledged: asyncio.Future[None], ns: Namespace, event_time: int,
+    def late_checked(self, acknowledged: asyncio.Future[None], ns: Namespace, event_time: int,
                       token: str) -> asyncio.Future[None]:
         """`acknowledged`, or, for a write dated so early that its acknowledgement could come after its accept_limit
         (`acknowledged`'s check), a future of its own that fails with NotCountedYet then. Only such writes get a
-        future and a callback: a plain AddCount otherwise shares its record's."""
+        future and a callback: a plain AddCount otherwise shares its record's. Every path that answers a durable
+        AddCount from its acknowledgement takes it (one did not, and answered 200 for a write the worker then
+        dead-lettered: a review)."""
         if late_acknowledgement(event_time, time.time_ns() // 1000 + self._broker_wait_us, ns) is None:
             return acknowledged  # even acknowledged at the last moment the producer waits, it is admitted
         checked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -446,7 +448,7 @@ class CounterService:
         acknowledged = self.producer.send_body(avro_body)
         self.early.note_keyed(key, event, acknowledged)
         if self._undated_may_be_late and (ns := self.registry[key.split(":", 1)[0]]).name in self._undated_may_be_late:
-            return answer, self._late_checked(acknowledged, ns, event[0], event[1]), event[0]
+            return answer, self.late_checked(acknowledged, ns, event[0], event[1]), event[0]
         return answer, acknowledged, event[0]
 
     def add_best_effort(self, ns: Namespace, counter: str, delta: int) -> Awaitable[int]:
