@@ -158,6 +158,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
     _idle_since: float | None = None  # when the last response completed; None while a request is in flight
     _between_messages = True  # the parser is between two requests (none begun and not finished)
     _deferred_400: str | None = None  # an unparsable request's answer, waiting for the answers of those before it
+    _until_drained = False  # a response completed while the transport's buffer was full: the rest waits for it
 
     def data_received(self, data: bytes) -> None:
         """uvicorn's (which feeds the parser), but for a chunk that `_plain_request` takes whole."""
@@ -339,10 +340,26 @@ class CounterHttpProtocol(HttpToolsProtocol):
         self._idle_since = None
 
     def on_response_complete(self) -> None:
-        """uvicorn's: count it, then start the next pipelined request, or else note when idleness began."""
+        """uvicorn's: count it, then start the next pipelined request, or else note when idleness began. While the
+        client does not read its answers (the transport's buffer is full) nothing more is read: uvicorn's own
+        responses wait for the buffer to drain before they complete, but a fast one is written at once, and a
+        client that pipelined requests without reading grew the buffer without bound (a review)."""
         self.server_state.total_requests += 1
         if self.transport.is_closing():
             return
+        if self.flow.write_paused:
+            self.flow.pause_reading()
+            self._until_drained = True
+            return
+        self._next_request()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._until_drained and not self.transport.is_closing():
+            self._until_drained = False
+            self._next_request()
+
+    def _next_request(self) -> None:
         if self.flow.read_paused and self._deferred_400 is None:
             self.flow.resume_reading()
         if self.pipeline:

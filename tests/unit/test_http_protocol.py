@@ -1372,3 +1372,24 @@ def test_connection_lost_cancels_the_keep_alive_timer(run) -> None:
         c.lose(ConnectionResetError())
         assert timer.cancelled and c.protocol.timeout_keep_alive_task is None
     run(scenario)
+
+
+def test_a_client_that_does_not_read_its_answers_is_read_no_further(run) -> None:
+    """A review: a fast answer is written at once and the next pipelined request read at once, so a client that
+    sends without reading grew the API's buffer without bound. While the transport's buffer is full (it paused
+    writing) nothing more is read or started; once it drains, the next request is."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        second = post("/v1/GetCount", {"namespace": "acc", "counter_name": "d"})
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}) + second)
+        c.protocol.pause_writing()  # as the transport does above its high-water mark
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.transport.data, "the first answer")
+        await spin()
+        held = (list(c.app.requests), c.transport.read_paused)
+        c.protocol.resume_writing()  # first: a request the app started meanwhile waits for the drain
+        assert held == ([], True), "read on while the client reads nothing"
+        await until(lambda: c.app.requests, "the second request, once drained")
+        assert c.app.requests[0]["body"] == _request_body(second) and not c.transport.read_paused
+    run(scenario)
