@@ -34,6 +34,7 @@ from streams.topics import ensure_topics, stores_spec
 log = logging.getLogger(__name__)
 QUIET = 2  # librdkafka's log level for these short-lived clients: a broker away is their error, not a line a second
 
+
 @dataclass(frozen=True, slots=True)
 class StoreClaim:
     """One record of the bindings topic: a store's identity and, for people, where it is and who claimed it."""
