@@ -35,13 +35,10 @@ def open_stores(store_url: str, data_dir: Path, partitioning_for: Callable[[str]
     call waits for another process's lock (`SqliteThread`; None: about 4 minutes); Cassandra takes no locks.
     """
     url = store_url.strip()
-    if url == "sqlite":
-        directory = Path(data_dir)
-    elif url.startswith("sqlite://"):
-        rest = url[len("sqlite://"):]
-        if not rest.startswith("/"):
+    directory = sqlite_directory(url, data_dir)
+    if directory is not None:
+        if url != "sqlite" and not directory.is_absolute():
             raise ValueError(f"expected 'sqlite:///absolute/dir', got {store_url!r}")
-        directory = Path(rest)
     elif url.startswith("cassandra://"):
         from sinks.cassandra.store import open_cassandra_stores  # the driver loads only when used
 
