@@ -35,7 +35,7 @@ from jobs.dlq import (
     state_path,
     stored_originals,
 )
-from jobs.state import Busy, exclusive
+from jobs.state import Busy, exclusive, lock_beside
 from schemas.dead_letter import (
     SOURCE_OFFSET,
     SOURCE_PARTITION,
@@ -267,7 +267,7 @@ def run_replay(args: argparse.Namespace) -> int:
     settings = stack_settings_or_exit(data_dir=args.data_dir)
     state = state_path(settings, args.topic or settings.dlq_topic)
     try:
-        with exclusive(state.with_name(state.name + ".lock")):  # two runs would both send what neither recorded
+        with exclusive(lock_beside(state)):  # two runs would both send what neither recorded
             return _replay(args, settings, state)
     except Busy:
         fail(f"another `counter dlq replay` of this DLQ is running (it holds {state}.lock): wait for it to end",

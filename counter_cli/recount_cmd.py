@@ -24,7 +24,7 @@ from counter_cli.common import (
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.recount import RETRY, CounterRecount, RecountError, RecountJob, RecountOptions, RecountSummary, rfc3339
 from jobs.runtime import open_runtime
-from jobs.state import Busy, exclusive
+from jobs.state import Busy, exclusive, lock_beside
 from schemas import ValidationError, parse_generation_time
 from streams.settings import Settings, SettingsError
 from streams.topics import TopicError
@@ -151,7 +151,7 @@ async def _recount(opts: RecountOptions, settings: Settings, rows: Rows, progres
     """The job, holding its state file's lock: two identical runs shared one progress file, and the first to end
     deleted it, so an interrupted second could not resume (a review)."""
     state = opts.state_path(settings.data_dir)
-    lock = state.with_name(state.name + ".lock")
+    lock = lock_beside(state)
     try:
         with exclusive(lock):
             runtime = open_runtime(settings)

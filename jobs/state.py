@@ -60,6 +60,11 @@ def safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:120]
 
 
+def lock_beside(state: Path) -> Path:
+    """The lock file of a job's state file (`exclusive`): one run at a time on that state."""
+    return state.with_name(state.name + ".lock")
+
+
 @contextlib.contextmanager
 def exclusive(path: Path) -> Iterator[None]:
     """Hold an advisory lock on `path` (created if missing) for the block; Busy when another process has it."""

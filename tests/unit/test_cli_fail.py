@@ -151,11 +151,11 @@ def test_a_store_file_that_cannot_be_opened_is_one_clear_line_and_exit_1(tmp_pat
 def test_the_same_recount_twice_at_once_is_refused_naming_its_lock(tmp_path, monkeypatch, capsys):
     """Two identical recounts shared one progress file, and the first to end deleted it (a review)."""
     from jobs.recount import RecountOptions
-    from jobs.state import exclusive
+    from jobs.state import exclusive, lock_beside
 
     monkeypatch.setattr(recount_cmd, "open_runtime", _unreachable)  # never reached: the lock comes first
     state = RecountOptions(namespace="ns", all=True).state_path(tmp_path)
-    with exclusive(state.with_name(state.name + ".lock")):
+    with exclusive(lock_beside(state)):
         assert recount_cmd.run(_cli(tmp_path, "recount", "ns", "--all")) == 2
     out = capsys.readouterr()
     assert "the same recount is running already" in out.out + out.err
