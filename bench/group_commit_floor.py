@@ -57,7 +57,7 @@ class GroupCommit:
         self.producer.produce(self.topic, value, partition=self.partition).add_done_callback(
             lambda record: self.acknowledged(record, waiting))
 
-    def acknowledged(self, record: asyncio.Future[None], waiting: list[asyncio.Transport]) -> None:
+    def acknowledged(self, record: asyncio.Future[int | None], waiting: list[asyncio.Transport]) -> None:
         self.in_flight = False
         response = RESPONSE if record.exception() is None else FAILED
         for transport in waiting:

@@ -25,7 +25,7 @@ from collections import Counter as Tally
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -213,7 +213,7 @@ class _Kafka:
             "dead letters")
 
     @staticmethod
-    async def _acknowledged(sent: asyncio.Future[list[None]], what: str) -> None:
+    async def _acknowledged(sent: asyncio.Future[Any], what: str) -> None:
         try:
             await sent
         except DeliveryError as exc:

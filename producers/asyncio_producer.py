@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
 
 from producers.client import DeliveryError
 from producers.handle import RenewingProducer
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 
 class AsyncProducer:
     """acks=all, idempotent; `produce` returns a future of the broker's acknowledgement (DeliveryError on
-    failure or after `timeout_s`). Create and use it on one event loop; `start()` before, `stop()` after."""
+    failure or after `timeout_s`), which settles with the record's timestamp in µs (its delivery report's:
+    LogAppendTime, the broker's clock, on a topic that has it, else the CreateTime librdkafka gave it; None when
+    the report has none). Create and use it on one event loop; `start()` before, `stop()` after."""
 
     def __init__(self, bootstrap_servers: str, *, timeout_s: float = 5.0, client_id: str = "counter",
                  config: Mapping[str, Any] | None = None) -> None:
@@ -66,14 +68,15 @@ class AsyncProducer:
         await asyncio.to_thread(self._kafka.close)
 
     def produce(self, topic: str, value: bytes, key: bytes | None = None, *, partition: int = -1,
-                headers: Headers | None = None) -> asyncio.Future[None]:
-        """Queue one record; the future settles on the loop when the broker has acknowledged it."""
+                headers: Headers | None = None) -> asyncio.Future[int | None]:
+        """Queue one record; the future settles on the loop, with the record's timestamp, when the broker has
+        acknowledged it."""
         loop = self._loop
         if loop is None:
             self.start()
             loop = self._loop
             assert loop is not None  # start() bound it
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[int | None] = loop.create_future()
         try:
             self._kafka.produce(topic, value, key, partition=partition, headers=headers,
                                 on_delivery=functools.partial(self._delivered, future))
@@ -107,15 +110,19 @@ class AsyncProducer:
         offset may show here a moment before its future settles)."""
         return {partition: end for (t, partition), end in list(self._acked.items()) if t == topic}
 
-    def _delivered(self, future: asyncio.Future[None], err: KafkaError | None, msg: Any) -> None:
+    def _delivered(self, future: asyncio.Future[int | None], err: KafkaError | None, msg: Any) -> None:
         """librdkafka's delivery report, on the poll thread."""
         assert self._loop is not None
+        stamp = None
         if err is None:
             key = (msg.topic(), msg.partition())
             end = msg.offset() + 1
             if end > self._acked.get(key, 0):
                 self._acked[key] = end
-        self._loop.call_soon_threadsafe(_settle, future, None if err is None else err.str(), self.timeout_s)
+            kind, stamp_ms = msg.timestamp()
+            if kind != TIMESTAMP_NOT_AVAILABLE and stamp_ms >= 0:
+                stamp = stamp_ms * 1000
+        self._loop.call_soon_threadsafe(_settle, future, None if err is None else err.str(), self.timeout_s, stamp)
 
     def _poll_loop(self) -> None:
         """Wait in librdkafka for delivery reports (the GIL is released while it waits)."""
@@ -123,11 +130,11 @@ class AsyncProducer:
             self._kafka.current.poll(0.2)
 
 
-def _settle(future: asyncio.Future[None], error: str | None, timeout_s: float) -> None:
+def _settle(future: asyncio.Future[int | None], error: str | None, timeout_s: float, stamp: int | None) -> None:
     if future.done():
         return
     if error is None:
-        future.set_result(None)
+        future.set_result(stamp)
     else:
         future.set_exception(DeliveryError(
             f"the broker did not acknowledge the record within {timeout_s:g}s or refused it ({error})"))

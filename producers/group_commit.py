@@ -24,6 +24,15 @@ batches, which cost the worker and the broker less per write.
 
 Durability is unchanged: acks=all with the idempotent producer. A record is acknowledged or failed as a
 whole, so a request's mutations (a batch request's too: they travel in one record) are never half-sent.
+
+An acknowledgement (`Acknowledgement`) settles with None when the record's timestamp (LogAppendTime, the broker's
+clock, on the service's topics; else the CreateTime librdkafka stamped) lies where this process's clock put the
+record: no earlier than the millisecond it was produced in, no later than its acknowledgement. The API judged each
+write by its own clock (admission on arrival, the accept_limit on acknowledgement), and then no more leniently than
+the worker judges it by that timestamp. Otherwise the broker's clock and this one disagree, and it settles with the
+record's timestamp (µs), by which each of its writes must be judged again: the worker dead-letters what admission
+refuses by it (a review: with the API's clock ahead of the broker's, a write dated within max_clock_skew of the API's
+now answered 200 and was never counted).
 """
 
 from __future__ import annotations
@@ -41,6 +50,10 @@ from schemas import Mutation, is_v2, mutation_body, record_of_bodies, v2_body
 from schemas.record_headers import READ_YOUR_WRITE_HEADERS
 
 log = logging.getLogger(__name__)
+
+Acknowledgement = asyncio.Future[int | None]
+"""A write's future from `GroupCommitProducer.send`: None once acknowledged, or the record's timestamp (µs) when the
+clocks disagree (see the module's docstring); DeliveryError when the record failed."""
 
 RETRY_RULE = ("retry with the same idempotency token and generation_time, while that generation_time is within the "
               "namespace's accept_limit: it is counted once")
@@ -65,7 +78,7 @@ class _Pending:
 
     __slots__ = ("bodies", "future", "number", "overdue", "read_your_write", "size", "v2")
 
-    def __init__(self, future: asyncio.Future[None], number: int) -> None:
+    def __init__(self, future: Acknowledgement, number: int) -> None:
         self.number = number  # records are numbered 1, 2, ... in the order they are started
         self.bodies: list[bytes] = []
         self.size = 0
@@ -134,7 +147,7 @@ class GroupCommitProducer:
 
     # -- writes ------------------------------------------------------------------------------------------
 
-    def send(self, mutations: Sequence[Mutation], *, read_your_write: bool = False) -> asyncio.Future[None]:
+    def send(self, mutations: Sequence[Mutation], *, read_your_write: bool = False) -> Acknowledgement:
         """Queue mutations for this pass's record (all of them in that one record). `read_your_write`: the
         caller will wait until they are persisted, so the record asks the persist consumer to hurry."""
         kinds: list[bool] | None = None  # per body, whether it is a v2 body: only when one is
@@ -149,7 +162,7 @@ class GroupCommitProducer:
                 kinds = [is_v2(m) for m in mutations]
         return self._queue(bodies, kinds, read_your_write)
 
-    def send_body(self, body: bytes) -> asyncio.Future[None]:
+    def send_body(self, body: bytes) -> Acknowledgement:
         """`send` for one mutation already encoded as a v1 body (`schemas.mutation_body`'s bytes; the API's plain
         AddCount encodes it in C, query_api.plain_add). Joining a plain record that has room is done here, the
         rest by `_queue`: this is the API's hottest write."""
@@ -160,7 +173,7 @@ class GroupCommitProducer:
             return pending.future  # a pending record exists only while the producer is open and connected
         return self._queue([body], None, False)
 
-    def _queue(self, bodies: list[bytes], kinds: list[bool] | None, read_your_write: bool) -> asyncio.Future[None]:
+    def _queue(self, bodies: list[bytes], kinds: list[bool] | None, read_your_write: bool) -> Acknowledgement:
         loop = self._loop
         assert loop is not None, "start() first"
         if not self._partitions or self._closed:
@@ -201,13 +214,14 @@ class GroupCommitProducer:
         else:  # the plain bodies take the v2 defaults (an empty map, an empty item)
             value = record_of_bodies([b if v2 else v2_body(b) for b, v2 in zip(batch.bodies, batch.v2, strict=True)],
                                      v2=True)
+        produced_us = time.time_ns() // 1000  # before librdkafka stamps a CreateTime
         record = self.kafka.produce(self.topic, value, None, partition=partition,
                                     headers=READ_YOUR_WRITE_HEADERS if batch.read_your_write else None)
         self._in_flight += 1
         self.records_sent += 1
         if self.observer is not None:
             self.observer.record_sent(len(batch.bodies))
-        record.add_done_callback(functools.partial(self._acknowledged, batch, time.perf_counter()))
+        record.add_done_callback(functools.partial(self._acknowledged, batch, time.perf_counter(), produced_us))
 
     def acked_ends(self) -> dict[int, int]:
         """Per partition, the offset after the latest record acknowledged (`AsyncProducer.acked_ends`)."""
@@ -237,7 +251,7 @@ class GroupCommitProducer:
         batch.future.set_exception(DeliveryError(
             f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s; {RETRY_RULE}"))
 
-    def _acknowledged(self, batch: _Pending, sent: float, record: asyncio.Future[None]) -> None:
+    def _acknowledged(self, batch: _Pending, sent: float, produced_us: int, record: asyncio.Future[int | None]) -> None:
         future = batch.future
         if batch.overdue is not None:
             batch.overdue.cancel()
@@ -248,8 +262,16 @@ class GroupCommitProducer:
             self.observer.record_done(time.perf_counter() - sent, error is None)
         if not future.done():
             if error is None:
-                future.set_result(None)
+                future.set_result(_disagreed(record.result(), produced_us))
             else:
                 future.set_exception(DeliveryError(f"{error}; {RETRY_RULE}"))
         if self._pending is not None and self._in_flight < self.max_in_flight:
             self._flush()  # the writes that gathered while the broker was busy
+
+
+def _disagreed(stamp_us: int | None, produced_us: int) -> int | None:
+    """The record's timestamp when it lies outside [the millisecond it was produced in, now] by this process's clock,
+    else None (see the module's docstring)."""
+    if stamp_us is None or produced_us - produced_us % 1000 <= stamp_us <= time.time_ns() // 1000:
+        return None
+    return stamp_us

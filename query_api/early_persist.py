@@ -62,6 +62,7 @@ from typing import Any, Protocol
 
 from control_plane import Namespace
 from control_plane.admission import admission_error
+from producers.group_commit import Acknowledgement
 from schemas import MICROS, Mutation, MutationOp
 from sinks import EventRow, EventStore
 from sinks.model import apply_aggregate
@@ -179,13 +180,13 @@ class EarlyPersist:
         self._pending: list[tuple[list[EventRow], _Count, asyncio.Future[int]]] = []
         self._task: asyncio.Task[None] | None = None
 
-    def note(self, m: Mutation, acknowledged: asyncio.Future[None]) -> None:
+    def note(self, m: Mutation, acknowledged: Acknowledgement) -> None:
         """Remember a durable write being sent (its future: the broker's acknowledgement of its record, shared
         by the writes that record holds)."""
         self.note_event(m.namespace, m.counter_name, event_row(m)[2:], acknowledged)
 
     def note_event(self, namespace: str, counter: str, event: tuple[int, str, str, int, bool],
-                   acknowledged: asyncio.Future[None]) -> None:
+                   acknowledged: Acknowledgement) -> None:
         """`note` for a write given as its event's time, token, item key, delta and clear flag (what the worker
         stores; a plain AddCount has no Mutation, query_api.plain_add). An event dated after now (a client's
         generation_time) is noted as the worker's alone: the worker may refuse it (see the module's docstring)."""
@@ -193,7 +194,7 @@ class EarlyPersist:
         self.note_keyed(f"{namespace}:{counter}", event, _WORKERS if dated_ahead else acknowledged)
 
     def note_keyed(self, key: str, event: tuple[int, str, str, int, bool],
-                   acknowledged: asyncio.Future[None] | object) -> None:
+                   acknowledged: Acknowledgement | object) -> None:
         """`note_event` for the counter's key, "namespace:counter", and an event timed by this process as it was
         sent (built in C by `_plain_add.add_request`: no clock read here, on the hottest path)."""
         generation = self._generations[-1]
@@ -264,6 +265,8 @@ class EarlyPersist:
                 if not ack.done() or ack.cancelled() or ack.exception() is not None:
                     continue  # not acknowledged (yet): its client has no answer to read it by
                 event_time = flat[i]
+                if (stamp := ack.result()) is not None and admission_error(event_time, stamp, ns) is not None:
+                    continue  # the worker dead-letters it by its record's timestamp (its client had a 503)
                 if admissible(ns, event_time, now_us):
                     out.append((ns.name, counter, event_time, flat[i + 1], flat[i + 2], flat[i + 3], flat[i + 4]))
                     out.places.append((flat, i))
@@ -323,13 +326,13 @@ class Unnoted(EarlyPersist):
     another process acknowledged cannot be stored here, `CounterService.shared_pipeline`), so it notes nothing and
     `rows` finds nothing. Noting would cost every durable write about 0.5 µs for a path never taken."""
 
-    def note(self, m: Mutation, acknowledged: asyncio.Future[None]) -> None:
+    def note(self, m: Mutation, acknowledged: Acknowledgement) -> None:
         pass
 
     def note_event(self, namespace: str, counter: str, event: tuple[int, str, str, int, bool],
-                   acknowledged: asyncio.Future[None]) -> None:
+                   acknowledged: Acknowledgement) -> None:
         pass
 
     def note_keyed(self, key: str, event: tuple[int, str, str, int, bool],
-                   acknowledged: asyncio.Future[None] | object) -> None:
+                   acknowledged: Acknowledgement | object) -> None:
         pass

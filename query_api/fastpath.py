@@ -18,7 +18,7 @@ import orjson
 
 from control_plane import CounterType, Namespace
 from query_api.responses import add_json, count_json, window_json
-from query_api.service import CounterService, Identity, Written, identity_of
+from query_api.service import CounterService, Identity, Written, identity_of, refused_by_record
 from schemas import INT64_MAX, INT64_MIN, MutationOp, ValidationError, validate_counter_name
 
 GET_COUNT, ADD_COUNT, ADD_AND_GET = b"/v1/GetCount", b"/v1/AddCount", b"/v1/AddAndGetCount"
@@ -102,8 +102,13 @@ class _WrittenAnswer:
     def __init__(self, written: Written) -> None:
         self.written = written
 
-    def __call__(self, _acknowledged: None) -> bytes:
-        return add_json(self.written)
+    def __call__(self, stamp_us: int | None) -> bytes:
+        w = self.written
+        if stamp_us is not None:  # the record's timestamp disagreed with this process's clock: judged by it
+            assert w.token is not None and w.event_time is not None, "a durable write has its token and time"
+            if refused := refused_by_record(w.ns, w.token, w.event_time, stamp_us):
+                raise refused
+        return add_json(w)
 
     @property
     def identity(self) -> Identity | None:

@@ -26,9 +26,11 @@ from typing import Any
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
+from producers.group_commit import Acknowledgement
 from query_api import metrics
 from query_api.fastpath import ADD_COUNT, FAST_PATHS, fast_call
 from query_api.responses import SERVICE_ERRORS, answerable, error_response
+from query_api.service import refused_by_record
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +96,15 @@ class _Answers:
         self.tasks = tasks  # uvicorn's set of what its shutdown waits for (shared by the connections)
         self.waiting: list[Any] = []
 
-    def answer(self, acknowledged: asyncio.Future[None]) -> None:
+    def answer(self, acknowledged: Acknowledgement) -> None:
         del _ANSWERS[acknowledged]
         self.tasks.discard(acknowledged)
         status, failure = _outcome(acknowledged, _NO_BODY, "plain AddCount failed")  # b"" once acknowledged
         waiting = self.waiting
+        if not failure and (stamp := acknowledged.result()) is not None:
+            waiting = _judged(waiting, stamp)  # the record's timestamp disagreed with this process's clock
+            if not waiting:
+                return
         head = _HEADS.get(waiting[0].server_state.default_headers, status)  # the server's: one for all connections
         for i in range(0, len(waiting), 5):
             protocol, cycle, answer, _started, event_time = waiting[i:i + 5]
@@ -111,7 +117,29 @@ class _Answers:
         metrics.record_many(ADD_COUNT_ENDPOINT, status, [now - started for started in waiting[3::5]])
 
 
-def _failed(acknowledged: asyncio.Future[None], failure: bytes, answer: bytes, event_time: int) -> bytes:
+def _judged(waiting: list[Any], stamp_us: int) -> list[Any]:
+    """Answer the plain AddCounts (`_Answers.waiting`) that the worker will refuse by their record's timestamp with
+    their 503 (query_api.service.refused_by_record) now; the others, to answer as acknowledged."""
+    admitted: list[Any] = []
+    for i in range(0, len(waiting), 5):
+        protocol, cycle, answer, started, event_time = waiting[i:i + 5]
+        written = orjson.loads(answer)  # the namespace and token are in the answer
+        ns = protocol.app_state["service"].registry[written["namespace"]]
+        token = written["idempotency_token"]
+        refused = refused_by_record(ns, token, event_time, stamp_us)
+        if refused is None:
+            admitted += waiting[i:i + 5]
+            continue
+        status, detail = error_response(refused, (token, event_time))
+        try:
+            protocol._respond(cycle, status, orjson.dumps(detail))
+        except Exception:  # as in _Answers.answer
+            log.exception("answering a plain AddCount failed")
+        metrics.record(ADD_COUNT_ENDPOINT, status, time.perf_counter() - started)
+    return admitted
+
+
+def _failed(acknowledged: Acknowledgement, failure: bytes, answer: bytes, event_time: int) -> bytes:
     """A plain AddCount's answer when its record failed: the failure's body, with the write's identity when the
     failure is a service error (its token is in the answer it would have had)."""
     exc = acknowledged.exception() if not acknowledged.cancelled() else None
@@ -147,7 +175,7 @@ def _declares_large_body(headers: list[tuple[bytes, bytes]]) -> bool:
     return False
 
 
-_ANSWERS: dict[asyncio.Future[None], _Answers] = {}  # by the record's acknowledgement future, until it is done
+_ANSWERS: dict[Acknowledgement, _Answers] = {}  # by the record's acknowledgement future, until it is done
 ADD_COUNT_ENDPOINT = FAST_PATHS[ADD_COUNT]
 
 
@@ -284,7 +312,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
         # uvicorn's shutdown waits while this set is not empty; it is typed set[Task], a Future serves as well
         self.tasks.add(future)  # type: ignore[arg-type]
 
-    def _answer_when_acknowledged(self, answer: bytes, acknowledged: asyncio.Future[None], event_time: int,
+    def _answer_when_acknowledged(self, answer: bytes, acknowledged: Acknowledgement, event_time: int,
                                   cycle: FastCycle) -> None:
         """Answer a plain AddCount with `answer` once its record is acknowledged, in one callback per record."""
         answers = _ANSWERS.get(acknowledged)

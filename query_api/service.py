@@ -31,7 +31,7 @@ from control_plane.admission import (
     rollup_boundary,
 )
 from producers import DeliveryError, new_token
-from producers.group_commit import GroupCommitProducer
+from producers.group_commit import RETRY_RULE, Acknowledgement, GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
 from query_api.early_persist import EarlyPersist, Unnoted, eligible
@@ -56,6 +56,7 @@ from schemas import (
     validate_item_key,
     validate_token,
 )
+from schemas.validation import micros_iso
 from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore
 from sinks.best_effort import BestEffortCounters
 from sinks.combinations import all_combinations
@@ -197,6 +198,30 @@ def _acknowledged_late(ns: Namespace, token: str, event_time: int, what: str = "
     if reason is None:
         return None
     return NotCountedYet(f"the {what} is durable (token {token!r}), but {reason}", (token, event_time))
+
+
+_CLOCK_WARN_EVERY_S = 60.0
+_clock_warned = [0.0]  # monotonic time of the last warning about the broker's clock (one a minute)
+
+
+def refused_by_record(ns: Namespace, token: str, event_time: int, stamp_us: int | None) -> BrokerUnavailable | None:
+    """The 503 of a durable write the worker will dead-letter, judged by the timestamp its record carries
+    (`stamp_us`: what its acknowledgement settled with, producers.group_commit.Acknowledgement: None when this
+    process's clock and the record's agree, and the API's own judgement stands), or None when the worker admits it.
+    The record is in Kafka; the write is in the dead-letter topic, not counted, and a retry with its token and
+    generation_time is counted once if admitted then."""
+    if stamp_us is None or (reason := admission_error(event_time, stamp_us, ns)) is None:
+        return None
+    now_us = time.time_ns() // 1000
+    if time.monotonic() - _clock_warned[0] >= _CLOCK_WARN_EVERY_S:
+        _clock_warned[0] = time.monotonic()
+        log.warning("a record's timestamp from the broker is %+.3fs from this API's clock, and a write it holds will "
+                    "be dead-lettered (%s): synchronize the clocks of the API's and the brokers' hosts (NTP)",
+                    (stamp_us - now_us) / MICROS, reason)
+    return BrokerUnavailable(
+        f"the write (token {token!r}) reached Kafka but will not be counted: {reason}. The broker's timestamp of its "
+        f"record disagrees with this API's clock ({micros_iso(now_us)} on acknowledgement), which admitted it; the "
+        f"write is in the dead-letter topic; {RETRY_RULE}", (token, event_time))
 
 
 class CounterService:
@@ -369,7 +394,7 @@ class CounterService:
     def write_durable(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                       generation_time: str | int | float | None, item_key: str = "",
                       dimensions: Mapping[str, Any] | None = None, item: str | None = None, *,
-                      then_count: bool = False) -> tuple[Written, asyncio.Future[None]]:
+                      then_count: bool = False) -> tuple[Written, Acknowledgement]:
         """A durable (EVENTUAL/ACCURATE) write, group-committed: what to answer, and the future of the broker's
         acknowledgement (failing with DeliveryError). Plain, so the fast path can answer from a callback.
         `then_count`: the caller answers with the count including it (AddAndGetCount, `count_after`). Where this
@@ -382,7 +407,7 @@ class CounterService:
             self.early.note(m, acknowledged)  # a later AddAndGetCount of the counter stores it with its own
         return Written(ns, counter, m.event_id, m.event_time), acknowledged
 
-    def write_plain(self, body: bytes) -> tuple[bytes, asyncio.Future[None], int] | None:
+    def write_plain(self, body: bytes) -> tuple[bytes, Acknowledgement, int] | None:
         """`write_durable` for an AddCount body in its plainest form, read and encoded in C (query_api.plain_add):
         the answer's JSON and the future of the broker's acknowledgement. None when the body is not that form, the
         namespace is not in `plain_types`, the token or generation time is invalid (the route names the field) or
@@ -409,24 +434,27 @@ class CounterService:
             return answer, self.late_checked(acknowledged, self.registry[namespace], event_time, token), event_time
         return answer, acknowledged, event_time
 
-    def late_checked(self, acknowledged: asyncio.Future[None], ns: Namespace, event_time: int,
-                      token: str) -> asyncio.Future[None]:
+    def late_checked(self, acknowledged: Acknowledgement, ns: Namespace, event_time: int,
+                     token: str) -> Acknowledgement:
         """`acknowledged`, or, for a write dated so early that its acknowledgement could come after its accept_limit
         (`acknowledged`'s check), a future of its own that fails with NotCountedYet then. Only such writes get a
         future and a callback: a plain AddCount otherwise shares its record's. Every path that answers a durable
         AddCount from its acknowledgement takes it (one did not, and answered 200 for a write the worker then
-        dead-lettered: a review)."""
+        dead-lettered: a review). `acknowledged` returned as it is may still settle with the record's timestamp
+        (`refused_by_record`, which its consumer applies)."""
         if late_acknowledgement(event_time, time.time_ns() // 1000 + self._broker_wait_us, ns) is None:
             return acknowledged  # even acknowledged at the last moment the producer waits, it is admitted
-        checked: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        checked: Acknowledgement = asyncio.get_running_loop().create_future()
 
-        def settle(record: asyncio.Future[None]) -> None:
+        def settle(record: Acknowledgement) -> None:
             if checked.done():
                 return
             if record.cancelled():
                 checked.cancel()
             elif (exc := record.exception()) is not None:
                 checked.set_exception(exc)
+            elif refused := refused_by_record(ns, token, event_time, record.result()):
+                checked.set_exception(refused)
             elif late := _acknowledged_late(ns, token, event_time):
                 checked.set_exception(late)
             else:
@@ -434,7 +462,7 @@ class CounterService:
         acknowledged.add_done_callback(settle)
         return checked
 
-    def write_plain_request(self, data: bytes) -> tuple[bytes, asyncio.Future[None], int] | None:
+    def write_plain_request(self, data: bytes) -> tuple[bytes, Acknowledgement, int] | None:
         """`write_plain` for a whole request (query_api.http_protocol's shortcut): one C call reads the request and,
         when it brings no token, draws the event's time and token and encodes it (`_plain_add.add_request`); one
         that brings a token or a generation time goes through `write_plain`. None when `data` is not one plain
@@ -464,25 +492,33 @@ class CounterService:
             ns = self.registry.get(m.namespace)
             if ns is not None and eligible(ns):
                 self.early.note(m, acknowledged)  # as write_durable does
-        await self.acknowledged(acknowledged)
+        stamp = await self.acknowledged(acknowledged)
         for m in mutations:
             ns = self.registry.get(m.namespace)
-            if ns is not None and m.event_id is not None and m.event_time is not None and (
-                    late := _acknowledged_late(ns, m.event_id, m.event_time, f"{m.namespace}:{m.counter_name}")):
+            if ns is None or m.event_id is None or m.event_time is None:
+                continue
+            if refused := refused_by_record(ns, m.event_id, m.event_time, stamp):
+                raise refused  # the batch route answers it with every entry's identity: a retry counts each once
+            if late := _acknowledged_late(ns, m.event_id, m.event_time, f"{m.namespace}:{m.counter_name}"):
                 raise late
 
     @staticmethod
-    async def acknowledged(future: asyncio.Future[None], written: Written | None = None) -> None:
-        """Wait for the broker's acknowledgement of a durable write: BrokerUnavailable when it fails, NotCountedYet
-        when it came after the write's accept_limit, so the worker may refuse it (control_plane.admission.
-        late_acknowledgement; only a write whose client dated it near the end of accept_limit, and a slow broker)."""
+    async def acknowledged(future: Acknowledgement, written: Written | None = None) -> int | None:
+        """Wait for the broker's acknowledgement of a durable write: BrokerUnavailable when it fails or the worker
+        will refuse the write by its record's timestamp (`refused_by_record`), NotCountedYet when it came after the
+        write's accept_limit, so the worker may refuse it (control_plane.admission.late_acknowledgement; only a
+        write whose client dated it near the end of accept_limit, and a slow broker). Without `written`, what the
+        acknowledgement settled with, for the caller to judge its writes by."""
         try:
-            await future
+            stamp = await future
         except DeliveryError as exc:
             raise BrokerUnavailable(str(exc), identity_of(written)) from exc
-        if written is not None and written.token is not None and written.event_time is not None and (
-                late := _acknowledged_late(written.ns, written.token, written.event_time)):
-            raise late
+        if written is not None and written.token is not None and written.event_time is not None:
+            if refused := refused_by_record(written.ns, written.token, written.event_time, stamp):
+                raise refused
+            if late := _acknowledged_late(written.ns, written.token, written.event_time):
+                raise late
+        return stamp
 
     # -- reads ------------------------------------------------------------------------------------------
 
@@ -621,7 +657,7 @@ class CounterService:
                                                    item_key, dimensions, item, then_count=True)
         return await self.count_after(written, acknowledged, item_key)
 
-    async def count_after(self, written: Written, acknowledged: asyncio.Future[None], item_key: str = "") -> Count:
+    async def count_after(self, written: Written, acknowledged: Acknowledgement, item_key: str = "") -> Count:
         """The count once a durable write is acknowledged and persisted: AddAndGetCount's read-your-write. In an
         eligible namespace of an API process that writes alone this process stores the event itself, with its
         recent writes of the counter before it, and reads the count in the same store call

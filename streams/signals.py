@@ -33,7 +33,7 @@ class SignalSender:
         if not self.partitions:
             self.partitions = await self.producer.partitions(self.topic)
 
-    def send(self, keys: Iterable[Key]) -> asyncio.Future[list[None]]:
+    def send(self, keys: Iterable[Key]) -> asyncio.Future[list[int | None]]:
         """Signal every counter in `keys`: one record per partition (or per SIGNALS_PER_RECORD counters).
         The future resolves once the broker acknowledged all of them (DeliveryError otherwise)."""
         if not self.partitions:

@@ -56,9 +56,10 @@ def mutation(counter: str, delta: int, token: str, at: int, op: MutationOp = Mut
     return Mutation(namespace, counter, delta if op is MutationOp.ADD else 0, at, token, "", op)
 
 
-def acknowledged(ok: bool = True) -> asyncio.Future[None]:
-    future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    future.set_result(None) if ok else future.set_exception(ConnectionError("no broker"))
+def acknowledged(ok: bool = True, stamp_us: int | None = None) -> asyncio.Future[int | None]:
+    """A record's acknowledgement: None, or the record's timestamp when it disagreed with the API's clock."""
+    future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+    future.set_result(stamp_us) if ok else future.set_exception(ConnectionError("no broker"))
     return future
 
 
@@ -286,4 +287,19 @@ def test_without_readable_offsets_a_forgotten_write_blocks_and_nothing_else_does
             generation.ends -= 0.3
         early.note(mutation("c", 2, "new", now_us()), acknowledged())  # forgets "old"
         assert early.rows(NS, "c").blocked
+    asyncio.run(scenario())
+
+
+def test_a_write_its_records_timestamp_refuses_is_never_stored_here_and_blocks_nothing(events) -> None:
+    """An acknowledgement that settles with its record's timestamp (the broker's clock disagreed with the API's,
+    producers.group_commit) is judged by it: the worker dead-letters a write dated 2 s after it, so storing it here
+    would count a write its client was answered 503 for; one the worker admits is stored as any."""
+    async def scenario() -> None:
+        early = EarlyPersist(events, recent_s=10.0)
+        at = now_us()
+        early.note(mutation("c", 1, "ahead-of-broker", at), acknowledged(stamp_us=at - 2 * S))
+        early.note(mutation("c", 2, "admitted", at), acknowledged(stamp_us=at - S // 2))
+        early.note(mutation("c", 4, "agreed", at), acknowledged())
+        rows = early.rows(NS, "c")
+        assert [r[3] for r in rows] == ["admitted", "agreed"] and not rows.blocked
     asyncio.run(scenario())

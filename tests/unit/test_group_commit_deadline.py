@@ -65,3 +65,40 @@ def test_a_write_behind_a_record_in_flight_fails_at_its_own_deadline_unsent() ->
     assert TIMEOUT_S <= second_waited < TIMEOUT_S + 0.1, "the second write waited past its own deadline"
     assert produced == 1  # the second write never reached the broker: its retry is the only copy
     assert started == 3
+
+
+class StampingKafka(SilentKafka):
+    """Acknowledges each record at once with the timestamp `stamp(produced_us)` gives it (µs; None: no timestamp)."""
+
+    def __init__(self, stamp: Any) -> None:
+        super().__init__()
+        self.stamp = stamp
+
+    def produce(self, topic: str, value: bytes, key: bytes | None, partition: int,
+                headers: Any = None) -> asyncio.Future[int | None]:
+        future: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        future.set_result(self.stamp(time.time_ns() // 1000))
+        return future
+
+
+@pytest.mark.parametrize(("stamp", "disagrees"), [
+    (lambda now: None, False),  # the delivery report carried no timestamp
+    (lambda now: now - now % 1000, False),  # librdkafka's CreateTime, or a broker's in the same millisecond
+    (lambda now: now, False),  # the broker's, stamped as the record was produced (µs; before the acknowledgement)
+    (lambda now: now - now % 1000 - 1000, True),  # a millisecond before the record was produced: a clock behind
+    (lambda now: now + 2_000_000, True),  # after the acknowledgement by this clock: a clock ahead
+], ids=["none", "same-ms", "later", "behind", "ahead"])
+def test_an_acknowledgement_carries_the_records_timestamp_only_when_this_clock_disagrees(stamp: Any,
+                                                                                        disagrees: bool) -> None:
+    """None tells the API that its own judgement of each write (by its clock) stands; a timestamp, that each write
+    must be judged again by it (query_api.service.refused_by_record)."""
+    stamps: list[int | None] = []
+    kafka = StampingKafka(lambda now: stamps.append(stamp(now)) or stamps[-1])
+
+    async def scenario() -> int | None:
+        producer = GroupCommitProducer(kafka, topic="t")  # type: ignore[arg-type]
+        await producer.start()
+        return await asyncio.wait_for(producer.send([write(1)]), 2.0)
+    settled = asyncio.run(scenario())
+    assert settled == (stamps[0] if disagrees else None)
+    assert not disagrees or settled is not None
