@@ -44,6 +44,8 @@ NAMESPACE_MATCH = _NAMESPACE_RE.fullmatch
 ASCII_COUNTER_MATCH = _ASCII_COUNTER_RE.fullmatch
 CONTROL_SEARCH = _CONTROL_RE.search
 _NUMERIC_RE = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
+# an offset with seconds and a fraction ("+05:30:30.5"): RFC 3339 has none, and Python 3.11 reads "+00:00:00.123" as UTC
+_FRACTIONAL_OFFSET = re.compile(r"[+-][0-9]{2}:?[0-9]{2}:?[0-9]{2}[.,][0-9]+$")
 _RFC3339_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}.[0-9]{2}:[0-9]{2}:[0-9]{2}").fullmatch
 _OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
 
@@ -159,7 +161,7 @@ def _format_micros(micros: int) -> str:
     try:
         return (_EPOCH + micros * _ONE_MICRO).isoformat().replace("+00:00", "Z")
     except OverflowError:
-        return f"{micros} µs since the epoch"
+        return f"{micros:.3e} µs since the epoch" if abs(micros) >= 10**20 else f"{micros} µs since the epoch"
 
 
 def validate_event_time(event_time: Any, *, field: str = "event_time", how: str = "") -> int:
@@ -272,6 +274,9 @@ def _parse_time_text(text: str, field: str) -> tuple[int, str]:
             raise ValidationError(field, f"epoch number out of range: {_show(text)}") from None
     if not text.isascii() or len(text) > 64:
         raise ValidationError(field, f"is not an ISO-8601 time or epoch number: {_show(text)}")
+    if _FRACTIONAL_OFFSET.search(text):
+        raise ValidationError(field, f"has a UTC offset with a fraction of a second, which ISO-8601 times do not "
+                                     f"take: {_show(text)}")
     try:
         parsed = datetime.fromisoformat(text.upper())  # RFC 3339 allows lower-case 't' and 'z'
     except ValueError:

@@ -699,6 +699,9 @@ def test_generation_time_parsing(value: object, expected: int) -> None:
         (float("nan"), "finite"),
         (float("inf"), "finite"),
         ("1" * 5000, "out of range"),
+        (1e300, r"got 1\.000e\+300 µs since the epoch \(read as epoch microseconds\)$"),  # not 300 digits
+        ("2026-11-27T10:00:00+00:00:00.123456", "fraction of a second"),  # Python reads it as +00:00
+        ("2026-11-27T10:00:00+05:30:30.5", "fraction of a second"),
     ],
 )
 def test_generation_time_invalid(value: object, reason: str) -> None:
