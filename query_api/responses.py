@@ -150,7 +150,7 @@ def error_response(exc: Exception, identity: Identity | None = None) -> tuple[in
     status, body = _error_response(exc)
     if identity is not None and status in (503, 504):
         body["idempotency_token"] = {"token": identity[0], "generation_time": identity[1]}
-    if (entries := getattr(exc, "entries", None)) is not None and status == 503:  # a batch: each entry's, in order
+    if (entries := getattr(exc, "entries", None)) is not None and status in (503, 504):  # a batch: each entry's
         body["idempotency_tokens"] = [None if e is None else {"token": e[0], "generation_time": e[1]}
                                       for e in entries]
     return status, body

@@ -89,11 +89,14 @@ class BrokerUnavailable(RuntimeError):
 
 
 class NotCountedYet(TimeoutError):
-    """The write is durable but was not persisted within the read-your-write wait (`identity` as above)."""
+    """The write is durable but was not persisted within the read-your-write wait, or may not be counted (`identity`
+    and `entries` as above)."""
 
-    def __init__(self, message: str, identity: Identity | None = None) -> None:
+    def __init__(self, message: str, identity: Identity | None = None,
+                 entries: Sequence[Identity | None] | None = None) -> None:
         super().__init__(message)
         self.identity = identity
+        self.entries = entries
 
 
 TOKEN_NEEDS_TIME = ("is required with a token: an event is identified by its token and generation_time together, "

@@ -20,7 +20,7 @@ from query_api.models import (
 )
 from query_api.responses import add_response, count_response
 from query_api.routes.entries import authorize_entries, entry
-from query_api.service import BrokerUnavailable, CounterService, Rejected, Written
+from query_api.service import BrokerUnavailable, CounterService, NotCountedYet, Rejected, Written
 from query_api.unique import add_and_get_unique, unique_response
 from schemas import Mutation, MutationOp
 
@@ -79,10 +79,13 @@ async def clear_count(body: ClearCountRequest, service: Service, key: CallerKey)
 @router.post("/BatchAddCount", response_model=BatchAddCountResponse, responses=ERRORS)
 async def batch_add_count(body: BatchAddCountRequest, service: Service, key: CallerKey) -> BatchAddCountResponse:
     """Many AddCounts in one call: all validated first (nothing is sent if any is refused); the durable ones
-    travel in one record, so they are counted all or none. BEST_EFFORT ones are applied first, one by one: when
-    memcached fails, or the durable record then fails, those applied are taken back (best effort, as their type
-    says: one that saturated at an int64 bound is taken back by its whole delta) and the batch is refused: a refused
-    batch counted its durable writes before. A refusal names its entry (`requests.N.<field>`)."""
+    travel in one record, so they reach Kafka all or none. The worker judges each by the record's timestamp: one
+    acknowledged after its accept_limit (504) or refused by that timestamp (503) is dead-lettered alone and the
+    others count, so those answers list every entry's token, and a retry with them counts each once. BEST_EFFORT
+    ones are applied first, one by one: when memcached fails, or the durable record then fails, those applied are
+    taken back (best effort, as their type says: one that saturated at an int64 bound is taken back by its whole
+    delta) and the batch is refused: a refused batch counted its durable writes before. A refusal names its entry
+    (`requests.N.<field>`)."""
     namespaces = []
     for i, r in enumerate(body.requests):
         with entry(i):
@@ -112,8 +115,9 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
         if durable:
             try:
                 await service.send_durably(durable)
-            except BrokerUnavailable as exc:  # the tokens a retry must send again, drawn here for entries without
-                raise BrokerUnavailable(str(exc), entries=[
+            except (BrokerUnavailable, NotCountedYet) as exc:  # the tokens a retry must send again, drawn here
+                # for entries without: a 504 (an entry acknowledged after its accept_limit) leaves the others counted
+                raise type(exc)(str(exc), entries=[
                     (m.event_id, m.event_time) if m is not None and m.event_id and m.event_time is not None else None
                     for _, _, m in prepared]) from exc
     except BaseException:
