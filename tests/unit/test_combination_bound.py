@@ -1,0 +1,82 @@
+"""CounterService.check_bound: the API refuses a new full combination once the counter has max_combinations, counting
+the new ones it admitted that the registry does not show yet. It counted only the registry, read every 5 s, so a
+burst of new combinations was answered 200 and the persist path dead-lettered those past the bound: never counted
+(a review, with max_combinations 2: four writes answered 200, a total of 2)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from control_plane import parse_namespaces
+from query_api import service as service_module
+from query_api.service import CounterService, Rejected
+from schemas import combination
+
+REGISTRY = parse_namespaces({"namespaces": {"capped": {
+    "counter_type": "EVENTUAL", "dimensions": {"keys": ["country"], "max_combinations": 2}}}})
+NS = REGISTRY["capped"]
+
+
+class Registry:
+    """The rollup store's combination registry, as check_bound reads it; `reads` counts the reads."""
+
+    def __init__(self, *full: str) -> None:
+        self.full = list(full)
+        self.reads = 0
+
+    async def combinations(self, namespace: str, counter: str, *, prefix: str = "", after: str | None = None,
+                           limit: int = 1000, full_only: bool = False) -> list[str]:
+        self.reads += 1
+        return [c for c in sorted(self.full) if c.startswith(f"{counter} ") and (after is None or c > after)][:limit]
+
+
+def service(registry: Registry) -> CounterService:
+    return CounterService(REGISTRY, producer=None, signals=None, events=None, rollups=registry,  # type: ignore[arg-type]
+                          cache=None, counters=None)  # type: ignore[arg-type]
+
+
+def dims(country: str) -> tuple[tuple[str, str], ...]:
+    return (("country", country),)
+
+
+def test_new_combinations_admitted_here_count_toward_the_bound_before_the_registry_shows_them() -> None:
+    registry = Registry()
+    svc = service(registry)
+
+    async def scenario() -> None:
+        await svc.check_bound(NS, "v", dims("AA"))
+        await svc.check_bound(NS, "v", dims("BB"))
+        for country in ("CC", "DD"):
+            with pytest.raises(Rejected, match="already has 2 dimension combinations") as refused:
+                await svc.check_bound(NS, "v", dims(country))
+            assert refused.value.field == "dimensions"
+        await svc.check_bound(NS, "v", dims("AA"))  # a retry of one admitted, or another write of it: admitted
+        await svc.check_bound(NS, "w", dims("CC"))  # another counter has its own bound
+        assert registry.reads == 2  # one read per counter within BOUND_REFRESH_S
+    asyncio.run(scenario())
+
+
+def test_a_combination_admitted_here_and_then_registered_is_counted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = Registry(combination("v", dims("AA")))
+    svc = service(registry)
+    clock = [1000.0]
+    monkeypatch.setattr(service_module.time, "monotonic", lambda: clock[0])
+
+    async def scenario() -> None:
+        await svc.check_bound(NS, "v", dims("BB"))  # one registered, one admitted here: the bound
+        with pytest.raises(Rejected):
+            await svc.check_bound(NS, "v", dims("CC"))
+        registry.full.append(combination("v", dims("BB")))  # the worker persisted it
+        clock[0] += service_module.BOUND_REFRESH_S
+        with pytest.raises(Rejected, match="already has 2 "):  # BB is not counted twice, nor dropped
+            await svc.check_bound(NS, "v", dims("CC"))
+        await svc.check_bound(NS, "x", dims("X1"))
+        await svc.check_bound(NS, "x", dims("X2"))  # writes the worker never stores (they failed, say)
+        clock[0] += service_module.SENT_COMBINATIONS_S - 1
+        with pytest.raises(Rejected):
+            await svc.check_bound(NS, "x", dims("X3"))
+        clock[0] += 1
+        await svc.check_bound(NS, "x", dims("X3"))  # their places are given up after SENT_COMBINATIONS_S
+    asyncio.run(scenario())
