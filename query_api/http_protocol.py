@@ -186,6 +186,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
     _idle_since: float | None = None  # when the last response completed; None while a request is in flight
     _between_messages = True  # the parser is between two requests (none begun and not finished)
     _deferred_400: str | None = None  # an unparsable request's answer, waiting for the answers of those before it
+    _half_closed = False  # the client shut its sending side: close once every request it sent is answered
     _until_drained = False  # a response completed while the transport's buffer was full: the rest waits for it
 
     def data_received(self, data: bytes) -> None:
@@ -398,6 +399,9 @@ class CounterHttpProtocol(HttpToolsProtocol):
         if self._deferred_400 is not None:  # every request before the unparsable one is answered
             self.send_400_response(self._deferred_400)
             return
+        if self._half_closed:  # every request the client sent is answered, and it sends no more
+            self.transport.close()
+            return
         self._idle_since = self.loop.time()
         if self.timeout_keep_alive_task is None:
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self._check_keep_alive)
@@ -412,6 +416,16 @@ class CounterHttpProtocol(HttpToolsProtocol):
         else:
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive - idle,
                                                                 self._check_keep_alive)
+
+    def eof_received(self) -> bool:
+        """The client shut its sending side after its requests (a half-close: `nc -N`, `shutdown(SHUT_WR)`): answer
+        them, then close. Returning false (asyncio.Protocol's None, which uvicorn keeps) closed the connection at once,
+        and a write the client had sent went unanswered though it was counted (a review)."""
+        self._half_closed = True
+        if not self._between_messages:  # a request cut short: it can never be answered
+            return False
+        answering = (self.cycle is not None and not self.cycle.response_complete) or bool(self.pipeline)
+        return answering or self._deferred_400 is not None  # true: the transport stays open to write the answers
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

@@ -451,6 +451,29 @@ def test_idle_keep_alive_connections_close_and_busy_ones_stay_open(stack):
         assert 0.5 <= time.monotonic() - answered < 6
 
 
+@pytest.mark.parametrize("requests", ["plain-add", "fast-get", "app", "pipelined"])
+def test_a_client_that_half_closes_after_its_requests_gets_every_answer(stack, requests):
+    """A client may shut its sending side once its requests are out (`nc -N`, `shutdown(SHUT_WR)`). The connection
+    was closed at once, and a write it had sent went unanswered though it was counted (a review): a retry of an
+    AddCount without a token then counted twice. Every path: the C reader of a plain AddCount, the protocol's fast
+    path, the app, and requests pipelined behind one another."""
+    counter = f"half-closed-{requests}"
+    add = _request({"namespace": "my_dataset", "counter_name": counter, "delta": 2}, path="/v1/AddCount")
+    sent = {"plain-add": [add],
+            "fast-get": [_request({"namespace": "my_dataset", "counter_name": counter})],
+            "app": [b"GET /v1/namespaces HTTP/1.1\r\nHost: t\r\n\r\n"],
+            "pipelined": [add, b"GET /v1/namespaces HTTP/1.1\r\nHost: t\r\n\r\n", add]}[requests]
+    with socket.create_connection(("127.0.0.1", stack.client.base_url.port), timeout=10) as sock:
+        sock.sendall(b"".join(sent))
+        sock.shutdown(socket.SHUT_WR)
+        answers = _read_responses(sock, len(sent))
+        assert sock.recv(1) == b""  # then the server closes
+    assert [a[0] for a in answers] == [b"HTTP/1.1 200 OK"] * len(sent), answers
+    adds = sent.count(add)
+    if adds:
+        wait_for(lambda: get_count(stack, "my_dataset", counter) == 2 * adds, 30, message="the writes counted")
+
+
 def test_broker_and_memcached_outages(memcached_address, tmp_path):
     """Stopping the broker: writes 503 (nothing half-written), reads still served. Stopping memcached:
     rolled-up reads fall back to the store, BEST_EFFORT answers 503."""

@@ -1168,6 +1168,26 @@ def test_shutdown_while_a_fast_request_is_pending_closes_after_the_response(run)
     run(scenario)
 
 
+def test_a_half_closed_connection_answers_what_was_sent_then_closes(run) -> None:
+    """eof_received keeps the transport open while a request waits for its answer (true), closes it once the last
+    is answered, and lets asyncio close it at once (false) when nothing waits or a request was cut short."""
+    async def scenario() -> None:
+        service = FakeService()
+        c = Connection(service)
+        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}))
+        assert c.protocol.eof_received() is True and not c.transport.closed
+        service.settle(Count(EV, "c", 1, None))
+        await until(lambda: c.transport.closed, "the connection to close once answered")
+        assert c.transport.take() == fast_response(200, count_body("ev", "c", 1, "EVENTUAL"))
+
+        idle = Connection(FakeService())
+        assert idle.protocol.eof_received() is False  # nothing to answer: asyncio closes it
+        cut = Connection(FakeService())
+        cut.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"})[:-3])  # the body cut short
+        assert cut.protocol.eof_received() is False
+    run(scenario)
+
+
 # -- connection lost ----------------------------------------------------------------------------------------------
 
 
