@@ -417,7 +417,7 @@ class CounterHttpProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive - idle,
                                                                 self._check_keep_alive)
 
-    def eof_received(self) -> bool:
+    def eof_received(self) -> bool:  # type: ignore[override]  # asyncio.Protocol's is bool | None; uvicorn types None
         """The client shut its sending side after its requests (a half-close: `nc -N`, `shutdown(SHUT_WR)`): answer
         them, then close. Returning false (asyncio.Protocol's None, which uvicorn keeps) closed the connection at once,
         and a write the client had sent went unanswered though it was counted (a review)."""
