@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator
 
 from query_api.topk import MAX_K
 from schemas import (
@@ -29,12 +29,24 @@ def _check(validator: Any, value: Any) -> Any:
         raise ValueError(getattr(exc, "reason", str(exc))) from None
 
 
+def _not_bool(value: Any) -> Any:
+    """JSON true/false is not a time: pydantic's lax mode reads it as the epoch number 1 or 0, and the 422 then said
+    "1970-01-01T00:00:01Z (read as epoch seconds)" (a review)."""
+    if isinstance(value, bool):
+        raise ValueError("must be an ISO-8601 string or an epoch number, got bool")
+    return value
+
+
+TimeValue = Annotated[str | int | float, BeforeValidator(_not_bool)]
+"""A time as requests give it: RFC 3339 / ISO-8601 text or an epoch number (s, ms or µs by magnitude)."""
+
+
 class IdempotencyToken(BaseModel):
     """Makes a write safe to retry or hedge: the same token and generation_time are counted once."""
 
     model_config = ConfigDict(extra="forbid")
     token: str = Field(..., examples=["some_event_id"])
-    generation_time: str | int | float | None = Field(
+    generation_time: TimeValue | None = Field(
         None, description="ISO-8601 or epoch (s/ms/µs): the event's time, within the namespace's accept_limit of "
                           "when the write reaches Kafka. Required with a token in a durable namespace (an event is "
                           "its token and generation_time: only a retry with both is counted once); BEST_EFFORT "
@@ -99,8 +111,8 @@ class WindowSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     last: str | None = Field(None, examples=["1h"])
-    start: str | int | float | None = Field(None, examples=["2026-11-23T10:00:00Z"])
-    end: str | int | float | None = Field(None, examples=["2026-11-23T11:00:00Z"])
+    start: TimeValue | None = Field(None, examples=["2026-11-23T10:00:00Z"])
+    end: TimeValue | None = Field(None, examples=["2026-11-23T11:00:00Z"])
 
     def as_spec(self) -> dict[str, object]:
         return self.model_dump(exclude_none=True)
@@ -135,8 +147,8 @@ class GetTopKRequest(BaseModel):
 
 class GetCountSeriesRequest(CounterRef):
     granularity: str = Field(..., examples=["hour"], description="minute, hour or day (as the namespace keeps)")
-    start: str | int | float = Field(..., examples=["2026-11-22T00:00:00Z"])
-    end: str | int | float | None = Field(None, examples=["2026-11-23T00:00:00Z"], description="default: now")
+    start: TimeValue = Field(..., examples=["2026-11-22T00:00:00Z"])
+    end: TimeValue | None = Field(None, examples=["2026-11-23T00:00:00Z"], description="default: now")
 
 
 class ClearCountRequest(CounterRef):
