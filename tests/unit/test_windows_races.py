@@ -226,3 +226,15 @@ def test_an_accurate_unique_count_racing_a_step_misses_no_item(stack: Stack, aft
     assert stack.run(get_unique(stack.service, UA, "home")).estimate.rounded == 2
     stack.settle(race)
     assert stack.run(get_unique(stack.service, UA, "home")).estimate.rounded == 2
+
+
+@pytest.mark.parametrize("after", [1, 2])
+def test_a_series_as_of_never_claims_a_step_its_buckets_do_not_hold(stack: Stack, after: int) -> None:
+    """GetCountSeries reads the rollup before the buckets, as a windowed GetCount does: read after them, a step
+    landing in between moved as_of past buckets that did not hold it (a review)."""
+    boundary = history(stack, EV)
+    race = stack.racing(after, lambda: stack.step(EV, "c", boundary))
+    got, as_of = stack.run(stack.service.get_series(EV, "c", "minute", HOUR0, T0 + 20 * M))
+    stack.settle(race)
+    counted = sum(count for _start, count in got.buckets)
+    assert as_of is not None and (as_of < boundary or counted == 2), (as_of, boundary, counted)
