@@ -249,10 +249,17 @@ class BodyLimit:
         return f"the request body is over {self.max_bytes} bytes"
 
 
+LOC_PART_MAX = 256  # longer than any name or key a request may hold (a counter name is at most 200 bytes)
+
+
 def _safe_error(error: Mapping[str, Any]) -> dict[str, Any]:
-    """A validation error's loc, msg and type, as text any JSON encoder takes (a key may hold a lone surrogate)."""
+    """A validation error's loc, msg and type, as text any JSON encoder takes (a key may hold a lone surrogate), each
+    part cut to LOC_PART_MAX characters (an unknown key of 20 KB was answered whole: a review)."""
     def text(value: object) -> object:
-        return value.encode("utf-8", "backslashreplace").decode() if isinstance(value, str) else value
+        if not isinstance(value, str):
+            return value
+        value = value if len(value) <= LOC_PART_MAX else value[:LOC_PART_MAX] + "..."
+        return value.encode("utf-8", "backslashreplace").decode()
     return {"loc": [text(part) for part in error.get("loc", ())], "msg": text(str(error.get("msg", ""))),
             "type": text(str(error.get("type", "")))}
 

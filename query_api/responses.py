@@ -158,8 +158,12 @@ def error_response(exc: Exception, identity: Identity | None = None) -> tuple[in
 
 def _loc(field: str) -> list[str | int]:
     """A refused field's loc as the request model's errors write it: a batch entry's index is a number
-    (["body", "requests", 2, "delta"]); any other part stays text (a dimension key may be all digits)."""
-    parts: list[str | int] = ["body", *field.split(".")]
+    (["body", "requests", 2, "delta"]); any other part stays text (a dimension key may be all digits), and a
+    dimension key is one part, dots and all (["body", "dimensions", "a.b"]: it was ["body", "dimensions", "a", "b"],
+    a review)."""
+    head, dims, key = field.partition("dimensions.")
+    parts: list[str | int] = ["body", *head.split(".")[:-1], "dimensions", key] if dims and (
+        not head or head.endswith(".")) else ["body", *field.split(".")]
     if len(parts) > 2 and parts[1] == "requests" and str(parts[2]).isdigit():
         parts[2] = int(parts[2])
     return parts

@@ -42,6 +42,7 @@ from query_api.signals import ReadSignals
 from query_api.topk import TopK, top_k
 from query_api.windows import Series, parse_window, series, window_count, windowed
 from schemas import (
+    MAX_NAMESPACE_LEN,
     MICROS,
     Dimensions,
     Mutation,
@@ -282,7 +283,8 @@ class CounterService:
     def namespace(self, name: str) -> Namespace:
         ns = self.registry.get(name)
         if ns is None:
-            raise NamespaceNotFound(f"unknown namespace {name!r}")
+            shown = name if len(name) <= MAX_NAMESPACE_LEN else name[:MAX_NAMESPACE_LEN] + "..."  # not echoed whole
+            raise NamespaceNotFound(f"unknown namespace {shown!r}")
         return ns
 
     # -- writes -----------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from control_plane import Namespace, default_config_path, load_namespaces
-from query_api.responses import add_json, add_response, count_json, count_response
-from query_api.service import Count, Written
+from query_api.responses import add_json, add_response, count_json, count_response, error_response
+from query_api.service import Count, Rejected, Written
 from schemas import ValidationError, validate_counter_name
 
 
@@ -64,3 +64,31 @@ def test_a_best_effort_write_of_unknown_outcome_is_a_504_and_one_never_sent_a_50
 
     assert error_response(CounterWriteUnknown("may have been applied")) == (504, {"detail": "may have been applied"})
     assert error_response(CounterUnavailable("refused")) == (503, {"detail": "refused"})
+
+
+def test_a_refused_fields_loc_keeps_a_dimension_key_whole() -> None:
+    """A 422's loc names the request's parts; a dimension key with dots in it is one part (it was split at them)."""
+    def loc(field: str) -> list[str | int]:
+        return error_response(Rejected(field, "refused"))[1]["detail"][0]["loc"]
+    assert loc("dimensions.a.b") == ["body", "dimensions", "a.b"]
+    assert loc("requests.2.dimensions.x.y") == ["body", "requests", 2, "dimensions", "x.y"]
+    assert loc("requests.12.delta") == ["body", "requests", 12, "delta"]
+    assert loc("idempotency_token.generation_time") == ["body", "idempotency_token", "generation_time"]
+    assert loc("dimensions") == ["body", "dimensions"]
+
+
+def test_an_error_never_echoes_a_huge_input_whole() -> None:
+    """A 422 naming an unknown key of 20 KB, or a 404 for a namespace of 5,000 characters, answered them whole."""
+    from query_api.app import LOC_PART_MAX, _safe_error
+    from query_api.service import CounterService, NamespaceNotFound
+
+    error = _safe_error({"loc": ("body", "k" * 20_000), "msg": "Extra inputs are not permitted", "type": "x"})
+    assert error["loc"] == ["body", "k" * LOC_PART_MAX + "..."]
+    svc = CounterService(REGISTRY, producer=None, signals=None, events=None, rollups=None,  # type: ignore[arg-type]
+                         cache=None, counters=None)  # type: ignore[arg-type]
+    try:
+        svc.namespace("n" * 5000)
+    except NamespaceNotFound as exc:
+        assert len(str(exc)) < 120, str(exc)
+    else:
+        raise AssertionError("an unknown namespace was found")
