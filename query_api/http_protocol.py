@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -177,6 +178,19 @@ def _declares_large_body(headers: list[tuple[bytes, bytes]]) -> bool:
 
 _ANSWERS: dict[Acknowledgement, _Answers] = {}  # by the record's acknowledgement future, until it is done
 ADD_COUNT_ENDPOINT = FAST_PATHS[ADD_COUNT]
+_UPGRADE = re.compile(rb"\r\nupgrade:[^\r\n]*(?=\r\n)", re.IGNORECASE)
+
+
+def _without_upgrade(data: bytes) -> bytes:
+    """A request's first chunk without its `Upgrade` header. The API serves no websocket and no HTTP/2, and a server
+    may ignore an upgrade it does not do (RFC 9110, 7.8): the request is answered in HTTP/1.1. The parser stopped at
+    the upgrade instead: `curl --http2 -d ...` (Upgrade: h2c) reached the app without its body (a 422 "Field
+    required"), and a POST asking for a websocket was never answered."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return data
+    head = _UPGRADE.sub(b"", data[:end])
+    return data if len(head) == end else head + data[end:]
 
 
 
@@ -193,8 +207,11 @@ class CounterHttpProtocol(HttpToolsProtocol):
         """uvicorn's (which feeds the parser), but for a chunk that `_plain_request` takes whole."""
         if self._deferred_400 is not None:  # the parser failed on an earlier chunk: nothing after it is read
             return
-        if self._between_messages and type(data) is bytes and self._plain_request(data):
-            return
+        if self._between_messages and type(data) is bytes:
+            if self._plain_request(data):
+                return
+            if b"pgrade" in data or b"PGRADE" in data:  # Upgrade, any case: other requests are not read for it
+                data = _without_upgrade(data)
         super().data_received(data)
 
     def send_400_response(self, msg: str) -> None:

@@ -1013,23 +1013,29 @@ def test_limit_concurrency_disables_the_fast_path(run) -> None:
     run(scenario)
 
 
-@pytest.mark.parametrize("upgrade", ["websocket", "h2c"])
-def test_upgrade_request_is_left_to_uvicorn(run, upgrade) -> None:
-    """A POST asking to upgrade is uvicorn's business: a websocket upgrade is handed to uvicorn's websocket protocol
-    (which needs the ASGI scope the fast path does not build), another one goes to the app as uvicorn does it."""
+@pytest.mark.parametrize("path", ["/v1/GetCount", "/v1/BatchGetCount"])
+@pytest.mark.parametrize("upgrade", [
+    ["connection: Upgrade, HTTP2-Settings", "Upgrade: H2C ", "http2-settings: AAMAAABkAAQCAAAAAAIAAAAA"],
+    ["connection: Upgrade", "upgrade: websocket", "sec-websocket-version: 13",
+     "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ=="]], ids=["h2c", "websocket"])
+def test_an_upgrade_is_ignored_and_the_request_answered_with_its_body(run, path, upgrade) -> None:
+    """The API serves neither HTTP/2 nor websockets: a request asking to upgrade is answered in HTTP/1.1 as if it had
+    not asked (the fast path, or the app with the whole body). `curl --http2 -d ...` (h2c) reached the app without
+    its body (a 422), and a POST asking for a websocket was handed to the websocket protocol and never answered."""
     async def scenario() -> None:
         service = FakeService()
         c = Connection(service)
-        headers = ["connection: Upgrade", f"upgrade: {upgrade}"]
-        if upgrade == "websocket":
-            headers += ["sec-websocket-version: 13", "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ=="]
-        c.send(post("/v1/GetCount", {"namespace": "ev", "counter_name": "c"}, *headers))
-        if upgrade == "websocket":
-            assert isinstance(c.transport.protocol, c.config.ws_protocol_class), "not handed to the websocket protocol"
+        request = post(path, {"namespace": "ev", "counter_name": "c"}, *upgrade)
+        c.send(request)
+        if path == "/v1/GetCount":
+            assert service.calls == [("get", "ev", "c")]
+            service.settle(Count(EV, "c", 1, None))
+            await until(lambda: c.transport.data, "the fast path's response")
+            assert c.transport.take() == fast_response(200, count_body("ev", "c", 1, "EVENTUAL"))
         else:
-            await until(lambda: c.app.requests, "the app to get the request")
-        await spin()
-        assert service.calls == []
+            await until(lambda: c.transport.data, "the app's response")
+            assert c.app.requests[0]["body"] == _request_body(request)
+            assert not any(name == b"upgrade" for name, _ in c.app.requests[0]["headers"])
     run(scenario)
 
 
