@@ -29,6 +29,11 @@ place it in the top k, and sorted access goes on while the lists are above what 
 counters whose count in the window is positive are ranked (ties by name). The counts are rolled-up counts: an
 ACCURATE namespace's live events after the last rollup are not included. A stale entry (Cassandra, after racing
 writers) costs a verification, never a wrong count: a counter read twice in one list has that bucket read.
+
+A bucket at an int64 bound (a counter's sum saturated there) breaks the cover's premise: a saturated hour is not
+the sum of its minutes, so the hour minus the minutes outside the window is not the count inside it (a review: a
+counter of 2^63 - 1 in the window ranked at 0). When a list entry or a candidate's bucket read holds a bound, the
+search starts again over the tiling itself, which adds buckets and subtracts none, as a windowed GetCount does.
 """
 
 from __future__ import annotations
@@ -39,10 +44,10 @@ from dataclasses import dataclass, field
 
 from control_plane import Namespace
 from query_api.windows import tiled_counts, window_tiling
-from schemas import MICROS, Dimensions
+from schemas import INT64_MAX, INT64_MIN, MICROS, Dimensions
 from schemas.dimensions import dimension_signature
 from sinks import BucketStore
-from sinks.windows import Granularity, RankPage, WindowError, retained_from, signed_cover
+from sinks.windows import Granularity, RankPage, SignedSegment, WindowError, retained_from, signed_cover
 
 __all__ = ["MAX_K", "MAX_LISTS", "TopK", "top_k"]
 
@@ -102,6 +107,7 @@ class _Search:
     twice: set[tuple[str, int]] = field(default_factory=set)  # (counter, list) read more than once (stale entries)
     exact: dict[str, int] = field(default_factory=dict)  # verified counts
     upto: int = 0
+    saturated: bool = False  # a value read was at an int64 bound (see the module doc)
 
     def read(self, i: int, entries: Iterable[tuple[str, int]], limit: int) -> int:
         """Take a page of list ``i``; returns how many entries it held."""
@@ -114,6 +120,8 @@ class _Search:
             gains[i] = max(lst.gain(value), gains.get(i, 0))
             self.values.setdefault(counter, {})[i] = value
             lst.last = (value, counter)
+            if value in (INT64_MAX, INT64_MIN):
+                self.saturated = True
         if n < limit:
             lst.open, lst.ended = False, True
         elif lst.last is not None and lst.bound == 0:  # the rest of the list adds nothing
@@ -205,12 +213,24 @@ async def top_k(buckets: BucketStore, ns: Namespace, k: int, start_us: int, end_
     # hour's minutes to the tiling's buckets.
     horizon = now + int((ns.accept_limit_s + ns.max_clock_skew_s) * MICROS)
     parts = signed_cover(tiling, floors, cost_of=lambda _g, start: 0 if start >= horizon else 1)
+    top = await _ranked(buckets, ns, k, tuple(parts), horizon, dimension_signature(dimensions), tiling.start_us,
+                        tiling.end_us)
+    if top is None:  # a bucket at an int64 bound: the tiling, whose buckets are only added
+        top = await _ranked(buckets, ns, k, tuple(SignedSegment(1, seg) for seg in tiling.segments), horizon,
+                            dimension_signature(dimensions), tiling.start_us, tiling.end_us)
+        assert top is not None, "a cover without subtracted buckets is exact whatever their values"
+    return top
+
+
+async def _ranked(buckets: BucketStore, ns: Namespace, k: int, parts: tuple[SignedSegment, ...], horizon: int,
+                  signature: str, start_us: int, end_us: int) -> TopK | None:
+    """The search over the cover ``parts``; None when it subtracts buckets and a value read was at an int64 bound."""
     search = _Search(k, [_List(sign, seg.granularity, start) for sign, seg in parts
                          for start in range(seg.start_us, seg.end_us, seg.granularity.width_us)])
+    subtracts = any(sign < 0 for sign, _seg in parts)
     for lst in search.lists:
         if lst.start_us >= horizon:
             lst.open, lst.ended = False, True
-    signature = dimension_signature(dimensions)
     rounds = rank_rows = bucket_rows = 0
     page = max(k, FIRST_PAGE_MIN)
     while True:
@@ -236,10 +256,15 @@ async def top_k(buckets: BucketStore, ns: Namespace, k: int, start_us: int, end_
             for counter, counted in zip(batch, counts, strict=True):
                 search.exact[counter] = counted.count
                 search.upto = max(search.upto, counted.upto_us)
+                search.saturated |= counted.saturated
                 bucket_rows += counted.rows
+            if subtracts and search.saturated:
+                return None
             if not search.unseen_settled():
                 break
+        if subtracts and search.saturated:
+            return None
         if search.unseen_settled() and not search.to_verify():
             break
-    return TopK(tuple(search.ranked()[:k]), tiling.start_us, tiling.end_us, search.upto, len(search.lists), rounds,
+    return TopK(tuple(search.ranked()[:k]), start_us, end_us, search.upto, len(search.lists), rounds,
                 rank_rows, bucket_rows, len(search.exact))

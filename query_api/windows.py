@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from control_plane import Namespace, parse_duration
-from schemas import MIN_EVENT_TIME, parse_generation_time
+from schemas import INT64_MAX, INT64_MIN, MIN_EVENT_TIME, parse_generation_time
 from schemas.validation import ValidationError
 from sinks import BucketStore
 from sinks.model import saturate
@@ -93,6 +93,7 @@ class TiledCount:
     count: int
     upto_us: int
     rows: int
+    saturated: bool = False  # a bucket held an int64 bound: a coarser bucket may not be the sum of its finer ones
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +189,9 @@ def window_tiling(ns: Namespace, start_us: int, end_us: int, now_us: int) -> Til
 _Counted = tuple[int, Granularity, int, int, int | None]
 
 
+_BOUNDS = (INT64_MIN, INT64_MAX)
+
+
 async def tiled_counts(buckets: BucketStore, ns: Namespace, counters: Sequence[str], parts: Sequence[SignedSegment],
                        known: Sequence[Mapping[tuple[Granularity, int], int]] | None = None) -> list[TiledCount]:
     """Each counter's count over the buckets of ``parts`` (a tiling's segments, each +1, or a signed cover), in
@@ -226,7 +230,8 @@ async def tiled_counts(buckets: BucketStore, ns: Namespace, counters: Sequence[s
         clear = clears.get(counters[i])
         count = saturate(sum(sign * masked(g, start, value, clear, upto) for sign, g, start, value, upto in counted),
                          (ns.name, counters[i]))  # each bucket is an int64, their sum need not be
-        out.append(TiledCount(count, max((upto or 0 for *_rest, upto in counted), default=0), rows[i]))
+        out.append(TiledCount(count, max((upto or 0 for *_rest, upto in counted), default=0), rows[i],
+                              any(value in _BOUNDS for _sign, _g, _start, value, _upto in counted)))
     return out
 
 

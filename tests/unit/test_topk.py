@@ -25,7 +25,7 @@ from agents.rollup import rollup_counters
 from control_plane import Namespace, parse_namespaces
 from query_api.topk import MAX_K, TopK, top_k
 from query_api.windows import window_tiling
-from schemas import combination
+from schemas import INT64_MAX, combination
 from sinks import (
     EventRow,
     InProcessRollupCache,
@@ -303,5 +303,29 @@ def test_a_tie_with_the_threshold_reads_on_until_no_unseen_name_can_win_it(tmp_p
         answer = w.top(1, m1, m2 + M)
         assert answer.items == (("d", 2),) and answer.rounds >= 2
         assert list(w.top(3, m1, m2 + M).items) == [("d", 2), ("z", 2), ("a0", 1)]
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("beside", [0, 10])
+def test_a_counter_whose_hour_saturated_ranks_by_what_the_window_reads(tmp_path: Path, beside: int) -> None:
+    """The window [14:01, 14:09) is the hour 14:00 minus its other minutes. An hour holding 2^63 - 1 + 2^63 - 1 is
+    saturated at 2^63 - 1, not their sum: minus the 14:00 minute (2^63 - 1) it read 0, and "a", which GetCount of
+    the window reads at 2^63 - 1, was not ranked (a review). With 10 more outside the window the hour is still at the
+    bound, and the window still holds 2^63 - 1."""
+    top = INT64_MAX
+    w = World(tmp_path)
+    h14 = DAY0 + 14 * H
+    w.add("a", h14 + 30 * S, "e1", top)  # 14:00, outside the window
+    w.add("a", h14 + 5 * M, "e2", top)  # 14:05, inside
+    if beside:
+        w.add("a", h14 + 9 * M + S, "e3", beside)  # 14:09, outside
+    w.add("b", h14 + 6 * M, "e4", 5)
+    w.roll_up([NOW - 10 * S])
+    try:
+        lo, hi = h14 + M, h14 + 9 * M
+        assert w.oracle("", lo, hi, 10) == [("a", top), ("b", 5)]
+        assert list(w.top(10, lo, hi).items) == [("a", top), ("b", 5)]
+        assert list(w.top(1, lo, hi).items) == [("a", top)]
     finally:
         w.close()
