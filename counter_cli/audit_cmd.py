@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from control_plane import CounterType, NamespaceRegistry
-from counter_cli.common import console, fail, namespaces_or_exit, stack_settings_or_exit
+from counter_cli.common import console, existing_store_or_fail, fail, namespaces_or_exit, stack_settings_or_exit
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.audit import (
     SERIES_FIELDS,
@@ -99,6 +99,7 @@ def _time(value: str | None, flag: str) -> int | None:
 
 def run(args: argparse.Namespace) -> int:
     settings = stack_settings_or_exit(data_dir=args.data_dir)
+    existing_store_or_fail(settings)  # an audit reads a store: it makes none
     _, registry = namespaces_or_exit(settings)
     ns = registry.get(args.namespace)
     if ns is None:
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.output is not None and args.output.exists() and args.output.stat().st_size:
         fail(f"{args.output} exists: pass --resume to continue it, or remove it")
 
-    out = args.output.open("a", encoding="utf-8", newline="") if args.output else sys.stdout
+    out = _opened(args.output) if args.output else sys.stdout
     progress = RichProgress(console)
     try:
         # SIGINT: finish the page in hand, then stop (twice: now)
@@ -223,7 +224,7 @@ def _run_series(args: argparse.Namespace, settings: Settings, registry: Namespac
     elif args.output is not None and args.output.exists() and args.output.stat().st_size:
         fail(f"{args.output} exists: pass --resume to continue it, or remove it")
 
-    out = args.output.open("a", encoding="utf-8", newline="") if args.output else sys.stdout
+    out = _opened(args.output) if args.output else sys.stdout
     collector = _JsonCollector()
     writer = (collector if args.format == "json" else _TableWriter(out) if args.format == "table"
               else RowWriter(out, args.format, header, SERIES_FIELDS))
@@ -269,3 +270,11 @@ def _document(namespace: str, counter: str, r: SeriesResult, rows: list[dict[str
             "stored_rollup": None if r.stored is None else {"count": r.stored.count,
                                                             "rollup_ts": iso(r.stored.rollup_ts)},
             "matches": r.matches, "not_compared": r.not_compared}
+
+
+def _opened(path: Path) -> IO[str]:
+    """The --output file, appended to; a clear error where it cannot be (a missing directory gave a traceback)."""
+    try:
+        return path.open("a", encoding="utf-8", newline="")
+    except OSError as exc:
+        fail(f"--output {path}: {exc.strerror or exc}")

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
 from infra.native import BuildOutcome, ensure_native_builds
+from sinks import ROLLUPS_FILE, sqlite_directory
 from sinks.cassandra.config import masked_url
 from sinks.factory import store_location as sinks_store_location
 from streams.settings import (
@@ -234,6 +235,15 @@ def kafka_failure(exc: KafkaException, bootstrap: str) -> str:
     err = exc.args[0] if exc.args else None
     text = err.str() if isinstance(err, KafkaError) else str(exc)
     return f"Kafka at {bootstrap}: {text} (is the broker running? `counter up` starts one)"
+
+
+def existing_store_or_fail(settings: Settings, also: str = "") -> None:
+    """Refuse a SQLite directory that holds no store: a mistyped --data-dir became an empty store, which the job then
+    read or wrote, and exited 0 (a review). `also`: what else to say."""
+    directory = sqlite_directory(settings.store, settings.data_dir)
+    if directory is not None and not (directory / ROLLUPS_FILE).exists():
+        fail(f"no store in {directory} (no {ROLLUPS_FILE}; nothing was created): check --data-dir, COUNTER_DATA_DIR "
+             f"and COUNTER_STORE{also}")
 
 
 def job_settings(bootstrap: str, data_dir: Path | None) -> Settings:

@@ -189,9 +189,12 @@ def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> list[Mu
     """Parse and validate the whole file first, so a bad line sends nothing: one the pipeline would dead-letter
     (`refusal`, when the namespaces are given) neither."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
         fail(f"cannot read {path}: {exc}")
+    except UnicodeDecodeError as exc:  # a traceback before (a review)
+        where = path.read_bytes()[:exc.start].count(b"\n") + 1
+        fail(f"{path}: line {where} is not UTF-8 ({exc.reason} at byte {exc.start}); nothing was sent")
     mutations: list[Mutation] = []
     errors: list[str] = []
     now = now_micros()

@@ -15,6 +15,7 @@ from control_plane import ConfigError
 from counter_cli.common import (
     add_verb,
     console,
+    existing_store_or_fail,
     fail,
     job_settings,
     kafka_failure,
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     progress = RichProgress(console)
     try:
         settings = job_settings(bootstrap, args.data_dir)
+        existing_store_or_fail(settings, " (a recount corrects a store: it makes none; `counter replay` rebuilds one)")
         with Interrupt() as stop, progress:  # SIGINT: save after the counter in hand and stop (twice: now)
             summary = asyncio.run(_recount(options(args), settings, Rows(args.format, args.verbose), progress, stop))
     except RecountError as exc:

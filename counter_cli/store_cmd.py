@@ -10,6 +10,7 @@ from confluent_kafka import KafkaException
 
 from counter_cli.common import (
     console,
+    existing_store_or_fail,
     fail,
     kafka_failure,
     namespaces_or_exit,
@@ -17,7 +18,7 @@ from counter_cli.common import (
     stack_settings_or_exit,
     store_location,
 )
-from sinks import ROLLUPS_FILE, sqlite_directory, store_identity
+from sinks import store_identity
 from streams.settings import Settings
 from streams.store_binding import StoreClaim, claimed, read_binding
 from streams.topics import ensure_topics, stores_spec
@@ -122,12 +123,9 @@ def _settings(args: argparse.Namespace) -> tuple[Settings, str]:
 
 
 def _existing_or_fail(settings: Settings, *, new: bool = False) -> None:
-    """Refuse a SQLite directory that holds no store (a mistyped --data-dir would become an empty store), unless
-    `new` says to make one there."""
-    directory = sqlite_directory(settings.store, settings.data_dir)
-    if directory is not None and not new and not (directory / ROLLUPS_FILE).exists():
-        fail(f"no store in {directory} (no {ROLLUPS_FILE}; nothing was created): check --data-dir, COUNTER_DATA_DIR "
-             "and COUNTER_STORE; to bind a new, empty store there, `counter store rebind --new-store`")
+    """`existing_store_or_fail`, unless `new` says to make a store there."""
+    if not new:
+        existing_store_or_fail(settings, "; to bind a new, empty store there, `counter store rebind --new-store`")
 
 
 def _identity(settings: Settings, *, new: bool = False) -> str:

@@ -37,6 +37,7 @@ def _unreachable(*_args: object, **_kwargs: object) -> NoReturn:
 
 
 def _cli(tmp_path, *argv: str) -> argparse.Namespace:
+    (tmp_path / "rollups.sqlite3").touch()  # a store there: jobs refuse a directory without one
     return build_parser().parse_args([*argv, "--bootstrap", "127.0.0.1:1", "--data-dir", str(tmp_path)])
 
 
@@ -140,6 +141,7 @@ def test_a_store_file_that_cannot_be_opened_is_one_clear_line_and_exit_1(tmp_pat
 
     monkeypatch.setenv("COUNTER_NAMESPACES", str(Path(__file__).parents[1] / "data" / "api_namespaces.yaml"))
     (tmp_path / "events.sqlite3").mkdir()
+    (tmp_path / "rollups.sqlite3").touch()
     with pytest.raises(SystemExit) as exited:
         main(["audit", "my_dataset", "c", "--data-dir", str(tmp_path)])
     assert exited.value.code == 1
@@ -159,3 +161,34 @@ def test_the_same_recount_twice_at_once_is_refused_naming_its_lock(tmp_path, mon
         assert recount_cmd.run(_cli(tmp_path, "recount", "ns", "--all")) == 2
     out = capsys.readouterr()
     assert "the same recount is running already" in out.out + out.err
+
+
+def test_jobs_that_read_or_correct_a_store_refuse_a_directory_without_one(tmp_path, monkeypatch, capsys):
+    """`counter audit` or `recount --data-dir <mistyped>` made an empty store there, read it, and exited 0 (a review);
+    `produce --file` of a file that is not UTF-8, and `audit --output` into a missing directory, ended in a
+    traceback."""
+    from counter_cli.main import main
+
+    monkeypatch.setenv("COUNTER_NAMESPACES", str(Path(__file__).parents[1] / "data" / "api_namespaces.yaml"))
+    missing = tmp_path / "mistyped"
+    for argv in (["audit", "my_dataset", "c", "--data-dir", str(missing)],
+                 ["recount", "my_dataset", "--all", "--data-dir", str(missing), "--bootstrap", "127.0.0.1:1"]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        assert exited.value.code == 2
+        assert f"error: no store in {missing} (no rollups.sqlite3; nothing was created)" in capsys.readouterr().err
+        assert not missing.exists()
+
+    (tmp_path / "rollups.sqlite3").touch()
+    with pytest.raises(SystemExit) as exited:
+        main(["audit", "my_dataset", "c", "--data-dir", str(tmp_path), "--output", str(missing / "x.jsonl")])
+    assert exited.value.code == 2
+    assert f"error: --output {missing / 'x.jsonl'}: No such file or directory" in capsys.readouterr().err
+
+    lines = tmp_path / "writes.jsonl"
+    lines.write_bytes(b'{"namespace": "my_dataset", "counter_name": "a", "delta": 1}\n\xff\xfe\n')
+    with pytest.raises(SystemExit) as exited:
+        main(["produce", "--file", str(lines), "--bootstrap", "127.0.0.1:1"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {lines}: line 2 is not UTF-8" in err and "nothing was sent" in err and "Traceback" not in err

@@ -420,6 +420,7 @@ def test_audit_by_bucket_of_a_unique_namespace_is_refused_naming_why(monkeypatch
     distinct items; the README says --by prints the series as GetCountSeries answers it."""
     for name in ("COUNTER_NAMESPACES", "COUNTER_CACHE", "COUNTER_KAFKA_BOOTSTRAP"):
         monkeypatch.delenv(name, raising=False)
+    (tmp_path / "rollups.sqlite3").touch()  # a store there
     args = build_parser().parse_args(["audit", "visitors", "home", "--by", "hour", "--data-dir", str(tmp_path)])
     _exits(2, args.run, args)
     assert "--by: namespace 'visitors' counts distinct items (UNIQUE)" in _error(capsys)

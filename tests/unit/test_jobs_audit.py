@@ -88,6 +88,7 @@ def test_an_export_that_is_one_group_starts_over(stores, tmp_path):
 def cli_env(tmp_path, monkeypatch):
     (tmp_path / "namespaces.yaml").write_text(NAMESPACES)
     monkeypatch.setenv("COUNTER_NAMESPACES", str(tmp_path / "namespaces.yaml"))
+    (tmp_path / "rollups.sqlite3").touch()  # a store there: an audit refuses a directory without one
     return tmp_path
 
 
