@@ -5,9 +5,12 @@ A bad value stops start-up with a message naming the environment variable, never
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
+import logging
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,9 @@ _HOST_LABEL = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
 # importable here): hosts, then a keyspace as Cassandra names them, then options.
 _CASSANDRA_URL = re.compile(r"cassandra://(?:[^@/?#]*@)?(?P<hosts>[^@/?#]*)(?:/(?P<keyspace>[^?#]*))?(?:\?[^#]*)?")
 _KEYSPACE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,47}")
+
+
+log = logging.getLogger(__name__)
 
 
 class SettingsError(ValueError):
@@ -413,8 +419,32 @@ def api_start_problems(settings: Settings, registry: NamespaceRegistry, *, in_pr
     return problems
 
 
+OTHER_VARIABLES = frozenset({"COUNTER_TANSU_BIN", "COUNTER_UI_SCREENSHOTS"})  # read elsewhere (infra, tests)
+_warned: set[str] = set()
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One warning per COUNTER_* variable that no setting reads, with the closest one it may have meant (pydantic
+    ignores them: a mistyped COUNTER_MUTATION_PARTITIONS left the default in place without a word, a review).
+    COUNTER_TEST_* are the tests' own."""
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | OTHER_VARIABLES
+    out = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name not in known and not name.startswith(f"{ENV_PREFIX}TEST_"):
+            bare = [k.removeprefix(ENV_PREFIX) for k in known]  # the shared prefix made anything look close
+            close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), bare, n=1)
+            out.append(f"{name} is not a setting and is ignored"
+                       + (f"; did you mean {ENV_PREFIX}{close[0]}?" if close else ""))
+    return out
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Read COUNTER_* from the environment; raise SettingsError naming the variable on a bad value."""
+    """Read COUNTER_* from the environment; raise SettingsError naming the variable on a bad value, and warn (once
+    per process) of a COUNTER_* variable that is no setting."""
+    for warning in unknown_variables(os.environ):
+        if warning not in _warned:
+            _warned.add(warning)
+            log.warning("%s", warning)
     try:
         return Settings(**overrides)
     except ValidationError as exc:

@@ -73,3 +73,14 @@ def test_an_existing_topic_keeping_records_for_less_is_said(kafka_bootstrap, top
                for m in said), said
     assert any(f"topic {topic_name}-b exists keeping records up to 1048576 bytes a partition" in m for m in said), said
     assert not any(f"{topic_name}-k" in m for m in said), said
+
+
+def test_an_existing_topic_with_other_partitions_is_said_and_used(kafka_bootstrap, topic_name, caplog):
+    """COUNTER_MUTATIONS_PARTITIONS set to other than an existing topic's count was silently not applied (a review)."""
+    import logging
+
+    ensure_topics(kafka_bootstrap, [TopicSpec(f"{topic_name}-p", 2)])
+    with caplog.at_level(logging.WARNING, logger="streams.topics"):
+        assert ensure_topics(kafka_bootstrap, [TopicSpec(f"{topic_name}-p", 5)]) == {f"{topic_name}-p": 2}
+    assert any(f"topic {topic_name}-p exists with 2 partitions, not the 5 asked for" in r.getMessage()
+               for r in caplog.records)
