@@ -24,6 +24,7 @@ from agents.dimensions import Combinations
 from agents.persist import KafkaRecord, PreparedBatch, prepare
 from agents.persist_consumer import PersistConsumer, missing_codecs, run_consumer
 from agents.persist_path import persist_batch
+from agents.retention import drop_expired_events
 from agents.rollup import BackPressure, Key, global_watermark
 from agents.rollup_batches import Outage, RollupsAbandoned, rollup_many
 from agents.timers import surviving
@@ -51,7 +52,6 @@ from sinks import (
     RollupStore,
     SketchStore,
     arrival_keys,
-    dropped_key,
     open_cache,
     open_namespace_sketch_store,
     open_namespace_stores,
@@ -431,13 +431,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         for ns in p.registry.values():
             if ns.counter_type is CounterType.BEST_EFFORT:
                 continue
-            rolled = await p.rollups.min_rollup_ts(ns.name)
-            events_cutoff = now_us - int(ns.retention.delete_after_s * 1e6)
-            dropped = await p.events.drop_expired_slices(ns.name, events_cutoff, rolled)
-            if dropped:
-                log.info("retention: dropped %d slice(s) of namespace %s", dropped, ns.name)
-                # recounts start their totals there (jobs.recount): the events before it may be gone
-                await p.rollups.set_watermarks(dropped_key(ns.name), {0: events_cutoff})
+            await drop_expired_events(p.events, p.rollups, ns, now_us)
             for name in ns.windows.granularities:
                 g = Granularity(name)
                 cutoff = expiry_cutoff(g, now_us, ns.windows.retention_s(name))

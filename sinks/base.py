@@ -144,6 +144,10 @@ class EventStore(Protocol):
         is ``< before_us`` and ``<= rolled_up_to_us``. Returns how many slices were dropped."""
         ...
 
+    async def slices(self, namespace: str) -> list[tuple[str, int, int]]:
+        """(table, start_us, end_us) of the namespace's slices, oldest first (an end is exclusive)."""
+        ...
+
     async def close(self) -> None: ...
 
 

@@ -66,9 +66,12 @@ def test_memcached_expiries_never_pass_2038(monkeypatch: pytest.MonkeyPatch, exp
     monkeypatch.setattr(time, "time", lambda: 2_100_000_000.0)  # 2036: ten years on is past 2038
     assert expire(MAX_TTL_S) == MEMCACHED_MAX_EXPIRE
     # a BEST_EFFORT key lives its TTL plus the tenth between two touches past its last write (counters._expire)
-    extra = 1.1 if expire is memcached_counters._expire else 1.0
-    assert expire(31 * 86400) == 2_100_000_000 + round(31 * 86400 * extra)  # absolute, unclamped while it fits
-    assert expire(3600) == round(3600 * extra)  # relative (up to 30 days)
+    # and a second, for memcached's clock that ticks once a second
+    extra, tick = (1.1, 1) if expire is memcached_counters._expire else (1.0, 0)
+    assert expire(31 * 86400) == 2_100_000_000 + round(31 * 86400 * extra) + tick  # absolute, unclamped while it fits
+    assert expire(3600) == round(3600 * extra) + tick  # relative (up to 30 days)
+    if tick:
+        assert expire(5) == 7 and expire(0.5) == 2  # 5.5 s and 0.55 s rounded up, and a tick
     assert expire(None) == 0
 
 
