@@ -119,3 +119,24 @@ def test_resume_refuses_another_kind_of_export(cli_env, capsys):
     assert exited.value.code == 2 and out.read_text() == content
     err = " ".join(capsys.readouterr().err.split())
     assert "is not a jsonl event export (no --by) this command can continue" in err
+
+
+def test_after_retention_the_running_total_is_compared_only_from_a_clear_after_the_cut(stores):
+    """Retention deleted the events before the cut, which the stored count includes: `--from` after the cut summed
+    the total before it from the events kept, and reported a right count of 30 as differing (11, a review). It is
+    not compared then; a clear after the cut resets the total, and from there the comparison holds."""
+    from sinks import dropped_key
+
+    events, rollups = stores
+    cut = T + 10 * MICROS
+    run(events.write_events([("ev", "c", T + 11 * MICROS, "kept", "", 11, False)]))  # 19 before the cut: deleted
+    run(rollups.write_rollup("ev", "c", 30, T + 20 * MICROS))
+    run(rollups.set_watermarks(dropped_key("ev"), {0: cut}))
+    for after in (0, cut + MICROS):
+        result = run(audit(events, rollups, AuditOptions("ev", "c", after, T + 30 * MICROS), lambda rows: None))
+        assert result.at_rollup is None and "retention deleted the events before" in (result.not_compared or "")
+    run(events.write_events([("ev", "c", T + 12 * MICROS, "clear", "", 0, True),
+                             ("ev", "c", T + 13 * MICROS, "after", "", 4, False)]))
+    run(rollups.write_rollup("ev", "c", 4, T + 20 * MICROS))
+    result = run(audit(events, rollups, AuditOptions("ev", "c", 0, T + 30 * MICROS), lambda rows: None))
+    assert (result.at_rollup, result.not_compared) == (4, None)  # checkable: the clear is after the cut
