@@ -178,7 +178,7 @@ def _declares_large_body(headers: list[tuple[bytes, bytes]]) -> bool:
 
 _ANSWERS: dict[Acknowledgement, _Answers] = {}  # by the record's acknowledgement future, until it is done
 ADD_COUNT_ENDPOINT = FAST_PATHS[ADD_COUNT]
-_UPGRADE = re.compile(rb"\r\nupgrade:[^\r\n]*(?=\r\n)", re.IGNORECASE)
+_UPGRADE = re.compile(rb"\r\nupgrade:[^\r\n]*(?=\r\n|\Z)", re.IGNORECASE)  # the head's last line ends at \Z
 
 
 def _without_upgrade(data: bytes) -> bytes:

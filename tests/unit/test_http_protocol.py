@@ -1017,7 +1017,8 @@ def test_limit_concurrency_disables_the_fast_path(run) -> None:
 @pytest.mark.parametrize("upgrade", [
     ["connection: Upgrade, HTTP2-Settings", "Upgrade: H2C ", "http2-settings: AAMAAABkAAQCAAAAAAIAAAAA"],
     ["connection: Upgrade", "upgrade: websocket", "sec-websocket-version: 13",
-     "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ=="]], ids=["h2c", "websocket"])
+     "sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ=="],
+    ["connection: Upgrade", "upgrade: h2c"]], ids=["h2c", "websocket", "last-header"])
 def test_an_upgrade_is_ignored_and_the_request_answered_with_its_body(run, path, upgrade) -> None:
     """The API serves neither HTTP/2 nor websockets: a request asking to upgrade is answered in HTTP/1.1 as if it had
     not asked (the fast path, or the app with the whole body). `curl --http2 -d ...` (h2c) reached the app without
