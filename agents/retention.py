@@ -13,7 +13,7 @@ import logging
 
 from control_plane import Namespace
 from schemas import MICROS
-from sinks import EventStore, RollupStore, dropped_key
+from sinks import EventStore, RollupStore, dropped_key, retention_cutoff
 
 log = logging.getLogger("counter.worker")
 
@@ -23,7 +23,7 @@ async def drop_expired_events(events: EventStore, rollups: RollupStore, ns: Name
     events may be gone; how many slices were dropped."""
     rolled = await rollups.min_rollup_ts(ns.name)
     cutoff = now_us - int(ns.retention.delete_after_s * MICROS)
-    if not any(end <= min(cutoff, rolled + 1) for _table, _start, end in await events.slices(ns.name)):
+    if not any(end <= retention_cutoff(cutoff, rolled) for _table, _start, end in await events.slices(ns.name)):
         return 0
     await rollups.set_watermarks(dropped_key(ns.name), {0: cutoff})
     dropped = await events.drop_expired_slices(ns.name, cutoff, rolled)

@@ -258,8 +258,6 @@ async def _ranked(buckets: BucketStore, ns: Namespace, k: int, parts: tuple[Sign
                 search.upto = max(search.upto, counted.upto_us)
                 search.saturated |= counted.saturated
                 bucket_rows += counted.rows
-            if subtracts and search.saturated:
-                return None
             if not search.unseen_settled():
                 break
         if subtracts and search.saturated:

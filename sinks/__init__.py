@@ -18,6 +18,7 @@ from sinks.base import (
     arrival_keys,
     claim_topic,
     dropped_key,
+    retention_cutoff,
     written_key,
 )
 from sinks.cache import RollupCache, open_cache
@@ -74,6 +75,7 @@ __all__ = [
     "open_namespace_stores",
     "open_sketch_store",
     "open_stores",
+    "retention_cutoff",
     "scoped_prefix",
     "sqlite_directory",
     "store_identity",

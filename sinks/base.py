@@ -37,6 +37,13 @@ def dropped_key(namespace: str) -> str:
     return f"dropped events:{namespace}"
 
 
+def retention_cutoff(before_us: int, rolled_up_to_us: int) -> int:
+    """Retention deletes events before this time: older than delete_after (`before_us`) and rolled past by every
+    counter of the namespace (`rolled_up_to_us`). One rule for the stores' deletions and the retention timer's mark
+    (agents.retention)."""
+    return min(before_us, rolled_up_to_us + 1)
+
+
 def claim_topic(key: str) -> str:
     """The topic whose partitions' claims (`RollupStore.claim_partitions`) fence publications to watermark key `key`:
     the key itself, or what precedes its '/' (`written_key`, `arrival_keys`; Kafka topic names have no '/')."""

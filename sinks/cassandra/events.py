@@ -59,7 +59,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from sinks.base import ScanCursor
+from sinks.base import ScanCursor, retention_cutoff
 from sinks.cassandra.config import ExpiryCap, event_ttl_seconds, index_ttl_seconds
 from sinks.cassandra.cql import (
     COUNTER_SHARDS,
@@ -284,7 +284,7 @@ class CassandraEventStore:
         return out
 
     async def delete_rolled_up(self, namespace: str, counter: str, before_us: int, rolled_up_to_us: int) -> int:
-        cutoff = min(before_us, rolled_up_to_us + 1)
+        cutoff = retention_cutoff(before_us, rolled_up_to_us)
         part = await self._pin(namespace, create=False)
         if part is None:
             return 0
@@ -320,7 +320,7 @@ class CassandraEventStore:
         return [p for p in parts if p.time_bucket == edge]
 
     async def drop_expired_slices(self, namespace: str, before_us: int, rolled_up_to_us: int) -> int:
-        cutoff = min(before_us, rolled_up_to_us + 1)
+        cutoff = retention_cutoff(before_us, rolled_up_to_us)
         dropped = [(s, table) for s, table, _start, end in await self._x.run(self._cql.list_slices(namespace))
                    if int(end) <= cutoff]
         for slice_no, table in dropped:

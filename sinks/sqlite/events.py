@@ -37,7 +37,7 @@ from typing import TypeVar
 import orjson
 import xxhash
 
-from sinks.base import ScanCursor
+from sinks.base import ScanCursor, retention_cutoff
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, join_halves
 from sinks.sketches import BucketItems, bucket_items_of, combine_items
 from sinks.sqlite.bulk import RowsStatement, bulk_statement, insert_rows, json_rows
@@ -327,11 +327,11 @@ class SqliteEventStore:
         return await self._db.run(self._read, self._counters, namespace, after, limit)
 
     async def delete_rolled_up(self, namespace: str, counter: str, before_us: int, rolled_up_to_us: int) -> int:
-        cutoff = min(before_us, rolled_up_to_us + 1)
+        cutoff = retention_cutoff(before_us, rolled_up_to_us)
         return await self._db.run(self._write_txn, self._delete_rolled_up, namespace, counter, cutoff)
 
     async def drop_expired_slices(self, namespace: str, before_us: int, rolled_up_to_us: int) -> int:
-        cutoff = min(before_us, rolled_up_to_us + 1)
+        cutoff = retention_cutoff(before_us, rolled_up_to_us)
         return await self._db.run(self._write_txn, self._drop_slices, namespace, cutoff)
 
     async def close(self) -> None:
