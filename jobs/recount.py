@@ -554,6 +554,11 @@ class RecountJob:
         kept = f" and their {'/'.join(ns.windows.granularities)} buckets" if ns.windows else ""
         progress.log(f"{what} {total:,} counter(s) of {ns.name}{kept} up to {fmt_time(boundary)} "
                      f"(persist watermark {fmt_time(mark)})")
+        dropped = (await runtime.rollups.watermarks(dropped_key(ns.name))).get(0, 0) if opts.all else 0
+        if dropped:  # --all finds counters by their events: say so once retention deleted some (it said 0, silent)
+            progress.log(f"retention deleted events up to {fmt_time(dropped)}: --all lists counters by their stored "
+                         "events, so a counter with none since is not listed (its stored count has nothing left to "
+                         "be checked against)")
         for key in retry_keys:  # behind/raced counters of the interrupted run: try them again first
             result = await recounter.once(*key)
             if result.action not in RETRY:

@@ -10,6 +10,7 @@ field), 401/403 API keys, 503 broker or (BEST_EFFORT) memcached unreachable, 504
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -215,6 +216,9 @@ class JsonBodies:
 MAX_BODY_BYTES = 4 << 20  # a BatchAddCount of MAX_BATCH plain requests is a few hundred KiB
 
 
+BODY_CHUNKS = "counter.body_chunks"  # scope key: the body as the routes read it, for an error that must point into it
+
+
 class BodyLimit:
     """Pure ASGI middleware: a request body over `max_bytes` is answered 413, as soon as its Content-Length says
     so or its chunks pass the limit, instead of being read whole into memory (a 30 MB body took the API from 90
@@ -233,12 +237,16 @@ class BodyLimit:
             await JSONResponse({"detail": self._message()}, status_code=413)(scope, receive, send)
             return
         seen = 0
+        chunks: list[bytes] = []
+        scope[BODY_CHUNKS] = chunks
 
         async def limited() -> Message:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
+                chunk = message.get("body", b"")
+                seen += len(chunk)
+                chunks.append(chunk)
                 if seen > self.max_bytes:  # chunked: the route's error handling answers it (FastAPI re-raises it)
                     raise StarletteHTTPException(413, self._message())
             return message
@@ -250,6 +258,32 @@ class BodyLimit:
 
 
 LOC_PART_MAX = 256  # longer than any name or key a request may hold (a counter name is at most 200 bytes)
+
+
+def huge_integer(body: bytes) -> tuple[list[str | int], int] | None:
+    """(where, digits) of the first integer in a JSON body too long to be any count, or None.
+
+    Python's JSON parser refuses an integer over 4,300 digits outright (the route answered "invalid body" without
+    naming the field), so the body is read again with every integer over 20 characters, beyond int64, kept as text."""
+    class Huge(str):
+        pass
+
+    def parse_int(text: str) -> int | Huge:
+        return Huge(text) if len(text) > 20 else int(text)
+    try:
+        doc = json.loads(body, parse_int=parse_int)
+    except (ValueError, RecursionError):
+        return None
+    todo: list[tuple[list[str | int], Any]] = [([], doc)]
+    while todo:
+        loc, node = todo.pop()
+        if type(node) is Huge:
+            return loc, len(node.lstrip("-"))
+        if isinstance(node, dict):
+            todo.extend(([*loc, k], v) for k, v in reversed(node.items()))
+        elif isinstance(node, list):
+            todo.extend(([*loc, i], v) for i, v in reversed(list(enumerate(node))))
+    return None
 
 
 def _safe_error(error: Mapping[str, Any]) -> dict[str, Any]:
@@ -284,6 +318,13 @@ def _install_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400:  # an unparseable body (e.g. not UTF-8): invalid input, answered like the rest
+            huge = huge_integer(b"".join(request.scope.get(BODY_CHUNKS, ())))
+            if huge is not None:  # past Python's 4,300 digits, the parser refuses it before a model can name it
+                loc, digits = huge
+                return JSONResponse({"detail": [_safe_error({
+                    "loc": ["body", *loc], "type": "int_parsing",
+                    "msg": f"must fit in a signed 64-bit integer, got an integer of {digits} digits"})]},
+                    status_code=422)
             return JSONResponse({"detail": [{"loc": ["body"], "msg": f"invalid body: {exc.detail}",
                                              "type": "json_invalid"}]}, status_code=422)
         return await http_exception_handler(request, exc)

@@ -271,7 +271,8 @@ def tile(start_us: int, end_us: int, granularities: Sequence[Granularity],
     if not chain:
         raise WindowError("this namespace keeps no time windows")
     if end_us <= start_us:
-        raise WindowError(f"the window is empty: end ({end_us}) must be after start ({start_us})")
+        raise WindowError(f"the window is empty: end ({micros_iso(end_us)}) must be after start "
+                          f"({micros_iso(start_us)})")
     if not all(_floor_le(floors.get(coarse), floors.get(fine)) for fine, coarse in pairwise(chain)):
         raise ValueError(f"coarser buckets must be retained at least as long as finer ones: {dict(floors)}")
     # The start: buckets after a retained one are retained too (coarser ones are kept longer), so the finest
@@ -287,8 +288,13 @@ def tile(start_us: int, end_us: int, granularities: Sequence[Granularity],
         segments = cover(lo, hi, chain)
         if all(_kept(seg.start_us, seg.granularity, floors) for seg in segments):
             return Tiling(lo, hi, segments)
-    oldest = ", ".join(f"{g}s since {floors[g]}" for g in chain)
+    oldest = ", ".join(f"{g}s {_since(floors[g])}" for g in chain)
     raise WindowError(f"the window ends before the oldest retained bucket ({oldest})")
+
+
+def _since(floor: int | None) -> str:
+    """A retention floor as a reader would write it (None: the granularity is kept forever)."""
+    return "kept forever" if floor is None else f"since {micros_iso(floor)}"
 
 
 class SignedSegment(NamedTuple):

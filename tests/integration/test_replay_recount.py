@@ -507,6 +507,9 @@ def test_a_recount_after_retention_dropped_older_events_keeps_the_count(pipeline
              message="retention dropping the first events")
     recounted = cli(pipeline, "recount", "short", "--all")
     assert "1 ok, 0 drifted" in recounted.stderr, recounted.stderr
+    # --all finds counters by their events: it says so, as a counter whose events were all deleted is not listed
+    assert "retention deleted events up to" in recounted.stderr and "is not listed" in recounted.stderr, \
+        recounted.stderr
     assert total("r") == 110
     audited = cli(pipeline, "audit", "short", "r", "--format", "csv", check=False)  # it said DIFFERS, exit 1
     assert audited.returncode == 0 and "not compared: retention deleted the events before" in audited.stderr, \

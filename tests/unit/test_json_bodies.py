@@ -102,6 +102,40 @@ def test_invalid_bodies_are_a_422_naming_the_field_never_a_500(body: bytes, monk
     assert recorded == [("/v1/Echo", 422)]
 
 
+@pytest.mark.parametrize(("body", "loc"), [
+    (b'{"counter_name": "c", "delta": ' + b"9" * 5000 + b"}", ["body", "delta"]),
+    (b'{"counter_name": "c", "delta": -' + b"9" * 5000 + b"}", ["body", "delta"]),
+    (b'{"counter_name": "c", "delta": 1, "x": [0, {"y": ' + b"1" * 4301 + b"}]}", ["body", "x", 1, "y"]),
+])
+def test_an_integer_past_the_parsers_digit_limit_is_a_422_naming_its_field(body: bytes, loc: list) -> None:
+    """Python's JSON parser refuses an integer over 4,300 digits before a model sees it: it was a 422 saying
+    "invalid body" without the field (from a review)."""
+    import httpx
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=routes_app([]))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/v1/Echo", content=body, headers={"content-type": "application/json"})
+
+    r = asyncio.run(post())
+    assert r.status_code == 422, r.text
+    [error] = r.json()["detail"]
+    assert error["loc"] == loc and "64-bit" in error["msg"] and "digits" in error["msg"], error
+
+
+def test_a_body_that_is_not_json_still_says_invalid_body() -> None:
+    import httpx
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=routes_app([]))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/v1/Echo", content=b'{"delta": "\xff"}',  # not UTF-8
+                                     headers={"content-type": "application/json"})
+
+    r = asyncio.run(post())
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body"], r.text
+
+
 def test_a_path_no_route_matches_is_counted_as_other(monkeypatch: pytest.MonkeyPatch) -> None:
     """A label per made-up path would grow the request metrics without end (from a review)."""
     import httpx

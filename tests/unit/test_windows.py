@@ -6,6 +6,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from schemas.validation import micros_iso
 from sinks.windows import (
     CHAIN,
     Granularity,
@@ -147,8 +148,13 @@ def test_a_start_older_than_every_retention_is_clamped_and_a_window_wholly_older
     kept = floors(retention={MINUTE_G: 3 * 3600.0, HOUR_G: 10 * 86400.0})
     tiling = tile(NOW - 30 * DAY, NOW, [MINUTE_G, HOUR_G], kept)
     assert tiling.start_us == kept[HOUR_G] and tiling.end_us == align_up(NOW, MINUTE_G)
-    with pytest.raises(WindowError, match="before the oldest retained bucket"):
+    with pytest.raises(WindowError, match="before the oldest retained bucket") as info:
         tile(NOW - 30 * DAY, NOW - 20 * DAY, [MINUTE_G, HOUR_G], kept)
+    # the floors are told as times a reader can compare with their window, not as epoch microseconds
+    assert f"hours since {micros_iso(kept[HOUR_G])}" in str(info.value) and str(kept[HOUR_G]) not in str(info.value)
+    with pytest.raises(WindowError, match="empty") as info:
+        tile(NOW, NOW, CHAIN, floors())
+    assert str(info.value).count(micros_iso(NOW)) == 2 and str(NOW) not in str(info.value)
 
 
 @pytest.mark.parametrize(("start", "end", "chain", "reason"), [
