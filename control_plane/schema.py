@@ -267,6 +267,16 @@ class _Resolver:
             )
         accept_limit, skew = self._admission()
         retention = self._event_retention(accept_limit, skew)
+        windows = self._windows()
+        if windows and retention.delete_after_s <= _WIDTH_S[windows.granularities[0]] + accept_limit + skew:
+            finest = windows.granularities[0]
+            raise self.error(
+                self.blame("retention.delete_after", "windows.granularities", "accept_limit", "max_clock_skew"),
+                f"delete_after ({_span(retention.delete_after_s)}) must be greater than a {finest} plus "
+                f"accept_limit + max_clock_skew ({_span(_WIDTH_S[finest] + accept_limit + skew)}) while {finest} "
+                f"buckets are kept: a {finest} still admitting events is summed from its stored events, so none of "
+                "them may be deleted yet (or keep no windows: windows.granularities: [])",
+            )
         return Namespace(
             name=self.name,
             counter_type=self.counter_type,
@@ -281,7 +291,7 @@ class _Resolver:
             store=self.get("store", _choice(STORES)),
             cache=self.get("cache", _choice(CACHES)),
             api_keys=self._api_keys(),
-            windows=self._windows(),
+            windows=windows,
             dimensions=self._dimensions(),
             shards=self._shards(),
             **self._aggregation(),

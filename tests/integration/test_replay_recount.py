@@ -485,7 +485,8 @@ def test_a_recount_after_retention_dropped_older_events_keeps_the_count(pipeline
     config["namespaces"]["short"] = {
         "counter_type": "EVENTUAL", "accept_limit": "1s",
         "time_partition": {"buckets_per_id": 1, "seconds_per_bucket": 1, "seconds_per_slice": 2},
-        "retention": {"close_after": "2s", "delete_after": "4s"}}
+        "retention": {"close_after": "2s", "delete_after": "4s"},
+        "windows": {"granularities": []}}  # a delete_after under a minute needs no minute buckets (schema)
     short_file = tmp_path / "namespaces.yaml"
     short_file.write_text(yaml.safe_dump(config))
     pipeline.namespaces = short_file  # the worker's and the CLI's

@@ -598,6 +598,18 @@ BAD_FLAT_FIELDS = [
         "accept_limit + max_clock_skew",
         id="delete-within-accept-window",
     ),
+    pytest.param(  # a minute still admitting events is summed from them: none may be deleted (a review)
+        {"retention": {"close_after": "10s", "delete_after": "50s"}},
+        "retention.delete_after",
+        "must be greater than a minute plus accept_limit + max_clock_skew (66s)",
+        id="delete-within-a-minute-admitted",
+    ),
+    pytest.param(
+        {"retention": {"close_after": "10s", "delete_after": "66s"}},
+        "retention.delete_after",
+        "while minute buckets are kept",
+        id="delete-at-a-minute-admitted",
+    ),
     pytest.param(
         {"accept_limit": "8d"}, "accept_limit", "accept_limit + max_clock_skew", id="accept-too-long"
     ),
@@ -714,6 +726,12 @@ def test_missing_counter_type() -> None:
         parse_namespaces({"namespaces": {"ns": {"cardinality": "LOW"}}})
     assert (info.value.namespace, info.value.field) == ("ns", "counter_type")
     assert "BEST_EFFORT, EVENTUAL, ACCURATE" in str(info.value)
+
+
+def test_a_delete_after_under_a_minute_is_valid_without_windows() -> None:
+    ns = parse_namespaces(flat(retention={"close_after": "10s", "delete_after": "20s"},
+                               windows={"granularities": []}))["ns"]
+    assert ns.retention.delete_after_s == 20 and not ns.windows
 
 
 def test_bad_value_from_defaults_names_the_defaults_field() -> None:
