@@ -370,6 +370,9 @@ def _read_avro(data: bytes) -> tuple[AvroSchema, Any]:
         value: Any = reader(fo, _READERS.get(schema.fingerprint, schema.parsed), None)
     except EOFError as exc:
         detail = str(exc) or "unexpected end of data"
+        if detail.startswith("Expected -"):  # fastavro reads a negative length as a read past the end
+            raise DecodeError(f"corrupt Avro body for {schema.name}: a negative string or bytes length "
+                              f"({detail})") from None
         raise DecodeError(f"truncated Avro body for {schema.name}: {detail}") from None
     except Exception as exc:  # fastavro raises many types on corrupt input; all mean "undecodable"
         raise DecodeError(f"corrupt Avro body for {schema.name}: {type(exc).__name__}: {exc}"[:300]) from None
@@ -569,6 +572,8 @@ def decode_mutations(data: bytes) -> list[Mutation]:
         raise DecodeError("empty record")
     if head in (b"{", b"["):
         return _decode_json(data)
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise DecodeError("JSON starting with a UTF-8 byte order mark (EF BB BF): send it without one")
     raise DecodeError("not Avro single-object (no C3 01 magic) and not JSON (no leading '{' or '[')")
 
 

@@ -52,7 +52,9 @@ class DeadLetter:
     def headers(self) -> Headers:
         reason = self.reason if len(self.reason) <= MAX_REASON_CHARS else self.reason[:MAX_REASON_CHARS] + "…"
         headers: Headers = [
-            (REASON, reason.encode()), (SOURCE_TOPIC, self.topic.encode()),
+            # a reason quotes input, which may hold a lone surrogate (a JSON escape the parser takes): encode() raised
+            # and the persist retried the batch forever, stalling every partition behind it (a review)
+            (REASON, reason.encode("utf-8", "backslashreplace")), (SOURCE_TOPIC, self.topic.encode()),
             (SOURCE_PARTITION, str(self.partition).encode()), (SOURCE_OFFSET, str(self.offset).encode()),
             (SOURCE_TIMESTAMP, str(self.timestamp_us).encode())]
         if self.whole_record_of is not None:

@@ -123,6 +123,9 @@ def validate_delta(delta: Any, *, field: str = "delta") -> int:
     """Return `delta` if it is an int within int64; bools and floats (even 2.0) are rejected, not coerced."""
     if type(delta) is int and INT64_MIN <= delta <= INT64_MAX:
         return delta
+    if isinstance(delta, float) and not math.isfinite(delta):  # the JSON said 1e400 (or NaN): not what it holds
+        raise ValidationError(field, f"must be an integer, got a number beyond a float's range or not a number "
+                                     f"(read as {delta!r})")
     if isinstance(delta, bool) or not isinstance(delta, int):
         raise ValidationError(field, f"must be an integer, got {_type_name(delta)} {_show(delta)}")
     if INT64_MIN <= delta <= INT64_MAX:  # an int subclass such as IntEnum

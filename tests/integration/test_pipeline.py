@@ -223,6 +223,8 @@ def test_bad_records_go_to_the_dlq_and_good_ones_count(pipeline):
         (as_json(Event("c1", now_us() - 3600 * MICROS, "old", 5)), "accept_limit"),
         (as_json(Event("c1", now_us() + 3600 * MICROS, "future", 5)), "max_clock_skew"),
         (b"[" * 1000 + b"]" * 1000, "nested deeper"),  # once a RecursionError that stalled the persist path
+        # a field named by a lone surrogate: its reason could not be encoded, which stalled every partition
+        (b'{"namespace": "%s", "counter_name": "c1", "delta": 1, "\\ud800": 1}' % NS.encode(), "unknown field"),
     ]
     half = len(good) // 2
     for e in good[:half]:

@@ -226,6 +226,30 @@ def test_an_unforeseen_exception_dead_letters_its_record_alone(monkeypatch: pyte
     assert floor == {0: T + 10 * MICROS}
 
 
+@pytest.mark.parametrize("value", [
+    b'{"namespace": "ev", "counter_name": "c", "delta": 1, "\\ud800": 1}',
+    b'{"namespace": "ev", "counter_name": "c", "delta": 1, "idempotency_token": {"token": "t", "\\ud800x": 1}}',
+    b'[{"namespace": "ev", "counter_name": "c", "delta": 1}, {"namespace": "ev", "counter_name": "c", "\\udfff": 1}]',
+])
+def test_a_field_named_by_a_lone_surrogate_is_dead_lettered_and_its_neighbours_persisted(
+        value: bytes, tmp_path: Path) -> None:
+    """The reason quoted the field's name, a lone surrogate the JSON parser takes: encoding its header raised, and
+    the persist retried the batch forever, so nothing on any partition was counted again (a review)."""
+    records = [write(0, T), rec(1, T + 1, value), write(2, T + 2)]
+    out = prepare(records, REGISTRY, {})
+    [dead] = out.dead
+    assert dead.offset == 1 and "unknown field" in dead.reason
+    assert len(out.rows) == (3 if value.startswith(b"[") else 2)  # the neighbours, and an array's valid item
+
+    async def action(p: Pipeline) -> None:
+        await asyncio.wait_for(_retrying("persist", lambda: p.send_dead_letters([dead])), 5)
+
+    _, p = asyncio.run(run_pipeline(tmp_path, action))
+    [(_key, _value, headers)] = p.kafka.sent
+    reason = headers[REASON].decode("utf-8")
+    assert "unknown field" in reason and "\\ud" in reason, reason
+
+
 def oversized() -> DeadLetter:
     """A record the mutations topic took (value just under 1 MiB) with a long reason."""
     return DeadLetter(b"ev:c", b"[" + b" " * (1_048_450 - 2) + b"]", "undecodable record: " + "x" * 300,

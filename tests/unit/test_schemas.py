@@ -394,6 +394,9 @@ VALID = encode_mutation(_mutation())
         (VALID[:10], "truncated Avro body for CountMutation"),
         (VALID + b"\x00", "1 trailing bytes"),
         (VALID[:10] + b"\x08" + VALID[11:], "corrupt Avro body"),  # enum index 4 of 2
+        (VALID[:11] + b"\x01" + VALID[12:], "a negative string or bytes length"),  # it said "truncated"
+        (b"\xef\xbb\xbf" + b'{"namespace": "n", "counter_name": "c", "delta": 1}', "UTF-8 byte order mark"),
+        (b'{"namespace": "n", "counter_name": "c", "delta": 1e400}', "beyond a float's range"),  # it said "inf"
         (encode_signal("n", "c"), "RollupSignal, not a CountMutation"),
         (b"{", "invalid JSON"),
         (b"[]", "empty JSON array"),
