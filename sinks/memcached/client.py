@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 _LINE, _VALUES, _CAS_VALUES = 0, 1, 2  # reply shapes: one line, or VALUE blocks up to END (with cas uniques)
 MAX_KEY_BYTES = 250
+NON_NUMERIC = b"CLIENT_ERROR cannot increment or decrement non-numeric value"
 _LEGAL_KEY = re.compile(rf"[!-~]{{1,{MAX_KEY_BYTES}}}")
 
 
@@ -37,6 +38,13 @@ class MemcachedError(RuntimeError):
     """memcached could not be reached or answered something unexpected."""
 
     unanswered = False  # whether the request went to memcached and got no reply (`MemcachedUnanswered`)
+
+
+class MemcachedNonNumeric(MemcachedError):
+    """memcached refused an `incr`/`decr` of a value it read as not a number. memcached (1.6.18, Debian's) also says so
+    of a number of 2**63 or more when a `-` follows it in the item's memory slot before a NUL byte: its check for a
+    minus sign reads past the value into a freed item's bytes (`safe_strtoull`'s strchr). The key is then refused on
+    every `incr` until it is stored anew (sinks.memcached.counters reads it back and stores its new value then)."""
 
 
 class MemcachedUnanswered(MemcachedError):
@@ -200,7 +208,8 @@ def arith_value(cmd: bytes, key: str, reply: bytes) -> int | None:
     if reply == b"NOT_FOUND\r\n":
         return None
     if not reply[:1].isdigit():
-        raise MemcachedError(f"{cmd.decode()} {key}: {reply.strip()[:80]!r}")
+        error = MemcachedNonNumeric if reply.startswith(NON_NUMERIC) else MemcachedError
+        raise error(f"{cmd.decode()} {key}: {reply.strip()[:80]!r}")
     return int(reply)
 
 

@@ -3,8 +3,13 @@
 memcached counters are unsigned 64-bit: `decr` stops at zero and `incr` wraps at 2**64. Storing
 `count + 2**63` (a bias) keeps every signed 64-bit count in range. Every delta is an `incr`, a negative one by
 2**64 - |delta| (modulo 2**64 that subtracts |delta|): a result that wrapped the wrong way says the count left
-int64, and one more `incr` of the right amount puts it at the bound it passed (it saturates). (A `decr` stops at
-zero, which is no bound of a signed count.)
+int64, and a compare-and-set puts it at the bound it passed (it saturates). (A `decr` stops at zero, which is no
+bound of a signed count.)
+
+memcached refuses an `incr` of a stored number of 2**63 or more (every count >= 0 here) when a `-` happens to follow
+it in its memory slot (`client.MemcachedNonNumeric`): about one new counter in thirty after counters with dashed
+names were cleared (a review; the same refusal made a test flaky). Such an add reads the count back and stores the
+sum with a compare-and-set, which moves the item to a new slot.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 import xxhash
 
 from sinks.best_effort import CounterUnavailable, CounterWriteUnknown
-from sinks.memcached.client import AsyncMemcached, MemcachedError, arith_value, is_legal_key
+from sinks.memcached.client import AsyncMemcached, MemcachedError, MemcachedNonNumeric, arith_value, is_legal_key
 from sinks.memcached.rollup_cache import parse_servers
 
 __all__ = ["MemcachedCounters", "best_effort_key"]
@@ -27,6 +32,7 @@ INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_RELATIVE_TTL_S = 30 * 24 * 3600
 _MAX_ABSOLUTE_EXPIRE = 2**31 - 1
 _MAX_REMEMBERED = 100_000  # touch times kept per process
+_CAS_ATTEMPTS = 8  # compare-and-set rounds before an add is refused (503, not applied) as the key kept changing
 
 
 def _write_failed(exc: MemcachedError) -> CounterUnavailable:
@@ -55,14 +61,6 @@ def _in_range(delta: int, raw: int) -> bool:
     """False when the `incr` of `_amount(delta)` left int64: a positive delta wrapped past 2**64 (the result is
     below the delta), a negative one did not wrap (the result is at least 2**64 - |delta|: below zero)."""
     return raw >= delta if delta >= 0 else raw < (1 << 64) + delta
-
-
-def _saturated(bound: int, raw: int) -> int:
-    """What to `incr` a count that left int64 by (`raw`, wrapped) to put it at the bound it passed: INT64_MAX (raw
-    2**64 - 1) or INT64_MIN (raw 0). A count saturates as EVENTUAL and ACCURATE counts do. It used to be refused
-    with a 422, and whether an add was refused told a key with the write scope alone the count (a review read one in
-    62 adds, each taken back). A write racing this one may move it off the bound: best effort."""
-    return (bound - raw) % (1 << 64)
 
 
 def _copy_outcome(source: asyncio.Future, target: asyncio.Future) -> None:
@@ -128,36 +126,86 @@ class MemcachedCounters:
             if error is not None:
                 raise error
             raw = arith_value(b"incr", key, line)  # type: ignore[arg-type]  # error is None here
+            refused = False
+        except MemcachedNonNumeric:  # a count memcached misreads (module doc): stored anew in _finish
+            raw, refused = None, True
         except MemcachedError as exc:
             result.set_exception(_write_failed(exc))
             return
         except Exception as exc:  # never leave the caller waiting
             result.set_exception(exc)
             return
-        _copy_outcome(result.get_loop().create_task(self._finish(namespace, counter, key, delta, ttl_s, raw)),
-                      result)
+        _copy_outcome(result.get_loop().create_task(
+            self._finish(namespace, counter, key, delta, ttl_s, raw, refused=refused)), result)
 
     async def _finish(self, namespace: str, counter: str, key: str, delta: int, ttl_s: float | None,
-                      raw: int | None) -> int:
-        """After the first incr/decr: create a missing key and apply again, undo a wrap, refresh the TTL."""
+                      raw: int | None, *, refused: bool = False) -> int:
+        """After the first incr: apply it by compare-and-set if memcached refused it, create a missing key and apply
+        again, saturate at a bound, refresh the TTL."""
         try:
+            if refused:
+                raw = await self._stored_sum(key, _amount(delta), ttl_s)
             attempts = 0
             while raw is None:  # missing (new or expired): create at the bias, then apply
                 if attempts == 3:
                     raise CounterUnavailable(f"memcached {self.address}: key {key} vanished repeatedly")
                 attempts += 1
                 await self._client.add(key, str(BIAS).encode(), _expire(ttl_s))
-                raw = await self._client.incr(key, _amount(delta))
-            if not _in_range(delta, raw):  # saturate at the bound passed, as every count does (`_saturated`)
-                bound = (1 << 64) - 1 if delta > 0 else 0
-                raw = await self._client.incr(key, _saturated(bound, raw))
-                raw = bound if raw is None else raw  # evicted in between: the count is gone; this add saw the bound
+                try:
+                    raw = await self._client.incr(key, _amount(delta))
+                except MemcachedNonNumeric:
+                    raw = await self._stored_sum(key, _amount(delta), ttl_s)
+            if not _in_range(delta, raw):  # saturate at the bound passed, as every count does
+                raw = await self._saturate(key, delta > 0, ttl_s)
             if self._touch_due(key, ttl_s):
                 self._touched[key] = time.monotonic()
                 await self._client.touch(key, _expire(ttl_s))
             return raw - BIAS
         except MemcachedError as exc:
             raise _write_failed(exc) from exc
+
+    async def _stored_sum(self, key: str, amount: int, ttl_s: float | None) -> int | None:
+        """What `incr key amount` does, by compare-and-set: for a count memcached refuses to `incr` (module doc).
+        None when the key is missing."""
+        for _ in range(_CAS_ATTEMPTS):
+            found = await self._client.gets(key)
+            if found is None:
+                return None
+            raw = (self._count_of(key, found[0]) + amount) % (1 << 64)
+            reply = await self._client.cas(key, b"%d" % raw, found[1], _expire(ttl_s))
+            if reply == b"STORED":
+                return raw
+            if reply == b"NOT_FOUND":
+                return None
+        raise CounterUnavailable(f"memcached {self.address}: key {key} changed on each of {_CAS_ATTEMPTS} attempts "
+                                 "to store its count anew: not applied")
+
+    async def _saturate(self, key: str, upward: bool, ttl_s: float | None) -> int:
+        """Put a count whose add left int64 at the bound it passed, unless another write moved it back to the
+        bound's side meanwhile. By compare-and-set: an `incr` by the distance seen added to what a racing add did
+        after the wrap, and two adds at INT64_MAX left the count near INT64_MIN (a review)."""
+        bound = (1 << 64) - 1 if upward else 0
+        for _ in range(_CAS_ATTEMPTS):
+            found = await self._client.gets(key)
+            if found is None:  # evicted in between: the count is gone; this add saw the bound
+                return bound
+            raw = self._count_of(key, found[0])
+            if (raw >= BIAS) is upward:  # on the bound's side: at the bound, or moved from it since
+                return raw
+            reply = await self._client.cas(key, b"%d" % bound, found[1], _expire(ttl_s))
+            if reply in (b"STORED", b"NOT_FOUND"):
+                return bound
+        raise CounterWriteUnknown(f"memcached {self.address}: key {key} changed on each of {_CAS_ATTEMPTS} "
+                                  "attempts to saturate it at the int64 bound the add passed: the add was applied, "
+                                  "and the count may have wrapped")
+
+    def _count_of(self, key: str, value: bytes) -> int:
+        """A stored count (biased); memcached's incr pads a shorter number with spaces."""
+        try:
+            return int(value)
+        except ValueError:  # not written by this service: another application shares the key
+            raise CounterUnavailable(f"memcached {self.address}: key {key} holds {value[:40]!r}, not a count "
+                                     "(another application writes it?)") from None
 
     def _touch_due(self, key: str, ttl_s: float | None) -> bool:
         """`incr` keeps the expiry set at creation: touch it again at most every tenth of the TTL."""
@@ -173,13 +221,7 @@ class MemcachedCounters:
             raw = await self._client.get(key)
         except MemcachedError as exc:
             raise CounterUnavailable(str(exc)) from exc
-        if raw is None:
-            return 0
-        try:
-            return int(raw) - BIAS  # memcached's incr pads a shorter number with spaces
-        except ValueError:  # not written by this service: another application shares the key
-            raise CounterUnavailable(f"memcached {self.address}: key {key} holds {raw[:40]!r}, not a count "
-                                     "(another application writes it?)") from None
+        return 0 if raw is None else self._count_of(key, raw) - BIAS
 
     async def clear(self, namespace: str, counter: str) -> None:
         try:

@@ -307,6 +307,53 @@ def test_best_effort_counters_create_refresh_ttl_and_refuse_overflow(memcached_a
     asyncio.run(scenario())
 
 
+def test_a_count_memcached_misreads_after_a_freed_slot_with_a_dash_is_still_added(tmp_path: Path, ns: str) -> None:
+    """memcached checks a number of 2**63 or more (every count >= 0, stored with a 2**63 bias) for a minus sign
+    past its end, into the freed bytes of its memory slot: with a `-` there, every incr of the key was refused,
+    the add answered 503, and a ClearCount did not help (a review: 114 of 3,000 new counters after counters with
+    dashed names were cleared; the same refusal made the test above flaky on its `bottom` key)."""
+    counter = "dashed".ljust(28 - len(ns), "x")  # a 29-byte key: a count's item and the junk's share a size class
+    key = best_effort_key(ns, counter)
+
+    async def scenario(counters: MemcachedCounters, raw: Client) -> None:
+        for dashes in (1, 10, 30):
+            # what a longer value with a dash after a count's length leaves in its slot once freed (a server of its
+            # own: the next item of the slot's size class reuses it, and other tests' items could take it)
+            raw.set(key, b"0" * 19 + b"\r\n" + b"-" * dashes, noreply=False)
+            raw.delete(key, noreply=False)
+            assert await counters.add(ns, counter, 1, None) == 1, dashes
+            assert await counters.add(ns, counter, 2, 60.0) == 3
+            assert await counters.add(ns, counter, -5, None) == -2
+            assert await counters.get(ns, counter) == -2
+            await counters.clear(ns, counter)
+        await counters.close()
+
+    with LocalMemcached(tmp_path / "memcached.log") as server:
+        raw = Client(server.address)
+        try:
+            asyncio.run(scenario(MemcachedCounters(f"memcached://{server.address}"), raw))
+        finally:
+            raw.close()
+
+
+def test_adds_racing_past_int64_max_leave_the_count_at_the_bound(memcached_address: str, ns: str) -> None:
+    """The first add to wrap was put back by an incr of the distance it saw, on top of what a racing add did after
+    the wrap: +1 and +5 at INT64_MAX left the count near INT64_MIN in 20 of 20 runs (a review)."""
+    counters = MemcachedCounters(f"memcached://{memcached_address}")
+
+    async def scenario() -> None:
+        for i in range(10):
+            assert await counters.add(ns, f"top{i}", 2**63 - 1, None) == 2**63 - 1
+            await asyncio.gather(counters.add(ns, f"top{i}", 1, None), counters.add(ns, f"top{i}", 5, None))
+            assert await counters.get(ns, f"top{i}") == 2**63 - 1, i
+            assert await counters.add(ns, f"bottom{i}", -(2**63), None) == -(2**63)
+            await asyncio.gather(counters.add(ns, f"bottom{i}", -1, None), counters.add(ns, f"bottom{i}", -7, None))
+            assert await counters.get(ns, f"bottom{i}") == -(2**63), i
+        await counters.close()
+
+    asyncio.run(scenario())
+
+
 def test_a_best_effort_write_memcached_took_but_did_not_answer_is_of_unknown_outcome(tmp_path: Path,
                                                                                      ns: str) -> None:
     """A review: with memcached hung, five adds and a clear were answered 503 (not applied), and applied once it
