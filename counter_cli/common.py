@@ -148,9 +148,10 @@ def joined_stack(settings: Settings, endpoints: dict[str, Any] | None = None) ->
         if settings.namespaces is None:
             shared["namespaces"] = namespaces
         elif not _same_file(settings.namespaces, Path(namespaces)):
-            fail(f"COUNTER_NAMESPACES={settings.namespaces}, but the running `counter up` uses {namespaces}: "
-                 "processes of one deployment need the same namespaces (a worker without a namespace dead-letters "
-                 "its writes); unset COUNTER_NAMESPACES to use counter up's")
+            fail(f"COUNTER_NAMESPACES={settings.namespaces}, but the running `counter up` uses {namespaces} (its "
+                 "namespace file as it read it at its start: an edit takes effect when it starts again): processes "
+                 "of one deployment need the same namespaces (a worker without a namespace dead-letters its "
+                 "writes); unset COUNTER_NAMESPACES to use counter up's")
     for name, recorded in _deployment(endpoints).items():
         mine = store_location(settings) if name == "store" else getattr(settings, name)
         if mine == recorded:

@@ -19,6 +19,7 @@ from typing import IO
 
 from confluent_kafka import KafkaException
 
+from control_plane import ConfigError, NamespaceRegistry, load_namespaces
 from counter_cli.common import (
     add_no_compile,
     build_native_parts,
@@ -49,6 +50,7 @@ BROKER_LOSS = (
 )
 POLL_S = 0.25
 LOCK_FILE = "counter-up.lock"  # in the data directory: one `counter up` per directory (_lock_data_dir)
+IN_USE_NAMESPACES = "namespaces-in-use"  # in the data directory, with the source's suffix: what the children read
 LOCAL_BROKER_MARK = "local broker"  # the lock file's second line while its owner runs a broker of its own
 STOP_TIMEOUT_S = 10.0  # per child: SIGTERM, then SIGKILL
 # With the local broker a worker's clean stop first persists what its partitions hold (COUNTER_PERSIST_DRAIN_S):
@@ -170,13 +172,14 @@ def run(args: argparse.Namespace) -> int:
         lock = _lock_data_dir(settings.data_dir)  # held until the end of the stop, or of this process however it ends
     except OSError as exc:
         fail(f"data directory {settings.data_dir} (COUNTER_DATA_DIR): {exc.strerror or exc}", code=1)
+    in_use, registry = _namespaces_in_use(ns_path, settings.data_dir)
     check_against_namespaces(settings, registry)
     check_api_namespaces(settings, registry, in_process_cache=settings.cache == "memory" or (
         settings.cache == "auto" and find_memcached() is None))
     check_listen(settings.api_host, settings.api_port, "COUNTER_API_HOST", "COUNTER_API_PORT")
     check_listen("127.0.0.1", settings.worker_port, "the worker's host", "COUNTER_WORKER_PORT")
     signals = StopSignals()
-    stack = LocalStack(settings.data_dir)
+    stack = LocalStack(settings.data_dir, {"COUNTER_NAMESPACES": str(in_use)})
     stop_timeout, drain_s, code = STOP_TIMEOUT_S, 0.0, 1
     try:
         signals.install()
@@ -184,7 +187,8 @@ def run(args: argparse.Namespace) -> int:
         endpoints = _start_or_fail(stack, settings)
         if endpoints is None:
             return code
-        endpoints["namespaces"] = str(ns_path.resolve())  # what `counter worker` joining this stack loads too
+        endpoints["namespaces"] = str(in_use)  # what `counter worker` joining this stack loads too
+        endpoints["namespaces_source"] = str(ns_path.resolve())
         endpoints["api_shared_pipeline"] = settings.api_shared  # whether its API counts another API's writes
         endpoints.update(store=store_location(settings), worker_id=settings.worker_id,  # what joined processes use
                          mutations_topic=settings.mutations_topic, rollups_topic=settings.rollups_topic,
@@ -195,8 +199,8 @@ def run(args: argparse.Namespace) -> int:
         stop_timeout += drain_s
         signals.running()  # from here a signal is a request to stop, also while printing below
         _write_endpoints(settings, {**endpoints, "processes": stack.pids()})
-        console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} from {ns_path})",
-                      soft_wrap=True)
+        console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} from {ns_path}, "
+                      "as read now: an edit takes effect at the next `counter up`)", soft_wrap=True)
         for name, value in endpoints.items():
             console.print(f"  {name:16} {value if value is not None else '-'}", soft_wrap=True)
         console.print(f"  processes        {', '.join(f'{k} {v}' for k, v in stack.pids().items())}", soft_wrap=True)
@@ -216,6 +220,25 @@ def run(args: argparse.Namespace) -> int:
     # a stop that lost writes the local broker held and no worker persisted is not a clean exit, for a script that
     # checks it: 128 + the signal that forced it (as a shell reports a process a signal ended), or LOST_ON_STOP
     return lost if lost is not None and code == 0 else code
+
+
+def _namespaces_in_use(source: Path, data_dir: Path) -> tuple[Path, NamespaceRegistry]:
+    """A copy of the namespace file in the data directory, validated, which every child reads: a child restarted
+    after the file was edited read the edit while the API kept the old one (a typo crash-looped the worker while the
+    API answered 200, and a removed namespace dead-lettered acknowledged writes)."""
+    copy = data_dir / f"{IN_USE_NAMESPACES}{source.suffix}"
+    try:
+        for old in data_dir.glob(f"{IN_USE_NAMESPACES}*"):  # a previous run's, maybe of another format
+            old.unlink()
+        temporary = copy.with_name(copy.name + ".tmp")
+        temporary.write_bytes(source.expanduser().read_bytes())
+        os.replace(temporary, copy)
+    except OSError as exc:
+        fail(f"copying the namespace file {source} to {copy}: {exc.strerror or exc}", code=1)
+    try:
+        return copy, load_namespaces(copy)
+    except ConfigError as exc:  # valid a moment ago: edited while this read it
+        fail(f"namespace configuration {source} changed while `counter up` read it: {exc.reason}")
 
 
 def _start_or_fail(stack: LocalStack, settings: Settings) -> dict[str, object] | None:

@@ -105,7 +105,8 @@ class Up:
 def counter_env(data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COUNTER_")}
     env.update(COUNTER_DATA_DIR=str(data_dir), COUNTER_NAMESPACES=str(NAMESPACES),
-               COUNTER_API_PORT=str(free_port()), COUNTER_WORKER_PORT=str(free_port()), **extra)
+               COUNTER_API_PORT=str(free_port()), COUNTER_WORKER_PORT=str(free_port()))
+    env.update(extra)
     return env
 
 
@@ -230,6 +231,42 @@ def test_worker_killed_under_load_is_restarted_and_every_acknowledged_write_coun
     wait_for(lambda: get_counts(api_url, counters) == expected, 60, interval=0.5,
              message=lambda: f"GetCount {get_counts(api_url, counters)} == acknowledged sums {expected} "
                              f"({len(load.acked)} writes)")
+
+
+def test_a_child_restarted_after_the_namespace_file_was_edited_reads_it_as_counter_up_started(tmp_path):
+    """A restarted worker read the edited file while the API kept the old one: a typo crash-looped the worker while
+    the API answered 200 (a review). Every child reads the copy `counter up` validated at its start."""
+    namespaces = tmp_path / "namespaces.yaml"
+    namespaces.write_bytes(NAMESPACES.read_bytes())
+    running = start_up(tmp_path / "up", COUNTER_NAMESPACES=str(namespaces))
+    try:
+        running.wait_up()
+        endpoints = running.endpoints()
+        copy = Path(endpoints["namespaces"])
+        assert copy.parent == running.data_dir and copy.read_bytes() == NAMESPACES.read_bytes()
+        assert endpoints["namespaces_source"] == str(namespaces.resolve())
+        namespaces.write_text("namespaces: {my_dataset: {counter_type: EVENTUALLY}}\n")  # a typo
+        api_url, worker_ready = endpoints["api_url"], endpoints["worker_metrics"].replace("/metrics", "/ready")
+        counters = ["edited-ns-0", "edited-ns-1"]
+        load = WriteLoad(api_url, counters).start()
+        try:
+            wait_for(lambda: len(load.acked) >= 100 or load.failures, 30, message="writes acknowledged")
+            old = running.pids()["worker-0"]
+            os.kill(old, signal.SIGKILL)
+            wait_for(lambda: running.pids()["worker-0"] not in (None, old), 15, message="a new worker pid")
+            wait_for(lambda: http_ok(worker_ready), 90, interval=0.25,
+                     message=lambda: f"the restarted worker ready; output:\n{running.output()}")
+            acked = len(load.acked)
+            wait_for(lambda: len(load.acked) >= acked + 100 or load.failures, 30, message="writes after the restart")
+        finally:
+            load.stop()
+        assert load.failures == [], load.failures[:5]
+        assert "restart #2" not in running.output(), running.output()  # the restarted worker stayed up
+        expected = load.expected()
+        wait_for(lambda: get_counts(api_url, counters) == expected, 60, interval=0.5,
+                 message=lambda: f"GetCount {get_counts(api_url, counters)} == acknowledged sums {expected}")
+    finally:
+        running.cleanup()
 
 
 def test_api_and_memcached_restart_on_their_ports_and_sigterm_stops_all_in_reverse_order(up):
