@@ -356,10 +356,18 @@ class _Resolver:
                 raise self.error("unique.lg_k", "sizes the sketches of unique counts: set aggregation: UNIQUE, or "
                                                 "remove it")
             return {}
-        if not self.get("windows.granularities", _granularities):
+        chain = self.get("windows.granularities", _granularities)
+        if not chain:
             raise self.error(self.blame("windows.granularities", "aggregation"),
                              "a UNIQUE namespace keeps its sketches per time bucket: keep at least minute buckets "
                              "(windows.granularities: [minute, hour, day], as the presets do)")
+        coarsest = chain[-1]
+        kept = self.get(f"windows.retention.{coarsest}", _retention(coarsest))
+        if kept is not None:
+            raise self.error(self.blame(f"windows.retention.{coarsest}", "aggregation"),
+                             f"a UNIQUE total is the union of the counter's sketches, so its coarsest buckets "
+                             f"({coarsest}s) must be kept forever (got {_span(kept)}): each {coarsest} leaving "
+                             f"retention would take its items out of the total (it read 0 once they all had)")
         return {"aggregation": aggregation, "unique": UniqueConfig(self.get("unique.lg_k", _lg_k))}
 
     def _shards(self) -> int:

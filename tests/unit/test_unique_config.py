@@ -42,11 +42,22 @@ def test_the_shipped_example_has_a_unique_namespace() -> None:
     ("b: {counter_type: EVENTUAL, aggregation: UNIQUE, unique: 12}", "unique", "must be a mapping"),
     ("b: {counter_type: EVENTUAL, aggregation: UNIQUE, windows: {granularities: []}}", "windows.granularities",
      "keep at least minute buckets"),
+    # a total is the union of the sketches: one leaving retention took its items out of it (a review read 12, then 0)
+    ("b: {counter_type: EVENTUAL, aggregation: UNIQUE, windows: {retention: {day: 400d}}}", "windows.retention.day",
+     "must be kept forever (got 400d)"),
+    ("b: {counter_type: EVENTUAL, aggregation: UNIQUE, windows: {granularities: [minute], retention: {minute: 48h}}}",
+     "windows.retention.minute", "coarsest buckets (minutes) must be kept forever"),
 ])
 def test_errors_name_the_field(text: str, field: str, reason: str) -> None:
     with pytest.raises(ConfigError) as err:
         one(text)
     assert err.value.field == field and reason in err.value.reason, str(err.value)
+
+
+def test_a_unique_namespace_may_keep_its_finer_buckets_for_a_while() -> None:
+    ns = one("b: {counter_type: EVENTUAL, aggregation: UNIQUE, windows: {granularities: [minute, hour], "
+             "retention: {minute: 48h, hour: forever}}}")
+    assert ns.windows.granularities == ("minute", "hour")
 
 
 def test_a_best_effort_namespace_ignores_a_unique_default() -> None:
