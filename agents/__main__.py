@@ -4,6 +4,7 @@ import logging
 import sys
 
 from control_plane import ConfigError
+from streams.namespace_shapes import NamespaceChanged
 from streams.settings import SettingsError, load_settings
 from streams.store_binding import StoreMismatch
 
@@ -17,7 +18,7 @@ def main() -> int:
         from agents.worker import build, start
 
         pipeline = build(settings)
-    except (SettingsError, ConfigError, StoreMismatch) as exc:
+    except (SettingsError, ConfigError, StoreMismatch, NamespaceChanged) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # broker, store or cache unreachable at start-up: one line, not a traceback

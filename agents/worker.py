@@ -61,6 +61,7 @@ from sinks import (
 from sinks.rolled import RolledFloors
 from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
+from streams.namespace_shapes import guard_namespaces
 from streams.settings import Settings, namespace_bound_problems
 from streams.signals import SignalSender
 from streams.store_binding import BindingWatch
@@ -230,6 +231,7 @@ def build(settings: Settings) -> Pipeline:
     sketches = (open_namespace_sketch_store(buckets, registry) if any(ns.counts_unique for ns in registry.values())
                 else None)
     binding = bound_store(settings, rollups)
+    guard_namespaces(settings, registry)  # NamespaceChanged: a setting changed what the stored data means
     app = create_app(settings, app_id=settings.worker_id)
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id=f"{settings.worker_id}-producer", timeout_s=10.0,
                           config=security.librdkafka())

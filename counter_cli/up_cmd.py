@@ -39,6 +39,7 @@ from infra.memcached import find_memcached
 from infra.process import ManagedProcess, ServiceError
 from infra.stack import LocalStack
 from infra.supervisor import Supervisor
+from streams.namespace_shapes import NamespaceChanged, guard_namespaces, restore_shapes, save_shapes
 from streams.settings import Settings
 from streams.topics import TopicError, ensure_topics, topic_specs
 
@@ -50,6 +51,7 @@ BROKER_LOSS = (
 )
 POLL_S = 0.25
 LOCK_FILE = "counter-up.lock"  # in the data directory: one `counter up` per directory (_lock_data_dir)
+SAVED_SHAPES = "namespace-shapes.json"  # in the data directory: what the local broker recorded, between runs
 IN_USE_NAMESPACES = "namespaces-in-use"  # in the data directory, with the source's suffix: what the children read
 LOCAL_BROKER_MARK = "local broker"  # the lock file's second line while its owner runs a broker of its own
 STOP_TIMEOUT_S = 10.0  # per child: SIGTERM, then SIGKILL
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         signals.install()
         build_native_parts(args)  # before the children start: each loads its build once
-        endpoints = _start_or_fail(stack, settings)
+        endpoints = _start_or_fail(stack, settings, registry)
         if endpoints is None:
             return code
         endpoints["namespaces"] = str(in_use)  # what `counter worker` joining this stack loads too
@@ -199,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
         stop_timeout += drain_s
         signals.running()  # from here a signal is a request to stop, also while printing below
         _write_endpoints(settings, {**endpoints, "processes": stack.pids()})
+        _save_shapes(stack, settings)  # as recorded now: kept for the next `counter up`
         console.print(f"[bold green]counter is up[/] (namespaces: {', '.join(registry.names())} from {ns_path}, "
                       "as read now: an edit takes effect at the next `counter up`)", soft_wrap=True)
         for name, value in endpoints.items():
@@ -212,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"{exc} received while starting")
         code = 128 + exc.signum
     finally:
+        _save_shapes(stack, settings)  # with what joined processes recorded since
         lost = _stop(stack, settings, signals, stop_timeout, drain_s)  # from here on no signal raises
         settings.endpoints_path.unlink(missing_ok=True)
         lock.truncate(0)  # stopped: the next `counter up` finds no pid of a run that ended without its stop
@@ -220,6 +224,19 @@ def run(args: argparse.Namespace) -> int:
     # a stop that lost writes the local broker held and no worker persisted is not a clean exit, for a script that
     # checks it: 128 + the signal that forced it (as a shell reports a process a signal ended), or LOST_ON_STOP
     return lost if lost is not None and code == 0 else code
+
+
+def _save_shapes(stack: LocalStack, settings: Settings) -> None:
+    """Save the namespace shapes recorded in `counter up`'s own broker, which keeps nothing across restarts, in the
+    data directory: the next one's records them again, so a namespace setting changed in place between two runs is
+    refused (streams.namespace_shapes). A broker already gone leaves the last save."""
+    if stack.broker is None or not stack.broker.running():
+        return
+    try:
+        save_shapes(settings.model_copy(update={"kafka_bootstrap": stack.broker.bootstrap}),
+                    settings.data_dir / SAVED_SHAPES, timeout_s=5.0)
+    except Exception as exc:  # a stop must go on: the previous save stands
+        console.print(f"[yellow]warning:[/] could not save the namespace shapes: {exc}", highlight=False)
 
 
 def _namespaces_in_use(source: Path, data_dir: Path) -> tuple[Path, NamespaceRegistry]:
@@ -241,12 +258,12 @@ def _namespaces_in_use(source: Path, data_dir: Path) -> tuple[Path, NamespaceReg
         fail(f"namespace configuration {source} changed while `counter up` read it: {exc.reason}")
 
 
-def _start_or_fail(stack: LocalStack, settings: Settings) -> dict[str, object] | None:
+def _start_or_fail(stack: LocalStack, settings: Settings, registry: NamespaceRegistry) -> dict[str, object] | None:
     """`_start`, or None once a failure to start is printed. A separate function: a signal while printing one
     interrupts the start as any other (an exception raised in an except clause escapes its try's other clauses)."""
     try:
-        return _start(stack, settings)
-    except (ServiceError, TopicError) as exc:
+        return _start(stack, settings, registry)
+    except (ServiceError, TopicError, NamespaceChanged) as exc:
         console.print(f"[bold red]error:[/] {exc}", highlight=False)
     except KafkaException as exc:  # COUNTER_KAFKA_BOOTSTRAP given but not answering
         console.print(f"[bold red]error:[/] {kafka_failure(exc, settings.kafka_bootstrap or '?')}", highlight=False)
@@ -289,14 +306,20 @@ def _owned_by(lock: IO[str], *marks: str) -> None:
     lock.flush()
 
 
-def _start(stack: LocalStack, settings: Settings) -> dict[str, object]:
+def _start(stack: LocalStack, settings: Settings, registry: NamespaceRegistry) -> dict[str, object]:
     """Start the children in dependency order; returns the endpoints to publish."""
     bootstrap = settings.kafka_bootstrap or stack.start_broker()
     stack.env["COUNTER_KAFKA_BOOTSTRAP"] = bootstrap
     if settings.kafka_bootstrap is None and "COUNTER_PERSIST_DRAIN_S" not in os.environ:
         stack.env["COUNTER_PERSIST_DRAIN_S"] = str(LOCAL_BROKER_DRAIN_S)
     memcached = _cache(stack, settings)
-    ensure_topics(bootstrap, topic_specs(settings), admin_config=settings.kafka_security.librdkafka())
+    security = settings.kafka_security.librdkafka()
+    ensure_topics(bootstrap, topic_specs(settings), admin_config=security)
+    bound = settings.model_copy(update={"kafka_bootstrap": bootstrap})
+    if stack.broker is not None:  # a new, empty broker: the namespace shapes the last one recorded
+        restore_shapes(bound, settings.data_dir / SAVED_SHAPES)
+    # here, not only in the children: a refused change stops `counter up` with the reason, not a worker crash loop
+    guard_namespaces(bound, registry)
     worker = stack.start_worker(port=settings.worker_port)
     api = stack.start_api(port=settings.api_port, host=settings.api_host)
     return {"kafka_bootstrap": bootstrap, "api_url": f"http://{api.address}", "ui_url": f"http://{api.address}/ui/",

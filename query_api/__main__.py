@@ -5,6 +5,7 @@ import sys
 import uvicorn
 
 from control_plane import ConfigError, NamespaceRegistry
+from streams.namespace_shapes import NamespaceChanged, guard_namespaces
 from streams.settings import Settings, SettingsError, load_settings
 from streams.store_binding import BindingWatch, StoreMismatch
 
@@ -18,7 +19,7 @@ def main() -> int:
 
         registry = load_namespaces(settings.namespaces or default_config_path())  # fail fast, naming the field
         _check_store_binding(settings, registry)
-    except (SettingsError, ConfigError, StoreMismatch) as exc:
+    except (SettingsError, ConfigError, StoreMismatch, NamespaceChanged) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     from query_api.http_protocol import CounterHttpProtocol
@@ -35,14 +36,16 @@ STARTING_S = 5.0  # how long a request of the start's binding check waits for th
 
 def _check_store_binding(settings: Settings, registry: NamespaceRegistry) -> None:
     """StoreMismatch, said here in one line, for a store that is not the one the consumer group persists into
-    (streams.store_binding); the app's lifespan binds again (an app started otherwise), and says what else fails
+    (streams.store_binding), and NamespaceChanged for a namespace setting changed in place
+    (streams.namespace_shapes); the app's lifespan binds again (an app started otherwise), and says what else fails
     (a broker away: it starts, and binds once the broker answers)."""
     from sinks import store_identity, store_location
 
     try:
         identity = store_identity(settings.store, settings.data_dir, registry)
         BindingWatch(settings, identity, store_location(settings.store, settings.data_dir)).bind(STARTING_S)
-    except StoreMismatch:
+        guard_namespaces(settings, registry, timeout_s=STARTING_S)
+    except (StoreMismatch, NamespaceChanged):
         raise
     except Exception:  # the lifespan meets it again and says it
         return

@@ -12,10 +12,10 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from streams.kafka_security import PROTOCOLS, SASL_MECHANISMS, KafkaSecurity
@@ -132,6 +132,10 @@ class Settings(BaseSettings):
         "window hides it: at most half of coalesce_ms - accept_limit - max_clock_skew, never below "
         "watermark_interval_ms; none once the watermark covers every write"))
     sweep_interval_s: float = Field(5.0, gt=0, le=HOUR_S, description="how often stale counters are re-signalled")
+    accept_namespace_changes: Annotated[tuple[str, ...], NoDecode] = Field((), description=(
+        "namespaces (comma-separated) whose configuration may change in place what their stored data means "
+        "(counter_type's kind, aggregation, a window granularity kept again): recorded as changed on purpose "
+        "(streams.namespace_shapes)"))
     store_binding_check_s: float = Field(30.0, ge=1, le=HOUR_S, description=(
         "how often a running worker or API reads again which store its consumer group persists into (`counter store "
         "rebind`): a worker on another store stops, an API fails /readyz"))
@@ -142,6 +146,14 @@ class Settings(BaseSettings):
         "how often expired, rolled-up slices are dropped"))
     rollup_max_signals: int = Field(50_000, ge=1, le=10_000_000, description=(
         "signals coalesced at most per rollup window"))
+
+    @field_validator("accept_namespace_changes", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """`a,b` from the environment (pydantic-settings would read a tuple as JSON)."""
+        if isinstance(value, str):
+            return tuple(name.strip() for name in value.split(",") if name.strip())
+        return value
 
     @field_validator("api_shared_pipeline")
     @classmethod

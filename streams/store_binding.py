@@ -102,7 +102,7 @@ def check(binding: StoreClaim | None, store: str, location: str, group: str, top
 def read_binding(bootstrap: str, topic: str, group: str, *, config: Mapping[str, str] | None = None,
                  timeout_s: float = 15.0) -> StoreClaim | None:
     """`group`'s binding as the broker has it now (None before any, or with no bindings topic)."""
-    return binding_of(_records(bootstrap, topic, config or {}, timeout_s), group)
+    return binding_of(read_records(bootstrap, topic, config or {}, timeout_s), group)
 
 
 def claimed(bootstrap: str, topic: str, group: str, claim: StoreClaim, *, config: Mapping[str, str] | None = None,
@@ -111,7 +111,7 @@ def claimed(bootstrap: str, topic: str, group: str, claim: StoreClaim, *, config
     config = config or {}
     binding = None if claim.rebind else read_binding(bootstrap, topic, group, config=config, timeout_s=timeout_s)
     if binding is None:
-        _append(bootstrap, topic, group, claim, config, timeout_s)
+        append_record(bootstrap, topic, group.encode(), claim.encode(), config, timeout_s)
         binding = read_binding(bootstrap, topic, group, config=config, timeout_s=timeout_s)
         if binding is None:
             raise RuntimeError(f"the store claim appended to {topic} is not there to read back")
@@ -163,8 +163,8 @@ class BindingWatch:
         self.mismatch = None
 
 
-def _records(bootstrap: str, topic: str, config: Mapping[str, str],
-             timeout_s: float) -> list[tuple[bytes | None, bytes | None]]:
+def read_records(bootstrap: str, topic: str, config: Mapping[str, str],
+                 timeout_s: float) -> list[tuple[bytes | None, bytes | None]]:
     """Every record of the topic's one partition, read to its end; [] when the topic does not exist."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}.reader", "enable.auto.commit": False,
                          "allow.auto.create.topics": False, "log_level": QUIET, **config})
@@ -198,13 +198,13 @@ def _records(bootstrap: str, topic: str, config: Mapping[str, str],
         consumer.close()
 
 
-def _append(bootstrap: str, topic: str, group: str, claim: StoreClaim, config: Mapping[str, str],
-            timeout_s: float) -> None:
-    """Append `claim` under `group`'s key, acknowledged by every in-sync replica."""
+def append_record(bootstrap: str, topic: str, key: bytes | None, value: bytes | None, config: Mapping[str, str],
+                  timeout_s: float) -> None:
+    """Append a record to the topic's one partition, acknowledged by every in-sync replica."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "message.timeout.ms": int(timeout_s * 1000), "log_level": QUIET, **config})
     failed: list[KafkaError] = []
-    producer.produce(topic, claim.encode(), group.encode(), partition=0,
+    producer.produce(topic, value, key, partition=0,
                      on_delivery=lambda err, _msg: failed.append(err) if err is not None else None)
     if producer.flush(timeout_s) or failed:
         raise KafkaException(failed[0] if failed else KafkaError(KafkaError._MSG_TIMED_OUT))

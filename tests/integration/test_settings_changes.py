@@ -14,6 +14,7 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
+from infra.process import ServiceError
 from schemas.validation import micros_iso
 from tests.helpers import read_all, wait_for
 from tests.pipeline_harness import NAMESPACES, PipelineEnv
@@ -73,3 +74,34 @@ def test_a_raised_accept_limit_refuses_times_the_rollups_passed(pipeline: Pipeli
                        interval=0.5, message="the late Kafka write dead-lettered")
     reason = dict(letters[0].headers)["dlq.reason"].decode()
     assert "t-kafka" in letters[0].value.decode() and f"namespace '{NS}''s rollups" in reason, reason
+
+
+def _aggregated(tmp_path, aggregation: str):
+    config = yaml.safe_load(NAMESPACES.read_text())
+    config["namespaces"]["reshaped"] = {"counter_type": "EVENTUAL", "aggregation": aggregation}
+    path = tmp_path / f"namespaces-{aggregation}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_a_namespace_made_unique_in_place_is_refused_until_accepted(pipeline: PipelineEnv, tmp_path) -> None:
+    """A namespace's aggregation changed between restarts read its stored SUM counts as sketches (0), with no
+    error. The worker and the API now refuse to start, naming it, unless the operator accepts the change."""
+    pipeline.stack.env["COUNTER_NAMESPACES"] = str(_aggregated(tmp_path, "SUM"))
+    worker, api = pipeline.start_worker(), pipeline.start_api()
+    with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
+        r = client.post("/v1/AddCount", json={"namespace": "reshaped", "counter_name": "c", "delta": 5})
+        assert r.status_code == 200, r.text
+    worker.stop()
+    api.stop()
+
+    pipeline.stack.env["COUNTER_NAMESPACES"] = str(_aggregated(tmp_path, "UNIQUE"))
+    for start in (pipeline.start_worker, pipeline.start_api):
+        with pytest.raises(ServiceError) as refused:
+            start()
+        assert "namespace 'reshaped': field 'aggregation': UNIQUE where the stored data is SUM" in str(refused.value)
+        assert "COUNTER_ACCEPT_NAMESPACE_CHANGES=reshaped" in str(refused.value)
+    pipeline.stack.env["COUNTER_ACCEPT_NAMESPACE_CHANGES"] = "reshaped"
+    pipeline.start_worker()  # accepted: the new shape is recorded, and later starts need no word
+    del pipeline.stack.env["COUNTER_ACCEPT_NAMESPACE_CHANGES"]
+    pipeline.start_api()
