@@ -88,12 +88,7 @@ def test_a_namespace_made_unique_in_place_is_refused_until_accepted(pipeline: Pi
     """A namespace's aggregation changed between restarts read its stored SUM counts as sketches (0), with no
     error. The worker and the API now refuse to start, naming it, unless the operator accepts the change."""
     pipeline.stack.env["COUNTER_NAMESPACES"] = str(_aggregated(tmp_path, "SUM"))
-    worker, api = pipeline.start_worker(), pipeline.start_api()
-    with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
-        r = client.post("/v1/AddCount", json={"namespace": "reshaped", "counter_name": "c", "delta": 5})
-        assert r.status_code == 200, r.text
-    worker.stop()
-    api.stop()
+    pipeline.start_worker().stop()  # its start records the namespaces' shapes
 
     pipeline.stack.env["COUNTER_NAMESPACES"] = str(_aggregated(tmp_path, "UNIQUE"))
     for start in (pipeline.start_worker, pipeline.start_api):

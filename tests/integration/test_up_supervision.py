@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from bench.loadgen import http_load, http_post
 from infra.process import free_port, http_ok, port_open
@@ -232,74 +231,6 @@ def test_worker_killed_under_load_is_restarted_and_every_acknowledged_write_coun
     wait_for(lambda: get_counts(api_url, counters) == expected, 60, interval=0.5,
              message=lambda: f"GetCount {get_counts(api_url, counters)} == acknowledged sums {expected} "
                              f"({len(load.acked)} writes)")
-
-
-def test_a_child_restarted_after_the_namespace_file_was_edited_reads_it_as_counter_up_started(tmp_path):
-    """A restarted worker read the edited file while the API kept the old one: a typo crash-looped the worker while
-    the API answered 200 (a review). Every child reads the copy `counter up` validated at its start."""
-    namespaces = tmp_path / "namespaces.yaml"
-    namespaces.write_bytes(NAMESPACES.read_bytes())
-    running = start_up(tmp_path / "up", COUNTER_NAMESPACES=str(namespaces))
-    try:
-        running.wait_up()
-        endpoints = running.endpoints()
-        copy = Path(endpoints["namespaces"])
-        assert copy.parent == running.data_dir and copy.read_bytes() == NAMESPACES.read_bytes()
-        assert endpoints["namespaces_source"] == str(namespaces.resolve())
-        namespaces.write_text("namespaces: {my_dataset: {counter_type: EVENTUALLY}}\n")  # a typo
-        api_url, worker_ready = endpoints["api_url"], endpoints["worker_metrics"].replace("/metrics", "/ready")
-        counters = ["edited-ns-0", "edited-ns-1"]
-        load = WriteLoad(api_url, counters).start()
-        try:
-            wait_for(lambda: len(load.acked) >= 100 or load.failures, 30, message="writes acknowledged")
-            old = running.pids()["worker-0"]
-            os.kill(old, signal.SIGKILL)
-            wait_for(lambda: running.pids()["worker-0"] not in (None, old), 15, message="a new worker pid")
-            wait_for(lambda: http_ok(worker_ready), 90, interval=0.25,
-                     message=lambda: f"the restarted worker ready; output:\n{running.output()}")
-            acked = len(load.acked)
-            wait_for(lambda: len(load.acked) >= acked + 100 or load.failures, 30, message="writes after the restart")
-        finally:
-            load.stop()
-        assert load.failures == [], load.failures[:5]
-        assert "restart #2" not in running.output(), running.output()  # the restarted worker stayed up
-        expected = load.expected()
-        wait_for(lambda: get_counts(api_url, counters) == expected, 60, interval=0.5,
-                 message=lambda: f"GetCount {get_counts(api_url, counters)} == acknowledged sums {expected}")
-    finally:
-        running.cleanup()
-
-
-def test_a_namespace_setting_changed_between_two_runs_is_refused_until_accepted(tmp_path):
-    """The local broker keeps nothing across runs, so `counter up` saves the namespaces' recorded shapes in the data
-    directory: an aggregation changed in place (SUM counts read as sketches: 0) stops the next run, naming it."""
-    namespaces = tmp_path / "namespaces.yaml"
-    namespaces.write_bytes(NAMESPACES.read_bytes())
-    data_dir = tmp_path / "data"
-
-    def run_and_stop(name: str, **env: str) -> None:
-        running = start_up(tmp_path / name, data_dir, COUNTER_NAMESPACES=str(namespaces), **env)
-        try:
-            running.wait_up()
-            code, _ = running.signal_and_wait(signal.SIGINT, 90)
-            assert code == 0, running.output()
-        finally:
-            running.cleanup()
-
-    run_and_stop("first")
-    saved = json.loads((data_dir / "namespace-shapes.json").read_text())
-    assert saved["my_dataset"]["aggregation"] == "SUM", saved
-    config = yaml.safe_load(NAMESPACES.read_text())
-    config["namespaces"]["my_dataset"]["aggregation"] = "UNIQUE"
-    namespaces.write_text(yaml.safe_dump(config))
-    refused = subprocess.run([*COUNTER, "up", "--no-compile"], env=counter_env(data_dir, COUNTER_NAMESPACES=str(
-        namespaces)), cwd=ROOT, capture_output=True, text=True, timeout=120)
-    said = " ".join((refused.stdout + refused.stderr).split())
-    assert refused.returncode != 0 and "counter is up" not in said, said
-    assert "namespace 'my_dataset': field 'aggregation': UNIQUE where the stored data is SUM" in said, said
-    assert "COUNTER_ACCEPT_NAMESPACE_CHANGES=my_dataset" in said, said
-    run_and_stop("accepted", COUNTER_ACCEPT_NAMESPACE_CHANGES="my_dataset")
-    assert json.loads((data_dir / "namespace-shapes.json").read_text())["my_dataset"]["aggregation"] == "UNIQUE"
 
 
 def test_api_and_memcached_restart_on_their_ports_and_sigterm_stops_all_in_reverse_order(up):
