@@ -26,7 +26,7 @@ from pathlib import Path
 
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from streams.settings import Settings
-from streams.store_binding import append_record, read_records
+from streams.store_binding import append_records, read_records
 from streams.topics import ensure_topics, stores_spec
 
 KEY_PART = "/namespace/"  # a shape's key: <consumer group>/namespace/<namespace>
@@ -157,8 +157,8 @@ def restore_shapes(settings: Settings, path: Path, *, timeout_s: float = 15.0) -
     saved = {name: NamespaceShape.decode(json.dumps(value).encode())
              for name, value in json.loads(path.read_text()).items()}
     missing = {name: shape for name, shape in saved.items() if shape is not None and name not in recorded}
-    for name, shape in missing.items():
-        append_record(bootstrap, topic, shape_key(settings.worker_id, name), shape.encode(), config, timeout_s)
+    append_records(bootstrap, topic, [(shape_key(settings.worker_id, name), shape.encode())
+                                      for name, shape in missing.items()], config, timeout_s)
     return len(missing)
 
 
@@ -174,5 +174,6 @@ def guard_namespaces(settings: Settings, registry: NamespaceRegistry, *, timeout
         raise NamespaceChanged(
             "; ".join(problems.values()) + ". Write to a new namespace instead (infra/README.md, Upgrades), or, to "
             f"take the change as it is anyway, start once with COUNTER_ACCEPT_NAMESPACE_CHANGES={','.join(problems)}")
-    for name, shape in new.items():
-        append_record(bootstrap, spec.name, shape_key(group, name), shape.encode(), config, timeout_s)
+    if new:
+        append_records(bootstrap, spec.name, [(shape_key(group, name), shape.encode()) for name, shape in new.items()],
+                       config, timeout_s)

@@ -111,7 +111,7 @@ def claimed(bootstrap: str, topic: str, group: str, claim: StoreClaim, *, config
     config = config or {}
     binding = None if claim.rebind else read_binding(bootstrap, topic, group, config=config, timeout_s=timeout_s)
     if binding is None:
-        append_record(bootstrap, topic, group.encode(), claim.encode(), config, timeout_s)
+        append_records(bootstrap, topic, [(group.encode(), claim.encode())], config, timeout_s)
         binding = read_binding(bootstrap, topic, group, config=config, timeout_s=timeout_s)
         if binding is None:
             raise RuntimeError(f"the store claim appended to {topic} is not there to read back")
@@ -166,8 +166,10 @@ class BindingWatch:
 def read_records(bootstrap: str, topic: str, config: Mapping[str, str],
                  timeout_s: float) -> list[tuple[bytes | None, bytes | None]]:
     """Every record of the topic's one partition, read to its end; [] when the topic does not exist."""
+    # A short fetch wait: the local broker answers a fetch only when its wait ends, which made each read of this
+    # short topic take the default 500 ms at least (a second or two of every worker's and API's start)
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{topic}.reader", "enable.auto.commit": False,
-                         "allow.auto.create.topics": False, "log_level": QUIET, **config})
+                         "allow.auto.create.topics": False, "fetch.wait.max.ms": 20, "log_level": QUIET, **config})
     try:
         tp = TopicPartition(topic, 0)
         try:
@@ -186,7 +188,8 @@ def read_records(bootstrap: str, topic: str, config: Mapping[str, str],
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{topic} not read to its end ({high}) within {timeout_s:g} s (at {last + 1})")
-            for message in consumer.consume(500, timeout=min(left, 1.0)):
+            # consume() waits out its timeout unless it fills its 500: short, so a read ends once at the end
+            for message in consumer.consume(500, timeout=min(left, 0.05)):
                 if (error := message.error()) is not None:
                     if error.code() == KafkaError._PARTITION_EOF:
                         continue
@@ -198,13 +201,14 @@ def read_records(bootstrap: str, topic: str, config: Mapping[str, str],
         consumer.close()
 
 
-def append_record(bootstrap: str, topic: str, key: bytes | None, value: bytes | None, config: Mapping[str, str],
-                  timeout_s: float) -> None:
-    """Append a record to the topic's one partition, acknowledged by every in-sync replica."""
+def append_records(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
+                   config: Mapping[str, str], timeout_s: float) -> None:
+    """Append records (key, value) to the topic's one partition, in order, acknowledged by every in-sync replica."""
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
                          "message.timeout.ms": int(timeout_s * 1000), "log_level": QUIET, **config})
     failed: list[KafkaError] = []
-    producer.produce(topic, value, key, partition=0,
-                     on_delivery=lambda err, _msg: failed.append(err) if err is not None else None)
+    for key, value in records:
+        producer.produce(topic, value, key, partition=0,
+                         on_delivery=lambda err, _msg: failed.append(err) if err is not None else None)
     if producer.flush(timeout_s) or failed:
         raise KafkaException(failed[0] if failed else KafkaError(KafkaError._MSG_TIMED_OUT))
