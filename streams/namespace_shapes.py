@@ -100,9 +100,9 @@ def changes(recorded: NamespaceShape, ns: Namespace) -> list[str]:
     found: list[str] = []
     since = f"(recorded {recorded.at} from {recorded.host})"
     if kind_of(ns.counter_type) != recorded.kind:
-        found.append(f"field 'counter_type': {ns.counter_type.value} keeps its counts where {recorded.kind} did not "
+        found.append(f"field 'counter_type': {ns.counter_type.value} where the stored data is {recorded.kind} "
                      f"{since}: the counts stored so far would be hidden (a BEST_EFFORT namespace reads the cache, "
-                     "a durable one the store), and writes in flight dead-lettered")
+                     "the others the store), and writes in flight dead-lettered")
     if str(ns.aggregation.value) != recorded.aggregation:
         found.append(f"field 'aggregation': {ns.aggregation.value} where the stored data is {recorded.aggregation} "
                      f"{since}: its stored counts would be read as the other kind (SUM counts as empty sketches)")
@@ -157,8 +157,9 @@ def restore_shapes(settings: Settings, path: Path, *, timeout_s: float = 15.0) -
     saved = {name: NamespaceShape.decode(json.dumps(value).encode())
              for name, value in json.loads(path.read_text()).items()}
     missing = {name: shape for name, shape in saved.items() if shape is not None and name not in recorded}
-    append_records(bootstrap, topic, [(shape_key(settings.worker_id, name), shape.encode())
-                                      for name, shape in missing.items()], config, timeout_s)
+    if missing:
+        append_records(bootstrap, topic, [(shape_key(settings.worker_id, name), shape.encode())
+                                          for name, shape in missing.items()], config, timeout_s)
     return len(missing)
 
 
