@@ -313,8 +313,7 @@ def _start(stack: LocalStack, settings: Settings, registry: NamespaceRegistry) -
     if settings.kafka_bootstrap is None and "COUNTER_PERSIST_DRAIN_S" not in os.environ:
         stack.env["COUNTER_PERSIST_DRAIN_S"] = str(LOCAL_BROKER_DRAIN_S)
     memcached = _cache(stack, settings)
-    security = settings.kafka_security.librdkafka()
-    ensure_topics(bootstrap, topic_specs(settings), admin_config=security)
+    ensure_topics(bootstrap, topic_specs(settings), admin_config=settings.kafka_security.librdkafka())
     bound = settings.model_copy(update={"kafka_bootstrap": bootstrap})
     if stack.broker is not None:  # a new, empty broker: the namespace shapes the last one recorded
         restore_shapes(bound, settings.data_dir / SAVED_SHAPES)

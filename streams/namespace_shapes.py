@@ -138,8 +138,7 @@ def check_shapes(records: Iterable[tuple[bytes | None, bytes | None]], group: st
 def save_shapes(settings: Settings, path: Path, *, timeout_s: float = 15.0) -> int:
     """Write the consumer group's recorded shapes to `path` (JSON), replacing it at once; returns how many. For a
     broker that keeps nothing across restarts (`counter up`'s own): `restore_shapes` fills the next one's."""
-    shapes = shapes_of(read_records(settings.kafka_bootstrap or "", settings.stores_topic,
-                                    settings.kafka_security.librdkafka(), timeout_s), settings.worker_id)
+    shapes = shapes_of(_records(settings, timeout_s), settings.worker_id)
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps({name: json.loads(shape.encode()) for name, shape in shapes.items()}, indent=1))
     os.replace(temporary, path)
@@ -151,30 +150,37 @@ def restore_shapes(settings: Settings, path: Path, *, timeout_s: float = 15.0) -
     many. The store bindings topic must exist."""
     if not path.exists():
         return 0
-    bootstrap, topic = settings.kafka_bootstrap or "", settings.stores_topic
-    config = settings.kafka_security.librdkafka()
-    recorded = shapes_of(read_records(bootstrap, topic, config, timeout_s), settings.worker_id)
+    recorded = shapes_of(_records(settings, timeout_s), settings.worker_id)
     saved = {name: NamespaceShape.decode(json.dumps(value).encode())
              for name, value in json.loads(path.read_text()).items()}
     missing = {name: shape for name, shape in saved.items() if shape is not None and name not in recorded}
-    if missing:
-        append_records(bootstrap, topic, [(shape_key(settings.worker_id, name), shape.encode())
-                                          for name, shape in missing.items()], config, timeout_s)
+    _record(settings, missing, timeout_s)
     return len(missing)
 
 
 def guard_namespaces(settings: Settings, registry: NamespaceRegistry, *, timeout_s: float = 15.0) -> None:
     """Record the namespaces' shapes, or raise NamespaceChanged naming every one changed in place (module doc).
     The broker's errors propagate."""
-    config: Mapping[str, str] = settings.kafka_security.librdkafka()
-    bootstrap, spec, group = settings.kafka_bootstrap or "", stores_spec(settings), settings.worker_id
-    ensure_topics(bootstrap, [spec], timeout=timeout_s, admin_config=config)
-    problems, new = check_shapes(read_records(bootstrap, spec.name, config, timeout_s), group, registry,
+    ensure_topics(settings.kafka_bootstrap or "", [stores_spec(settings)], timeout=timeout_s,
+                  admin_config=settings.kafka_security.librdkafka())
+    problems, new = check_shapes(_records(settings, timeout_s), settings.worker_id, registry,
                                  settings.accept_namespace_changes)
     if problems:
         raise NamespaceChanged(
             "; ".join(problems.values()) + ". Write to a new namespace instead (infra/README.md, Upgrades), or, to "
             f"take the change as it is anyway, start once with COUNTER_ACCEPT_NAMESPACE_CHANGES={','.join(problems)}")
-    if new:
-        append_records(bootstrap, spec.name, [(shape_key(group, name), shape.encode()) for name, shape in new.items()],
-                       config, timeout_s)
+    _record(settings, new, timeout_s)
+
+
+def _records(settings: Settings, timeout_s: float) -> list[tuple[bytes | None, bytes | None]]:
+    """The store bindings topic's records (shapes among them)."""
+    return read_records(settings.kafka_bootstrap or "", settings.stores_topic, settings.kafka_security.librdkafka(),
+                        timeout_s)
+
+
+def _record(settings: Settings, shapes: Mapping[str, NamespaceShape], timeout_s: float) -> None:
+    """Append these namespaces' shapes to the store bindings topic, with one producer."""
+    if shapes:
+        append_records(settings.kafka_bootstrap or "", settings.stores_topic,
+                       [(shape_key(settings.worker_id, name), shape.encode()) for name, shape in shapes.items()],
+                       settings.kafka_security.librdkafka(), timeout_s)
