@@ -46,7 +46,9 @@ CONTROL_SEARCH = _CONTROL_RE.search
 _NUMERIC_RE = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
 # an offset with seconds and a fraction ("+05:30:30.5"): RFC 3339 has none, and Python 3.11 reads "+00:00:00.123" as UTC
 _FRACTIONAL_OFFSET = re.compile(r"[+-][0-9]{2}:?[0-9]{2}:?[0-9]{2}[.,][0-9]+$")
-_RFC3339_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}.[0-9]{2}:[0-9]{2}:[0-9]{2}").fullmatch
+_RFC3339_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}").fullmatch
+# The date part of an ISO-8601 text: what must be followed by its end or by the date-time separator.
+_ISO_DATE_PART = re.compile(r"[0-9W-]*").match
 _OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
 
 
@@ -280,8 +282,14 @@ def _parse_time_text(text: str, field: str) -> tuple[int, str]:
     if _FRACTIONAL_OFFSET.search(text):
         raise ValidationError(field, f"has a UTC offset with a fraction of a second, which ISO-8601 times do not "
                                      f"take: {_show(text)}")
+    upper = text.upper()  # RFC 3339 allows lower-case 't' and 'z'
+    date_end = _ISO_DATE_PART(upper).end()  # type: ignore[union-attr]  # "*" always matches
+    if date_end < len(upper) and upper[date_end] not in "T ":
+        # fromisoformat takes any character there ("2026-11-27X16:38:00Z"): a typo or a mangled field.
+        raise ValidationError(field, f"separates its date and time with {text[date_end]!r}, where ISO-8601 "
+                                     f"takes 'T' (or a space): {_show(text)}")
     try:
-        parsed = datetime.fromisoformat(text.upper())  # RFC 3339 allows lower-case 't' and 'z'
+        parsed = datetime.fromisoformat(upper)
     except ValueError:
         raise ValidationError(field, f"is not an ISO-8601 time or epoch number: {_show(text)}") from None
     return _datetime_to_micros(parsed), ""
