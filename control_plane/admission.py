@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from control_plane.model import CounterType, Namespace
-from schemas import MICROS
+from control_plane.model import CounterType, Namespace, NamespaceRegistry
+from schemas import MICROS, Mutation, MutationOp
 from schemas.validation import micros_iso
 
 
@@ -146,6 +146,21 @@ def extras_refusal(ns: Namespace, dimensions: tuple[tuple[str, str], ...], item:
         return "dimensions", (f"namespace {ns.name!r} is BEST_EFFORT: its counts live in memcached only and keep "
                               "no dimension combinations")
     return ns.dimensions.refusal(ns.name, dimensions)
+
+
+def mutation_refusal(registry: NamespaceRegistry, m: Mutation) -> tuple[str, str] | None:
+    """``(field, reason)`` when the pipeline dead-letters `m` whatever its time, else None: an unknown namespace, one
+    Kafka does not take (BEST_EFFORT), dimensions or an item the namespace refuses. What clients check before they
+    send (`CounterProducer`, `counter produce`); the time (`admission_error`) and the dimension bound
+    (max_combinations, which needs the stored combinations) are judged later."""
+    try:
+        ns = registry[m.namespace]
+    except KeyError as exc:
+        return "namespace", str(exc.args[0])
+    if (refused := kafka_refusal(ns)) is not None:
+        return "namespace", refused
+    return extras_refusal(ns, m.dimensions, m.item, m.op is MutationOp.CLEAR, delta=m.delta,
+                          item_key=m.event_item_key)
 
 
 def unique_refusal(ns: Namespace, item: str, clear: bool, delta: int, item_key: str) -> tuple[str, str] | None:

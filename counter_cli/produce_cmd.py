@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from control_plane import NamespaceRegistry
-from control_plane.admission import admission_error, extras_refusal, kafka_refusal, record_time
+from control_plane.admission import admission_error, mutation_refusal, record_time
 from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, stack_settings_or_exit
 from counter_cli.progress import ProgressBar
 from producers import CounterProducer, DeliveryError, NotAdmitted
@@ -73,9 +73,13 @@ def run(args: argparse.Namespace) -> int:
     # The namespaces say what the pipeline accepts, and each one's shards how its counters are keyed.
     _, registry = namespaces_or_exit(settings)
     if args.file:
-        mutations = _from_file(args.file, registry)
+        try:
+            mutations, drawn = _from_file(args.file, registry)
+        except KeyboardInterrupt:  # a traceback before (a review)
+            console.print(f"interrupted while reading {args.file}: nothing was sent", highlight=False)
+            return 130
     else:
-        mutations = [_from_args(args)]
+        mutations, drawn = [_from_args(args)], [args.generation_time is None]
         refused = refusal(mutations[0], registry, now_micros())
         if refused is not None:
             fail(f"{_argument(refused[0])}: {refused[1]} (the pipeline would dead-letter this write)")
@@ -85,11 +89,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, namespaces=registry,
                              config=settings.kafka_security.librdkafka()) as producer:
+            producer.ping(producer.metadata_timeout_s)  # before any time is drawn for sending (`_send`)
             if args.file is None:
-                producer.send(mutations[0])
+                _send(producer, mutations, drawn, 0)
                 handed[0] = 1
             else:
-                _send_with_progress(producer, mutations, handed)
+                _send_with_progress(producer, mutations, drawn, handed)
             producer.flush()
     except DeliveryError as exc:
         also = (f" Of the acknowledged, {len(exc.refusals)} will be dead-lettered (first: {exc.refusals[0][1]}): "
@@ -155,21 +160,16 @@ def _argument(field: str) -> str:
 
 
 def refusal(m: Mutation, registry: NamespaceRegistry, now_us: int) -> tuple[str, str] | None:
-    """``(field, reason)`` when the pipeline would dead-letter `m` were it to reach Kafka at `now_us`, else None:
-    the persist path's checks in its order (agents.persist `_Admission`, then control_plane.admission), fields named
-    as the API's 422 names them. The dimension bound (max_combinations) is left to the pipeline: it needs the
-    stored combinations."""
-    try:
-        ns = registry[m.namespace]
-    except KeyError as exc:
-        return "namespace", str(exc.args[0])
-    if (refused := kafka_refusal(ns)) is not None:
-        return "namespace", refused
-    reason = admission_error(now_us if m.event_time is None else m.event_time, record_time(now_us), ns)
+    """``(field, reason)`` when the pipeline would dead-letter `m` were it to reach Kafka at `now_us`, else None,
+    fields named as the API's 422 names them: what it refuses whatever the time (`mutation_refusal`), then the
+    time. The dimension bound (max_combinations) is left to the pipeline: it needs the stored combinations."""
+    if (refused := mutation_refusal(registry, m)) is not None:
+        return refused
+    reason = admission_error(now_us if m.event_time is None else m.event_time, record_time(now_us),
+                             registry[m.namespace])
     if reason is not None:
         return "idempotency_token.generation_time", reason
-    return extras_refusal(ns, m.dimensions, m.item, m.op is MutationOp.CLEAR, delta=m.delta,
-                          item_key=m.event_item_key)
+    return None
 
 
 def _dimensions(pairs: list[str]) -> dict[str, str]:
@@ -185,7 +185,7 @@ def _dimensions(pairs: list[str]) -> dict[str, str]:
     return out
 
 
-def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> list[Mutation]:
+def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> tuple[list[Mutation], list[bool]]:
     """Parse and validate the whole file first, so a bad line sends nothing: one the pipeline would dead-letter
     (`refusal`, when the namespaces are given) neither."""
     try:
@@ -196,6 +196,7 @@ def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> list[Mu
         where = path.read_bytes()[:exc.start].count(b"\n") + 1
         fail(f"{path}: line {where} is not UTF-8 ({exc.reason} at byte {exc.start}); nothing was sent")
     mutations: list[Mutation] = []
+    drawn_times: list[bool] = []  # whose time is drawn here: dated again when sent (`_send`)
     errors: list[str] = []
     now = now_micros()
     for number, line in enumerate(lines, 1):
@@ -218,19 +219,30 @@ def _from_file(path: Path, registry: NamespaceRegistry | None = None) -> list[Mu
             errors.append(f"{path}:{number}: field '{refused[0]}': {refused[1]}")
         else:
             mutations.append(m)
+            drawn_times.append(drawn)
     if errors:
         shown = "\n  ".join(errors[:20])
         more = f"\n  ... and {len(errors) - 20} more" if len(errors) > 20 else ""
         fail(f"{len(errors)} invalid line(s) (malformed, or the pipeline would dead-letter them), nothing was "
              f"sent:\n  {shown}{more}")
-    return mutations
+    return mutations, drawn_times
 
 
-def _send_with_progress(producer: CounterProducer, mutations: list[Mutation], handed: list[int]) -> None:
+def _send(producer: CounterProducer, mutations: list[Mutation], drawn: list[bool], i: int) -> None:
+    """Send mutations[i], dated now if its time was drawn (`drawn[i]`), and keep that time for the retry advice.
+    Dated when the file was read, the lines of a large one reached Kafka past a 5 s accept_limit and were
+    dead-lettered (a review: 194,594 of 420,000), and a single write dated before a slow broker's first answer too."""
+    if drawn[i]:
+        mutations[i] = mutations[i]._replace(event_time=now_micros())
+    producer.send(mutations[i])
+
+
+def _send_with_progress(producer: CounterProducer, mutations: list[Mutation], drawn: list[bool],
+                        handed: list[int]) -> None:
     with ProgressBar("producing", total=len(mutations), unit="mut") as bar:
         step = max(1, len(mutations) // 200)
-        for i, m in enumerate(mutations, 1):
-            producer.send(m)
-            handed[0] = i
-            if i % step == 0 or i == len(mutations):
-                bar.update(completed=i)
+        for i in range(len(mutations)):
+            _send(producer, mutations, drawn, i)
+            handed[0] = i + 1
+            if handed[0] % step == 0 or handed[0] == len(mutations):
+                bar.update(completed=handed[0])

@@ -18,12 +18,12 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
 
 from control_plane import NamespaceRegistry
-from control_plane.admission import admission_error, kafka_refusal
+from control_plane.admission import admission_error, mutation_refusal
 from producers.handle import RenewingProducer
 from producers.partitioner import partition_for
 from schemas import (
@@ -65,12 +65,16 @@ class NotAdmitted(Exception):
     the client's own time, and the worker also judges arrival by its heartbeats: a record stalled in the client can
     be refused there unnoticed here.) They are dead-lettered and not counted.
     Not a DeliveryError: a `retry` re-sends the same times and would be refused again; send each again as a new write
-    (a new token and time), which cannot count twice. `refusals` holds (mutation, reason) pairs."""
+    (a new token and time), which cannot count twice, unless it was itself a retry: a DeliveryError leaves unknown
+    whether the first attempt reached Kafka in time, and one that did was counted (a review counted such writes
+    twice). `refusals` holds (mutation, reason) pairs. With batch_size > 1 a future stands for its batch: this names
+    the mutations it concerns, and the batch's others were delivered."""
 
     def __init__(self, refusals: list[tuple[Mutation, str]]) -> None:
         first = refusals[0][1]
         super().__init__(f"{len(refusals)} mutation(s) acknowledged but not admitted (dead-lettered, not counted; "
-                         f"send them again as new writes); first: {first}")
+                         f"send them again as new writes, but not a retry's: its first attempt may have been "
+                         f"counted); first: {first}")
         self.refusals = refusals
         self.mutations = [m for m, _ in refusals]
 
@@ -101,6 +105,45 @@ def now_micros() -> int:
     return time.time_ns() // 1000
 
 
+class Delivery(Future[None]):
+    """A write's future that notes whether its caller has read its outcome (`result()`, `exception()`, or a done
+    callback reading either): `flush` and `close` then leave that failure to the caller rather than raise it again.
+    (A review: writes whose failures the caller had read from their futures and retried until acknowledged were
+    raised again by `close`, and a caller that sent them once more counted them twice.) A future standing for
+    several records (`parts`) counts as read for all of them."""
+
+    def __init__(self, parts: Iterable[Delivery] = ()) -> None:
+        super().__init__()
+        self.seen = False
+        self.parts = tuple(parts)
+
+    def result(self, timeout: float | None = None) -> None:
+        try:
+            return super().result(timeout)
+        finally:
+            if self.done():
+                self._see()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        error = super().exception(timeout)
+        self._see()
+        return error
+
+    def _see(self) -> None:
+        self.seen = True
+        for part in self.parts:
+            part._see()
+
+
+class _Unreported(NamedTuple):
+    """A failure or refusal kept for the next `flush`/`close`, unless its caller reads it from `future` first."""
+
+    future: Delivery
+    failures: list[tuple[str, str]]  # (record key, reason) per failed mutation
+    mutations: list[Mutation]  # failed, for `retry`
+    refusals: list[tuple[Mutation, str]]  # acknowledged, not admitted
+
+
 class _Pending:
     """Mutations waiting to become one batch record on one partition."""
 
@@ -108,7 +151,7 @@ class _Pending:
 
     def __init__(self) -> None:
         self.mutations: list[Mutation] = []
-        self.future: Future[None] = Future()
+        self.future = Delivery()
         self.since = time.monotonic()
 
 
@@ -134,8 +177,9 @@ def _records(ms: list[Mutation]) -> list[tuple[list[Mutation], bytes]]:
     return [record for i in range(0, len(ms), step) for record in _records(ms[i:i + step])]
 
 
-def _settle_when_all(parts: list[Future[None]], whole: Future[None]) -> None:
-    """Settle `whole` once every part has: failed with all the parts' failed mutations if any part failed."""
+def _settle_when_all(parts: list[Delivery], whole: Future[None]) -> None:
+    """Settle `whole` once every part has: failed with all the parts' failed mutations if any part failed. (The
+    parts' outcomes are read here without marking them read: the caller reads `whole`.)"""
     left = [len(parts)]
     lock = threading.Lock()
 
@@ -144,7 +188,7 @@ def _settle_when_all(parts: list[Future[None]], whole: Future[None]) -> None:
             left[0] -= 1
             if left[0]:
                 return
-        failed = [p.exception() for p in parts]
+        failed = [Future.exception(p) for p in parts]
         errors = [e for e in failed if isinstance(e, DeliveryError)]
         refused = [r for e in failed if isinstance(e, NotAdmitted) for r in e.refusals]
         if errors:
@@ -238,9 +282,7 @@ class CounterProducer:
         self._num_partitions: int | None = None
         self.records_sent = 0  # Kafka records produced (a batch record carries many mutations)
         self._pending: dict[int, _Pending] = {}
-        self._failures: list[tuple[str, str]] = []
-        self._failed: list[Mutation] = []  # the mutations of `_failures`, for the DeliveryError flush raises
-        self._refused: list[tuple[Mutation, str]] = []  # acknowledged, not admitted: for the NotAdmitted of flush
+        self._unreported: list[_Unreported] = []  # for the next flush/close, unless their futures are read first
         self._lock = threading.Lock()
         self._sending = 0  # batches taken out of _pending and not yet handed to librdkafka
         self._sent = threading.Condition(self._lock)  # notified when _sending drops to 0
@@ -283,10 +325,17 @@ class CounterProducer:
             event_id=new_token() if token is None else token, event_item_key=item_key, op=op,
             dimensions=validate_dimensions(dimensions), item=item))
 
+    def _refuse(self, mutation: Mutation) -> None:
+        """Raise ValidationError, naming the field, for a mutation the pipeline dead-letters whatever its time (given
+        the namespaces)."""
+        if self.namespaces is not None and (refused := mutation_refusal(self.namespaces, mutation)) is not None:
+            raise ValidationError(*refused)
+
     def _timed(self, mutation: Mutation, generation_time: object) -> Mutation:
         """`mutation` (validated), its generated time drawn again after the first wait for the topic's metadata:
         drawn before a 10 s wait for a slow broker, its record reached Kafka past a 5 s accept_limit and was
-        dead-lettered, silently (a review)."""
+        dead-lettered, silently (a review). A mutation `send` would refuse is refused before that wait."""
+        self._refuse(mutation)
         if generation_time is not None or self._num_partitions is not None:
             return mutation
         try:
@@ -296,10 +345,13 @@ class CounterProducer:
             raise
         return mutation._replace(event_time=now_micros())
 
-    def send(self, mutation: Mutation) -> Future[None]:
-        """Queue one validated mutation; the future resolves on broker acknowledgement."""
+    def send(self, mutation: Mutation) -> Delivery:
+        """Queue one validated mutation; the future resolves on broker acknowledgement. With `namespaces`, a
+        mutation the pipeline would dead-letter whatever its time (an unknown namespace, an undeclared dimension)
+        raises ValidationError naming the field, and nothing is sent."""
         if self._closing:
             raise RuntimeError("CounterProducer is closed")
+        self._refuse(mutation)
         key = self.key_of(mutation)
         try:
             partition = partition_for(key, self._partitions())
@@ -307,8 +359,12 @@ class CounterProducer:
             exc.mutations = [mutation]
             raise
         if self.batch_size == 1:
-            future: Future[None] = Future()
-            self._produce(key, encode_mutation(mutation), partition, future, [mutation])
+            future = Delivery()
+            try:
+                self._produce(key, encode_mutation(mutation), partition, future, [mutation])
+            except DeliveryError:
+                future.exception()  # raised to the caller here: told
+                raise
             return future
         with self._lock:
             if self._closing:  # checked again under the lock close() takes: nothing is buffered after its flush
@@ -327,7 +383,7 @@ class CounterProducer:
             self._send_taken([(partition, pending)])
         return future
 
-    def retry(self, error: DeliveryError) -> Future[None]:
+    def retry(self, error: DeliveryError) -> Delivery:
         """Send the mutations `error` failed again, unchanged (tokens and event times), so that each is counted
         once even if its first attempt reached the broker. The future fails with a DeliveryError to retry in turn.
         A caller may equally `send` each of `error.mutations` itself."""
@@ -337,7 +393,7 @@ class CounterProducer:
         futures = list({id(f): f for f in map(self.send, error.mutations)}.values())
         if len(futures) == 1:
             return futures[0]
-        whole: Future[None] = Future()
+        whole = Delivery(futures)
         _settle_when_all(futures, whole)
         return whole
 
@@ -360,14 +416,11 @@ class CounterProducer:
         with self._sent:  # batches another thread took out of _pending are handed to librdkafka first
             self._sent.wait_for(lambda: not self._sending, max(0.0, deadline - time.monotonic()))
         remaining = self._kafka.flush(max(0.0, deadline - time.monotonic())) + self._sending
-        with self._lock:
-            failures, self._failures = self._failures, []
-            failed, self._failed = self._failed, []
-            refused, self._refused = self._refused, []
+        failures, failed, refused = self._take_unreported()
         also = f"; and {len(refused)} acknowledged but not admitted (`refusals`)" if refused else ""
         if failures:
             raise DeliveryError(
-                f"{len(failures)} record(s) were not delivered to {self.topic!r}; first: {failures[0][1]}{also}",
+                f"{len(failures)} mutation(s) were not delivered to {self.topic!r}; first: {failures[0][1]}{also}",
                 failures, failed, refused)
         if drained is not None:
             drained.refusals.extend(refused)
@@ -404,9 +457,7 @@ class CounterProducer:
             self._poller.join(timeout=2.0)
             if not self._poller.is_alive():
                 self._kafka.close()
-        with self._lock:  # records given up when the handle closed: their mutations, for `retry`
-            failures, self._failures = self._failures, []
-            failed, self._failed = self._failed, []
+        failures, failed, _ = self._take_unreported()  # records given up when the handle closed, for `retry`
         if failed and (error is None or not error.mutations):
             raise DeliveryError(f"{len(failed)} mutation(s) given up at close, not acknowledged by the broker"
                                 + (f" ({error})" if error else ""), failures, failed) from error
@@ -459,8 +510,9 @@ class CounterProducer:
 
     def _send_batch(self, partition: int, pending: _Pending) -> None:
         records = _records(pending.mutations)
-        futures = [pending.future] if len(records) == 1 else [Future() for _ in records]
+        futures = [pending.future] if len(records) == 1 else [Delivery() for _ in records]
         if len(records) > 1:
+            pending.future.parts = tuple(futures)
             _settle_when_all(futures, pending.future)
         errors: list[DeliveryError] = []
         for (ms, value), future in zip(records, futures, strict=True):
@@ -471,15 +523,13 @@ class CounterProducer:
         if errors:
             raise errors[0]
 
-    def _produce(self, key: bytes, value: bytes, partition: int, future: Future[None],
+    def _produce(self, key: bytes, value: bytes, partition: int, future: Delivery,
                  mutations: list[Mutation]) -> None:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
             if err is not None:
                 self._fail(future, key, "not delivered", err.str(), mutations)
             elif refused := self._not_admitted(mutations, msg):
-                if self.track_failures:
-                    with self._lock:
-                        self._refused.extend(refused)
+                self._keep(_Unreported(future, [], [], refused))
                 future.set_exception(NotAdmitted(refused))
             else:
                 future.set_result(None)
@@ -508,22 +558,32 @@ class CounterProducer:
         refused = []
         for m in mutations:
             ns = self.namespaces.get(m.namespace)
-            if ns is not None and (reason := kafka_refusal(ns) or admission_error(m.event_time or 0,
-                                                                               stamped_ms * 1000, ns)):
+            # (what is refused whatever the time was refused by `send`)
+            if ns is not None and (reason := admission_error(m.event_time or 0, stamped_ms * 1000, ns)):
                 refused.append((m, reason))
         return refused
 
-    def _fail(self, future: Future[None], key: bytes, what: str, reason: str,
+    def _fail(self, future: Delivery, key: bytes, what: str, reason: str,
               mutations: list[Mutation]) -> DeliveryError:
-        """Fail a record's future with its mutations, and record them for the next `flush`/`close`."""
+        """Fail a record's future with its mutations, and keep them for the next `flush`/`close`."""
         failure = (key.decode(errors="replace"), reason)
-        if self.track_failures:
-            with self._lock:
-                self._failures.extend([failure] * len(mutations))
-                self._failed.extend(mutations)
+        self._keep(_Unreported(future, [failure] * len(mutations), mutations, []))
         error = DeliveryError(f"{what}: {reason}", [failure], mutations)
         future.set_exception(error)
         return error
+
+    def _keep(self, unreported: _Unreported) -> None:
+        if self.track_failures:
+            with self._lock:
+                self._unreported.append(unreported)
+
+    def _take_unreported(self) -> tuple[list[tuple[str, str]], list[Mutation], list[tuple[Mutation, str]]]:
+        """The failures, failed mutations and refusals kept since the last call whose futures nobody read."""
+        with self._lock:
+            kept, self._unreported = self._unreported, []
+        kept = [u for u in kept if not u.future.seen]
+        return ([f for u in kept for f in u.failures], [m for u in kept for m in u.mutations],
+                [r for u in kept for r in u.refusals])
 
     def _drain(self, older_than: float | None) -> None:
         now = time.monotonic()

@@ -7,13 +7,15 @@ import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import ConsumerRecord
 
 from infra.process import proc_stat
-from schemas import MICROS
+from producers import CounterProducer
+from schemas import MICROS, Mutation
 
 
 def now_us() -> int:
@@ -186,3 +188,34 @@ class Sync:
         if closer is not None and inspect.iscoroutinefunction(closer):
             self._runner.run(closer())
         self._runner.close()
+
+
+class RecordingProducer:
+    """A CounterProducer for `counter produce`'s unit tests: records what it is made with and given to send."""
+
+    mutation = staticmethod(CounterProducer.mutation)
+    metadata_timeout_s = 10.0
+    made: list[dict[str, Any]] = []
+    sent: list[Mutation] = []
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.made, cls.sent = [], []
+
+    def __init__(self, bootstrap: str, **kwargs: Any) -> None:
+        RecordingProducer.made.append(kwargs)
+
+    def __enter__(self) -> RecordingProducer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def ping(self, timeout: float) -> None:
+        pass
+
+    def send(self, m: Mutation) -> None:
+        RecordingProducer.sent.append(m)
+
+    def flush(self) -> None:
+        pass

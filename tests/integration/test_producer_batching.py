@@ -39,14 +39,14 @@ def test_a_lingered_batch_that_cannot_be_produced_is_reported_and_sending_goes_o
     try:
         big = [producer.add("my_dataset", "c", 1, token=f"big-{i:03d}-" + "x" * 100) for i in range(100)]
         wait_for(big[0].done, 10, message="the refused batch's failure")
-        error = big[0].exception()
-        assert isinstance(error, DeliveryError) and len(error.mutations) == 100
         later = producer.add("my_dataset", "d", 1, token="later")
         wait_for(later.done, 10, message="a later batch lingered out")  # the sending thread is still there
         assert later.exception() is None
-        with pytest.raises(DeliveryError) as info:
+        with pytest.raises(DeliveryError) as info:  # no future told it: flush does
             producer.flush(10)
         assert len(info.value.mutations) == 100 and all(isinstance(m, Mutation) for m in info.value.mutations)
+        error = big[0].exception()
+        assert isinstance(error, DeliveryError) and len(error.mutations) == 100
     finally:
         producer.close(5)
 

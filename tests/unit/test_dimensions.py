@@ -586,5 +586,5 @@ def test_counter_produce_takes_dimensions_as_arguments_and_in_jsonl(tmp_path: Pa
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps({"namespace": "plays", "counter_name": "t", "delta": 1,
                                 "dimensions": {"device": "tv"}}) + "\n")
-    [from_file] = produce_cmd._from_file(path)
+    [from_file], _ = produce_cmd._from_file(path)
     assert from_file.dimensions == (("device", "tv"),)

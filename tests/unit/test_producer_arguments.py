@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 
+from control_plane import load_namespaces
 from producers import CounterProducer, DeliveryError
 from producers.client import MAX_RECORD_BYTES, _records, _settle_when_all
-from schemas import Mutation, decode_mutations
+from schemas import Mutation, MutationOp, ValidationError, decode_mutations
+
+EXAMPLE_NAMESPACES = Path(__file__).parents[2] / "control_plane" / "examples" / "namespaces.yaml"
 
 
 @pytest.mark.parametrize("kwargs, name", [
@@ -70,3 +74,29 @@ def test_add_leaves_delta_out_with_an_item_and_requires_it_without(monkeypatch) 
         producer.close(timeout=0.1)
     assert info.value.field == "delta"
     assert [(m.delta, m.item, m.op) for m in sent] == [(1, "u1", MutationOp.ADD), (3, "", MutationOp.ADD)]
+
+
+@pytest.mark.parametrize("write, field", [
+    (lambda p: p.add("nope", "c", 1), "namespace"),
+    (lambda p: p.add("my_dataset_best_effort", "c", 1), "namespace"),
+    (lambda p: p.add("plays", "t", 1, dimensions={"colour": "red"}), "dimensions.colour"),
+    (lambda p: p.add("my_dataset", "c", 1, dimensions={"country": "US"}), "dimensions.country"),
+    (lambda p: p.add("my_dataset_best_effort", "c", 1, dimensions={"country": "US"}), "namespace"),
+    (lambda p: p.add("my_dataset", "c", 1, item="u1"), "item"),
+    (lambda p: p.add("visitors", "home", 5, item="u1"), "delta"),
+    (lambda p: p.add("visitors", "home", 1), "item"),
+    (lambda p: p.clear("nope", "c"), "namespace"),
+    (lambda p: p.send(p.mutation(MutationOp.ADD, "nope", "c", 1)), "namespace"),
+])
+def test_given_the_namespaces_a_write_always_refused_raises_before_anything_is_sent(write, field) -> None:
+    """A review: these resolved their futures as delivered, and the worker dead-lettered every one (NotAdmitted
+    judged only the time). The broker here does not exist: a write that got as far as sending would wait for it."""
+    registry = load_namespaces(EXAMPLE_NAMESPACES)
+    producer = CounterProducer("127.0.0.1:1", namespaces=registry, delivery_timeout_ms=1000)
+    try:
+        with pytest.raises(ValidationError) as refused:
+            write(producer)
+        assert refused.value.field == field, refused.value
+        assert producer.records_sent == 0
+    finally:
+        producer.close(timeout=0)

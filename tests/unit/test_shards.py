@@ -197,35 +197,16 @@ def test_producer_takes_a_registry_and_refuses_bad_counts() -> None:
 def test_counter_produce_loads_the_namespaces_shards(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     from counter_cli import produce_cmd
     from counter_cli.main import build_parser
+    from tests.helpers import RecordingProducer
 
     namespaces = tmp_path / "ns.yaml"
     namespaces.write_text("namespaces:\n  hot: { counter_type: EVENTUAL, shards: 8 }\n")
     monkeypatch.setenv("COUNTER_NAMESPACES", str(namespaces))
-    made: list[dict[str, Any]] = []
-
-    class Recorder:
-        mutation = staticmethod(CounterProducer.mutation)
-
-        def __init__(self, bootstrap: str, **kwargs: Any) -> None:
-            made.append(kwargs)
-            self.sent: list[Mutation] = []
-
-        def __enter__(self) -> Recorder:
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def send(self, m: Mutation) -> None:
-            self.sent.append(m)
-
-        def flush(self) -> None:
-            pass
-
-    monkeypatch.setattr(produce_cmd, "CounterProducer", Recorder)
+    RecordingProducer.reset()
+    monkeypatch.setattr(produce_cmd, "CounterProducer", RecordingProducer)
     args = build_parser().parse_args(["produce", "hot", "viral", "1", "--bootstrap", "127.0.0.1:9"])
     assert produce_cmd.run(args) == 0
-    assert made[0]["namespaces"].shard_counts() == {"hot": 8}
+    assert RecordingProducer.made[0]["namespaces"].shard_counts() == {"hot": 8}
 
 
 def test_dlq_replay_keys_a_dead_mutation_by_its_shard() -> None:
