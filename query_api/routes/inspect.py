@@ -93,13 +93,14 @@ async def list_counters(namespace: str, service: Service, key: CallerKey,
         page = await service.events.counters(ns.name, after=cursor, limit=limit)
         # user counter names never hold whitespace (validate_counter_name): a name with a space is a combination
         names += [c for c in page if " " not in c]
+        if len(names) >= limit:  # a full page (a review: 3 of 4 counters with limit=10, read as the last page)
+            names = names[:limit]
+            return CountersResponse(namespace=ns.name, counters=names, next_after=names[-1] + PAST_COMBINATIONS)
         if len(page) < limit:
             return CountersResponse(namespace=ns.name, counters=names, next_after=None)
         cursor = page[-1]
         if " " in cursor:  # past the rest of that counter's combinations: they all start "<counter> "
             cursor = cursor.split(" ", 1)[0] + PAST_COMBINATIONS
-        if names:
-            break
     return CountersResponse(namespace=ns.name, counters=names, next_after=cursor)
 
 

@@ -238,6 +238,14 @@ def test_a_watermark_past_the_latest_write_persisted_still_lags_while_records_wa
     assert [w["lag_s"] for w in body["watermarks"]] == [3600.0, 0.0]  # partition 0 holds 5,000 unpersisted
 
 
+class _Service:
+    """What list_counters uses of the API's service: the events store and the namespaces."""
+
+    def __init__(self, events, registry) -> None:
+        self.events = events._target
+        self.namespace = registry.__getitem__
+
+
 def test_counter_pages_skip_a_counters_combinations_instead_of_coming_back_empty(events, registry):
     """A review: a counter with 130 dimension combinations filled the next store pages with nothing but them, and
     GET /v1/namespaces/{ns}/counters answered `counters: []` with a next_after, click after click in the UI."""
@@ -246,16 +254,9 @@ def test_counter_pages_skip_a_counters_combinations_instead_of_coming_back_empty
     names = ["a", *(f"b country=C{i:03d}" for i in range(130)), "b", "c", "d"]
     events.write_events([("open", n, NOW + i, f"e{i}", "", 1, False) for i, n in enumerate(names)])
 
-    class Service:
-        def __init__(self) -> None:
-            self.events = events._target
-
-        @staticmethod
-        def namespace(name: str):
-            return registry[name]
-
     def page(after: str | None) -> tuple[list[str], str | None]:
-        got = events._runner.run(list_counters("open", Service(), None, after=after, limit=3))  # type: ignore[arg-type]
+        service = _Service(events, registry)
+        got = events._runner.run(list_counters("open", service, None, after=after, limit=3))  # type: ignore[arg-type]
         return got.counters, got.next_after
 
     seen, after, calls = [], None, 0
@@ -267,3 +268,24 @@ def test_counter_pages_skip_a_counters_combinations_instead_of_coming_back_empty
         if after is None:
             break
     assert seen == ["a", "b", "c", "d"] and calls <= 3, (seen, calls)
+
+
+def test_a_counter_page_is_full_unless_it_is_the_last(events, registry):
+    """A review: `limit=10` over 4 counters, one with combinations, answered 3 counters and a next_after: a client
+    taking a short page for the last one missed the fourth. Every page but the last now holds `limit` counters."""
+    from query_api.routes.inspect import list_counters
+
+    names = ["a", "b", *(f"b country=C{i}" for i in range(4)), "b2", "c", *(f"c device=D{i}" for i in range(9)), "d"]
+    events.write_events([("open", n, NOW + i, f"e{i}", "", 1, False) for i, n in enumerate(names)])
+
+    for limit in (1, 2, 3, 4, 5, 10):
+        pages, after = [], None
+        while True:
+            service = _Service(events, registry)
+            got = events._runner.run(list_counters("open", service, None, after=after,  # type: ignore[arg-type]
+                                                   limit=limit))
+            pages.append(got.counters)
+            if (after := got.next_after) is None:
+                break
+        assert [n for p in pages for n in p] == ["a", "b", "b2", "c", "d"], (limit, pages)
+        assert all(len(p) == limit for p in pages[:-1]), (limit, pages)
