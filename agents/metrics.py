@@ -16,10 +16,15 @@ ROLLUPS = Counter("counter_rollups_total", "Counter rollups performed", ["namesp
                   registry=REGISTRY)
 RESIGNALS = Counter("counter_rollup_resignals_total", "Counters signalled again because they were not "
                     "converged yet", ["source"], registry=REGISTRY)
-ROLLUP_LAG = Gauge("counter_rollup_lag_seconds", "now minus the boundary of the most recent rollup",
+# Both are set as this worker works, so they stand still when it does (idle, or stalled by its store): the API's
+# counter_pipeline_* gauges (GET /v1/pipeline's figures) are the ones to alert on.
+ROLLUP_LAG = Gauge("counter_rollup_lag_seconds", "At this worker's latest rollup, then minus its boundary (set by "
+                   "rollups only; the API's counter_pipeline_rollup_lag_seconds tracks pending work)",
                    registry=REGISTRY)
 WATERMARK_DELAY = Gauge("counter_watermark_delay_seconds", "now minus the global persist watermark while it is "
-                        "short of the latest write persisted; 0 once it covers every write (it then stands still)",
+                        "short of the latest write persisted; 0 once it covers every write (it then stands still). "
+                        "Set by this worker's heartbeat timer, which a stalled store holds up: the API's "
+                        "counter_pipeline_watermark_lag_seconds does not stand still with it",
                         registry=REGISTRY)
 PERSIST_BATCH_SECONDS = Histogram("counter_persist_batch_seconds", "Time to persist one batch",
                                   registry=REGISTRY)

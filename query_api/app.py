@@ -108,7 +108,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except Exception as exc:  # a broker away: reads are still served, and the watch binds once it answers
             log.warning("the store binding is not checked yet (%s: %s): it is, every %g s, once the broker answers",
                         type(exc).__name__, exc, s.store_binding_check_s)
-        app.state.health = PipelineHealth(s, service.registry, service.rollups)  # GET /v1/pipeline
+        app.state.health = PipelineHealth(  # GET /v1/pipeline
+            s, service.registry, service.rollups,
+            caches={"cache": service.cache, "best_effort_counters": service.counters})
         await service.producer.start()  # starts the shared AsyncProducer
         await service.signals.start()
         if service.progress is not None:

@@ -159,6 +159,33 @@ def _group_commit_metrics() -> Iterator[Metric]:
     yield from (records, mutations, failed, ack)
 
 
+# The pipeline's figures (GET /v1/pipeline), set by the /metrics route from its shared snapshot before each scrape.
+PIPELINE_HELP = {
+    "watermark_lag_seconds": "The largest persist watermark lag of a mutations partition (absent: unknown)",
+    "persist_lag_records": "Mutation records on the broker not yet persisted (absent: the broker did not answer)",
+    "rollup_lag_seconds": "Age of the oldest rollup work pending, over the namespaces (0: converged)",
+    "persisted_still_seconds": "How long the persisted record total has stood still, as this API's scrapes saw it",
+    "dead_letters": "Records in the dead-letter topic",
+    "warnings": "Warnings GET /v1/pipeline gives (a stall, a stuck watermark, a long local partition)",
+    "errors": "Parts GET /v1/pipeline could not read or reach (broker, store, a topic, memcached)",
+}
+_pipeline: dict[str, float] = {}
+
+
+def set_pipeline(figures: dict[str, float | None]) -> None:
+    """The pipeline figures the next scrape exports (a review: only the worker's gauges showed lag, and they stood
+    still through a stall); a figure that is None is left out."""
+    _pipeline.clear()
+    _pipeline.update({name: value for name, value in figures.items() if value is not None})
+
+
+def _pipeline_metrics() -> Iterator[Metric]:
+    for name, value in list(_pipeline.items()):
+        gauge = GaugeMetricFamily(f"counter_pipeline_{name}", PIPELINE_HELP[name])
+        gauge.add_metric((), value)
+        yield gauge
+
+
 class _TallyCollector:
     """Exports the tallies as prometheus_client's Counter, Histogram and Gauge would export the same observations."""
 
@@ -184,6 +211,7 @@ class _TallyCollector:
         ratio.add_metric((), hits / (hits + misses) if hits + misses else 0.0)
         yield from (requests, latency, cache, ratio)
         yield from _group_commit_metrics()
+        yield from _pipeline_metrics()
 
 
 REGISTRY.register(_TallyCollector())

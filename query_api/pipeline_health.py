@@ -29,8 +29,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from control_plane import CounterType, NamespaceRegistry
 from control_plane.admission import covering_watermark
@@ -83,6 +84,7 @@ class Snapshot:
     errors: dict[str, str]
     persisted_still_s: float | None = None  # how long the persisted total has kept its value (None: not measured)
     unmarked_s: dict[int, float] = field(default_factory=dict)  # partition -> seconds without a watermark (Unmarked)
+    clear_at_us: dict[int, int] = field(default_factory=dict)  # partition -> when last seen with nothing waiting
 
 
 @dataclass
@@ -110,15 +112,40 @@ class Rates:
             rates[name] = None if before is None or value < before else (value - before) / span
         return rates, span
 
-    def still_for(self, name: str, now: float, value: float | None) -> float | None:
-        """Seconds the total `name` has held `value` (its current one), over the samples kept (up to `window_s`);
-        None when no sample holds it yet."""
-        since = None
-        for t, totals in reversed(self.samples):
-            if value is None or totals.get(name) != value:
-                break
-            since = t
-        return None if since is None else now - since
+
+
+@dataclass
+class Unchanged:
+    """How long a total has kept its value, from the first snapshot of this process that saw it: the rate window's
+    samples capped a stall's length at the window (a review read "in the last 58 s" through an 85 s stall)."""
+
+    value: float | None = None
+    since: float = 0.0
+
+    def observe(self, now: float, value: float | None) -> float | None:
+        """Seconds `value` has been the total (None: not known now)."""
+        if value is None:
+            return None
+        if value != self.value:
+            self.value, self.since = value, now
+        return now - self.since
+
+
+@dataclass
+class Cleared:
+    """When this process last saw each mutations partition with no record waiting (wall µs). A watermark stands
+    still while nothing is written (heartbeats stop once it covers every write), so `now - watermark` counted an
+    idle spell as lag as soon as a write came (a review: 16 s for a write persisted within a second, hours after an
+    idle night). A record waiting now came after the last time none did, so it has waited at most that long."""
+
+    at_us: dict[int, int] = field(default_factory=dict)
+
+    def observe(self, now_us: int, mutations: TopicOffsets | None) -> dict[int, int]:
+        if mutations is not None:
+            for p in mutations.high:
+                if mutations.lag(p) in (0, None):
+                    self.at_us[p] = now_us
+        return dict(self.at_us)
 
 
 @dataclass
@@ -141,12 +168,27 @@ class Unmarked:
         return {p: now - t for p, t in self.since.items()}
 
 
+class Checkable(Protocol):
+    async def healthy(self) -> bool: ...
+
+
+CACHE_CHECK_S = 1.0
+CACHE_DOWN = {  # what an unanswering cache means, by the name /readyz checks it under
+    "cache": "memcached does not answer: EVENTUAL and ACCURATE reads go to the store, slower",
+    "best_effort_counters": "memcached does not answer: BEST_EFFORT counters can be neither added to nor read",
+}
+
+
 class PipelineHealth:
     """Computes, caches and rates the figures; `snapshot()` is what the route serves."""
 
     def __init__(self, settings: Settings, registry: NamespaceRegistry, rollups: RollupStore, *,
-                 ttl_s: float = TTL_S, dead_letters: int = DEAD_LETTERS, pending_limit: int = PENDING_LIMIT) -> None:
+                 caches: Mapping[str, Checkable] | None = None, ttl_s: float = TTL_S,
+                 dead_letters: int = DEAD_LETTERS, pending_limit: int = PENDING_LIMIT) -> None:
+        """`caches`: the memcached clients, by the name /readyz checks them under (a review: with memcached down,
+        /readyz said so and this page nothing)."""
         self.settings = settings
+        self.caches = dict(caches or {})
         self.registry = registry
         self.rollups = rollups
         self.ttl_s = ttl_s
@@ -159,6 +201,8 @@ class PipelineHealth:
         self._rates = Rates()
         self._request_rates = Rates()
         self._unmarked = Unmarked()
+        self._persisted = Unchanged()
+        self._cleared = Cleared()
 
     @property
     def persist_group(self) -> str:
@@ -183,6 +227,7 @@ class PipelineHealth:
     async def _compute(self) -> Snapshot:
         errors: dict[str, str] = {}
         store_task = asyncio.ensure_future(self._store_figures())
+        caches_task = asyncio.ensure_future(self._cache_errors())
         broker: BrokerFigures | None = None
         try:
             async with self._broker_lock:
@@ -195,16 +240,18 @@ class PipelineHealth:
             store = await store_task
         except Exception as exc:
             errors["store"] = f"{type(exc).__name__}: {exc}"
+        errors.update(await caches_task)
         now = time.monotonic()
         totals = _totals(broker)
         rates, span = self._rates.observe(now, totals)
-        still = self._rates.still_for("persisted_records", now, totals.get("persisted_records"))
+        still = self._persisted.observe(now, totals.get("persisted_records"))
         served = {endpoint: float(n) for endpoint, n in metrics.requests_by_endpoint().items()}
         requests, request_span = self._request_rates.observe(now, served)
         unmarked = self._unmarked.observe(now, store, broker.mutations if broker else None)
-        return Snapshot(time.time_ns() // 1000, store, broker, rates,
+        at_us = time.time_ns() // 1000
+        return Snapshot(at_us, store, broker, rates,
                         {k: v for k, v in requests.items() if v is not None}, span or request_span, errors, still,
-                        unmarked)
+                        unmarked, self._cleared.observe(at_us, broker.mutations if broker else None))
 
     async def _store_figures(self) -> StoreFigures:
         watermarks = await self.rollups.watermarks(self.settings.mutations_topic)
@@ -212,6 +259,17 @@ class PipelineHealth:
                                       self.registry.values())
         names = [ns.name for ns in self.registry.values() if ns.counter_type is not CounterType.BEST_EFFORT]
         return StoreFigures(watermarks, covering, await self.rollups.pending_rollups(names, self.pending_limit))
+
+    async def _cache_errors(self) -> dict[str, str]:
+        async def down(cache: Checkable) -> bool:
+            try:
+                return not await asyncio.wait_for(cache.healthy(), CACHE_CHECK_S)
+            except Exception:
+                return True
+        names = list(self.caches)
+        verdicts = await asyncio.gather(*(down(self.caches[name]) for name in names))
+        return {name: CACHE_DOWN.get(name, "does not answer") for name, is_down in zip(names, verdicts, strict=True)
+                if is_down}
 
     def _broker_figures(self) -> BrokerFigures:
         """Each topic on its own: one the broker does not hold loses its own figures, not the others'."""
@@ -243,7 +301,7 @@ def render(snapshot: Snapshot, registry: NamespaceRegistry, settings: Settings, 
     now = snapshot.at_us
     store, broker = snapshot.store, snapshot.broker
     mutations = broker.mutations if broker else None
-    watermarks = _watermarks(now, store, mutations)
+    watermarks = _watermarks(now, store, mutations, snapshot.clear_at_us)
     lags = [w["lag_s"] for w in watermarks if w["lag_s"] is not None]
     rollups = _rollups(now, store, registry, can_read)
     rollup_lags = [r["lag_s"] for r in rollups if r["lag_s"] is not None]
@@ -317,18 +375,25 @@ def _unmarked_warnings(unmarked_s: dict[int, float], topic: str) -> list[str]:
             "handed out yet), or their worker's watermark publications are refused (its log says so)"]
 
 
-def _watermarks(now: int, store: StoreFigures | None, mutations: TopicOffsets | None) -> list[dict[str, Any]]:
+def _watermarks(now: int, store: StoreFigures | None, mutations: TopicOffsets | None,
+                clear_at_us: Mapping[int, int]) -> list[dict[str, Any]]:
     marks = store.watermarks if store else {}
     rows = []
     for p in sorted(set(marks) | set(mutations.high if mutations else ())):
         mark = marks.get(p)
-        # covered: past the latest write persisted, and nothing left unpersisted on the broker (a dead worker
-        # persists nothing more, so the latest write persisted stands still while records wait)
-        caught_up = mutations is None or mutations.lag(p) in (0, None)
-        covered = mark is not None and caught_up and (store is None or store.covering is None
-                                                      or mark >= store.covering)
+        short = mark is not None and store is not None and store.covering is not None and mark < store.covering
+        if mark is None:
+            lag = None
+        elif mutations is None:  # the broker did not answer: whether records wait is not known (it read 0)
+            lag = _lag(now, mark) if short else None
+        elif mutations.lag(p) not in (0, None):  # records wait: since the watermark, or since none did (`Cleared`)
+            lag = _lag(now, max(mark, clear_at_us.get(p, 0)))
+        else:
+            # covered: past the latest write persisted, and nothing left unpersisted on the broker (a dead worker
+            # persists nothing more, so the latest write persisted stands still while records wait)
+            lag = _lag(now, mark) if short else 0.0
         rows.append({
-            "partition": p, "watermark": _time(mark), "lag_s": 0.0 if covered else _lag(now, mark),
+            "partition": p, "watermark": _time(mark), "lag_s": lag,
             "end_offset": mutations.high.get(p) if mutations else None,
             "persisted_offset": mutations.committed.get(p) if mutations else None,
             "persist_lag_records": mutations.lag(p) if mutations else None})
@@ -400,9 +465,18 @@ def _dlq(broker: BrokerFigures, dlq: TopicOffsets, settings: Settings, can_read:
             "partition": r.partition, "offset": r.offset, "time": _time(r.timestamp_us),
             "reason": h.get(REASON, "?") if visible else _HIDDEN, "namespace": namespaces[0] if namespaces else None,
             "source": f"{h.get(SOURCE_TOPIC, '?')}[{h.get(SOURCE_PARTITION, '?')}]@{h.get(SOURCE_OFFSET, '?')}",
-            "key": (r.key or b"").decode(errors="replace") if visible else None,
+            "key": _key(r.key, can_read, registry) if visible else None,
             "record": preview(r.value) if visible else _HIDDEN})
     return {"topic": settings.dlq_topic, "size": size, "dead_letters": letters}
+
+
+def _key(key: bytes | None, can_read: Any, registry: NamespaceRegistry) -> str | None:
+    """A dead letter's record key, unless it names a namespace the caller may not read. The key is the whole
+    record's, chosen by its producer (`namespace:counter` by convention), while a dead letter may hold one item of
+    it: a review read a protected counter's name in the key of another namespace's item."""
+    text = (key or b"").decode(errors="replace")
+    named = text.split(":", 1)[0]
+    return text if registry.get(named) is None or can_read(named) else None
 
 
 def _namespaces_of(r: DeadRecord) -> list[str]:

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from query_api import metrics
 from query_api.dependencies import Service
+from query_api.pipeline_health import render
 
 router = APIRouter(tags=["operations"])
 
@@ -37,9 +38,17 @@ async def readyz(service: Service, request: Request) -> JSONResponse:
 
 @router.get("/metrics", response_class=PlainTextResponse,
             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
-async def prometheus() -> Response:
+async def prometheus(request: Request) -> Response:
     """Prometheus metrics: requests and latency per endpoint, cache hit ratio, group commit (writes per record,
-    the broker's acknowledgement time)."""
+    the broker's acknowledgement time), and the pipeline's figures of GET /v1/pipeline (`counter_pipeline_*`)."""
+    health = request.app.state.health
+    snapshot = await health.snapshot()
+    body = render(snapshot, health.registry, health.settings, lambda _name: True)
+    metrics.set_pipeline({
+        "watermark_lag_seconds": body["watermark_lag_s"], "persist_lag_records": body["persist_lag_records"],
+        "rollup_lag_seconds": body["rollup_lag_s"], "persisted_still_seconds": snapshot.persisted_still_s,
+        "dead_letters": body["dlq"]["size"] if body["dlq"] else None,
+        "warnings": len(body["warnings"]), "errors": len(body["errors"])})
     return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -270,6 +270,12 @@ def test_health_ready_metrics_openapi(stack):
     text = stack.client.get("/metrics").text
     assert 'counter_api_requests_total{endpoint="/v1/GetCount",status="200"}' in text
     assert "counter_api_cache_hit_ratio" in text
+    # the pipeline's figures, as GET /v1/pipeline has them (a review: no scrapeable lag that moved in a stall)
+    pipeline = stack.client.get("/v1/pipeline").json()
+    assert _metric(stack, "counter_pipeline_errors") == len(pipeline["errors"]) == 0
+    assert _metric(stack, "counter_pipeline_persist_lag_records") >= 0
+    assert _metric(stack, "counter_pipeline_dead_letters") == pipeline["dlq"]["size"]
+    assert "counter_pipeline_warnings" in text and "# HELP counter_pipeline_persisted_still_seconds" in text
     spec = stack.client.get("/openapi.json").json()
     assert {"/v1/AddCount", "/v1/AddAndGetCount", "/v1/GetCount", "/v1/ClearCount", "/v1/BatchAddCount",
             "/v1/BatchGetCount"} <= set(spec["paths"])

@@ -334,6 +334,21 @@ def test_health_page_shows_the_dead_letter_and_pipeline_figures(world: World, br
     _screenshot(page, "ui-health.png")
 
 
+def test_health_page_says_so_when_the_api_does_not_answer(world: World, browser: Browser, page: Any) -> None:
+    """A review: with the API hung (SIGSTOP) the page kept its figures and "updated ..." with no word, for as long
+    as the request stayed open. Here its refreshes are held unanswered: the page says the refresh failed."""
+    browser.open(page, "#/health")
+    held: list[Any] = []
+    page.route("**/v1/pipeline", lambda route: held.append(route))  # never answered
+    before = len(browser.errors)
+    page.wait_for_function("() => document.querySelector('#health-updated').textContent"
+                           ".includes('refresh failed: no answer from the API within 10 s')", timeout=30_000)
+    page.unroute("**/v1/pipeline")
+    failed = browser.errors[before:]
+    assert held and all("request failed" in e and "/v1/pipeline" in e for e in failed), failed
+    del browser.errors[before:]  # the held requests, given up by the page: what this test expects
+
+
 def test_a_wrong_key_sees_the_401_page_and_a_read_key_the_counter(world: World, browser: Browser, page: Any) -> None:
     browser.open(page, "#/")
     page.fill("#key-input", "not-a-key")

@@ -192,7 +192,7 @@ def test_persisting_that_stands_still_while_records_wait_is_a_warning(registry):
     is not. It is how long the persisted total stood still, not a zero rate over the whole 60 s rate window,
     which said so only a minute in (another review)."""
     from query_api.broker_offsets import TopicOffsets
-    from query_api.pipeline_health import STALLED_AFTER_S, BrokerFigures, Rates
+    from query_api.pipeline_health import STALLED_AFTER_S, BrokerFigures, Unchanged
 
     def warnings(still_s: float | None, committed: int) -> list[str]:
         mutations = TopicOffsets("m", {0: 0, 1: 0}, {0: 500, 1: 700}, {0: committed, 1: 700})
@@ -205,11 +205,11 @@ def test_persisting_that_stands_still_while_records_wait_is_a_warning(registry):
     assert warnings(STALLED_AFTER_S - 1, committed=100) == []  # too short to tell
     assert warnings(STALLED_AFTER_S + 5, committed=500) == []  # idle: nothing waits
     assert warnings(None, committed=100) == []  # not measured yet
-    rates = Rates()  # persisting for 30 s, then standing still: said after 30 s more, inside the 60 s window
-    for t in range(0, 61, 2):
-        rates.observe(float(t), {"persisted_records": min(t, 30) * 100.0})
-    assert rates.still_for("persisted_records", 60.0, 3000.0) == 30.0
-    assert rates.still_for("persisted_records", 60.0, 3100.0) is None  # moved since the last sample
+    persisted = Unchanged()  # persisting for 30 s, then standing still for 90 s
+    still = [persisted.observe(float(t), min(t, 30) * 100.0) for t in range(0, 121, 2)]
+    assert still[:16] == [0.0] * 16 and still[-1] == 90.0  # past the 60 s rate window (a review: capped at 58 s)
+    assert persisted.observe(122.0, None) is None and persisted.observe(124.0, 3000.0) == 94.0  # an unknown read
+    assert persisted.observe(126.0, 3100.0) == 0.0  # moved
 
 
 def test_a_watermark_standing_behind_persisted_records_is_a_warning(registry):
@@ -332,3 +332,32 @@ def test_a_partition_without_a_watermark_while_writes_wait_is_a_warning_after_a_
     healed = StoreFigures({0: NOW, 1: NOW, 2: NOW}, NOW - MICROS, {})
     assert warnings(200.0, healed) == [] and unmarked.since == {}
     assert warnings(201.0, written) == []  # missing again: counted from now
+
+
+def test_a_cache_that_does_not_answer_is_an_error_of_the_page(registry: NamespaceRegistry,
+                                                              rollups: SqliteRollupStore) -> None:
+    """A review: memcached stopped, /readyz said "cache unreachable" and BEST_EFFORT adds failed, while GET
+    /v1/pipeline (and the health page) had no error at all. Each cache is checked as /readyz checks it, briefly."""
+    from query_api import pipeline_health
+
+    class Cache:
+        def __init__(self, answer: Any) -> None:
+            self.answer = answer
+
+        async def healthy(self) -> bool:
+            if isinstance(self.answer, Exception):
+                raise self.answer
+            if self.answer is None:  # hung (SIGSTOP)
+                await asyncio.sleep(60)
+            return bool(self.answer)
+
+    def errors(**caches: Cache) -> dict[str, str]:
+        return run(health_of(registry, rollups, caches=caches)._cache_errors())
+
+    assert errors(cache=Cache(True), best_effort_counters=Cache(True)) == {}
+    down = errors(cache=Cache(False), best_effort_counters=Cache(OSError("refused")))
+    assert down == {"cache": pipeline_health.CACHE_DOWN["cache"],
+                    "best_effort_counters": pipeline_health.CACHE_DOWN["best_effort_counters"]}
+    started = time.monotonic()
+    assert set(errors(cache=Cache(None), best_effort_counters=Cache(None))) == {"cache", "best_effort_counters"}
+    assert time.monotonic() - started < 2 * pipeline_health.CACHE_CHECK_S  # checked side by side, not waited out

@@ -149,17 +149,58 @@ def test_health_render_hides_dead_letters_of_namespaces_the_caller_cannot_read(r
     assert hidden["key"] is None and "hidden" in hidden["record"] and "hidden" in hidden["reason"]  # it may quote
     assert shown["key"] == "gone:c" and shown["record"] == "gone:c +2 token=(no token)"
 
+    # the key is the whole record's: one item of a record keyed by a protected counter shows without its key
+    mixed = [letter(2, b"locked:secret", {"namespace": "gone", "counter_name": "c", "delta": 3})]
+    snapshot = Snapshot(NOW, None, BrokerFigures(offsets, queue, dlq, {0: 3}, mixed), {}, {}, None, {})
+    [letter_body] = render(snapshot, registry, _settings(), lambda name: name != "locked")["dlq"]["dead_letters"]
+    assert letter_body["key"] is None and letter_body["record"] == "gone:c +3 token=(no token)"
+    [letter_body] = render(snapshot, registry, _settings(), lambda name: True)["dlq"]["dead_letters"]
+    assert letter_body["key"] == "locked:secret"
+
 
 def test_a_watermark_covering_every_write_has_no_lag_though_it_stands_still(registry):
-    """Idle workers stop their heartbeats once the watermark covers the latest write: that is not a lag."""
-    def lags(covering: int | None) -> list[float | None]:
+    """Idle workers stop their heartbeats once the watermark covers the latest write: that is not a lag. Without
+    the broker's offsets, whether records wait is unknown: no figure (a review read 0 ms, green, while the broker
+    was down), unless the store alone shows the watermark short of the latest write persisted."""
+    caught_up = TopicOffsets("m", {0: 0, 1: 0}, {0: 10, 1: 7}, {0: 10, 1: 7})
+
+    def lags(covering: int | None, mutations: TopicOffsets | None = caught_up) -> list[float | None]:
         store = StoreFigures({0: NOW - 600 * MICROS, 1: NOW - 700 * MICROS}, covering, {})
-        body = render(Snapshot(NOW, store, None, {}, {}, None, {}), registry, _settings(), lambda name: True)
+        empty = TopicOffsets("x", {}, {}, {})
+        broker = None if mutations is None else BrokerFigures(mutations, empty, empty, {}, [])
+        body = render(Snapshot(NOW, store, broker, {}, {}, None, {}), registry, _settings(), lambda name: True)
         return [w["lag_s"] for w in body["watermarks"]]
 
     assert lags(NOW - 650 * MICROS) == [0.0, 700.0]  # partition 1 is short of the latest write
     assert lags(NOW - 800 * MICROS) == [0.0, 0.0]
     assert lags(None) == [0.0, 0.0]  # nothing written yet: nothing to cover
+    assert lags(NOW - 650 * MICROS, None) == [None, 700.0]  # the broker did not answer
+    assert lags(None, None) == [None, None]
+
+
+def test_records_waiting_after_an_idle_spell_lag_from_when_none_waited_not_from_the_watermark(registry):
+    """A review: after 12 s idle, one write read a 16 s watermark lag until it was persisted (hours after a quiet
+    night). The watermark stands still while nothing is written; a record waiting now came after the last snapshot
+    that saw none waiting, so it has waited at most since then."""
+    from query_api.pipeline_health import Cleared
+
+    store = StoreFigures({0: NOW - 3600 * MICROS, 1: NOW - 3600 * MICROS}, NOW - 3601 * MICROS, {})
+    empty = TopicOffsets("x", {}, {}, {})
+    cleared = Cleared()
+
+    def lags(at_us: int, mutations: TopicOffsets | None) -> list[float | None]:
+        seen = cleared.observe(at_us, mutations)
+        broker = None if mutations is None else BrokerFigures(mutations, empty, empty, {}, [])
+        snapshot = Snapshot(at_us, store, broker, {}, {}, None, {}, None, {}, seen)
+        return [w["lag_s"] for w in render(snapshot, registry, _settings(), lambda name: True)["watermarks"]]
+
+    idle = TopicOffsets("m", {0: 0, 1: 0}, {0: 10, 1: 7}, {0: 10, 1: 7})
+    written = TopicOffsets("m", {0: 0, 1: 0}, {0: 11, 1: 7}, {0: 10, 1: 7})
+    assert lags(NOW - 2 * MICROS, idle) == [0.0, 0.0]
+    assert lags(NOW, written) == [2.0, 0.0]  # not 3600: none waited 2 s ago
+    assert lags(NOW + 5 * MICROS, None) == [None, None]  # the broker did not answer
+    assert lags(NOW + 8 * MICROS, written) == [10.0, 0.0]  # still waiting: the clock ran on
+    assert Cleared().observe(NOW, written) == {1: NOW}  # never seen clear: from the watermark, as before
 
 
 def ui_get(path: str, **headers: str) -> httpx.Response:

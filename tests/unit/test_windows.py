@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from schemas.validation import micros_iso
@@ -283,6 +283,7 @@ def test_covers_never_use_buckets_out_of_retention_and_keep_aligned_whole_bucket
     _signed_sum_is_the_range(parts, edge.start_us, edge.end_us)
 
 
+@settings(deadline=None)  # 300 ms for one example on this shared 2-core machine (a flaky DeadlineExceeded)
 @given(data=st.data(), chain=chains, now=st.integers(10**15, 2 * 10**15))
 def test_signed_covers_count_exactly_the_tiled_range_with_no_more_buckets(data, chain, now):
     retention = data.draw(retentions(chain))

@@ -42,13 +42,24 @@ function detailOf(data) {
   return typeof detail === "string" ? detail : JSON.stringify(data);
 }
 
+// A request the API does not answer in this time fails (status 0): the health page said nothing for as long as a
+// hung API kept its request open, showing its last figures as current (a review).
+export const REQUEST_TIMEOUT_MS = 10_000;
+
 async function request(method, path, body) {
   const headers = {Accept: "application/json"};
   const key = getKey();
   if (key) headers["X-API-Key"] = key;
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  return read(fetch(path, {method, headers, cache: "no-store",
-                           body: body === undefined ? undefined : JSON.stringify(body)}), path);
+  try {
+    return await read(fetch(path, {method, headers, cache: "no-store", signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+                                   body: body === undefined ? undefined : JSON.stringify(body)}), path);
+  } catch (error) {
+    if (error && error.name === "TimeoutError") {
+      throw new ApiError(0, `no answer from the API within ${REQUEST_TIMEOUT_MS / 1000} s`, path);
+    }
+    throw error;
+  }
 }
 
 /** The JSON of a response (ApiError unless 2xx). */

@@ -58,7 +58,7 @@ function rollups(p) {
 }
 
 function deadLetters(p) {
-  if (!p.dlq) return card("Dead letters", {id: "dead-letters"}, note("The broker did not answer."));
+  if (!p.dlq) return card("Dead letters", {id: "dead-letters"}, note(p.errors.dlq || "The broker did not answer."));
   const letters = p.dlq.dead_letters;
   return card(`Dead letters (${count(p.dlq.size)} in ${p.dlq.topic})`, {id: "dead-letters"},
     letters.length
