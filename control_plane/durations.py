@@ -105,3 +105,11 @@ def _check(seconds: float, original: object) -> float:
     if seconds < 0:
         raise ValueError(f"duration must not be negative (got {original!r})")
     return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Seconds as the largest whole unit ("48h", "90d"), for messages: what `parse_duration` reads back."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

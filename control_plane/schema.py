@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from schemas import MAX_DIMENSIONS, MAX_SHARDS, ValidationError, validate_dimension_key
 
-from .durations import parse_duration
+from .durations import format_duration, parse_duration
 from .model import (
     GRANULARITIES,
     LG_K_MAX,
@@ -544,12 +544,7 @@ def _choices(enum: type[CounterType] | type[Cardinality] | type[Aggregation]) ->
 
 def _span(seconds: float | None) -> str:
     """Seconds as the largest whole unit ("48h", "90d"), for messages; None is forever."""
-    if seconds is None:
-        return FOREVER
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
+    return FOREVER if seconds is None else format_duration(seconds)
 
 
 def _granularities(value: object) -> tuple[str, ...]:

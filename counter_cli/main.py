@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sqlite3
 import sys
 
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
             hint = (" (the data directory must be writable, even to read: SQLite keeps each file's write-ahead log "
                     "and its index beside it; copy a read-only one somewhere writable)")
         fail(f"the SQLite store in the data directory (COUNTER_DATA_DIR or --data-dir) failed: {exc}{hint}", code=1)
+    except BrokenPipeError:  # `counter recount --format jsonl | head`: the reader left (a traceback before; a review)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the interpreter's last flush goes nowhere
+        return 141  # 128 + SIGPIPE, as a shell reports a pipeline cut short
 
 
 if __name__ == "__main__":

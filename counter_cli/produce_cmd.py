@@ -33,7 +33,9 @@ What the pipeline would dead-letter is refused before anything is sent (exit 2, 
 line and field): a namespace the namespace file does not define, a BEST_EFFORT one (its counts live in the
 cache: write them through the API), dimensions it does not declare, an item outside a UNIQUE namespace, and a
 generation time outside its accept_limit (and max_clock_skew) of now: a rolled-up window never changes, so the
-post's own 2024 example is refused. With --file, every refused line is listed and nothing is sent.
+post's own 2024 example is refused. With --file, every refused line is listed and nothing is sent. (A counter at
+its namespace's max_combinations is judged by the worker: it needs the stored combinations.) A line without a
+generation_time is dated when it is sent.
 Records are keyed "namespace:counter", or "namespace:counter#k" in a namespace with `shards` (COUNTER_NAMESPACES,
 default the shipped example): k is chosen by the token, so a retry goes where the first try went."""
 

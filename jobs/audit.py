@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from control_plane import Namespace
+from control_plane.durations import format_duration
 from jobs.progress import NullProgress, Progress, Stop, never
 from schemas import MAX_EVENT_TIME
 from schemas.validation import micros_iso
@@ -383,7 +384,7 @@ def _why_not_compared(ns: Namespace, g: Granularity, options: SeriesOptions, lo:
         return None  # every bucket ever stored is in the range: none is ever dropped, none lies before lo
     kept = ns.windows.retention_s(g)
     return ("the range may not start at the counter's first bucket" if kept is None else
-            f"{g} buckets are kept {kept:g}s: older ones may be gone (no clear to start from)")
+            f"{g} buckets are kept {format_duration(kept)}: older ones may be gone (no clear to start from)")
 
 
 async def run_series_audit(settings: Settings, registry: Mapping[str, Any], options: SeriesOptions,

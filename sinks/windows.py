@@ -22,6 +22,7 @@ from enum import StrEnum
 from itertools import pairwise
 from typing import NamedTuple
 
+from control_plane.durations import format_duration
 from schemas.validation import micros_iso
 
 __all__ = [
@@ -418,10 +419,10 @@ def series_range(g: Granularity, start_us: int, end_us: int, *, now_us: int, ret
         raise WindowError(f"must be after start ({micros_iso(start_us)})", field="end")
     lo, hi = align_down(start_us, g), align_up(end_us, g)
     oldest = retained_from(g, now_us, retention_s)
-    if oldest is not None and lo < oldest:
+    if oldest is not None and retention_s is not None and lo < oldest:
         if hi <= oldest:
             raise WindowError(f"the range ends before the oldest retained {g} bucket ({micros_iso(oldest)}): {g} "
-                              f"buckets are kept {retention_s:g}s", field="end")
+                              f"buckets are kept {format_duration(retention_s)}", field="end")
         lo = oldest
     if max_buckets is not None and (hi - lo) // g.width_us > max_buckets:
         raise TooManyBuckets((hi - lo) // g.width_us, max_buckets, g)

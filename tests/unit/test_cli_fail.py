@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -192,3 +194,21 @@ def test_jobs_that_read_or_correct_a_store_refuse_a_directory_without_one(tmp_pa
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert f"error: {lines}: line 2 is not UTF-8" in err and "nothing was sent" in err and "Traceback" not in err
+
+
+def test_output_cut_short_by_its_reader_ends_quietly() -> None:
+    """A review: `counter recount --format jsonl | head` ended in a BrokenPipeError traceback. A verb whose reader
+    leaves now exits 141 (128 + SIGPIPE, as a shell reports it) with nothing on stderr."""
+    verb = ("import sys, counter_cli.main as m\n"
+            "class Args:\n"
+            "    def run(self, args):\n"
+            "        for _ in range(200_000):\n"
+            "            print('{\"counter\": \"c\", \"count\": 1}')\n"
+            "m.build_parser = lambda: type('P', (), {'parse_args': lambda self, argv: Args()})()\n"
+            "sys.exit(m.main([]))\n")
+    child = subprocess.Popen([sys.executable, "-c", verb], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert child.stdout is not None and child.stderr is not None
+    child.stdout.readline()  # as `head -1`: one line, then gone
+    child.stdout.close()
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=30) == 141 and err == "", err

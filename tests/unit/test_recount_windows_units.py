@@ -199,7 +199,7 @@ def test_audit_series_is_the_api_series(world: World) -> None:
     assert ApiTooManyBuckets is TooManyBuckets  # the public name still answers from query_api
     with pytest.raises(TooManyBuckets):
         series_range(MINUTE, 0, 2 * H, now_us=2 * H, retention_s=None, max_buckets=60)
-    with pytest.raises(WindowError):
+    with pytest.raises(WindowError, match=r"minute buckets are kept 1h$"):  # not "3600s", nor 7.776e+06s for 90d
         series_range(MINUTE, 0, H, now_us=10 * H, retention_s=3600)  # ends before the oldest retained minute
     assert series_range(MINUTE, 30 * S, H, now_us=H + 5 * M, retention_s=3600) == (5 * M, H)  # clamped
     assert fill_series(HOUR, 0, 3 * H, [(H, 5, 3 * H), (2 * H, 7, 3 * H)], 2 * H) == ((0, 0), (H, 0), (2 * H, 7))
