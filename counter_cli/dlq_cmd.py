@@ -299,6 +299,11 @@ def _replay(args: argparse.Namespace, settings: Settings, state: Path) -> int:
         f"{n:,} dead letter(s) carry no mutation (first: {r.position}, from {r.source}: {r.reason}); not "
         "re-submitted: there is nothing in them to count"))
     _, registry = namespaces_or_exit(settings)  # re-submitted mutations are keyed as producers key them
+    refusals = {r.identity: why for r in todo if (why := r.refusal(registry)) is not None}
+    todo = _leave_out(todo, lambda r: r.identity in refusals, lambda n, r: (
+        f"{n:,} dead letter(s) the namespaces still refuse (first: {r.position}, {refusals[r.identity]}); not "
+        "re-submitted: they would be dead-lettered again. Fix the cause first (the namespace file, "
+        "COUNTER_NAMESPACES), then run again"))
     # A token-less one whose source record a `counter replay` stored since is counted: re-sent, it would count again.
     try:
         counted = asyncio.run(stored_originals(settings, registry, todo))

@@ -26,6 +26,8 @@ from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+from control_plane import NamespaceRegistry
+from control_plane.admission import mutation_refusal
 from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.state import read_json, write_json_atomic
 from producers.partitioner import partition_for
@@ -119,6 +121,18 @@ class DeadRecord:
         m = ms[0]
         return m.namespace, (m.counter_name, event_time if m.event_time is None else m.event_time, identity,
                              m.item or m.event_item_key)
+
+    def refusal(self, registry: NamespaceRegistry) -> str | None:
+        """Why the namespaces would dead-letter this record's mutations again whatever their time (the first one
+        refused: "field 'namespace': unknown namespace ..."), or None; None too for a record that does not decode."""
+        try:
+            ms = decode_mutations(self.value)
+        except DecodeError:
+            return None
+        for m in ms:
+            if (refused := mutation_refusal(registry, m)) is not None:
+                return f"field '{refused[0]}': {refused[1]}"
+        return None
 
     def produce_key(self, shards: Mapping[str, int] | None = None) -> bytes | None:
         """The key a producer would give the mutation now, from its value (`namespace:counter`, or its shard's key
