@@ -164,7 +164,8 @@ PIPELINE_HELP = {
     "watermark_lag_seconds": "The largest persist watermark lag of a mutations partition (absent: unknown)",
     "persist_lag_records": "Mutation records on the broker not yet persisted (absent: the broker did not answer)",
     "rollup_lag_seconds": "Age of the oldest rollup work pending, over the namespaces (0: converged)",
-    "persisted_still_seconds": "How long the persisted record total has stood still, as this API's scrapes saw it",
+    "persisted_still_seconds": "The longest a mutations partition has persisted nothing while records wait on it, "
+                               "as this API's snapshots saw it (0: none waits unpersisted)",
     "dead_letters": "Records in the dead-letter topic",
     "warnings": "Warnings GET /v1/pipeline gives (a stall, a stuck watermark, a long local partition)",
     "errors": "Parts GET /v1/pipeline could not read or reach (broker, store, a topic, memcached)",

@@ -82,7 +82,7 @@ class Snapshot:
     request_rates: dict[str, float]
     rate_window_s: float | None
     errors: dict[str, str]
-    persisted_still_s: float | None = None  # how long the persisted total has kept its value (None: not measured)
+    stalled_s: dict[int, float] | None = None  # partition -> seconds persisting nothing while records wait (Stalled)
     unmarked_s: dict[int, float] = field(default_factory=dict)  # partition -> seconds without a watermark (Unmarked)
     clear_at_us: dict[int, int] = field(default_factory=dict)  # partition -> when last seen with nothing waiting
 
@@ -115,20 +115,27 @@ class Rates:
 
 
 @dataclass
-class Unchanged:
-    """How long a total has kept its value, from the first snapshot of this process that saw it: the rate window's
-    samples capped a stall's length at the window (a review read "in the last 58 s" through an 85 s stall)."""
+class Stalled:
+    """How long each mutations partition has persisted nothing (its committed offset standing still) while records
+    wait on it, from the first snapshot of this process that saw it so. Per partition, because the persisted total
+    kept moving while one worker of several hung (a review), and from that first snapshot, not over the rate window's
+    samples, which capped a stall's length at the window (another read "in the last 58 s" through an 85 s stall)."""
 
-    value: float | None = None
-    since: float = 0.0
+    since: dict[int, tuple[int | None, float]] = field(default_factory=dict)  # partition -> (committed, since)
 
-    def observe(self, now: float, value: float | None) -> float | None:
-        """Seconds `value` has been the total (None: not known now)."""
-        if value is None:
+    def observe(self, now: float, mutations: TopicOffsets | None) -> dict[int, float] | None:
+        """Seconds per partition with records waiting (None: the broker did not answer)."""
+        if mutations is None:
             return None
-        if value != self.value:
-            self.value, self.since = value, now
-        return now - self.since
+        seen: dict[int, tuple[int | None, float]] = {}
+        for p in mutations.high:
+            if not mutations.lag(p):
+                continue
+            committed = mutations.committed.get(p)
+            before = self.since.get(p)
+            seen[p] = (committed, before[1] if before is not None and before[0] == committed else now)
+        self.since = seen
+        return {p: now - since for p, (_, since) in seen.items()}
 
 
 @dataclass
@@ -201,7 +208,7 @@ class PipelineHealth:
         self._rates = Rates()
         self._request_rates = Rates()
         self._unmarked = Unmarked()
-        self._persisted = Unchanged()
+        self._stalled = Stalled()
         self._cleared = Cleared()
 
     @property
@@ -244,13 +251,13 @@ class PipelineHealth:
         now = time.monotonic()
         totals = _totals(broker)
         rates, span = self._rates.observe(now, totals)
-        still = self._persisted.observe(now, totals.get("persisted_records"))
+        stalled = self._stalled.observe(now, broker.mutations if broker else None)
         served = {endpoint: float(n) for endpoint, n in metrics.requests_by_endpoint().items()}
         requests, request_span = self._request_rates.observe(now, served)
         unmarked = self._unmarked.observe(now, store, broker.mutations if broker else None)
         at_us = time.time_ns() // 1000
         return Snapshot(at_us, store, broker, rates,
-                        {k: v for k, v in requests.items() if v is not None}, span or request_span, errors, still,
+                        {k: v for k, v in requests.items() if v is not None}, span or request_span, errors, stalled,
                         unmarked, self._cleared.observe(at_us, broker.mutations if broker else None))
 
     async def _store_figures(self) -> StoreFigures:
@@ -339,11 +346,13 @@ def _warnings(snapshot: Snapshot) -> list[str]:
     if mutations is None:
         return []
     out = []
-    still = snapshot.persisted_still_s
-    if still is not None and still >= STALLED_AFTER_S and mutations.total_lag > 0:
-        out.append(f"the workers persisted no record of {mutations.topic} in the last {still:.0f} s while "
-                   f"{mutations.total_lag:,} wait: a worker is down or hung, or its store is failing (locked by "
-                   "another process, a full disk); the workers' logs say which")
+    stalled = sorted(p for p, s in (snapshot.stalled_s or {}).items() if s >= STALLED_AFTER_S)
+    if stalled:
+        longest = max((snapshot.stalled_s or {})[p] for p in stalled)
+        waiting = sum(mutations.lag(p) or 0 for p in stalled)
+        out.append(f"the workers persisted no record of {mutations.topic} partition(s) {', '.join(map(str, stalled))} "
+                   f"in the last {longest:.0f} s while {waiting:,} wait there: a worker is down or hung, or its store "
+                   "is failing (locked by another process, a full disk); the workers' logs say which")
     if broker is not None and broker.cluster_id == TANSU_CLUSTER_ID and (
             warning := long_partitions(mutations.topic, mutations.high)):
         out.append(warning)

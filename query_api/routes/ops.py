@@ -46,7 +46,8 @@ async def prometheus(request: Request) -> Response:
     body = render(snapshot, health.registry, health.settings, lambda _name: True)
     metrics.set_pipeline({
         "watermark_lag_seconds": body["watermark_lag_s"], "persist_lag_records": body["persist_lag_records"],
-        "rollup_lag_seconds": body["rollup_lag_s"], "persisted_still_seconds": snapshot.persisted_still_s,
+        "rollup_lag_seconds": body["rollup_lag_s"], "persisted_still_seconds": (
+            None if snapshot.stalled_s is None else max(snapshot.stalled_s.values(), default=0.0)),
         "dead_letters": body["dlq"]["size"] if body["dlq"] else None,
         "warnings": len(body["warnings"]), "errors": len(body["errors"])})
     return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)

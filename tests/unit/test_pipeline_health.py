@@ -187,29 +187,31 @@ def test_the_local_brokers_long_partitions_are_a_warning_and_other_brokers_are_n
 
 def test_persisting_that_stands_still_while_records_wait_is_a_warning(registry):
     """A worker down or hung, or its store failing (a full disk, a lock held by another process), left `errors` empty:
-    the API's own reads still worked (a review). No record persisted over the rate window (at least
-    STALLED_AFTER_S) while records wait is now a warning; a window too short, records persisted, or none waiting
-    is not. It is how long the persisted total stood still, not a zero rate over the whole 60 s rate window,
-    which said so only a minute in (another review)."""
+    the API's own reads still worked (a review). A partition that persisted nothing for STALLED_AFTER_S while records
+    wait on it is a warning naming it; a shorter spell, records persisted, or none waiting is not. Per partition, from
+    the first snapshot that saw it: the persisted total kept moving while one worker of several hung, and the rate
+    window's samples capped a stall at 58 s (reviews)."""
     from query_api.broker_offsets import TopicOffsets
-    from query_api.pipeline_health import STALLED_AFTER_S, BrokerFigures, Unchanged
+    from query_api.pipeline_health import STALLED_AFTER_S, BrokerFigures, Stalled
 
-    def warnings(still_s: float | None, committed: int) -> list[str]:
-        mutations = TopicOffsets("m", {0: 0, 1: 0}, {0: 500, 1: 700}, {0: committed, 1: 700})
+    stalled = Stalled()
+
+    def warnings(at: float, committed: int, other: int = 700) -> list[str]:
+        mutations = TopicOffsets("m", {0: 0, 1: 0}, {0: 500, 1: 700 + at}, {0: committed, 1: other})
         broker = BrokerFigures(mutations, None, None, {}, [], {}, "kafka-prod-cluster")
-        snapshot = Snapshot(NOW, None, broker, {}, {}, 60.0, {}, still_s)
+        snapshot = Snapshot(NOW, None, broker, {}, {}, 60.0, {}, stalled.observe(at, mutations))
         return render(snapshot, registry, SETTINGS, lambda name: True)["warnings"]
 
-    [warning] = warnings(STALLED_AFTER_S + 5, committed=100)
-    assert warning.startswith("the workers persisted no record of m in the last 35 s while 400 wait"), warning
-    assert warnings(STALLED_AFTER_S - 1, committed=100) == []  # too short to tell
-    assert warnings(STALLED_AFTER_S + 5, committed=500) == []  # idle: nothing waits
-    assert warnings(None, committed=100) == []  # not measured yet
-    persisted = Unchanged()  # persisting for 30 s, then standing still for 90 s
-    still = [persisted.observe(float(t), min(t, 30) * 100.0) for t in range(0, 121, 2)]
-    assert still[:16] == [0.0] * 16 and still[-1] == 90.0  # past the 60 s rate window (a review: capped at 58 s)
-    assert persisted.observe(122.0, None) is None and persisted.observe(124.0, 3000.0) == 94.0  # an unknown read
-    assert persisted.observe(126.0, 3100.0) == 0.0  # moved
+    assert warnings(0.0, committed=100) == []  # first seen: the clock starts
+    assert warnings(STALLED_AFTER_S - 1, committed=100, other=710) == []  # too short to tell
+    for t in range(30, 121, 2):  # partition 1 keeps persisting (another worker), partition 0 does not
+        found = warnings(float(t), committed=100, other=700 + t)
+    [warning] = found
+    assert warning.startswith("the workers persisted no record of m partition(s) 0 in the last 120 s while 400 wait "
+                              "there"), warning  # past the 60 s rate window, though the total moved
+    assert warnings(122.0, committed=101, other=822) == []  # it moved: the clock starts again
+    assert warnings(122.0 + STALLED_AFTER_S + 5, committed=500, other=822 + 35) == []  # idle: nothing waits
+    assert stalled.observe(200.0, None) is None  # the broker did not answer: not measured
 
 
 def test_a_watermark_standing_behind_persisted_records_is_a_warning(registry):
@@ -242,7 +244,7 @@ def test_the_route_model_serves_every_figure_render_gives(registry):
 
     mutations = TopicOffsets("m", {0: 0}, {0: 500}, {0: 100})
     broker = BrokerFigures(mutations, None, None, {}, [], {}, "kafka-prod-cluster")
-    rendered = render(Snapshot(NOW, None, broker, {}, {}, 60.0, {}, STALLED_AFTER_S + 1), registry, SETTINGS,
+    rendered = render(Snapshot(NOW, None, broker, {}, {}, 60.0, {}, {0: STALLED_AFTER_S + 1}), registry, SETTINGS,
                       lambda name: True)
     served = PipelineHealthResponse.model_validate(rendered).model_dump(mode="json")
     assert set(served) == set(rendered) and served["warnings"] == rendered["warnings"] != []
