@@ -100,17 +100,19 @@ class Rates:
         measured yet, or the total went backwards, e.g. a recreated topic), and the seconds they span."""
         while self.samples and now - self.samples[0][0] > self.window_s:
             self.samples.popleft()
-        base = next((s for s in self.samples if now - s[0] >= self.min_gap_s), None)
+        old_enough = [s for s in self.samples if now - s[0] >= self.min_gap_s]
         if not self.samples or now - self.samples[-1][0] >= self.min_gap_s:
             self.samples.append((now, dict(totals)))
-        if base is None:
-            return dict.fromkeys(totals), None
-        span = now - base[0]
-        rates: dict[str, float | None] = {}
+        rates: dict[str, float | None] = dict.fromkeys(totals)
+        spans = []
         for name, value in totals.items():
-            before = base[1].get(name)
-            rates[name] = None if before is None or value < before else (value - before) / span
-        return rates, span
+            # each total against its own oldest sample: one taken while the broker was away holds none of its
+            # topics' totals, and those rates stayed blank for the whole window after it (a review)
+            base = next((s for s in old_enough if name in s[1]), None)
+            if base is not None and value >= base[1][name]:
+                rates[name] = (value - base[1][name]) / (now - base[0])
+                spans.append(now - base[0])
+        return rates, max(spans, default=None)
 
 
 

@@ -124,6 +124,17 @@ def test_rates_need_two_samples_and_ignore_totals_going_back():
     assert got == {"a": None}
 
 
+def test_rates_come_back_as_soon_as_the_broker_does():
+    """A review: samples taken while the broker was away hold none of its totals, and the rate against the oldest
+    sample in the window stayed blank for the window's whole length after it came back."""
+    rates = Rates(window_s=60, min_gap_s=1)
+    for t in range(0, 90, 2):  # the broker away for 90 s: no totals
+        rates.observe(float(t), {})
+    rates.observe(90.0, {"a": 100})
+    got, span = rates.observe(92.0, {"a": 140})
+    assert got == {"a": 20.0} and span == 2.0
+
+
 def _settings() -> Settings:
     return Settings(kafka_bootstrap="127.0.0.1:9092", mutations_topic="m", rollups_topic="r", dlq_topic="d")
 
