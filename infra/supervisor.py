@@ -118,6 +118,9 @@ class Supervisor:
         tail = process.log_tail(self._log_lines)
         what = (f"{process.name} (pid {process.popen.pid}) died: {process.exit_description()}, after "
                 f"{now - process.started_at:.1f}s; last lines of {process.log_path}:\n{_indent(tail)}")
+        if "address already in use" in tail.lower():  # taken after `counter up` checked it (a review: two stacks)
+            what += (f"\n{process.name}'s port {process.port} is held by another process: stop that one, or give "
+                     f"this {process.name} another port")
         if not item.restart:
             self._report("error", what + (f"\n{item.consequence}" if item.consequence else ""))
             return process

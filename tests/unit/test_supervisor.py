@@ -209,3 +209,19 @@ def test_pause_returns_once_the_child_is_stopped_and_resume_wakes_it(tmp_path):
             wait_for(lambda: state(child.pid) not in ("T", "t"), 5, message="the child to run again")
     finally:
         child.stop()
+
+
+def test_a_child_that_finds_its_port_taken_is_told_so(tmp_path):
+    """A review: a second stack's worker took port 6066 after `counter up` had checked it; the worker died with an
+    `address already in use` traceback at every restart, and nothing said what to do."""
+    events = Events()  # the child dies as the worker's web server does when its port is taken
+    fails = [sys.executable, "-c", "raise OSError(98, \"error while attempting to bind on address ('127.0.0.1', "
+             "6066): address already in use\")"]
+    child = Sleeper(tmp_path, fails)
+    child.spawn()
+    supervisor = Supervisor(events, backoff=lambda: Backoff(initial_s=0.05, stable_s=3600))
+    supervisor.watch(child, restart=True, ready_timeout_s=5, ready=False)
+    wait_for(lambda: supervisor.tick() is None and supervisor.watched[0].restarts >= 1, 20, message=events.text)
+    child.stop()
+    assert "sleeper's port 0 is held by another process: stop that one, or give this sleeper another port" in \
+        events.text(), events.text()
