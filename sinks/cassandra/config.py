@@ -8,7 +8,8 @@ URL format (every query parameter is optional)::
         &tls=1&ca=/ca.pem&cert=/client.pem&key=/client.key&tls_verify=1
         &concurrency=128                             requests in flight per process
         &fetch_size=5000&timeout=10&connect_timeout=10&schema_wait=30
-        &pending_shards=16                           partitions of the pending-rollup marker table
+        &pending_shards=16                           partitions of the pending-rollup marker table (raise only;
+                                                     the same in every process: infra/README.md)
         &ttl_grace=86400                             seconds added to delete_after for the table TTL
         &unsafe_consistency=1                        accept a consistency whose reads may miss writes (see below)
         &table_ids=1                                 deterministic table ids for slice tables

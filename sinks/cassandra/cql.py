@@ -235,7 +235,7 @@ def _base_tables(ks: str) -> list[str]:
     counter_name text,
     PRIMARY KEY ((namespace, signature, granularity, start_us), bucket_count, counter_name)
 ) WITH CLUSTERING ORDER BY (bucket_count DESC, counter_name ASC)
-  AND compaction = {{'class': 'LeveledCompactionStrategy'}}""",
+  AND compaction = {{'class': 'LeveledCompactionStrategy'}} AND gc_grace_seconds = 3600""",
         f"""CREATE TABLE IF NOT EXISTS {ks}.window_rank_lists (
     namespace text,
     granularity text,

@@ -211,9 +211,13 @@ def build_ssl_context(config: CassandraConfig) -> ssl.SSLContext | None:
 class IdempotentRetryPolicy(RetryPolicy):
     """The driver's default, plus: retry a timed-out write of an idempotent statement (every
     statement of this backend but the lightweight transactions), up to ``max_write_retries`` times at the same
-    consistency. A lightweight transaction is never retried blindly, its outcome unknown: its statement is not
-    marked idempotent (`is_conditional`), since a timeout in its commit step is reported as a SIMPLE write, not
-    CAS, and a retry then answers not applied where the first attempt applied."""
+    consistency. A lightweight transaction's timed-out write is not retried, its outcome unknown: its statement is
+    not marked idempotent (`is_conditional`), since a timeout in its commit step is reported as a SIMPLE write, not
+    CAS, and a retry then answers not applied where the first attempt applied. The driver does still send any
+    statement again on the next host after a connection or server error (`on_request_error`, whatever
+    `is_idempotent` says; a review): so every caller of a lightweight transaction reads the row back at the serial
+    consistency when it answers not applied (`_claim`, `_set_claimed`, `identity`, `_pin`), and a retried one that
+    had applied is recognised as its own."""
 
     def __init__(self, max_write_retries: int = 2) -> None:
         self.max_write_retries = max_write_retries
