@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, namespaces=registry,
                              config=settings.kafka_security.librdkafka()) as producer:
-            producer.ping(producer.metadata_timeout_s)  # before any time is drawn for sending (`_send`)
+            try:  # before any time is drawn for sending (`_send`)
+                producer.ping(producer.metadata_timeout_s)
+            except DeliveryError as exc:  # no retry advice: nothing was sent (a review)
+                fail(f"{exc}; nothing was sent", code=1)
             if args.file is None:
                 _send(producer, mutations, drawn, 0)
                 handed[0] = 1

@@ -123,16 +123,18 @@ class DeadRecord:
                              m.item or m.event_item_key)
 
     def refusal(self, registry: NamespaceRegistry) -> str | None:
-        """Why the namespaces would dead-letter this record's mutations again whatever their time (the first one
-        refused: "field 'namespace': unknown namespace ..."), or None; None too for a record that does not decode."""
+        """Why the namespaces would dead-letter every mutation of this record again whatever their time (the first
+        one's reason: "field 'namespace': unknown namespace ..."), or None: when one of them would count, the
+        record is worth sending, and one that does not decode is left to the worker."""
         try:
             ms = decode_mutations(self.value)
         except DecodeError:
             return None
-        for m in ms:
-            if (refused := mutation_refusal(registry, m)) is not None:
-                return f"field '{refused[0]}': {refused[1]}"
-        return None
+        refusals = [mutation_refusal(registry, m) for m in ms]
+        if not refusals or any(r is None for r in refusals):
+            return None
+        field, reason = refusals[0]  # type: ignore[misc]  # none is None here
+        return f"field '{field}': {reason}"
 
     def produce_key(self, shards: Mapping[str, int] | None = None) -> bytes | None:
         """The key a producer would give the mutation now, from its value (`namespace:counter`, or its shard's key

@@ -119,20 +119,24 @@ class Delivery(Future[None]):
 
     def result(self, timeout: float | None = None) -> None:
         try:
-            return super().result(timeout)
-        finally:
-            if self.done():
-                self._see()
+            super().result(timeout)
+        except TimeoutError:  # not settled when the wait ended (even if it is by now): nothing was read
+            raise
+        except BaseException:
+            self.see()
+            raise
+        self.see()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        error = super().exception(timeout)
-        self._see()
+        error = super().exception(timeout)  # TimeoutError: nothing read
+        self.see()
         return error
 
-    def _see(self) -> None:
+    def see(self) -> None:
+        """Mark the outcome read (and its parts')."""
         self.seen = True
         for part in self.parts:
-            part._see()
+            part.see()
 
 
 class _Unreported(NamedTuple):
@@ -363,7 +367,7 @@ class CounterProducer:
             try:
                 self._produce(key, encode_mutation(mutation), partition, future, [mutation])
             except DeliveryError:
-                future.exception()  # raised to the caller here: told
+                future.see()  # raised to the caller here: told
                 raise
             return future
         with self._lock:
@@ -380,7 +384,11 @@ class CounterProducer:
                 del self._pending[partition]
                 self._sending += 1
         if full:
-            self._send_taken([(partition, pending)])
+            try:
+                self._send_taken([(partition, pending)])
+            except DeliveryError:
+                future.see()  # raised to the caller here, with the batch's mutations: told
+                raise
         return future
 
     def retry(self, error: DeliveryError) -> Delivery:
@@ -390,7 +398,14 @@ class CounterProducer:
         if not error.mutations:
             raise ValueError("this DeliveryError names no mutations to retry (records left in flight by flush(): "
                              "their own futures fail with them if they are not delivered)")
-        futures = list({id(f): f for f in map(self.send, error.mutations)}.values())
+        sent: list[Delivery] = []
+        for i, m in enumerate(error.mutations):
+            try:
+                sent.append(self.send(m))
+            except DeliveryError as exc:  # the rest would be lost without a word (a review): they fail with it
+                exc.mutations = [*exc.mutations, *error.mutations[i + 1:]]
+                raise
+        futures = list({id(f): f for f in sent}.values())
         if len(futures) == 1:
             return futures[0]
         whole = Delivery(futures)

@@ -47,8 +47,10 @@ _NUMERIC_RE = re.compile(r"[+-]?[0-9]+(?:\.[0-9]+)?")
 # an offset with seconds and a fraction ("+05:30:30.5"): RFC 3339 has none, and Python 3.11 reads "+00:00:00.123" as UTC
 _FRACTIONAL_OFFSET = re.compile(r"[+-][0-9]{2}:?[0-9]{2}:?[0-9]{2}[.,][0-9]+$")
 _RFC3339_HEAD = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}:[0-9]{2}").fullmatch
-# The date part of an ISO-8601 text: what must be followed by its end or by the date-time separator.
-_ISO_DATE_PART = re.compile(r"[0-9W-]*").match
+# The date of an ISO-8601 text (calendar, week or ordinal; extended or basic): what must be followed by its end or by
+# the date-time separator. A text starting otherwise is left to fromisoformat to refuse.
+_ISO_DATE_PART = re.compile(r"[0-9]{4}(-W[0-9]{2}(-[0-9])?|W[0-9]{2}[0-9]?"
+                            r"|-[0-9]{2}-[0-9]{2}|-[0-9]{3}|[0-9]{4}|[0-9]{3})").match
 _OPS = {"ADD": MutationOp.ADD, "CLEAR": MutationOp.CLEAR}
 
 
@@ -283,11 +285,12 @@ def _parse_time_text(text: str, field: str) -> tuple[int, str]:
         raise ValidationError(field, f"has a UTC offset with a fraction of a second, which ISO-8601 times do not "
                                      f"take: {_show(text)}")
     upper = text.upper()  # RFC 3339 allows lower-case 't' and 'z'
-    date_end = _ISO_DATE_PART(upper).end()  # type: ignore[union-attr]  # "*" always matches
-    if date_end < len(upper) and upper[date_end] not in "T ":
-        # fromisoformat takes any character there ("2026-11-27X16:38:00Z"): a typo or a mangled field.
-        raise ValidationError(field, f"separates its date and time with {text[date_end]!r}, where ISO-8601 "
-                                     f"takes 'T' (or a space): {_show(text)}")
+    date = _ISO_DATE_PART(upper)
+    if date is not None and date.end() < len(upper) and upper[date.end()] not in "T ":
+        # fromisoformat takes any character there ("2026-11-27X16:38:00Z", "2026-11-27116:38:00"): a typo or a
+        # mangled field
+        raise ValidationError(field, f"needs 'T' (or a space) between its date and its time, found "
+                                     f"{text[date.end()]!r}: {_show(text)}")
     try:
         parsed = datetime.fromisoformat(upper)
     except ValueError:

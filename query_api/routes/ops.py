@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 
 from fastapi import APIRouter, Request
@@ -14,6 +15,8 @@ from query_api.dependencies import Service
 from query_api.pipeline_health import render
 
 router = APIRouter(tags=["operations"])
+log = logging.getLogger(__name__)
+PIPELINE_WAIT_S = 4.0  # what a scrape waits for the pipeline's figures: within Prometheus's default 10 s timeout
 
 
 @router.get("/healthz")
@@ -42,14 +45,20 @@ async def prometheus(request: Request) -> Response:
     """Prometheus metrics: requests and latency per endpoint, cache hit ratio, group commit (writes per record,
     the broker's acknowledgement time), and the pipeline's figures of GET /v1/pipeline (`counter_pipeline_*`)."""
     health = request.app.state.health
-    snapshot = await health.snapshot()
-    body = render(snapshot, health.registry, health.settings, lambda _name: True)
-    metrics.set_pipeline({
-        "watermark_lag_seconds": body["watermark_lag_s"], "persist_lag_records": body["persist_lag_records"],
-        "rollup_lag_seconds": body["rollup_lag_s"], "persisted_still_seconds": (
-            None if snapshot.stalled_s is None else max(snapshot.stalled_s.values(), default=0.0)),
-        "dead_letters": body["dlq"]["size"] if body["dlq"] else None,
-        "warnings": len(body["warnings"]), "errors": len(body["errors"])})
+    try:  # shielded: a snapshot that outlasts the scrape still lands in the shared cache for the next one
+        snapshot = await asyncio.wait_for(asyncio.shield(health.snapshot()), PIPELINE_WAIT_S)
+    except Exception as exc:
+        # the request and group-commit metrics are served still: a broker in trouble took them down with it (a review)
+        log.warning("/metrics without the pipeline's figures: %s", exc or type(exc).__name__)
+        metrics.set_pipeline({"errors": 1.0})
+    else:
+        body = render(snapshot, health.registry, health.settings, lambda _name: True)
+        metrics.set_pipeline({
+            "watermark_lag_seconds": body["watermark_lag_s"], "persist_lag_records": body["persist_lag_records"],
+            "rollup_lag_seconds": body["rollup_lag_s"], "persisted_still_seconds": (
+                None if snapshot.stalled_s is None else max(snapshot.stalled_s.values(), default=0.0)),
+            "dead_letters": body["dlq"]["size"] if body["dlq"] else None,
+            "warnings": len(body["warnings"]), "errors": len(body["errors"])})
     return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

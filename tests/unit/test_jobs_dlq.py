@@ -158,3 +158,20 @@ def test_records_never_acknowledged_are_an_error_and_the_run_stops(tmp_path, mon
                              "looks for them in the topic, and re-sends those it does not find"]
     left = dlq.SentLog(tmp_path / "dlq.json")
     assert not left.entries and len(left.in_flight["entries"]) == dlq.CHUNK, "in flight, for the next run to find"
+
+
+def test_a_dead_letter_is_refused_again_only_when_every_mutation_of_it_would_be(tmp_path) -> None:
+    """A record the worker dead-lettered whole may hold mutations it would now count: re-sent, those count and the
+    refused ones are dead-lettered again, alone. Left out only when none would count (a review)."""
+    from control_plane import parse_namespaces
+
+    registry = parse_namespaces("namespaces:\n  newns: { counter_type: EVENTUAL }\n")
+
+    def record(*namespaces: str) -> dlq.DeadRecord:
+        value = json.dumps([{"namespace": ns, "counter_name": "c", "delta": 1} for ns in namespaces]).encode()
+        return dlq.DeadRecord(0, 0, NOW_US, None, value, {"dlq.reason": "record timestamp"})
+
+    assert record("gone", "newns").refusal(registry) is None
+    assert record("gone", "gone2").refusal(registry) == ("field 'namespace': unknown namespace 'gone' (configured: "
+                                                         "newns)")
+    assert dlq.DeadRecord(0, 0, NOW_US, None, b"\xff", {}).refusal(registry) is None  # undecodable: the worker's

@@ -212,6 +212,9 @@ def test_persisting_that_stands_still_while_records_wait_is_a_warning(registry):
     assert warnings(122.0, committed=101, other=822) == []  # it moved: the clock starts again
     assert warnings(122.0 + STALLED_AFTER_S + 5, committed=500, other=822 + 35) == []  # idle: nothing waits
     assert stalled.observe(200.0, None) is None  # the broker did not answer: not measured
+    # an idle hour with no snapshot, then a write not yet persisted: waiting since it was first seen, not an hour (a
+    # review of the persisted total's clock, which read "in the last 3600 s while 1 wait")
+    assert warnings(4000.0, committed=499, other=700 + 4000) == []
 
 
 def test_a_watermark_standing_behind_persisted_records_is_a_warning(registry):
@@ -363,3 +366,31 @@ def test_a_cache_that_does_not_answer_is_an_error_of_the_page(registry: Namespac
     started = time.monotonic()
     assert set(errors(cache=Cache(None), best_effort_counters=Cache(None))) == {"cache", "best_effort_counters"}
     assert time.monotonic() - started < 2 * pipeline_health.CACHE_CHECK_S  # checked side by side, not waited out
+
+
+def test_metrics_answer_without_the_pipeline_figures_when_these_take_too_long(monkeypatch) -> None:
+    """A review: /metrics waited for the pipeline's snapshot, so a broker in trouble (3 s per unanswered partition)
+    could take every API metric past Prometheus's scrape timeout. The wait is bounded; the rest is served."""
+    import httpx
+    from fastapi import FastAPI
+
+    from query_api.routes import ops
+
+    class SlowHealth:
+        async def snapshot(self) -> Snapshot:
+            await asyncio.sleep(1.0)
+            raise RuntimeError("never reached in time")
+
+    app = FastAPI()
+    app.include_router(ops.router)
+    app.state.health = SlowHealth()
+    monkeypatch.setattr(ops, "PIPELINE_WAIT_S", 0.1)
+    async def scrape() -> tuple[httpx.Response, float]:
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+            started = time.monotonic()
+            return await client.get("/metrics"), time.monotonic() - started
+
+    answer, waited = run(scrape())
+    assert answer.status_code == 200 and waited < 0.9, waited
+    assert "counter_pipeline_errors 1.0" in answer.text and "# TYPE counter_api_requests_total counter" in answer.text

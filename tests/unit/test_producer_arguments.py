@@ -100,3 +100,45 @@ def test_given_the_namespaces_a_write_always_refused_raises_before_anything_is_s
         assert producer.records_sent == 0
     finally:
         producer.close(timeout=0)
+
+
+def test_a_delivery_is_read_only_when_its_outcome_was_returned_or_raised() -> None:
+    """A review: `result(timeout)` marked a failure read when its report landed just after the wait had timed out
+    (the caller got TimeoutError, never the failure), and flush/close then kept quiet about it."""
+    from producers.client import Delivery
+
+    future = Delivery()
+    with pytest.raises(TimeoutError):
+        future.result(timeout=0)
+    with pytest.raises(TimeoutError):
+        future.exception(timeout=0)
+    future.set_exception(DeliveryError("not delivered", mutations=[mutation(1)]))
+    assert not future.seen, "a wait that timed out read nothing"
+    with pytest.raises(DeliveryError):
+        future.result()
+    assert future.seen
+    whole = Delivery([part := Delivery()])
+    whole.set_result(None)
+    whole.result()
+    assert part.seen, "reading a future standing for several records reads its parts"
+
+
+def test_a_retry_that_cannot_send_one_mutation_fails_with_it_and_every_one_after_it(monkeypatch) -> None:
+    """A review: the retry of three mutations whose second could not be handed over raised an error naming the
+    second alone; the third was never sent, and nothing said so."""
+    producer = CounterProducer("127.0.0.1:1", delivery_timeout_ms=1000)
+    sent: list[Mutation] = []
+
+    def send(m: Mutation):
+        if m == mutation(2):
+            raise DeliveryError("cannot produce", mutations=[m])
+        sent.append(m)
+        return Future()
+
+    monkeypatch.setattr(producer, "send", send)
+    try:
+        with pytest.raises(DeliveryError) as failed:
+            producer.retry(DeliveryError("a stall", mutations=[mutation(1), mutation(2), mutation(3)]))
+        assert sent == [mutation(1)] and failed.value.mutations == [mutation(2), mutation(3)]
+    finally:
+        producer.close(timeout=0)

@@ -705,10 +705,12 @@ def test_generation_time_parsing(value: object, expected: int) -> None:
         (1e300, r"got 1\.000e\+300 µs since the epoch \(read as epoch microseconds\)$"),  # not 300 digits
         ("2026-11-27T10:00:00+00:00:00.123456", "fraction of a second"),  # Python reads it as +00:00
         ("2026-11-27T10:00:00+05:30:30.5", "fraction of a second"),
-        ("2026-11-27X16:38:00Z", r"separates its date and time with 'X'"),  # fromisoformat takes any character
-        ("2026-11-27x16:38:00.5Z", r"separates its date and time with 'x'"),
-        ("20261127_163800", r"separates its date and time with '_'"),
-        ("2026-W48-5/16:38", r"separates its date and time with '/'"),
+        ("2026-11-27X16:38:00Z", r"between its date and its time, found 'X'"),  # fromisoformat takes any
+        ("2026-11-27x16:38:00.5Z", r"between its date and its time, found 'x'"),
+        ("20261127_163800", r"between its date and its time, found '_'"),
+        ("2026-W48-5/16:38", r"between its date and its time, found '/'"),
+        ("2026-11-27116:38:00", r"between its date and its time, found '1'"),  # a digit: fromisoformat read it
+        ("2026-11-2716:38:00", r"between its date and its time, found '1'"),
     ],
 )
 def test_generation_time_invalid(value: object, reason: str) -> None:
