@@ -39,7 +39,13 @@ from infra.memcached import find_memcached
 from infra.process import ManagedProcess, ServiceError
 from infra.stack import LocalStack
 from infra.supervisor import Supervisor
-from streams.namespace_shapes import NamespaceChanged, guard_namespaces, restore_shapes, save_shapes
+from streams.namespace_shapes import (
+    NamespaceChanged,
+    guard_namespaces,
+    removed_warning,
+    restore_shapes,
+    save_shapes,
+)
 from streams.settings import Settings
 from streams.topics import TopicError, ensure_topics, topic_specs
 
@@ -318,7 +324,8 @@ def _start(stack: LocalStack, settings: Settings, registry: NamespaceRegistry) -
     if stack.broker is not None:  # a new, empty broker: the namespace shapes the last one recorded
         restore_shapes(bound, settings.data_dir / SAVED_SHAPES)
     # here, not only in the children: a refused change stops `counter up` with the reason, not a worker crash loop
-    guard_namespaces(bound, registry)
+    if removed := guard_namespaces(bound, registry):
+        console.print(f"[yellow]warning:[/] {removed_warning(removed)}", highlight=False)
     worker = stack.start_worker(port=settings.worker_port)
     api = stack.start_api(port=settings.api_port, host=settings.api_host)
     return {"kafka_bootstrap": bootstrap, "api_url": f"http://{api.address}", "ui_url": f"http://{api.address}/ui/",

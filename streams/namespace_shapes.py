@@ -17,6 +17,7 @@ in its next broker (`restore_shapes`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Collection, Iterable, Mapping
@@ -30,6 +31,7 @@ from streams.store_binding import append_records, read_records
 from streams.topics import ensure_topics, stores_spec
 
 KEY_PART = "/namespace/"  # a shape's key: <consumer group>/namespace/<namespace>
+log = logging.getLogger(__name__)
 
 
 def kind_of(counter_type: CounterType) -> str:
@@ -158,18 +160,36 @@ def restore_shapes(settings: Settings, path: Path, *, timeout_s: float = 15.0) -
     return len(missing)
 
 
-def guard_namespaces(settings: Settings, registry: NamespaceRegistry, *, timeout_s: float = 15.0) -> None:
+def guard_namespaces(settings: Settings, registry: NamespaceRegistry, *, timeout_s: float = 15.0) -> list[str]:
     """Record the namespaces' shapes, or raise NamespaceChanged naming every one changed in place (module doc).
-    The broker's errors propagate."""
+    Returns the namespaces recorded before and no longer configured, after logging a warning naming them (a
+    removal is the operator's to make, but their writes are then dead-lettered: nothing said so). The broker's
+    errors propagate."""
     ensure_topics(settings.kafka_bootstrap or "", [stores_spec(settings)], timeout=timeout_s,
                   admin_config=settings.kafka_security.librdkafka())
-    problems, new = check_shapes(_records(settings, timeout_s), settings.worker_id, registry,
-                                 settings.accept_namespace_changes)
+    records = _records(settings, timeout_s)
+    problems, new = check_shapes(records, settings.worker_id, registry, settings.accept_namespace_changes)
+    removed = removed_namespaces(records, settings.worker_id, registry)
+    if removed:
+        log.warning(removed_warning(removed))
     if problems:
         raise NamespaceChanged(
             "; ".join(problems.values()) + ". Write to a new namespace instead (infra/README.md, Upgrades), or, to "
             f"take the change as it is anyway, start once with COUNTER_ACCEPT_NAMESPACE_CHANGES={','.join(problems)}")
     _record(settings, new, timeout_s)
+    return removed
+
+
+def removed_namespaces(records: Iterable[tuple[bytes | None, bytes | None]], group: str,
+                       registry: NamespaceRegistry) -> list[str]:
+    """The namespaces whose shape is recorded and that `registry` no longer holds, by name."""
+    return sorted(set(shapes_of(records, group)) - set(registry.names()))
+
+
+def removed_warning(removed: Collection[str]) -> str:
+    return (f"namespace(s) {', '.join(map(repr, removed))} were configured before and are not now: their writes, "
+            "from any client still sending them, are dead-lettered (unknown namespace), and their stored counts are "
+            "not served. Their data is kept: configured again with the same settings, they are served again")
 
 
 def _records(settings: Settings, timeout_s: float) -> list[tuple[bytes | None, bytes | None]]:

@@ -68,3 +68,16 @@ def test_other_groups_and_records_are_not_shapes() -> None:
     assert shapes_of(records, GROUP) == {}
     problems, new = check_shapes(records, GROUP, registry(), ())
     assert not problems and list(new) == ["ns"]
+
+
+def test_a_namespace_no_longer_configured_is_named() -> None:
+    """Removing a namespace is the operator's to do, but its writes are then dead-lettered and its counts not served:
+    a start names it (a warning on `counter up`'s console and in the worker's and API's logs)."""
+    from streams.namespace_shapes import removed_namespaces, removed_warning
+
+    both = parse_namespaces({"namespaces": {"ns": {"counter_type": "EVENTUAL"}, "old": {"counter_type": "EVENTUAL"}}})
+    records = recorded(both)
+    assert removed_namespaces(records, GROUP, both) == []
+    assert removed_namespaces(records, GROUP, registry()) == ["old"]
+    assert removed_namespaces(records, "another-group", registry()) == []
+    assert removed_warning(["old"]).startswith("namespace(s) 'old' were configured before and are not now")
