@@ -53,7 +53,8 @@ BROKER_LOSS = (
     "The local broker keeps its topics in memory: the mutations it acknowledged that the worker had not yet "
     "persisted are lost with it. It is not restarted, because a silent restart would hide that loss; "
     "stopping everything. Persisted counts are safe in the data directory; after `counter up` again, clients "
-    "that retry their writes with the same idempotency tokens are counted exactly once."
+    "that retry their writes with the same idempotency tokens are counted exactly once, while each retry is within "
+    "its namespace's accept_limit of its generation_time (5 s in the shipped presets): later ones are refused (422)."
 )
 POLL_S = 0.25
 LOCK_FILE = "counter-up.lock"  # in the data directory: one `counter up` per directory (_lock_data_dir)
@@ -177,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     ns_path, registry = namespaces_or_exit(settings)
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        lock = _lock_data_dir(settings.data_dir)  # held until the end of the stop, or of this process however it ends
+        # held until the end of the stop, or of this process however it ends
+        lock = _lock_data_dir(settings.data_dir, settings.endpoints_path)
     except OSError as exc:
         fail(f"data directory {settings.data_dir} (COUNTER_DATA_DIR): {exc.strerror or exc}", code=1)
     in_use, registry = _namespaces_in_use(ns_path, settings.data_dir)
@@ -276,14 +278,15 @@ def _start_or_fail(stack: LocalStack, settings: Settings, registry: NamespaceReg
     return None
 
 
-def _lock_data_dir(data_dir: Path) -> IO[str]:
+def _lock_data_dir(data_dir: Path, endpoints: Path) -> IO[str]:
     """Own the data directory (an exclusive flock on `counter-up.lock`, which the kernel drops when this process
     ends), or exit naming the `counter up` that owns it. Two stacks on one directory would share its stores with
     two brokers whose partitions have the same names: each worker's persist watermark would overwrite the other's,
     so a rollup could pass events the other had not persisted yet, and one stop would remove the other's
     endpoints file. The file holds the owner's pid, and `local broker` once one runs, until its stop ends: found
     with the lock free, it names a run that ended without its stop (kill -9, the machine down), whose local broker
-    lost the writes no worker had persisted, and the console says so."""
+    lost the writes no worker had persisted, and the console says so. So does an `endpoints` file naming a local
+    broker, which a stop removes: left by a version from before the lock file held the pid (an upgrade review)."""
     path = data_dir / LOCK_FILE
     handle = open(path, "a+")  # noqa: SIM115  # held open for the life of the process: that is the lock
     handle.seek(0)
@@ -295,14 +298,25 @@ def _lock_data_dir(data_dir: Path) -> IO[str]:
         fail(f"{data_dir} is in use by another `counter up` (pid {owner}); stop it, or give this one another "
              "data directory (--data-dir or COUNTER_DATA_DIR)", code=1)
     previous = handle.read().split("\n")
-    if previous[0].strip() and previous[1:2] == [LOCAL_BROKER_MARK]:
-        console.print(f"[yellow]warning:[/] the last `counter up` on {data_dir} (pid {previous[0].strip()}) ended "
+    crashed = previous[0].strip() if previous[1:2] == [LOCAL_BROKER_MARK] else _left_by(endpoints)
+    if crashed:
+        console.print(f"[yellow]warning:[/] the last `counter up` on {data_dir} (pid {crashed}) ended "
                       "without its stop (killed, or the machine went down): the writes its broker had acknowledged "
                       "and no worker had persisted were lost with that broker. Writes retried with the same "
-                      "idempotency tokens are counted exactly once; `counter audit` shows what a counter holds.",
-                      highlight=False, soft_wrap=True)
+                      "idempotency tokens within their namespace's accept_limit are counted exactly once; `counter "
+                      "audit` shows what a counter holds.", highlight=False, soft_wrap=True)
     _owned_by(handle)
     return handle
+
+
+def _left_by(endpoints: Path) -> str | None:
+    """The pid of the `counter up` whose endpoints file names a local broker (a stop removes the file), or None."""
+    try:
+        left = json.loads(endpoints.read_text())
+        broker = left["processes"]["broker"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(left.get("supervisor_pid", "unknown")) if broker is not None else None
 
 
 def _owned_by(lock: IO[str], *marks: str) -> None:

@@ -3,6 +3,7 @@ namespace file's origin, settings the namespaces would override, and a worker's 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -432,3 +433,22 @@ def test_recount_wait_is_a_bounded_number_of_seconds(tmp_path, capsys, wait):
     args = build_parser().parse_args(["recount", "my_dataset", "--all", "--wait", wait, "--data-dir", str(tmp_path)])
     _exits(2, args.run, args)
     assert "--wait must be 0 to 3600 seconds" in _error(capsys)
+
+
+@pytest.mark.parametrize("endpoints, says", [
+    ({"processes": {"broker": 4242, "worker-0": 4243}, "supervisor_pid": 77}, True),
+    ({"processes": {"broker": None}, "supervisor_pid": 77}, False),  # on Apache Kafka: nothing lost with a broker
+    (None, False),  # a clean stop removes the file
+])
+def test_an_endpoints_file_left_by_a_version_without_the_lock_pid_says_the_last_run_did_not_stop(
+        tmp_path, capsys, endpoints, says):
+    """An upgrade review: a data directory whose last `counter up`, of a version that did not write its pid into the
+    lock file, was killed gave no warning that its broker's unpersisted writes were lost. Its endpoints file names
+    the broker it ran, and a stop removes that file."""
+    path = tmp_path / "endpoints.json"
+    if endpoints is not None:
+        path.write_text(json.dumps(endpoints))
+    handle = up_cmd._lock_data_dir(tmp_path, path)
+    handle.close()
+    said = " ".join(capsys.readouterr().err.split())
+    assert (f"the last `counter up` on {tmp_path} (pid 77) ended without its stop" in said) is says, said
