@@ -115,7 +115,6 @@ class Rates:
         return rates, max(spans, default=None)
 
 
-
 @dataclass
 class Stalled:
     """How long each mutations partition has persisted nothing (its committed offset standing still) while records
