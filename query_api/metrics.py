@@ -121,6 +121,7 @@ def reset() -> None:
     _latency_created.clear()
     _cache[:] = [0, 0]
     GROUP_COMMIT.reset()
+    _pipeline.clear()
 
 
 def _families() -> tuple[CounterMetricFamily, HistogramMetricFamily, CounterMetricFamily, GaugeMetricFamily]:
