@@ -130,10 +130,10 @@ class DeadRecord:
             ms = decode_mutations(self.value)
         except DecodeError:
             return None
-        refusals = [mutation_refusal(registry, m) for m in ms]
-        if not refusals or any(r is None for r in refusals):
+        refused = [r for m in ms if (r := mutation_refusal(registry, m)) is not None]
+        if not ms or len(refused) < len(ms):
             return None
-        field, reason = refusals[0]  # type: ignore[misc]  # none is None here
+        field, reason = refused[0]
         return f"field '{field}': {reason}"
 
     def produce_key(self, shards: Mapping[str, int] | None = None) -> bytes | None:

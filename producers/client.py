@@ -308,14 +308,14 @@ class CounterProducer:
         undeclared key, a counter at max_combinations) dead-letters the mutation with the reason. `item` is what a
         UNIQUE namespace counts: `delta` may then be left out (it is 1); without an item it is required
         (ValidationError naming `delta`)."""
-        return self.send(self._timed(self.mutation(MutationOp.ADD, namespace, counter_name, add_delta(delta, item),
+        return self._queue(self._timed(self.mutation(MutationOp.ADD, namespace, counter_name, add_delta(delta, item),
                                                    token, generation_time, item_key, dimensions, item),
                                      generation_time))
 
     def clear(self, namespace: str, counter_name: str, *, token: str | None = None,
               generation_time: str | float | int | None = None) -> Future[None]:
         """ClearCount: reset a counter to zero as of `generation_time` (default: now)."""
-        return self.send(self._timed(self.mutation(MutationOp.CLEAR, namespace, counter_name, 0, token,
+        return self._queue(self._timed(self.mutation(MutationOp.CLEAR, namespace, counter_name, 0, token,
                                                    generation_time), generation_time))
 
     @staticmethod
@@ -353,9 +353,13 @@ class CounterProducer:
         """Queue one validated mutation; the future resolves on broker acknowledgement. With `namespaces`, a
         mutation the pipeline would dead-letter whatever its time (an unknown namespace, an undeclared dimension)
         raises ValidationError naming the field, and nothing is sent."""
+        self._refuse(mutation)
+        return self._queue(mutation)
+
+    def _queue(self, mutation: Mutation) -> Delivery:
+        """`send` for a mutation already judged (`add` and `clear` judge it in `_timed`, before the metadata wait)."""
         if self._closing:
             raise RuntimeError("CounterProducer is closed")
-        self._refuse(mutation)
         key = self.key_of(mutation)
         try:
             partition = partition_for(key, self._partitions())

@@ -63,7 +63,7 @@ def test_add_leaves_delta_out_with_an_item_and_requires_it_without(monkeypatch) 
 
     producer = CounterProducer("127.0.0.1:1")
     sent: list[Mutation] = []
-    monkeypatch.setattr(producer, "send", lambda m: sent.append(m))
+    monkeypatch.setattr(producer, "_queue", lambda m: sent.append(m))  # what add hands on to be sent
     monkeypatch.setattr(producer, "_partitions", lambda: 1)  # no broker: the metadata a generated time waits for
     try:
         producer.add("visitors", "pyc", item="u1")
