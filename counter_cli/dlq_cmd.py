@@ -23,13 +23,13 @@ from counter_cli.common import (
 )
 from counter_cli.progress import Interrupt, RichProgress
 from jobs.dlq import (
-    DeadRecord,
     InFlightUnknown,
     SentLog,
     iso,
     pending,
     read_dead_letters,
     recover_in_flight,
+    refusal,
     resubmit,
     select,
     state_path,
@@ -43,6 +43,7 @@ from schemas.dead_letter import (
     SOURCE_TOPIC,
     TRUNCATED,
     WHOLE_RECORD,
+    DeadRecord,
 )
 from streams.settings import Settings
 from streams.topics import TopicError
@@ -299,7 +300,7 @@ def _replay(args: argparse.Namespace, settings: Settings, state: Path) -> int:
         f"{n:,} dead letter(s) carry no mutation (first: {r.position}, from {r.source}: {r.reason}); not "
         "re-submitted: there is nothing in them to count"))
     _, registry = namespaces_or_exit(settings)  # re-submitted mutations are keyed as producers key them
-    refusals = {r.identity: why for r in todo if (why := r.refusal(registry)) is not None}
+    refusals = {r.identity: why for r in todo if (why := refusal(r, registry)) is not None}
     todo = _leave_out(todo, lambda r: r.identity in refusals, lambda n, r: (
         f"{n:,} dead letter(s) the namespaces still refuse (first: {r.position}, {refusals[r.identity]}); not "
         "re-submitted: they would be dead-lettered again. Fix the cause first (the namespace file, "

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import calendar
 import functools
-import hashlib
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -31,15 +30,10 @@ from control_plane.admission import mutation_refusal
 from jobs.progress import NullProgress, Progress, Stop, never
 from jobs.state import read_json, write_json_atomic
 from producers.partitioner import partition_for
-from schemas import MICROS, DecodeError, decode_mutations, position_identity
+from schemas import MICROS, DecodeError, decode_mutations
 from schemas.dead_letter import (
-    INDEX,
-    REASON,
     RESENT,
-    SOURCE_OFFSET,
-    SOURCE_PARTITION,
-    SOURCE_TIMESTAMP,
-    SOURCE_TOPIC,
+    DeadRecord,
     parse_headers,
 )
 from sinks import EventStore, open_namespace_stores
@@ -57,102 +51,19 @@ SENT_VERSION = 2  # of the progress file: keyed by DeadRecord.identity (version 
 APPENDED_WITHIN_US = (DELIVERY_TIMEOUT_S + 600) * MICROS
 
 
-@dataclass(frozen=True, slots=True)
-class DeadRecord:
-    partition: int
-    offset: int
-    timestamp_us: int
-    key: bytes | None
-    value: bytes
-    headers: dict[str, str]
-
-    @property
-    def position(self) -> str:
-        return f"{self.partition}:{self.offset}"
-
-    @property
-    def reason(self) -> str:
-        return self.headers.get(REASON, "?")
-
-    @property
-    def identity(self) -> str:
-        """The dead-lettered mutation: its source record's topic, partition, offset and time, and its bytes (the
-        rejected mutations of one batch record share the source position; a restarted local broker reuses
-        offsets, not times). Every dead letter of one source mutation has it; none of another has."""
-        h = self.headers
-        digest = hashlib.sha256(self.value).hexdigest()[:16]
-        return (f"{h.get(SOURCE_TOPIC, '?')}:{h.get(SOURCE_PARTITION, '?')}:{h.get(SOURCE_OFFSET, '?')}:"
-                f"{h.get(SOURCE_TIMESTAMP, '?')}:{digest}")
-
-    @property
-    def source(self) -> str:
-        h = self.headers
-        return f"{h.get(SOURCE_TOPIC, '?')}[{h.get(SOURCE_PARTITION, '?')}]@{h.get(SOURCE_OFFSET, '?')}"
-
-    def preview(self, width: int = 80) -> str:
-        try:
-            ms = decode_mutations(self.value)
-        except DecodeError:
-            text = self.value[:40].hex(" ") if not _printable(self.value) else self.value[:60].decode()
-            return f"<undecodable {len(self.value)} bytes: {text}>"[:width]
-        m = ms[0]
-        what = "clear" if m.op == "CLEAR" else f"{m.delta:+d}"
-        token = m.event_id if m.event_id is not None else "(no token)"
-        more = f" (+{len(ms) - 1} more)" if len(ms) > 1 else ""
-        return f"{m.namespace}:{m.counter_name} {what} token={token}{more}"[:width]
-
-    def tokenless(self) -> tuple[str, tuple[str, int, str, str]] | None:
-        """The event the persist path makes of this dead letter's mutation when it is token-less, as a `counter
-        replay` of its source record stores it: (namespace, (counter, event_time, "kafka:<topic>:<partition>:<offset>:
-        <index>", item key)); None for a tokened one, or one dead-lettered before `dlq.index` said which mutation of
-        its record it is."""
-        h = self.headers
-        if INDEX not in h:
-            return None
-        try:
-            ms = decode_mutations(self.value)
-            event_time = int(h[SOURCE_TIMESTAMP])
-            identity = position_identity(h[SOURCE_TOPIC], int(h[SOURCE_PARTITION]), int(h[SOURCE_OFFSET]),
-                                         int(h[INDEX]))
-        except (DecodeError, KeyError, ValueError):
-            return None
-        if len(ms) != 1 or ms[0].event_id is not None:
-            return None
-        m = ms[0]
-        return m.namespace, (m.counter_name, event_time if m.event_time is None else m.event_time, identity,
-                             m.item or m.event_item_key)
-
-    def refusal(self, registry: NamespaceRegistry) -> str | None:
-        """Why the namespaces would dead-letter every mutation of this record again whatever their time (the first
-        one's reason: "field 'namespace': unknown namespace ..."), or None: when one of them would count, the
-        record is worth sending, and one that does not decode is left to the worker."""
-        try:
-            ms = decode_mutations(self.value)
-        except DecodeError:
-            return None
-        refused = [r for m in ms if (r := mutation_refusal(registry, m)) is not None]
-        if not ms or len(refused) < len(ms):
-            return None
-        field, reason = refused[0]
-        return f"field '{field}': {reason}"
-
-    def produce_key(self, shards: Mapping[str, int] | None = None) -> bytes | None:
-        """The key a producer would give the mutation now, from its value (`namespace:counter`, or its shard's key
-        with `shards`, namespace -> shards), when it decodes to one mutation; else the record's original key."""
-        try:
-            ms = decode_mutations(self.value)
-        except DecodeError:
-            return self.key
-        if len(ms) != 1:
-            return self.key
-        return ms[0].sharded_key((shards or {}).get(ms[0].namespace, 1)).encode()
-
-
-def _printable(data: bytes) -> bool:
+def refusal(record: DeadRecord, registry: NamespaceRegistry) -> str | None:
+    """Why the namespaces would dead-letter every mutation of `record` again whatever their time (the first one's
+    reason: "field 'namespace': unknown namespace ..."), or None: when one of them would count, the record is worth
+    sending, and one that does not decode is left to the worker."""
     try:
-        return data[:60].decode().isprintable()
-    except UnicodeDecodeError:
-        return False
+        ms = decode_mutations(record.value)
+    except DecodeError:
+        return None
+    refused = [r for m in ms if (r := mutation_refusal(registry, m)) is not None]
+    if not ms or len(refused) < len(ms):
+        return None
+    name, reason = refused[0]
+    return f"field '{name}': {reason}"
 
 
 def read_dead_letters(bootstrap: str, topic: str, *, quiet_s: float = 1.0, progress: Progress | None = None,

@@ -24,7 +24,7 @@ from typing import cast
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from schemas.dead_letter import parse_headers
+from schemas.dead_letter import DeadRecord, parse_headers
 
 QUIET_POLL_S = 0.1  # an empty poll after reaching the end: the rest of the last batch has arrived
 _MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
@@ -69,18 +69,6 @@ class TopicOffsets:
     @property
     def committed_total(self) -> int:
         return sum(c for c in self.committed.values() if c is not None)
-
-
-@dataclass(frozen=True, slots=True)
-class DeadRecord:
-    """One record of the dead-letter topic: the original key and value, and the headers saying why."""
-
-    partition: int
-    offset: int
-    timestamp_us: int
-    key: bytes | None
-    value: bytes
-    headers: dict[str, str]
 
 
 class BrokerOffsets:

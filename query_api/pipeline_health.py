@@ -37,15 +37,16 @@ from control_plane import CounterType, NamespaceRegistry
 from control_plane.admission import covering_watermark
 from infra.broker import TANSU_CLUSTER_ID, long_partitions
 from query_api import metrics
-from query_api.broker_offsets import BrokerOffsets, DeadRecord, MissingTopic, TopicOffsets
-from schemas import MICROS, DecodeError, decode_mutations
-from schemas.dead_letter import REASON, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TOPIC
+from query_api.broker_offsets import BrokerOffsets, MissingTopic, TopicOffsets
+from schemas import MICROS
+from schemas.dead_letter import DeadRecord
 from sinks import RollupStore, written_key
 from sinks.model import PendingRollups
 from streams.settings import Settings
 
 TTL_S = 2.0
 DEAD_LETTERS = 20  # newest dead letters shown
+PREVIEW_WIDTH = 160  # characters of a dead letter's record shown
 PENDING_LIMIT = 10_000  # pending counters counted per namespace at most (the count says when it is a floor)
 RATE_WINDOW_S = 60.0  # rates are averaged over up to this much history
 RATE_MIN_GAP_S = 1.0  # ... and over at least this much
@@ -463,20 +464,18 @@ def _dlq(broker: BrokerFigures, dlq: TopicOffsets, settings: Settings, can_read:
     reads_all: bool | None = None
     letters = []
     for r in broker.dead_letters:
-        namespaces = _namespaces_of(r)
+        namespaces = r.namespaces()
         if namespaces:
             visible = all(can_read(name) for name in namespaces)
         else:
             if reads_all is None:
                 reads_all = all(can_read(name) for name in registry.names())
             visible = reads_all
-        h = r.headers
         letters.append({
             "partition": r.partition, "offset": r.offset, "time": _time(r.timestamp_us),
-            "reason": h.get(REASON, "?") if visible else _HIDDEN, "namespace": namespaces[0] if namespaces else None,
-            "source": f"{h.get(SOURCE_TOPIC, '?')}[{h.get(SOURCE_PARTITION, '?')}]@{h.get(SOURCE_OFFSET, '?')}",
-            "key": _key(r.key, can_read, registry) if visible else None,
-            "record": preview(r.value) if visible else _HIDDEN})
+            "reason": r.reason if visible else _HIDDEN, "namespace": namespaces[0] if namespaces else None,
+            "source": r.source, "key": _key(r.key, can_read, registry) if visible else None,
+            "record": r.preview(PREVIEW_WIDTH) if visible else _HIDDEN})
     return {"topic": settings.dlq_topic, "size": size, "dead_letters": letters}
 
 
@@ -487,35 +486,6 @@ def _key(key: bytes | None, can_read: Any, registry: NamespaceRegistry) -> str |
     text = (key or b"").decode(errors="replace")
     named = text.split(":", 1)[0]
     return text if registry.get(named) is None or can_read(named) else None
-
-
-def _namespaces_of(r: DeadRecord) -> list[str]:
-    """The namespaces a dead record's mutations name, first one first; [] when it does not decode."""
-    try:
-        return list(dict.fromkeys(m.namespace for m in decode_mutations(r.value)))
-    except DecodeError:
-        return []
-
-
-def preview(value: bytes, width: int = 160) -> str:
-    """What a dead record held, on one line: its first mutation, or the start of its bytes."""
-    try:
-        ms = decode_mutations(value)
-    except DecodeError:
-        try:
-            text = value[:120].decode()
-            if text.isprintable():
-                return f"undecodable, {len(value)} bytes: {text}"[:width]
-        except UnicodeDecodeError:
-            pass
-        return f"undecodable, {len(value)} bytes: {value[:40].hex(' ')}"[:width]
-    if not ms:
-        return "an empty batch"
-    m = ms[0]
-    what = "clear" if m.op == "CLEAR" else f"{m.delta:+d}"
-    token = m.event_id if m.event_id is not None else "(no token)"
-    more = f" (+{len(ms) - 1} more)" if len(ms) > 1 else ""
-    return f"{m.namespace}:{m.counter_name} {what} token={token}{more}"[:width]
 
 
 def _time(us: int | None) -> str | None:

@@ -11,9 +11,13 @@ its index in it: re-sending that record would count its other mutations again.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from schemas.codec import DecodeError, decode_mutations
+from schemas.model import position_identity
 
 REASON = "dlq.reason"
 SOURCE_TOPIC = "dlq.topic"
@@ -91,3 +95,96 @@ def parse_headers(headers: AnyHeaders) -> dict[str, str]:
         name = name.decode() if isinstance(name, bytes) else str(name)
         out[name] = value.decode(errors="replace") if isinstance(value, bytes) else str(value)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class DeadRecord:
+    """One record read back from the DLQ topic: the original key and value, and the headers saying why and where
+    from (`counter dlq` and the health page read them alike)."""
+
+    partition: int
+    offset: int
+    timestamp_us: int
+    key: bytes | None
+    value: bytes
+    headers: dict[str, str]
+
+    @property
+    def position(self) -> str:
+        return f"{self.partition}:{self.offset}"
+
+    @property
+    def reason(self) -> str:
+        return self.headers.get(REASON, "?")
+
+    @property
+    def identity(self) -> str:
+        """The dead-lettered mutation: its source record's topic, partition, offset and time, and its bytes (the
+        rejected mutations of one batch record share the source position; a restarted local broker reuses
+        offsets, not times). Every dead letter of one source mutation has it; none of another has."""
+        h = self.headers
+        digest = hashlib.sha256(self.value).hexdigest()[:16]
+        return (f"{h.get(SOURCE_TOPIC, '?')}:{h.get(SOURCE_PARTITION, '?')}:{h.get(SOURCE_OFFSET, '?')}:"
+                f"{h.get(SOURCE_TIMESTAMP, '?')}:{digest}")
+
+    @property
+    def source(self) -> str:
+        h = self.headers
+        return f"{h.get(SOURCE_TOPIC, '?')}[{h.get(SOURCE_PARTITION, '?')}]@{h.get(SOURCE_OFFSET, '?')}"
+
+    def namespaces(self) -> list[str]:
+        """The namespaces its mutations name, first one first; [] when it does not decode."""
+        try:
+            return list(dict.fromkeys(m.namespace for m in decode_mutations(self.value)))
+        except DecodeError:
+            return []
+
+    def preview(self, width: int = 80) -> str:
+        """What it held, on one line: its first mutation, or the start of its bytes."""
+        try:
+            ms = decode_mutations(self.value)
+        except DecodeError:
+            try:
+                text = self.value[:120].decode()
+                if text.isprintable():
+                    return f"undecodable, {len(self.value)} bytes: {text}"[:width]
+            except UnicodeDecodeError:
+                pass
+            return f"undecodable, {len(self.value)} bytes: {self.value[:40].hex(' ')}"[:width]
+        m = ms[0]  # never empty: decode_mutations refuses an empty batch
+        what = "clear" if m.op == "CLEAR" else f"{m.delta:+d}"
+        token = m.event_id if m.event_id is not None else "(no token)"
+        more = f" (+{len(ms) - 1} more)" if len(ms) > 1 else ""
+        return f"{m.namespace}:{m.counter_name} {what} token={token}{more}"[:width]
+
+    def tokenless(self) -> tuple[str, tuple[str, int, str, str]] | None:
+        """The event the persist path makes of this dead letter's mutation when it is token-less, as a `counter
+        replay` of its source record stores it: (namespace, (counter, event_time, "kafka:<topic>:<partition>:<offset>:
+        <index>", item key)); None for a tokened one, or one dead-lettered before `dlq.index` said which mutation of
+        its record it is."""
+        h = self.headers
+        if INDEX not in h:
+            return None
+        try:
+            ms = decode_mutations(self.value)
+            event_time = int(h[SOURCE_TIMESTAMP])
+            identity = position_identity(h[SOURCE_TOPIC], int(h[SOURCE_PARTITION]), int(h[SOURCE_OFFSET]),
+                                         int(h[INDEX]))
+        except (DecodeError, KeyError, ValueError):
+            return None
+        if len(ms) != 1 or ms[0].event_id is not None:
+            return None
+        m = ms[0]
+        return m.namespace, (m.counter_name, event_time if m.event_time is None else m.event_time, identity,
+                             m.item or m.event_item_key)
+
+    def produce_key(self, shards: Mapping[str, int] | None = None) -> bytes | None:
+        """The key a producer would give the mutation now, from its value (`namespace:counter`, or its shard's key
+        with `shards`, namespace -> shards), when it decodes to one mutation; else the record's original key."""
+        try:
+            ms = decode_mutations(self.value)
+        except DecodeError:
+            return self.key
+        if len(ms) != 1:
+            return self.key
+        return ms[0].sharded_key((shards or {}).get(ms[0].namespace, 1)).encode()

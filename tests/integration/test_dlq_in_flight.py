@@ -18,8 +18,17 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from jobs.dlq import DeadRecord, InFlightUnknown, SentLog, _ends, pending, recover_in_flight, resubmit
-from schemas.dead_letter import INDEX, REASON, RESENT, SOURCE_OFFSET, SOURCE_PARTITION, SOURCE_TIMESTAMP, SOURCE_TOPIC
+from jobs.dlq import InFlightUnknown, SentLog, _ends, pending, recover_in_flight, resubmit
+from schemas.dead_letter import (
+    INDEX,
+    REASON,
+    RESENT,
+    SOURCE_OFFSET,
+    SOURCE_PARTITION,
+    SOURCE_TIMESTAMP,
+    SOURCE_TOPIC,
+    DeadRecord,
+)
 from tests.helpers import make_topic, read_all, wait_for
 from tests.integration.test_replay_recount import COUNTER, FAST_GROUP, _env, add_namespaces, cli, stored_total
 from tests.pipeline_harness import PipelineEnv

@@ -15,7 +15,7 @@ from rich.console import Console
 from control_plane import parse_namespaces
 from counter_cli import common, dlq_cmd, recount_cmd
 from counter_cli.main import build_parser
-from jobs.dlq import DeadRecord
+from schemas.dead_letter import DeadRecord
 
 
 def test_fail_prints_the_message_unwrapped_and_unparsed_and_exits_with_the_code(monkeypatch, capsys):

@@ -13,7 +13,7 @@ import jobs.dlq as dlq
 from counter_cli import dlq_cmd
 from counter_cli.main import build_parser
 from schemas import MICROS
-from schemas.dead_letter import DeadLetter, parse_headers
+from schemas.dead_letter import DeadLetter, DeadRecord, parse_headers
 
 NOW_US = time.time_ns() // 1000
 
@@ -56,7 +56,7 @@ def producer(monkeypatch):
 
 
 def dead(counter: str = "c", *, source_offset: int = 42, dlq_offset: int = 0, source_us: int = NOW_US,
-         dead_us: int = NOW_US, token: bool = False) -> dlq.DeadRecord:
+         dead_us: int = NOW_US, token: bool = False) -> DeadRecord:
     """A dead letter of an unknown namespace's mutation (token-less JSON unless `token`)."""
     mutation: dict = {"namespace": "newns", "counter_name": counter, "delta": 1}
     if token:
@@ -64,7 +64,7 @@ def dead(counter: str = "c", *, source_offset: int = 42, dlq_offset: int = 0, so
     key, value, headers = DeadLetter(b"newns:" + counter.encode(), json.dumps(mutation).encode(),
                                      "unknown namespace 'newns'", "counter-mutations", 0, source_offset,
                                      source_us).record()
-    return dlq.DeadRecord(0, dlq_offset, dead_us, key, value, parse_headers(headers))
+    return DeadRecord(0, dlq_offset, dead_us, key, value, parse_headers(headers))
 
 
 def test_the_identity_is_the_source_mutation_not_the_dlq_position():
@@ -167,11 +167,11 @@ def test_a_dead_letter_is_refused_again_only_when_every_mutation_of_it_would_be(
 
     registry = parse_namespaces("namespaces:\n  newns: { counter_type: EVENTUAL }\n")
 
-    def record(*namespaces: str) -> dlq.DeadRecord:
+    def record(*namespaces: str) -> DeadRecord:
         value = json.dumps([{"namespace": ns, "counter_name": "c", "delta": 1} for ns in namespaces]).encode()
-        return dlq.DeadRecord(0, 0, NOW_US, None, value, {"dlq.reason": "record timestamp"})
+        return DeadRecord(0, 0, NOW_US, None, value, {"dlq.reason": "record timestamp"})
 
-    assert record("gone", "newns").refusal(registry) is None
-    assert record("gone", "gone2").refusal(registry) == ("field 'namespace': unknown namespace 'gone' (configured: "
-                                                         "newns)")
-    assert dlq.DeadRecord(0, 0, NOW_US, None, b"\xff", {}).refusal(registry) is None  # undecodable: the worker's
+    assert dlq.refusal(record("gone", "newns"), registry) is None
+    assert dlq.refusal(record("gone", "gone2"), registry) == (
+        "field 'namespace': unknown namespace 'gone' (configured: newns)")
+    assert dlq.refusal(DeadRecord(0, 0, NOW_US, None, b"\xff", {}), registry) is None  # undecodable: the worker's

@@ -257,10 +257,10 @@ def test_a_dead_letter_shows_its_reason_key_and_record_only_to_a_reader_of_every
     """A review read a keyed namespace's counter names and deltas on the health page without a key: an undecodable
     record showed to anyone, a record keyed `my_dataset:x` was judged as my_dataset's, and reasons (which quote
     counter names and dimension values) were never hidden."""
-    from query_api.broker_offsets import DeadRecord, TopicOffsets
+    from query_api.broker_offsets import TopicOffsets
     from query_api.pipeline_health import BrokerFigures
     from schemas import MutationOp, encode_batch
-    from schemas.dead_letter import REASON
+    from schemas.dead_letter import REASON, DeadRecord
 
     registry = parse_namespaces("""
 namespaces:

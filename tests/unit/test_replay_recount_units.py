@@ -18,11 +18,10 @@ from counter_cli import recount_cmd, replay_cmd
 from counter_cli.main import build_parser
 from counter_cli.progress import ProgressBar, _RateColumn
 from jobs.audit import RunningTotal, last_row
-from jobs.dlq import DeadRecord
 from jobs.recount import Recounter, RecountOptions, recount_counter
 from jobs.replay import ReplayOptions, _Writer
 from schemas import MAX_EVENT_TIME, MICROS, Mutation, encode_batch, encode_mutation
-from schemas.dead_letter import DeadLetter, parse_headers
+from schemas.dead_letter import DeadLetter, DeadRecord, parse_headers
 from sinks import (
     InProcessRollupCache,
     Partitioning,
@@ -342,7 +341,7 @@ def test_dead_record_preview_and_key():
     assert r.preview() == "ns:c1 +3 token=tok" and r.produce_key() == b"ns:c1" and r.position == "0:4"
     assert "unknown namespace" in r.reason
     garbage = DeadRecord(0, 5, T, b"k", b"\x00\xff", {})
-    assert garbage.preview().startswith("<undecodable 2 bytes") and garbage.produce_key() == b"k"
+    assert garbage.preview().startswith("undecodable, 2 bytes") and garbage.produce_key() == b"k"
     two = encode_batch([Mutation("ns", "c1", 1, T, "a"), Mutation("ns", "c2", 1, T, "b")])
     assert DeadRecord(0, 6, T, b"ns:c1", two, {}).preview().endswith("(+1 more)")
 

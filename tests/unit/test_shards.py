@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces, parse_namespaces
-from jobs.dlq import DeadRecord
 from producers import CounterProducer, partition_for
 from schemas import MAX_SHARDS, Mutation, MutationOp, counter_key, encode_batch, encode_mutation, shard_key, shard_of
+from schemas.dead_letter import DeadRecord
 
 T = 1_732_000_000_000_000  # an event time (µs)
 

@@ -16,11 +16,12 @@ from fastapi import FastAPI
 
 from control_plane import parse_namespaces
 from query_api.audit_log import BadCursor, decode_cursor, encode_cursor, newest_events
-from query_api.broker_offsets import DeadRecord, TopicOffsets
+from query_api.broker_offsets import TopicOffsets
 from query_api.namespace_info import namespace_config
 from query_api.pipeline_health import BrokerFigures, Rates, Snapshot, StoreFigures, render
 from query_api.routes import ui
 from schemas import MICROS
+from schemas.dead_letter import DeadRecord
 from sinks import Partitioning, SqliteEventStore
 from sinks.model import PendingRollups
 from streams.settings import Settings
