@@ -26,6 +26,9 @@ WATERMARK_DELAY = Gauge("counter_watermark_delay_seconds", "now minus the global
                         "Set by this worker's heartbeat timer, which a stalled store holds up: the API's "
                         "counter_pipeline_watermark_lag_seconds does not stand still with it",
                         registry=REGISTRY)
+TIMER_OVERLAPS = Counter("counter_worker_timer_overlaps_total", "Timer runs that outlasted the timer's interval (the "
+                         "next run started at once); counted here instead of mode's WARNING line",
+                         ["timer"], registry=REGISTRY)
 PERSIST_BATCH_SECONDS = Histogram("counter_persist_batch_seconds", "Time to persist one batch",
                                   registry=REGISTRY)
 ROLLUP_BATCH_SECONDS = Histogram("counter_rollup_batch_seconds", "Time to roll up one coalesced set",

@@ -27,7 +27,7 @@ from agents.persist_path import persist_batch
 from agents.retention import drop_expired_events
 from agents.rollup import BackPressure, Key, global_watermark
 from agents.rollup_batches import Outage, RollupsAbandoned, rollup_many
-from agents.timers import surviving
+from agents.timers import count_overlaps, surviving
 from agents.watermark import (
     NO_PARTITION,
     HeartbeatPace,
@@ -218,6 +218,7 @@ class Pipeline:
 
 def build(settings: Settings) -> Pipeline:
     """Validate configuration, create topics and stores, and wire the agents onto a Faust app."""
+    count_overlaps()
     if missing := missing_codecs():
         raise RuntimeError(f"the Kafka consumer cannot read {', '.join(missing)} compressed records: install cramjam "
                            "(pip install 'aiokafka[lz4,snappy,zstd]'; the project's requirements include it)")
