@@ -62,7 +62,7 @@ from sinks.rolled import RolledFloors
 from sinks.windows import Granularity, expiry_cutoff
 from streams.app import AppTopics, create_app, declare_topics
 from streams.namespace_shapes import guard_namespaces
-from streams.settings import Settings, namespace_bound_problems
+from streams.settings import Settings, SettingsError, backend_problems, namespace_bound_problems
 from streams.signals import SignalSender
 from streams.store_binding import BindingWatch
 from streams.topics import ensure_topics, topic_specs
@@ -223,6 +223,8 @@ def build(settings: Settings) -> Pipeline:
         raise RuntimeError(f"the Kafka consumer cannot read {', '.join(missing)} compressed records: install cramjam "
                            "(pip install 'aiokafka[lz4,snappy,zstd]'; the project's requirements include it)")
     registry = load_namespaces(settings.namespaces or default_namespaces())
+    if problems := backend_problems(settings, registry.values()):
+        raise SettingsError("; ".join(problems))
     # kafka_bootstrap is set: `python -m agents` refuses to start without it (create_app would raise too)
     security = settings.kafka_security  # of every Kafka client (streams.kafka_security)
     counts = ensure_topics(settings.kafka_bootstrap, topic_specs(settings),  # type: ignore[arg-type]

@@ -14,9 +14,9 @@ So is ``shards`` (the Kafka keys a counter's writes are spread over): ``COUNTER_
 So are ``aggregation`` (SUM or UNIQUE) and ``unique: {lg_k}``: ``COUNTER_ROLLUP.config.aggregation`` and
 ``COUNTER_ROLLUP.config.unique``, or next to ``persistence_configuration``.
 
-``physical_storage`` (EVCACHE/CASSANDRA clusters) is informational: which backends serve a
-namespace is decided by the service-wide COUNTER_STORE / COUNTER_CACHE, or by explicit ``store`` /
-``cache`` keys next to ``persistence_configuration``. Its ``dataset`` names the namespace when
+``physical_storage`` (EVCACHE/CASSANDRA clusters) is informational: the service-wide COUNTER_STORE /
+COUNTER_CACHE serve every namespace (``store`` / ``cache`` keys next to ``persistence_configuration`` may
+only name those: see ``streams.settings.backend_problems``). Its ``dataset`` names the namespace when
 nothing else does.
 """
 

@@ -25,6 +25,7 @@ from streams.settings import (
     Settings,
     SettingsError,
     api_start_problems,
+    backend_problems,
     load_settings,
     namespace_bound_problems,
 )
@@ -57,9 +58,10 @@ def namespaces_or_exit(settings: Settings) -> tuple[Path, NamespaceRegistry]:
 
 
 def check_against_namespaces(settings: Settings, registry: NamespaceRegistry) -> None:
-    """Fail on settings the namespaces' rollup window would lower (streams.settings.namespace_bound_problems)
-    rather than start a worker that silently uses other values."""
-    problems = namespace_bound_problems(settings, registry.values())
+    """Fail on a namespace's store the deployment does not run (streams.settings.backend_problems) and on settings
+    the namespaces' rollup window would lower (namespace_bound_problems), rather than start a worker that silently
+    uses other values."""
+    problems = backend_problems(settings, registry.values()) + namespace_bound_problems(settings, registry.values())
     if problems:
         fail("invalid settings: " + "; ".join(problems))
 

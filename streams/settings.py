@@ -422,10 +422,31 @@ def in_process_cache_problem(settings: Settings, namespaces: Iterable[Namespace]
             f"{ENV_PREFIX}CACHE=memcached://host:port (a memcached every API process reaches), or run one API process")
 
 
+def backend_problems(settings: Settings, namespaces: Iterable[Namespace], *,
+                     in_process_cache: bool | None = None) -> list[str]:
+    """A namespace's `store` or `cache` naming another backend than the deployment's, one line each. One store
+    (COUNTER_STORE) and one cache (COUNTER_CACHE) serve every namespace, so a namespace may name only those, or
+    `default`; a review saw `store: cassandra` served from SQLite and `cache: memory` kept in memcached, unwarned.
+    The cache is judged when `in_process_cache` says which the process runs on (the API's; the worker's is None)."""
+    store = "cassandra" if settings.store.startswith("cassandra://") else "sqlite"
+    cache = None if in_process_cache is None else "memory" if in_process_cache else "memcached"
+    problems = []
+    for ns in namespaces:
+        for field, wanted, running, variable in (("store", ns.store, store, "STORE"),
+                                                 ("cache", ns.cache, cache, "CACHE")):
+            if running is not None and wanted not in ("default", running):
+                problems.append(f"namespace {ns.name!r}: field {field!r}: {wanted}, but this deployment's {field} is "
+                                f"{running} ({ENV_PREFIX}{variable}), which serves every namespace: set 'default' or "
+                                f"{running!r}, or run the deployment on {wanted}")
+    return problems
+
+
 def api_start_problems(settings: Settings, registry: NamespaceRegistry, *, in_process_cache: bool) -> list[str]:
-    """What the API lacks to start with these namespaces, one line each: an API key's unset environment variable
+    """What the API lacks to start with these namespaces, one line each: a namespace's store or cache the
+    deployment does not run (`backend_problems`), an API key's unset environment variable
     (`NamespaceRegistry.missing_keys`), and a shared cache for BEST_EFFORT counts (`in_process_cache_problem`)."""
-    problems = registry.missing_keys()
+    problems = backend_problems(settings, registry.values(), in_process_cache=in_process_cache)
+    problems += registry.missing_keys()
     if in_process_cache and (problem := in_process_cache_problem(settings, registry.values())):
         problems.append(problem)
     return problems

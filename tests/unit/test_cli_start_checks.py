@@ -122,6 +122,50 @@ def test_the_api_refuses_to_start_without_an_api_key_variable_that_other_verbs_d
             "empty") in _error(capsys)
 
 
+@pytest.mark.parametrize("verb", ["up", "api", "worker"])
+def test_a_namespace_naming_another_store_than_the_deployments_is_refused_by_every_verb_that_starts(
+        monkeypatch, tmp_path, capsys, verb):
+    """A review saw a namespace's `store: cassandra` served from SQLite, and `cache: memory` kept in memcached: both
+    fields were read and never used. One store and one cache serve every namespace."""
+    config = tmp_path / "backends.yaml"
+    config.write_text("namespaces:\n  elsewhere:\n    counter_type: EVENTUAL\n    store: cassandra\n"
+                      "  here:\n    counter_type: EVENTUAL\n    store: sqlite\n    cache: default\n")
+    monkeypatch.setenv("COUNTER_NAMESPACES", str(config))
+    argv = [verb, "--data-dir", str(tmp_path), "--no-compile"] + (["--bootstrap", "127.0.0.1:9"] if verb == "worker"
+                                                                  else [])
+    args = build_parser().parse_args(argv)
+    monkeypatch.setattr(up_cmd, "LocalStack", lambda *_: pytest.fail("started despite the setting"))
+    monkeypatch.setattr(api_cmd.os, "execve", lambda *_: pytest.fail("started despite the setting"))
+    monkeypatch.setattr(worker_cmd, "run_child", lambda *_, **__: pytest.fail("started despite the setting"))
+    _exits(2, args.run, args)
+    error = " ".join(_error(capsys).split())
+    assert ("namespace 'elsewhere': field 'store': cassandra, but this deployment's store is sqlite (COUNTER_STORE), "
+            "which serves every namespace") in error, error
+    assert "'here'" not in error  # naming the deployment's own store is fine
+
+
+def test_backend_problems_judge_the_cache_the_api_runs_on() -> None:
+    from control_plane import parse_namespaces
+    from streams.settings import backend_problems, load_settings
+
+    registry = parse_namespaces({"namespaces": {
+        "mem": {"counter_type": "BEST_EFFORT", "cache": "memory"},
+        "shared": {"counter_type": "BEST_EFFORT", "cache": "memcached"},
+        "any": {"counter_type": "EVENTUAL", "cache": "default", "store": "default"},
+        "cass": {"counter_type": "EVENTUAL", "store": "cassandra"}}})
+    sqlite, cassandra = load_settings(store="sqlite"), load_settings(store="cassandra://db1:9042/counters")
+
+    def named(problems: list[str]) -> list[str]:
+        return [p.split(":")[0] + ":" + p.split(":")[1] for p in problems]
+
+    assert named(backend_problems(sqlite, registry.values())) == ["namespace 'cass': field 'store'"]  # the worker's
+    assert named(backend_problems(cassandra, registry.values())) == []
+    assert named(backend_problems(cassandra, registry.values(), in_process_cache=False)) == [
+        "namespace 'mem': field 'cache'"]
+    assert named(backend_problems(cassandra, registry.values(), in_process_cache=True)) == [
+        "namespace 'shared': field 'cache'"]
+
+
 def test_in_process_cache_problem_only_with_a_best_effort_namespace_and_shared_api() -> None:
     from control_plane import load_namespaces
     from streams.settings import in_process_cache_problem, load_settings
