@@ -13,6 +13,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 
+from control_plane import NamespaceRegistry
 from counter_cli.common import (
     console,
     fail,
@@ -140,14 +141,17 @@ def _positions(values: list[str]) -> set[tuple[int, int]]:
 def _read(args: argparse.Namespace, settings: Settings, bootstrap: str, topic: str) -> list[DeadRecord]:
     """The dead letters the arguments select, read with a progress bar."""
     positions = _positions(args.offset)
-    with RichProgress(console) as progress:
-        try:
+    try:
+        with RichProgress(console) as progress:
             records = read_dead_letters(bootstrap, topic, progress=progress,
                                         security=settings.kafka_security.librdkafka())
-        except TopicError as exc:
-            fail(str(exc), code=1)
-        except KafkaException as exc:
-            fail(kafka_failure(exc, bootstrap), code=1)
+    except TopicError as exc:
+        fail(str(exc), code=1)
+    except KafkaException as exc:
+        fail(kafka_failure(exc, bootstrap), code=1)
+    except KeyboardInterrupt:  # a traceback before (a review)
+        console.print(f"interrupted while reading {topic}: nothing was sent or recorded", highlight=False)
+        raise SystemExit(130) from None
     return select(records, reason=args.reason, positions=positions)
 
 
@@ -275,11 +279,10 @@ def run_replay(args: argparse.Namespace) -> int:
              code=1)
 
 
-def _replay(args: argparse.Namespace, settings: Settings, state: Path) -> int:
-    bootstrap = resolve_bootstrap(settings, args.bootstrap)
-    topic = args.topic or settings.dlq_topic
-    target = args.to_topic or settings.mutations_topic
-    records = _read(args, settings, bootstrap, topic)
+def _to_resubmit(args: argparse.Namespace, settings: Settings, state: Path, bootstrap: str,
+                 records: list[DeadRecord]) -> tuple[list[DeadRecord], int, NamespaceRegistry]:
+    """The dead letters to re-submit, after settling a stopped run's chunk in flight and leaving out (saying so)
+    those that must not be sent; how many were sent before; and the namespaces."""
     _recover(args, bootstrap, state, settings)
     todo, skipped, duplicates = pending(records, SentLog(state), force=args.force)
     if duplicates:
@@ -315,6 +318,19 @@ def _replay(args: argparse.Namespace, settings: Settings, state: Path) -> int:
     todo = _leave_out(todo, lambda r: r.identity in counted, lambda n, r: (
         f"{n:,} token-less dead letter(s) are counted already: a `counter replay` stored their source record's "
         f"mutation since (first: {r.position}, from {r.source}); not re-submitted: re-sent, they would count again"))
+    return todo, skipped, registry
+
+
+def _replay(args: argparse.Namespace, settings: Settings, state: Path) -> int:
+    bootstrap = resolve_bootstrap(settings, args.bootstrap)
+    topic = args.topic or settings.dlq_topic
+    target = args.to_topic or settings.mutations_topic
+    records = _read(args, settings, bootstrap, topic)
+    try:
+        todo, skipped, registry = _to_resubmit(args, settings, state, bootstrap, records)
+    except KeyboardInterrupt:  # before sending: a traceback before (a review)
+        console.print("interrupted before any dead letter was re-submitted: nothing was sent", highlight=False)
+        return 130
     if args.dry_run:
         for r in todo:
             print(f"{r.position:>8}  {r.preview(60):60}  {r.reason}")

@@ -32,6 +32,7 @@ from jobs.state import read_json, write_json_atomic
 from producers.partitioner import partition_for
 from schemas import MICROS, DecodeError, decode_mutations
 from schemas.dead_letter import (
+    INDEX,
     RESENT,
     DeadRecord,
     parse_headers,
@@ -191,7 +192,10 @@ class SentLog:
 
     A file of version 1 keyed them by DLQ position ("P:O"), which a restarted local broker reuses: such an entry
     still marks the record at its position when that record was dead-lettered before the entry was written, so a
-    new dead letter at a reused position is not taken for it. Those entries are kept as they are."""
+    new dead letter at a reused position is not taken for it. Those entries are kept as they are. Entries written
+    before identities held a batch item's index (`DeadRecord.legacy_identity`) still mark its items: the version
+    that wrote them re-sent one of two equal token-less items of a record and marked both (that one is lost; re-
+    sending the other now could count the first twice)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -209,6 +213,8 @@ class SentLog:
     def get(self, r: DeadRecord) -> dict[str, Any] | None:
         """Its entry when `r` was re-submitted already."""
         entry = self.entries.get(r.identity)
+        if entry is None and INDEX in r.headers:  # re-submitted by a version keying a batch's items without it
+            entry = self.entries.get(r.legacy_identity)
         if entry is None and (old := self.by_position.get(r.position)) is not None:
             at = _epoch_s(old.get("at"))
             if at is None or r.timestamp_us < (at + 1) * MICROS:  # "at" has whole seconds

@@ -119,9 +119,17 @@ class DeadRecord:
 
     @property
     def identity(self) -> str:
-        """The dead-lettered mutation: its source record's topic, partition, offset and time, and its bytes (the
-        rejected mutations of one batch record share the source position; a restarted local broker reuses
-        offsets, not times). Every dead letter of one source mutation has it; none of another has."""
+        """The dead-lettered mutation: its source record's topic, partition, offset and time, its index in that
+        record (`dlq.index`, when it was one of a batch) and its bytes (the rejected mutations of one batch record
+        share the source position; a restarted local broker reuses offsets, not times). Every dead letter of one
+        source mutation has it; none of another has. Without the index, two equal token-less items of one JSON
+        array were one identity, and `counter dlq replay` re-sent only one (a review: 8 writes lost)."""
+        index = self.headers.get(INDEX)
+        return self.legacy_identity if index is None else f"{self.legacy_identity}/{index}"
+
+    @property
+    def legacy_identity(self) -> str:
+        """The identity before it held the index, which progress files written before then are keyed by."""
         h = self.headers
         digest = hashlib.sha256(self.value).hexdigest()[:16]
         return (f"{h.get(SOURCE_TOPIC, '?')}:{h.get(SOURCE_PARTITION, '?')}:{h.get(SOURCE_OFFSET, '?')}:"

@@ -175,3 +175,52 @@ def test_a_dead_letter_is_refused_again_only_when_every_mutation_of_it_would_be(
     assert dlq.refusal(record("gone", "gone2"), registry) == (
         "field 'namespace': unknown namespace 'gone' (configured: newns)")
     assert dlq.refusal(DeadRecord(0, 0, NOW_US, None, b"\xff", {}), registry) is None  # undecodable: the worker's
+
+
+def item(index: int, *, dlq_offset: int = 0) -> DeadRecord:
+    """One token-less item of a JSON array record, dead-lettered alone with its index (as the worker does)."""
+    value = json.dumps({"namespace": "newns", "counter_name": "c", "delta": 2}).encode()
+    key, value, headers = DeadLetter(b"newns:c", value, "unknown namespace 'newns'", "counter-mutations", 0, 42,
+                                     NOW_US, index=index).record()
+    return DeadRecord(0, dlq_offset, NOW_US, key, value, parse_headers(headers))
+
+
+def test_equal_items_of_one_record_are_two_mutations_and_a_legacy_entry_still_marks_them(tmp_path):
+    """A review: two equal token-less items of one JSON array (same counter, same delta) shared an identity, so
+    `counter dlq replay` re-sent one and called the other a duplicate; the worker counts both (its identity of a
+    token-less item holds the index). A second dead letter of the same item is still a duplicate."""
+    first, second, again = item(3), item(4), item(3, dlq_offset=9)
+    assert first.value == second.value and first.identity != second.identity and first.identity == again.identity
+    todo, already, duplicates = dlq.pending([first, second, again], dlq.SentLog(tmp_path / "none.json"))
+    assert todo == [first, second] and (already, duplicates) == (0, 1)
+
+    legacy = tmp_path / "legacy.json"  # written by the version keying items without their index
+    legacy.write_text(json.dumps({"version": dlq.SENT_VERSION, "resubmitted": {first.legacy_identity: {
+        "at": "2026-11-27T00:00:00Z", "to": "counter-mutations", "reason": "?", "position": "0:0"}}}))
+    todo, already, _ = dlq.pending([first, second], dlq.SentLog(legacy))
+    assert todo == [] and already == 2  # never re-sent: one of them may have counted already
+    assert dead().identity == dead().legacy_identity  # a record's only mutation keeps its identity
+
+
+def test_ctrl_c_before_anything_is_sent_says_so_and_exits_130(tmp_path, monkeypatch, capsys):
+    """A review: Ctrl-C while `counter dlq replay` read the DLQ or checked the store ended in a KeyboardInterrupt
+    traceback (killed by SIGINT) instead of a message."""
+    fixed_cause(tmp_path, monkeypatch)
+    args = build_parser().parse_args(["dlq", "replay", "--bootstrap", "fake:9092", "--data-dir", str(tmp_path)])
+
+    def interrupted(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dlq_cmd, "read_dead_letters", interrupted)  # while reading the DLQ
+    with pytest.raises(SystemExit) as exited:
+        dlq_cmd.run_replay(args)
+    assert exited.value.code == 130
+    assert "interrupted while reading counter-mutations-dlq: nothing was sent" in " ".join(
+        capsys.readouterr().err.split())
+
+    monkeypatch.setattr(dlq_cmd, "_read", lambda a, s, b, t: [dead("first", token=True)])
+    monkeypatch.setattr(dlq_cmd, "stored_originals", interrupted)  # while asking the store
+    assert dlq_cmd.run_replay(args) == 130
+    assert "interrupted before any dead letter was re-submitted: nothing was sent" in " ".join(
+        capsys.readouterr().err.split())
+    assert FakeProducer.produced == []
