@@ -9,7 +9,7 @@ from pathlib import Path
 from control_plane import NamespaceRegistry
 from control_plane.admission import admission_error, mutation_refusal, record_time
 from counter_cli.common import console, fail, namespaces_or_exit, resolve_bootstrap, stack_settings_or_exit
-from counter_cli.progress import ProgressBar
+from counter_cli.progress import Interrupt, ProgressBar
 from producers import CounterProducer, DeliveryError, NotAdmitted
 from producers.client import add_delta, now_micros
 from schemas import DecodeError, Mutation, MutationOp, ValidationError, mutation_from_json
@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     bootstrap = resolve_bootstrap(settings, args.bootstrap)
     topic = args.topic or settings.mutations_topic
     handed = [0]
+    # SIGINT, SIGTERM or SIGHUP stops between mutations (a review: SIGTERM ended it without a word, and Ctrl-C while
+    # the producer's flush ran its delivery callbacks came out as a SystemError traceback); a second one at once
+    stop = Interrupt().install()
     try:
         with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, namespaces=registry,
                              config=settings.kafka_security.librdkafka()) as producer:
@@ -95,11 +98,13 @@ def run(args: argparse.Namespace) -> int:
                 producer.ping(producer.metadata_timeout_s)
             except DeliveryError as exc:  # no retry advice: nothing was sent (a review)
                 fail(f"{exc}; nothing was sent", code=1)
+            if stop():
+                raise KeyboardInterrupt  # while the broker was asked: nothing was handed over
             if args.file is None:
                 _send(producer, mutations, drawn, 0)
                 handed[0] = 1
             else:
-                _send_with_progress(producer, mutations, drawn, handed)
+                _send_with_progress(producer, mutations, drawn, handed, stop)
             producer.flush()
     except DeliveryError as exc:
         also = (f" Of the acknowledged, {len(exc.refusals)} will be dead-lettered (first: {exc.refusals[0][1]}): "
@@ -111,11 +116,15 @@ def run(args: argparse.Namespace) -> int:
              f"(first: {m.namespace}/{m.counter_name}, token {m.event_id}); send "
              + ("it again without --token: a new write" if args.file is None else
                 "those lines again with new tokens and times: new writes"), code=1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemError) as exc:
+        if isinstance(exc, SystemError) and not stop():  # only an interrupt inside the client's callbacks is one
+            raise
         console.print(f"interrupted after {handed[0]:,} of {len(mutations):,} mutation(s) were handed to the producer "
                       "(those the broker acknowledged are counted); "
                       f"{_retry_advice(args, mutations)}", soft_wrap=True, highlight=False)
         return 130
+    finally:
+        stop.restore()
     console.print(f"produced {len(mutations)} mutation(s) to {topic} on {bootstrap}")
     return 0
 
@@ -243,10 +252,12 @@ def _send(producer: CounterProducer, mutations: list[Mutation], drawn: list[bool
 
 
 def _send_with_progress(producer: CounterProducer, mutations: list[Mutation], drawn: list[bool],
-                        handed: list[int]) -> None:
+                        handed: list[int], stop: Interrupt) -> None:
     with ProgressBar("producing", total=len(mutations), unit="mut") as bar:
         step = max(1, len(mutations) // 200)
         for i in range(len(mutations)):
+            if stop():
+                raise KeyboardInterrupt  # here, in Python: the `with` then flushes what was handed over
             _send(producer, mutations, drawn, i)
             handed[0] = i + 1
             if handed[0] % step == 0 or handed[0] == len(mutations):

@@ -158,3 +158,37 @@ def test_a_drawn_time_is_drawn_when_the_write_is_sent_not_when_it_is_read(argv, 
     assert Recorder.sent[0].event_time >= read + 60_000_000
     if len(Recorder.sent) > 1:
         assert Recorder.sent[1].event_time == given["generation_time"] * 1_000_000
+
+
+@pytest.mark.parametrize("how", ["sigterm", "sigint_in_flush"])
+def test_a_stop_signal_ends_produce_saying_what_was_handed_over(how, tmp_path: Path, capsys, monkeypatch):
+    """A review: SIGTERM ended `counter produce --file` with no word (exit 143), and Ctrl-C while the producer's
+    flush ran its delivery callbacks came out as a SystemError traceback (confluent-kafka swallows the
+    KeyboardInterrupt raised inside a callback). Both now say how many mutations were handed over and how to rerun."""
+    import os
+    import signal
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"namespace": "my_dataset", "counter_name": f"c{i}", "delta": 1}) + "\n"
+                            for i in range(10)))
+    if how == "sigterm":
+        def send(self: Recorder, m: object) -> None:
+            Recorder.sent.append(m)
+            if len(Recorder.sent) == 4:
+                os.kill(os.getpid(), signal.SIGTERM)
+        monkeypatch.setattr(Recorder, "send", send)
+    else:
+        def flush(self: Recorder) -> None:  # as confluent-kafka's: an interrupt raised in its delivery callbacks
+            try:  # comes out as a SystemError
+                os.kill(os.getpid(), signal.SIGINT)  # the first only sets the stop flag now: the flush goes on
+                os.kill(os.getpid(), signal.SIGINT)  # a second raises at once
+            except KeyboardInterrupt:
+                raise SystemError("<built-in method flush> returned NULL without setting an exception") from None
+        monkeypatch.setattr(Recorder, "flush", flush, raising=False)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    assert produce("--file", str(path)) == 130
+    err = " ".join(capsys.readouterr().err.split())
+    handed = 4 if how == "sigterm" else 10
+    assert f"interrupted after {handed:,} of 10 mutation(s) were handed to the producer" in err, err
+    assert "running the file again counts its lines with a token" in err
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before  # restored
