@@ -7,12 +7,21 @@ from typing import Annotated, Any
 from fastapi import Depends, Header, Request
 
 from control_plane import Namespace
-from query_api.models import ErrorResponse
+from query_api.models import ErrorResponse, WriteErrorResponse
 from query_api.service import CounterService
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
     422: {"description": "invalid body; the detail names the field"}, 503: {"model": ErrorResponse}}
+BODY_ERRORS: dict[int | str, dict[str, Any]] = {  # of a call with a request body
+    **ERRORS, 413: {"model": ErrorResponse, "description": "the request body is over 4 MiB"}}
+WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
+    **BODY_ERRORS,
+    503: {"model": WriteErrorResponse, "description": "not counted: the broker (or, BEST_EFFORT, memcached) did "
+                                                      "not take it; retry with the answer's idempotency_token"},
+    504: {"model": WriteErrorResponse, "description": "not known in time whether it counts (acknowledged past its "
+                                                      "accept_limit, memcached did not answer, or AddAndGetCount's "
+                                                      "read timed out): retry with the answer's idempotency_token"}}
 
 
 class Forbidden(Exception):

@@ -6,11 +6,16 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, field_validator
+from pydantic.config import JsonDict
 
 from query_api.topk import MAX_K
 from schemas import (
     INT64_MAX,
     INT64_MIN,
+    MAX_COUNTER_NAME_BYTES,
+    MAX_ITEM_KEY_BYTES,
+    MAX_NAMESPACE_LEN,
+    MAX_TOKEN_BYTES,
     parse_generation_time,
     validate_counter_name,
     validate_item_key,
@@ -19,6 +24,13 @@ from schemas import (
 )
 
 MAX_BATCH = 1000
+
+# The bounds the validators below enforce, declared in the OpenAPI document only (`json_schema_extra`): as pydantic
+# constraints they would be checked first, with other messages. Lengths are in UTF-8 bytes, which JSON Schema cannot
+# say: maxLength (characters) is the bound for ASCII text, and the descriptions say bytes.
+NAMESPACE_SCHEMA: JsonDict = {"pattern": "^[A-Za-z0-9_.-]+$", "minLength": 1, "maxLength": MAX_NAMESPACE_LEN}
+COUNTER_NAME_SCHEMA: JsonDict = {"minLength": 1, "maxLength": MAX_COUNTER_NAME_BYTES}
+COUNTER_NAME_RULE = f"1 to {MAX_COUNTER_NAME_BYTES} UTF-8 bytes, no whitespace or control characters"
 
 
 def _check(validator: Any, value: Any) -> Any:
@@ -45,7 +57,9 @@ class IdempotencyToken(BaseModel):
     """Makes a write safe to retry or hedge: the same token and generation_time are counted once."""
 
     model_config = ConfigDict(extra="forbid")
-    token: str = Field(..., examples=["some_event_id"])
+    token: str = Field(..., examples=["some_event_id"],
+                       description=f"1 to {MAX_TOKEN_BYTES} UTF-8 bytes, no control characters",
+                       json_schema_extra={"minLength": 1, "maxLength": MAX_TOKEN_BYTES})
     generation_time: TimeValue | None = Field(
         None, description="ISO-8601 or epoch (s/ms/µs): the event's time, within the namespace's accept_limit of "
                           "when the write reaches Kafka. Required with a token in a durable namespace (an event is "
@@ -67,8 +81,9 @@ class IdempotencyToken(BaseModel):
 
 class CounterRef(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    namespace: str = Field(..., examples=["my_dataset"])
-    counter_name: str = Field(..., examples=["counter123"])
+    namespace: str = Field(..., examples=["my_dataset"], json_schema_extra=NAMESPACE_SCHEMA)
+    counter_name: str = Field(..., examples=["counter123"], description=COUNTER_NAME_RULE,
+                              json_schema_extra=COUNTER_NAME_SCHEMA)
 
     @field_validator("namespace")
     @classmethod
@@ -91,7 +106,8 @@ class AddCountRequest(CounterRef):
     delta: Delta | None = Field(None, description="required, except in a UNIQUE namespace: there 1 or absent (a "
                                                   "write counts its item once)")
     idempotency_token: IdempotencyToken | None = None
-    event_item_key: str = ""
+    event_item_key: str = Field("", description=f"at most {MAX_ITEM_KEY_BYTES} UTF-8 bytes, no control characters",
+                                json_schema_extra={"maxLength": MAX_ITEM_KEY_BYTES})
     dimensions: DimensionMap | None = Field(
         None, examples=[{"country": "US", "device": "tv"}],
         description="keys the namespace declares (dimensions.keys); the write is counted in the counter and in "
@@ -276,6 +292,20 @@ class BatchGetCountResponse(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: str
+
+
+class RetryToken(BaseModel):
+    token: str
+    generation_time: int = Field(..., description="epoch µs, as generation_time accepts it")
+
+
+class WriteErrorResponse(ErrorResponse):
+    """A durable write that failed (503) or whose outcome is not known in time (504): what a retry must send to be
+    counted once, which the client never saw when the API drew them."""
+
+    idempotency_token: RetryToken | None = Field(None, description="the write's token and time")
+    idempotency_tokens: list[RetryToken | None] | None = Field(
+        None, description="a batch's: each entry's, in order (null for a BEST_EFFORT entry)")
 
 
 # -- unique counts (aggregation UNIQUE): estimates from HLL sketches, with bounds --------------------------------

@@ -50,8 +50,10 @@ def _info(ns: Namespace, key: str | None) -> NamespaceInfo:
                          readable=readable, key_valid=valid, config=namespace_config(ns) if readable else None)
 
 
-def _unprocessable(field: str, message: str) -> JSONResponse:
-    return JSONResponse({"detail": [{"loc": ["query", field], "msg": message, "type": "value_error"}]},
+def _unprocessable(field: str, message: str, *, where: str = "query") -> JSONResponse:
+    """A 422 as FastAPI words one: `where` the field is, "query" or "path" (the namespace: a review read it as a
+    query parameter)."""
+    return JSONResponse({"detail": [{"loc": [where, field], "msg": message, "type": "value_error"}]},
                         status_code=422)
 
 
@@ -119,7 +121,7 @@ async def audit_log(namespace: str, service: Service, key: CallerKey,
     except ValidationError as exc:
         return _unprocessable("counter_name", exc.reason)
     if ns.counter_type is CounterType.BEST_EFFORT:
-        return _unprocessable("namespace", f"namespace {ns.name!r} is BEST_EFFORT: it keeps no events")
+        return _unprocessable("namespace", f"namespace {ns.name!r} is BEST_EFFORT: it keeps no events", where="path")
     try:
         cursor = decode_cursor(before) if before else None
     except BadCursor as exc:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from fastapi import APIRouter
 
 from control_plane import Namespace
-from query_api.dependencies import ERRORS, CallerKey, Service, authorize
+from query_api.dependencies import BODY_ERRORS, CallerKey, Service, authorize
 from query_api.models import (
     BatchGetCountRequest,
     BatchGetCountResponse,
@@ -54,7 +54,7 @@ BatchCountResponse = (CountResponse | WindowCountResponse | DimensionCountRespon
 router = APIRouter(prefix="/v1", tags=["reads"])
 
 
-@router.post("/GetCount", response_model=GetCountResponse, responses=ERRORS)
+@router.post("/GetCount", response_model=GetCountResponse, responses=BODY_ERRORS)
 async def get_count(body: GetCountRequest, service: Service, key: CallerKey) -> GetCountResponse:
     """The count: EVENTUAL the cached rollup (`as_of` its timestamp), ACCURATE rollup + live delta. With a
     `window`, the count of that window (`{"last": "1h"}` or `{"start", "end"}`), answered from the coarsest
@@ -91,7 +91,7 @@ async def _count(service: CounterService, ns: Namespace, counter: str, dims: Dim
     return dimension_response(c, counter, dims) if dims else count_response(c)
 
 
-@router.post("/BatchGetCount", response_model=BatchGetCountResponse, responses=ERRORS)
+@router.post("/BatchGetCount", response_model=BatchGetCountResponse, responses=BODY_ERRORS)
 async def batch_get_count(body: BatchGetCountRequest, service: Service, key: CallerKey) -> BatchGetCountResponse:
     """Many GetCounts in one call, each answered as GetCount answers it: a total, a `window` (the `last` windows
     of one call all end at the same time) or a `dimensions` filter, with their estimates and bounds in UNIQUE
@@ -122,7 +122,7 @@ async def batch_get_count(body: BatchGetCountRequest, service: Service, key: Cal
     return BatchGetCountResponse(results=results)
 
 
-@router.post("/GetCountSeries", response_model=SeriesResponse, responses=ERRORS)
+@router.post("/GetCountSeries", response_model=SeriesResponse, responses=BODY_ERRORS)
 async def get_count_series(body: GetCountSeriesRequest, service: Service, key: CallerKey) -> SeriesResponse:
     """A counter's minute, hour or day buckets over [start, end): in order, zero-filled, with `as_of`. At most
     1,440 buckets per call (422 naming `end` beyond that: ask for a shorter range or a coarser granularity). In a
@@ -137,7 +137,7 @@ async def get_count_series(body: GetCountSeriesRequest, service: Service, key: C
     return series_response(ns, body.counter_name, result, as_of)
 
 
-@router.post("/GetTopK", response_model=TopKResponse, responses=ERRORS)
+@router.post("/GetTopK", response_model=TopKResponse, responses=BODY_ERRORS)
 async def get_top_k(body: GetTopKRequest, service: Service, key: CallerKey) -> TopKResponse:
     """The `k` (1..100, default 10) counters with the highest counts in `window` (required: `{"last": "1h"}` or
     `{"start", "end"}`), count descending, ties by name: of all the namespace's counters, or with `dimensions` of

@@ -7,7 +7,7 @@ import logging
 from fastapi import APIRouter
 
 from control_plane import CounterType, Namespace
-from query_api.dependencies import ERRORS, CallerKey, Service, authorize
+from query_api.dependencies import WRITE_ERRORS, CallerKey, Service, authorize
 from query_api.models import (
     AddCountRequest,
     AddCountResponse,
@@ -15,7 +15,6 @@ from query_api.models import (
     BatchAddCountResponse,
     ClearCountRequest,
     CountResponse,
-    ErrorResponse,
     UniqueCountResponse,
 )
 from query_api.responses import add_response, count_response
@@ -28,7 +27,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["writes"])
 
 
-@router.post("/AddCount", response_model=AddCountResponse, responses=ERRORS)
+@router.post("/AddCount", response_model=AddCountResponse, responses=WRITE_ERRORS)
 async def add_count(body: AddCountRequest, service: Service, key: CallerKey) -> AddCountResponse:
     """Adjust a counter by `delta` (positive or negative). Durable once answered (rolled-up types). In a UNIQUE
     namespace, count `item` (required; `delta` 1 or absent)."""
@@ -42,7 +41,7 @@ async def add_count(body: AddCountRequest, service: Service, key: CallerKey) -> 
 
 
 @router.post("/AddAndGetCount", response_model=CountResponse | UniqueCountResponse,
-             responses={**ERRORS, 504: {"model": ErrorResponse}})
+             responses=WRITE_ERRORS)
 async def add_and_get_count(body: AddCountRequest, service: Service,
                             key: CallerKey) -> CountResponse | UniqueCountResponse:
     """AddCount, then the count including this delta (read-your-write), or 504 after a bounded wait. In a UNIQUE
@@ -61,7 +60,7 @@ async def add_and_get_count(body: AddCountRequest, service: Service,
                                                      body.dimensions, body.item))
 
 
-@router.post("/ClearCount", response_model=AddCountResponse, responses=ERRORS)
+@router.post("/ClearCount", response_model=AddCountResponse, responses=WRITE_ERRORS)
 async def clear_count(body: ClearCountRequest, service: Service, key: CallerKey) -> AddCountResponse:
     """Reset a counter to 0 as of the token's generation_time (an idempotent event like any other), with every
     combination of its dimensions."""
@@ -76,7 +75,7 @@ async def clear_count(body: ClearCountRequest, service: Service, key: CallerKey)
                                             token.generation_time if token else None))
 
 
-@router.post("/BatchAddCount", response_model=BatchAddCountResponse, responses=ERRORS)
+@router.post("/BatchAddCount", response_model=BatchAddCountResponse, responses=WRITE_ERRORS)
 async def batch_add_count(body: BatchAddCountRequest, service: Service, key: CallerKey) -> BatchAddCountResponse:
     """Many AddCounts in one call: all validated first (nothing is sent if any is refused); the durable ones
     travel in one record, so they reach Kafka all or none. The worker judges each by the record's timestamp: one
