@@ -276,6 +276,8 @@ def test_health_ready_metrics_openapi(stack):
     assert _metric(stack, "counter_pipeline_persist_lag_records") >= 0
     assert _metric(stack, "counter_pipeline_dead_letters") == pipeline["dlq"]["size"]
     assert "counter_pipeline_warnings" in text and "# HELP counter_pipeline_persisted_still_seconds" in text
+    refused = stack.client.get("/v1/namespaces/my_dataset_best_effort/audit", params={"counter_name": "c"})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["path", "namespace"], refused.text
     spec = stack.client.get("/openapi.json").json()
     assert {"/v1/AddCount", "/v1/AddAndGetCount", "/v1/GetCount", "/v1/ClearCount", "/v1/BatchAddCount",
             "/v1/BatchGetCount"} <= set(spec["paths"])
