@@ -198,3 +198,31 @@ def test_a_counter_variable_no_setting_reads_is_warned_of_with_the_one_it_may_me
     assert warnings == [
         "COUNTER_MUTATION_PARTITIONS is not a setting and is ignored; did you mean COUNTER_MUTATIONS_PARTITIONS?",
         "COUNTER_ZZZ is not a setting and is ignored"]
+
+
+def test_every_setting_is_in_the_readmes_configuration_table() -> None:
+    """A review found 13 COUNTER_* variables the code reads and the table left out (topics, the consumer group's
+    timeouts, the sweep and retention intervals, the log level, the API host). A row may name several as
+    `COUNTER_X` / `_Y` (the same prefix) or `COUNTER_X` / `COUNTER_Y`."""
+    import re
+    from pathlib import Path
+
+    from streams.settings import ENV_PREFIX, OTHER_VARIABLES, Settings
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    table = readme[readme.index("| variable | default | meaning |"):]
+    table = table[:table.index("\n\n")]
+    named: set[str] = set()
+    for row in table.splitlines()[2:]:
+        first = row.split(" | ")[0]
+        names = re.findall(r"`(COUNTER_[A-Z0-9_]+|_[A-Z0-9_]+)`", first)
+        full = ""
+        for name in names:
+            if name.startswith(ENV_PREFIX):
+                named.add(full := name)
+            else:  # `_CERT_FILE` after `COUNTER_KAFKA_SSL_CA_FILE`: as many of its last parts replaced
+                named.add(full.rsplit("_", name.count("_"))[0] + name)
+    tests_own = {"COUNTER_UI_SCREENSHOTS"}
+    wanted = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | (OTHER_VARIABLES - tests_own)
+    assert wanted - named == set()
+    assert named - wanted == set()  # no row names a variable nothing reads
