@@ -92,7 +92,8 @@ class AsyncProducer:
             except KafkaException as exc:
                 raise DeliveryError(f"broker {self.bootstrap} unreachable: {exc.args[0].str()}") from exc
             if meta is None or meta.error is not None or not meta.partitions:
-                raise DeliveryError(f"topic {topic!r} is not available; create it with `counter up`")
+                raise DeliveryError(f"topic {topic!r} is not available on broker {self.bootstrap} (the worker and "
+                                    "`counter up` create the service's topics; check the COUNTER_*_TOPIC settings)")
             return len(meta.partitions)
         return await asyncio.to_thread(ask)
 

@@ -104,6 +104,7 @@ class GroupCommitProducer:
         self.observer = observer
         self._in_flight = 0
         self._partitions = 0
+        self._unavailable = f"broker {producer.bootstrap} unreachable"  # why writes fail while _partitions is 0
         self._next_partition = 0
         self._pending: _Pending | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -125,6 +126,7 @@ class GroupCommitProducer:
             self._partitions = await self.kafka.partitions(self.topic)
         except DeliveryError as exc:
             log.warning("%s; retrying in the background", exc)
+            self._unavailable = str(exc)
             self._starting = asyncio.ensure_future(self._connect_forever())
 
     async def _connect_forever(self) -> None:
@@ -136,6 +138,7 @@ class GroupCommitProducer:
                 log.warning("broker %s reachable again", self.kafka.bootstrap)
             except DeliveryError as exc:
                 delay = min(delay * 2, 10.0)
+                self._unavailable = str(exc)
                 log.debug("%s", exc)
 
     async def stop(self) -> None:
@@ -178,7 +181,8 @@ class GroupCommitProducer:
         assert loop is not None, "start() first"
         if not self._partitions or self._closed:
             failed = loop.create_future()
-            failed.set_exception(DeliveryError(f"broker {self.kafka.bootstrap} unreachable; {RETRY_RULE}"))
+            # the broker away, or the topic missing (a review: "broker unreachable" while /readyz said the broker ok)
+            failed.set_exception(DeliveryError(f"{self._unavailable}; {RETRY_RULE}"))
             return failed
         size = len(bodies[0]) if len(bodies) == 1 else sum(map(len, bodies))
         pending = self._pending

@@ -27,10 +27,11 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"description": "a dependency is unreachable"}})
 async def readyz(service: Service, request: Request) -> JSONResponse:
-    """Broker, store and cache reachable, and the store the one the workers persist into (streams.store_binding)."""
+    """Broker, store and cache reachable, the mutations topic on the broker (writes fail without it), and the store
+    the one the workers persist into (streams.store_binding)."""
     binding = request.app.state.binding  # set by the lifespan
     bound = "ok" if binding.bound else "not checked yet: the broker has not answered"
-    checks = {"broker": await _check(service.producer.kafka.ping(1.0)),
+    checks = {"broker": await _check(service.producer.kafka.partitions(service.producer.topic, 1.0)),
               "store": await _check(service.rollups.get("_readyz", "_readyz")),
               "store_binding": bound if binding.mismatch is None else f"another store: {binding.mismatch}",
               "cache": "ok" if await service.cache.healthy() else "unreachable",
@@ -67,4 +68,4 @@ async def _check(awaitable: Awaitable[object]) -> str:
         await asyncio.wait_for(awaitable, 2.0)
         return "ok"
     except Exception as exc:
-        return f"unreachable: {exc}"
+        return f"failed: {exc}"

@@ -443,6 +443,20 @@ def test_a_body_is_json_whatever_its_content_type_on_every_path(stack, content_t
     assert line.split()[1] == b"422" and b"JSON decode error" in text
 
 
+def test_an_api_whose_mutations_topic_is_missing_says_so_in_its_writes_and_readyz(stack):
+    """A review: a durable AddCount to a mutations topic that does not exist answered 503 "broker ... unreachable",
+    while /readyz said the broker was ok."""
+    api = stack.start_api(COUNTER_MUTATIONS_TOPIC=f"no-such-topic-{uuid.uuid4().hex[:8]}")
+    with httpx.Client(base_url=f"http://127.0.0.1:{api.port}", timeout=30) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and "no-such-topic" in ready.json()["checks"]["broker"], ready.text
+        r = client.post("/v1/AddCount", json=fresh(POST_ADD))
+        assert r.status_code == 503, r.text
+        detail = r.json()["detail"]
+        assert "topic 'no-such-topic-" in detail and "not available" in detail and "unreachable" not in detail, detail
+    api.stop()
+
+
 def test_idle_keep_alive_connections_close_and_busy_ones_stay_open(stack):
     """The protocol arms one keep-alive timer per idle period instead of one per request: an idle connection
     still closes after COUNTER_API_KEEP_ALIVE_S, and one kept busy (fast path and app requests) past several
