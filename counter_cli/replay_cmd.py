@@ -47,7 +47,8 @@ as `counter recount`), so restored counts are exact.
 Interrupt it (Ctrl-C) at any time: the current batch is finished (or, on a second Ctrl-C, abandoned:
 re-processing it is harmless), offsets are committed to the consumer group after every persisted batch,
 and running the same command again resumes where it stopped (--restart starts over). A finished replay
-run again replays only what arrived since."""
+run again without --from replays only what arrived since; with --from (or other options) it starts a new
+replay, reading from there again."""
 
 EPILOG = """\
 examples:
