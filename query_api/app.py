@@ -115,6 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         await service.signals.start()
         if service.progress is not None:
             service.progress.start()
+        await service.inherit_earlier_writes()  # the writes acknowledged before this process (a restart's)
         try:  # admission's floors before the first write; a store away now leaves them to follow_watermark
             await service.rolled.refresh(service.rollups, service.registry)
         except Exception as exc:

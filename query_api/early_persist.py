@@ -180,6 +180,12 @@ class EarlyPersist:
         self._pending: list[tuple[list[EventRow], _Count, asyncio.Future[int]]] = []
         self._task: asyncio.Task[None] | None = None
 
+    def inherit(self, ends: Mapping[int, int]) -> None:
+        """Writes below `ends` were acknowledged to another process (this one's predecessor): `rows` blocks until
+        the worker has them, as for this process's own forgotten writes (`CounterService.inherit_earlier_writes`)."""
+        forgotten = self._forgotten or {}
+        self._forgotten = {p: max(end, forgotten.get(p, 0)) for p, end in (forgotten | dict(ends)).items()}
+
     def note(self, m: Mutation, acknowledged: Acknowledgement) -> None:
         """Remember a durable write being sent (its future: the broker's acknowledgement of its record, shared
         by the writes that record holds)."""

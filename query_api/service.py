@@ -172,6 +172,9 @@ class Written(NamedTuple):
     value: int | None = None  # BEST_EFFORT: the new count
 
 
+# for the mutations topic's end offsets, once per process (`inherit_earlier_writes`): a start with the broker away
+# waits no longer
+INHERIT_WAIT_S = 2.0
 BROKER_TIMEOUT_MAX_S = 5.0  # the longest a durable write waits for the broker's acknowledgement
 BROKER_TIMEOUT_MIN_S = 0.5
 
@@ -255,6 +258,10 @@ class CounterService:
         self.shared_pipeline = shared_pipeline
         self.early = (Unnoted if shared_pipeline else EarlyPersist)(events, recent_s=2.0 if progress is None else 4.0,
                                                                   progress=progress)
+        # the writes acknowledged before this process started (`inherit_earlier_writes`): read once, kept until the
+        # worker has them (a shared pipeline reads the topic's ends at every AddAndGetCount anyway)
+        self._inherited: dict[int, int] | None = None
+        self._inherited_read = shared_pipeline or progress is None
         self.live = LiveReads(events)  # the events after a rollup, read for every reader of a pass at once
         # Namespaces whose accept_limit is so short that even a write dated on arrival may be acknowledged after it
         # (the producer waits that long; max_clock_skew on top, for a margin): usually none.
@@ -715,10 +722,16 @@ class CounterService:
         process's (the topic's end offsets, read now). None for a process that writes alone and cannot read the
         worker's progress (the broker refuses or does not answer the persist group's offsets): it then waits for its
         own write only (query_api.persist_progress)."""
+        await self.inherit_earlier_writes()
         progress = self.progress
         if progress is None or (progress.failing and not self.shared_pipeline):
             return None
         ends = progress.acked_ends()
+        if self._inherited is not None:
+            if progress.covers(self._inherited):
+                self._inherited = None  # the worker has every write of the processes before this one
+            else:
+                ends = {p: max(ends.get(p, 0), end) for p, end in (ends | self._inherited).items()}
         if self.shared_pipeline:
             try:
                 topic = await progress.topic_ends()
@@ -730,12 +743,36 @@ class CounterService:
             ends = {p: max(ends.get(p, 0), end) for p, end in (ends | topic).items()}
         return ends
 
+    async def inherit_earlier_writes(self) -> None:
+        """Once per process, at its start (else at its first read-your-write): the mutations topic's end offsets,
+        below which lie the durable writes acknowledged before this process started. An API restarted on the same
+        port (`counter up` restarts a killed one) knew none of its predecessor's, and a review's AddAndGetCount
+        answered 6 for a count of 31: an acknowledged ClearCount and three adds the lagging worker had not persisted
+        were left out. Until the worker has them, AddAndGetCount waits for it (`earlier_ends`) and stores nothing
+        early (`EarlyPersist.inherit`). A failed read is tried again at the next call, whose ends then hold this
+        process's writes so far too (only waited for; meanwhile, as when the worker's progress cannot be read, only
+        this process's own writes are)."""
+        if self._inherited_read:
+            return
+        assert self.progress is not None  # `_inherited_read` is set without it
+        try:
+            ends = await asyncio.wait_for(self.progress.topic_ends(), INHERIT_WAIT_S)
+        except Exception as exc:
+            log.debug("the mutations topic's end offsets could not be read (%s): read again at the next "
+                      "AddAndGetCount", exc)
+            return
+        if not self._inherited_read:  # another call read them meanwhile
+            self._inherited_read = True
+            self._inherited = ends
+            self.early.inherit(ends)
+
     async def counted_early(self, ns: Namespace, counter: str, event_time: int, token: str) -> Count | None:
         """Store an acknowledged write's event now, with this process's recent writes of the counter, and count
         the counter with them, if the namespace is eligible and the worker is sure to admit these events
         (query_api.early_persist); None to wait for the worker instead."""
         if not eligible(ns):
             return None
+        await self.inherit_earlier_writes()
         rows = self.early.rows(ns, counter)  # acknowledged and admissible only
         if rows.blocked or not any(row[2] == event_time and row[3] == token for row in rows):
             return None  # its own write or an earlier one is not admissible here: the worker's to store

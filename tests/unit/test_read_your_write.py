@@ -157,6 +157,7 @@ def run(tmp: Path, scenario, **kwargs: float | bool) -> None:
     async def main() -> None:
         stack = Stack(tmp, **kwargs)
         try:
+            await stack.svc.inherit_earlier_writes()  # as the API's lifespan does at start
             await scenario(stack)
         finally:
             await stack.close()
