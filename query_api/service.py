@@ -14,9 +14,10 @@ reads are estimates from sketches (query_api.unique).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -59,6 +60,7 @@ from schemas import (
 )
 from schemas.validation import micros_iso
 from sinks import BucketStore, EventStore, RollupCache, RollupStore, SketchStore
+from sinks.availability import store_unavailable
 from sinks.best_effort import BestEffortCounters
 from sinks.combinations import all_combinations
 from sinks.rolled import RolledFloors
@@ -197,6 +199,24 @@ def identity_of(written: Written | None) -> Identity | None:
     if written is None or written.token is None or written.event_time is None:
         return None
     return written.token, written.event_time
+
+
+@contextlib.contextmanager
+def counted_or_retry(written: Written) -> Iterator[None]:
+    """Around an AddAndGetCount's wait and read once its write is acknowledged: a store outage there is a 504 with
+    the write's token (NotCountedYet), not the 503 of a store away, which says a write was not taken: a review's
+    client retried that as a new write (the API had drawn the token), and it was counted twice."""
+    try:
+        yield
+    except Exception as exc:
+        if not store_unavailable(exc):
+            raise
+        identity = identity_of(written)
+        token = identity[0] if identity else None
+        raise NotCountedYet(
+            f"the write is durable (token {token!r}) but the store could not be read for its count ({exc}); GetCount "
+            "will include it (a retry with the same token and generation_time within accept_limit of it is counted "
+            "once)", identity) from exc
 
 
 def _acknowledged_late(ns: Namespace, token: str, event_time: int, what: str = "write") -> NotCountedYet | None:
@@ -695,13 +715,14 @@ class CounterService:
         # a durable write always has its event time and token (write_durable sets them)
         event_time, token = written.event_time, written.token
         assert event_time is not None and token is not None, "a durable write has its event time and token"
-        if not self.shared_pipeline:  # shared: writes of other processes, which this one cannot store, may precede
-            early = await self.counted_early(ns, counter, event_time, token)
-            if early is not None:
-                return early
-        await self.wait_counted(written, item_key)
-        count, rollup_ts = await self.rollup_of(ns, counter)  # no read signal: the write's own persist signals it
-        return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
+        with counted_or_retry(written):
+            if not self.shared_pipeline:  # shared: writes of other processes, which this one cannot store, may
+                early = await self.counted_early(ns, counter, event_time, token)  # precede it
+                if early is not None:
+                    return early
+            await self.wait_counted(written, item_key)
+            count, rollup_ts = await self.rollup_of(ns, counter)  # no read signal: the write's own persist signals it
+            return Count(ns, counter, await self.live_count(ns, counter, count, rollup_ts), rollup_ts or None)
 
     async def wait_counted(self, written: Written, item_key: str = "") -> None:
         """Wait until the worker has persisted an acknowledged durable write (its event is in the store) and every

@@ -39,7 +39,7 @@ from query_api.models import (
     UniqueWindowCountResponse,
     Window,
 )
-from query_api.service import GROUP_READS, CounterService
+from query_api.service import GROUP_READS, CounterService, counted_or_retry
 from query_api.windows import DEFAULT_MAX_BUCKETS, Series, granularity_of, parse_window
 from schemas import MICROS, Dimensions, MutationOp, ValidationError, combination, parse_generation_time
 from sinks import BucketStore, EventStore, SketchStore
@@ -216,8 +216,9 @@ async def add_and_get_unique(service: CounterService, ns: Namespace, counter: st
     written, acknowledged = service.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
                                                   item_key, dimensions, item, then_count=True)
     await service.acknowledged(acknowledged, written)
-    await service.wait_counted(written, valid_item)  # in a UNIQUE namespace the event's item key is its item
-    return await get_unique(service, ns, counter, live=True)
+    with counted_or_retry(written):
+        await service.wait_counted(written, valid_item)  # in a UNIQUE namespace the event's item key is its item
+        return await get_unique(service, ns, counter, live=True)
 
 
 async def unique_series(service: CounterService, ns: Namespace, counter: str, granularity: str,

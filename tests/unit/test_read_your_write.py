@@ -294,3 +294,28 @@ def test_an_earlier_write_the_worker_lacks_is_waited_for_where_the_api_does_not_
         await stack.worker(now_us())
         assert (await answer).count == 11
     run(tmp_path, scenario, offsets=True)
+
+
+def test_a_store_outage_after_the_acknowledgement_answers_504_with_the_writes_token(tmp_path: Path) -> None:
+    """A review: an AddAndGetCount whose write the broker acknowledged (and the worker persisted), and whose count
+    read then met the store away, answered 503 without a token, which says a write was not taken: the client's
+    retry, a new write, counted it twice. It is a 504 naming the token the API drew now."""
+    from query_api.responses import error_response
+    from sinks.availability import StoreAway
+
+    async def scenario(stack: Stack) -> None:
+        async def away(*_args: object, **_kwargs: object) -> None:
+            raise StoreAway("store locked")
+
+        stack.rollups.get = away  # type: ignore[method-assign]  # the count's read, after the write
+        answer = asyncio.ensure_future(stack.svc.add_and_get(NS, "c", 7, None, None))  # the API draws the token
+        await until(lambda: len(stack.producer.sent) == 1, "the write sent")
+        await stack.worker(now_us())
+        with pytest.raises(NotCountedYet) as refused:
+            await answer
+        status, body = error_response(refused.value)
+        [sent] = stack.producer.sent
+        assert status == 504 and body["idempotency_token"] == {"token": sent.event_id,
+                                                               "generation_time": sent.event_time}, body
+        assert "store could not be read" in body["detail"]
+    run(tmp_path, scenario, offsets=True, timeout_s=2)
