@@ -47,8 +47,8 @@ as `counter recount`), so restored counts are exact.
 Interrupt it (Ctrl-C) at any time: the current batch is finished (or, on a second Ctrl-C, abandoned:
 re-processing it is harmless), offsets are committed to the consumer group after every persisted batch,
 and running the same command again resumes where it stopped (--restart starts over). A finished replay
-run again without --from replays only what arrived since; with --from (or other options) it starts a new
-replay, reading from there again."""
+run again without --from replays only what arrived since; with --from it starts a new replay, reading
+from there again (other options than the finished run's need --from)."""
 
 EPILOG = """\
 examples:

@@ -17,11 +17,15 @@ BODY_ERRORS: dict[int | str, dict[str, Any]] = {  # of a call with a request bod
     **ERRORS, 413: {"model": ErrorResponse, "description": "the request body is over 4 MiB"}}
 WRITE_ERRORS: dict[int | str, dict[str, Any]] = {
     **BODY_ERRORS,
-    503: {"model": WriteErrorResponse, "description": "not counted: the broker (or, BEST_EFFORT, memcached) did "
-                                                      "not take it; retry with the answer's idempotency_token"},
-    504: {"model": WriteErrorResponse, "description": "not known in time whether it counts (acknowledged past its "
-                                                      "accept_limit, memcached did not answer, or AddAndGetCount's "
-                                                      "read timed out): retry with the answer's idempotency_token"}}
+    503: {"model": WriteErrorResponse, "description": "not taken: the broker (BEST_EFFORT: memcached) or the store "
+                                                      "did not answer; a durable write's answer names the "
+                                                      "idempotency_token (and generation_time) a retry must send "
+                                                      "to be counted once"},
+    504: {"model": WriteErrorResponse, "description": "taken, not known in time to count: acknowledged past its "
+                                                      "accept_limit, or AddAndGetCount's count not readable in time; "
+                                                      "retry a durable write with the idempotency_token the answer "
+                                                      "names (counted once). A BEST_EFFORT write's 504 (memcached "
+                                                      "did not answer) names none: a retry may count twice"}}
 
 
 class Forbidden(Exception):

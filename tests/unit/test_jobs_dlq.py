@@ -199,7 +199,7 @@ def test_equal_items_of_one_record_are_two_mutations_and_a_legacy_entry_still_ma
         "at": "2026-11-27T00:00:00Z", "to": "counter-mutations", "reason": "?", "position": "0:0"}}}))
     todo, already, _ = dlq.pending([first, second], dlq.SentLog(legacy))
     assert todo == [] and already == 2  # never re-sent: one of them may have counted already
-    assert dead().identity == dead().legacy_identity  # a record's only mutation keeps its identity
+    assert dead().identity == dead().legacy_identity  # a dead letter from before dlq.index keeps its identity
 
 
 def test_ctrl_c_before_anything_is_sent_says_so_and_exits_130(tmp_path, monkeypatch, capsys):
