@@ -208,6 +208,8 @@ def counted_or_retry(written: Written) -> Iterator[None]:
     client retried that as a new write (the API had drawn the token), and it was counted twice."""
     try:
         yield
+    except NotCountedYet:
+        raise  # a TimeoutError, so "unavailable" too: it already says so, with the token (nested before, a review)
     except Exception as exc:
         if not store_unavailable(exc):
             raise
