@@ -186,6 +186,12 @@ class EarlyPersist:
         forgotten = self._forgotten or {}
         self._forgotten = {p: max(end, forgotten.get(p, 0)) for p, end in (forgotten | dict(ends)).items()}
 
+    @property
+    def forgotten(self) -> dict[int, int] | None:
+        """The ends of forgotten (or inherited) writes the worker may not have yet: `rows` blocks until offsets read
+        lately cover them."""
+        return self._forgotten
+
     def note(self, m: Mutation, acknowledged: Acknowledgement) -> None:
         """Remember a durable write being sent (its future: the broker's acknowledgement of its record, shared
         by the writes that record holds)."""

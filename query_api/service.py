@@ -177,6 +177,7 @@ class Written(NamedTuple):
 # for the mutations topic's end offsets, once per process (`inherit_earlier_writes`): a start with the broker away
 # waits no longer
 INHERIT_WAIT_S = 2.0
+FRESH_OFFSETS_S = 0.5  # the early path's wait for a fresh read of the worker's offsets, when forgotten writes block it
 BROKER_TIMEOUT_MAX_S = 5.0  # the longest a durable write waits for the broker's acknowledgement
 BROKER_TIMEOUT_MIN_S = 0.5
 
@@ -797,6 +798,12 @@ class CounterService:
             return None
         await self.inherit_earlier_writes()
         rows = self.early.rows(ns, counter)  # acknowledged and admissible only
+        # Blocked by forgotten writes, perhaps only for offsets not read lately (an idle poll; a loaded broker answering
+        # slowly): a fresh read may show the worker has them, which beats waiting for the worker (a CI run's 504 with
+        # the worker frozen after it had committed everything)
+        if (rows.blocked and (forgotten := self.early.forgotten) is not None and self.progress is not None
+                and await self.progress.wait_covers(forgotten, FRESH_OFFSETS_S)):
+            rows = self.early.rows(ns, counter)
         if rows.blocked or not any(row[2] == event_time and row[3] == token for row in rows):
             return None  # its own write or an earlier one is not admissible here: the worker's to store
         count, rollup_ts = await self.rollup_of(ns, counter)  # no read signal: the worker's persist of it signals
