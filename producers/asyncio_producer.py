@@ -97,15 +97,6 @@ class AsyncProducer:
             return len(meta.partitions)
         return await asyncio.to_thread(ask)
 
-    async def ping(self, timeout_s: float = 1.0) -> None:
-        """Raise DeliveryError unless the broker answers a metadata request within `timeout_s`."""
-        def ask() -> None:
-            try:
-                self._kafka.current.list_topics(timeout=timeout_s)
-            except KafkaException as exc:
-                raise DeliveryError(f"broker {self.bootstrap} unreachable: {exc.args[0].str()}") from exc
-        await asyncio.to_thread(ask)
-
     def acked_ends(self, topic: str) -> dict[int, int]:
         """Per partition of `topic`, the offset after the latest record this producer had acknowledged (a record's
         offset may show here a moment before its future settles)."""

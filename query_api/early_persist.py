@@ -79,6 +79,11 @@ def admissible(ns: Namespace, event_time_us: int, now_us: int | None = None) -> 
     return admission_error(event_time_us, now_us + 2 * skew_us, ns) is None and event_time_us <= now_us + skew_us
 
 
+def furthest(a: Mapping[int, int], b: Mapping[int, int]) -> dict[int, int]:
+    """Per partition, the further of two sets of offsets (a partition in one only keeps its offset)."""
+    return {p: max(a.get(p, 0), b.get(p, 0)) for p in a.keys() | b.keys()}
+
+
 def eligible(ns: Namespace) -> bool:
     """Whether every durable write of the namespace is one plain event (what this module may store)."""
     return not ns.dimensions and not ns.counts_unique
@@ -183,8 +188,7 @@ class EarlyPersist:
     def inherit(self, ends: Mapping[int, int]) -> None:
         """Writes below `ends` were acknowledged to another process (this one's predecessor): `rows` blocks until
         the worker has them, as for this process's own forgotten writes (`CounterService.inherit_earlier_writes`)."""
-        forgotten = self._forgotten or {}
-        self._forgotten = {p: max(end, forgotten.get(p, 0)) for p, end in (forgotten | dict(ends)).items()}
+        self._forgotten = furthest(self._forgotten or {}, ends)
 
     @property
     def forgotten(self) -> dict[int, int] | None:
@@ -234,8 +238,7 @@ class EarlyPersist:
             dropped = generations.popleft()
             if progress is not None and not dropped.worker_has:
                 acked = dropped.acked if dropped.acked is not None else progress.acked_ends()
-                forgotten = self._forgotten or {}
-                self._forgotten = {p: max(end, forgotten.get(p, 0)) for p, end in (forgotten | acked).items()}
+                self._forgotten = furthest(self._forgotten or {}, acked)
         generation = _Generation(now + self._span)
         generations.append(generation)
         return generation

@@ -35,7 +35,7 @@ from producers import DeliveryError, new_token
 from producers.group_commit import RETRY_RULE, Acknowledgement, GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
-from query_api.early_persist import EarlyPersist, Unnoted, eligible
+from query_api.early_persist import EarlyPersist, Unnoted, eligible, furthest
 from query_api.live_reads import LiveReads
 from query_api.persist_progress import PersistProgress
 from query_api.plain_add import plain_add
@@ -755,7 +755,7 @@ class CounterService:
             if progress.covers(self._inherited):
                 self._inherited = None  # the worker has every write of the processes before this one
             else:
-                ends = {p: max(ends.get(p, 0), end) for p, end in (ends | self._inherited).items()}
+                ends = furthest(ends, self._inherited)
         if self.shared_pipeline:
             try:
                 topic = await progress.topic_ends()
@@ -764,7 +764,7 @@ class CounterService:
                     f"the write is durable (token {identity[0]!r}) but the mutations topic's end offsets could not "
                     f"be read ({exc}); GetCount will include it (a retry with the same token "
                     f"and generation_time within accept_limit of it is counted once)", identity) from exc
-            ends = {p: max(ends.get(p, 0), end) for p, end in (ends | topic).items()}
+            ends = furthest(ends, topic)
         return ends
 
     async def inherit_earlier_writes(self) -> None:
