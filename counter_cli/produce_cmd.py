@@ -89,8 +89,10 @@ def run(args: argparse.Namespace) -> int:
     topic = args.topic or settings.mutations_topic
     handed = [0]
     # SIGINT, SIGTERM or SIGHUP stops between mutations (a review: SIGTERM ended it without a word, and Ctrl-C while
-    # the producer's flush ran its delivery callbacks came out as a SystemError traceback); a second one at once
-    stop = Interrupt().install()
+    # the producer's flush ran its delivery callbacks came out as a SystemError traceback); a second one at once. The
+    # first one is answered at once: the ping or the final flush can wait for the broker for seconds
+    stop = Interrupt("stopping: waiting for the broker to acknowledge what was handed over (press Ctrl-C again to "
+                     "quit without waiting)").install()
     try:
         with CounterProducer(bootstrap, topic=topic, batch_size=args.batch_size, namespaces=registry,
                              config=settings.kafka_security.librdkafka()) as producer:

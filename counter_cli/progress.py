@@ -16,6 +16,7 @@ stderr rich draws no live bar, only the final state when the bar closes.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from types import TracebackType
@@ -186,10 +187,12 @@ STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, `kill`, a clos
 class Interrupt:
     """SIGINT (or SIGTERM, SIGHUP) sets a flag the loops check between units of work, so the job saves where it
     is; a second one raises KeyboardInterrupt. (SIGTERM used to end a job without its save: a `kill` of `dlq
-    replay` left its last chunk unrecorded.)"""
+    replay` left its last chunk unrecorded.) `notice`, if given, is written at the first one: a job that then waits
+    in a library call (a producer's flush) would otherwise say nothing until it returns."""
 
-    def __init__(self) -> None:
+    def __init__(self, notice: str | None = None) -> None:
         self.requested = False
+        self.notice = notice
         self._previous = {sig: signal.getsignal(sig) for sig in STOPS}
 
     def install(self) -> Interrupt:
@@ -212,6 +215,8 @@ class Interrupt:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        if self.notice is not None:  # os.write: a print here could re-enter a write of the interrupted code
+            os.write(2, f"{self.notice}\n".encode())
 
     def __call__(self) -> bool:
         return self.requested

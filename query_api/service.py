@@ -214,12 +214,31 @@ def counted_or_retry(written: Written) -> Iterator[None]:
     except Exception as exc:
         if not store_unavailable(exc):
             raise
-        identity = identity_of(written)
-        token = identity[0] if identity else None
-        raise NotCountedYet(
-            f"the write is durable (token {token!r}) but the store could not be read for its count ({exc}); GetCount "
-            "will include it (a retry with the same token and generation_time within accept_limit of it is counted "
-            "once)", identity) from exc
+        raise not_counted_yet(written, f"the store could not be read for its count ({exc})") from exc
+
+
+def not_counted_yet(written: Written, why: str) -> NotCountedYet:
+    """AddAndGetCount's 504 for an acknowledged write it could not count: the write is durable, so the answer names
+    its token and whether a retry with it is still taken. Past accept_limit a retry is refused as too old (a 422), and
+    the multi-worker review saw the read-your-write wait outlast a short accept_limit: the text then says not to."""
+    identity = identity_of(written)
+    token = identity[0] if identity else None
+    return NotCountedYet(f"the write is durable (token {token!r}) but {why}; GetCount will include it "
+                         f"({retry_advice(written)})", identity)
+
+
+def retry_advice(written: Written) -> str:
+    """Whether a retry of a durable write with its token and generation_time is counted once or refused as too old,
+    judged by the API's clock now (the worker's view of the retry's record can only be later)."""
+    ns, event_time = written.ns, written.event_time
+    if event_time is None:
+        return "a BEST_EFFORT write has no token"
+    limit_us = int(ns.accept_limit_s * 1_000_000)
+    if time.time_ns() // 1000 - event_time >= limit_us:
+        return (f"do not retry: the write is counted, and a retry with its token now is refused as older than "
+                f"namespace {ns.name!r}'s accept_limit={ns.accept_limit_s}s")
+    return (f"a retry with the same token and generation_time before {micros_iso(event_time + limit_us)}, "
+            "within accept_limit of it, is counted once")
 
 
 def _acknowledged_late(ns: Namespace, token: str, event_time: int, what: str = "write") -> NotCountedYet | None:
@@ -731,16 +750,14 @@ class CounterService:
         """Wait until the worker has persisted an acknowledged durable write (its event is in the store) and every
         durable write acknowledged before it (`earlier_ends`), which may be in partitions the worker has not
         reached; NotCountedYet after the read-your-write wait."""
-        identity = identity_of(written)
-        assert identity is not None, "a durable write has its event time and token"
-        token, event_time = identity
+        assert identity_of(written) is not None, "a durable write has its event time and token"
         deadline = time.monotonic() + self.read_your_write_timeout_s
-        ends = await self.earlier_ends(identity)
-        await self.wait_persisted(written.ns, written.counter, event_time, token, item_key)
+        ends = await self.earlier_ends(written)
+        await self.wait_persisted(written, item_key)
         if ends is not None:
-            await self.wait_worker_has(ends, identity, max(0.0, deadline - time.monotonic()))
+            await self.wait_worker_has(ends, written, max(0.0, deadline - time.monotonic()))
 
-    async def earlier_ends(self, identity: Identity) -> dict[int, int] | None:
+    async def earlier_ends(self, written: Written) -> dict[int, int] | None:
         """Per partition of the mutations topic, an offset below which every durable write acknowledged so far
         lies: this process's records (the group commit's acknowledged ends) and, in a shared pipeline, every API
         process's (the topic's end offsets, read now). None for a process that writes alone and cannot read the
@@ -760,10 +777,7 @@ class CounterService:
             try:
                 topic = await progress.topic_ends()
             except Exception as exc:  # without them the count could miss another process's earlier write
-                raise NotCountedYet(
-                    f"the write is durable (token {identity[0]!r}) but the mutations topic's end offsets could not "
-                    f"be read ({exc}); GetCount will include it (a retry with the same token "
-                    f"and generation_time within accept_limit of it is counted once)", identity) from exc
+                raise not_counted_yet(written, f"the mutations topic's end offsets could not be read ({exc})") from exc
             ends = furthest(ends, topic)
         return ends
 
@@ -813,27 +827,23 @@ class CounterService:
             return None
         return Count(ns, counter, live, rollup_ts or None)
 
-    async def wait_worker_has(self, ends: Mapping[int, int], identity: Identity, timeout_s: float) -> None:
+    async def wait_worker_has(self, ends: Mapping[int, int], written: Written, timeout_s: float) -> None:
         """Wait until the worker has persisted every record before `ends` (`earlier_ends`): an AddAndGetCount that
         this process does not count itself (the worker lags, one of its writes is not admissible here any more, the
         namespace is not eligible, or the pipeline is shared) counts the earlier acknowledged writes of the counter
         too, wherever they are."""
         assert self.progress is not None
-        token = identity[0]
         if not await self.progress.wait_covers(ends, timeout_s):
-            raise NotCountedYet(
-                f"the write is durable (token {token!r}) but earlier writes were not persisted within "
-                f"{self.read_your_write_timeout_s}s of its acknowledgement; GetCount will include it (a retry with "
-                "the same token and generation_time within accept_limit of it is counted once)",
-                identity)
+            raise not_counted_yet(written, f"earlier writes were not persisted within "
+                                           f"{self.read_your_write_timeout_s}s of its acknowledgement")
 
-    async def wait_persisted(self, ns: Namespace, counter: str, event_time: int, token: str, item_key: str) -> None:
-        if not await self.arrivals.wait(ns.name, (counter, event_time, token, item_key)):
-            raise NotCountedYet(
-                f"the write is durable (token {token!r}) but was not counted within "
-                f"{self.read_your_write_timeout_s}s of its acknowledgement; GetCount will include it (a retry with "
-                "the same token and generation_time within accept_limit of it is counted once)",
-                (token, event_time))
+    async def wait_persisted(self, written: Written, item_key: str) -> None:
+        """Wait until the worker has stored the write's own event (query_api.arrivals)."""
+        assert written.token is not None and written.event_time is not None, "a durable write"
+        key = (written.counter, written.event_time, written.token, item_key)
+        if not await self.arrivals.wait(written.ns.name, key):
+            raise not_counted_yet(written, f"was not counted within {self.read_your_write_timeout_s}s of its "
+                                           "acknowledgement")
 
 
     # -- dimensions -------------------------------------------------------------------------------------

@@ -160,6 +160,28 @@ def test_a_drawn_time_is_drawn_when_the_write_is_sent_not_when_it_is_read(argv, 
         assert Recorder.sent[1].event_time == given["generation_time"] * 1_000_000
 
 
+def test_a_first_signal_in_the_final_flush_is_answered_at_once(tmp_path: Path, capfd, monkeypatch):
+    """The last review: a first Ctrl-C while `counter produce` flushed (or pinged) the broker printed nothing until
+    the flush ended, seconds behind a slow broker. It now says at once what it waits for; the flush goes on, and
+    every mutation handed over is acknowledged, so the run ends as produced."""
+    import os
+    import signal
+
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps({"namespace": "my_dataset", "counter_name": "c", "delta": 1}) + "\n")
+    said: list[str] = []
+
+    def flush(self: Recorder) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        said.append(capfd.readouterr().err)  # during the flush, before it returns
+    monkeypatch.setattr(Recorder, "flush", flush, raising=False)
+    assert produce("--file", str(path)) == 0
+    assert len(said) == 1 and said[0].endswith(
+        "stopping: waiting for the broker to acknowledge what was handed over (press Ctrl-C again to quit without "
+        "waiting)\n"), said  # after the progress bar's last line
+    assert "produced 1 mutation(s)" in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("how", ["sigterm", "sigint_in_flush"])
 def test_a_stop_signal_ends_produce_saying_what_was_handed_over(how, tmp_path: Path, capsys, monkeypatch):
     """A review: SIGTERM ended `counter produce --file` with no word (exit 143), and Ctrl-C while the producer's

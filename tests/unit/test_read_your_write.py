@@ -6,6 +6,7 @@ worker is `agents.persist.prepare` run on them as records that reached Kafka at 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -337,3 +338,21 @@ def test_forgotten_writes_the_worker_has_do_not_block_the_early_path_for_stale_o
         assert (await stack.svc.add_and_get(NS, "c", 1, "w1", now_us())).count == 11  # NotCountedYet before
         assert stack.progress.waited == [{0: 2}]
     run(tmp_path, scenario, offsets=True, timeout_s=0.5)
+
+
+@pytest.mark.parametrize(("age_s", "advice"), [
+    (1.0, r"a retry with the same token and generation_time before \S+, within accept_limit of it, is counted once"),
+    (5.5, r"do not retry: the write is counted, and a retry with its token now is refused as older than namespace "
+          r"'my_dataset_accurate''s accept_limit=5.0s"),
+])
+def test_a_504_says_whether_a_retry_is_still_taken(age_s: float, advice: str) -> None:
+    """The multi-worker review: with accept_limit no longer than the read-your-write wait, a 504'd AddAndGetCount
+    said a retry with its token is counted once, and every such retry was refused as too old (a 422). The 504 now
+    tells the two apart by the write's age, and gives the last instant a retry is taken."""
+    from query_api.service import Written, not_counted_yet
+
+    event_time = now_us() - int(age_s * S)
+    refused = not_counted_yet(Written(NS, "c", "t1", event_time), "it was slow")
+    assert refused.identity == ("t1", event_time)
+    assert str(refused).startswith("the write is durable (token 't1') but it was slow; GetCount will include it (")
+    assert re.search(advice, str(refused)), str(refused)
