@@ -19,7 +19,7 @@ from rich.text import Text
 from control_plane import ConfigError, NamespaceRegistry, default_config_path, load_namespaces
 from infra.native import BuildOutcome, ensure_native_builds
 from sinks import ROLLUPS_FILE, sqlite_directory
-from sinks.cassandra.config import masked_url
+from sinks.cassandra.config import CassandraUrlError, masked_url, parse_cassandra_url
 from sinks.factory import store_location as sinks_store_location
 from streams.settings import (
     Settings,
@@ -41,10 +41,19 @@ def fail(message: str, code: int = 2) -> NoReturn:
 
 
 def settings_or_exit(**overrides: Any) -> Settings:
+    """COUNTER_* read and checked, or exit naming the variable. A cassandra:// store URL is parsed whole here, by the
+    parser that opens the store (its options, one port for all hosts): `streams.settings` checks only its shape, as
+    it may not import `sinks`, and a URL it passed failed the API's start with a traceback (a review)."""
     try:
-        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+        settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     except SettingsError as exc:
         fail(str(exc))
+    if settings.store.startswith("cassandra://"):
+        try:
+            parse_cassandra_url(settings.store)
+        except CassandraUrlError as exc:
+            fail(f"invalid settings: COUNTER_STORE: {exc} (got {masked_url(settings.store)!r})")
+    return settings
 
 
 def namespaces_or_exit(settings: Settings) -> tuple[Path, NamespaceRegistry]:

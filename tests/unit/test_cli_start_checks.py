@@ -496,3 +496,19 @@ def test_an_endpoints_file_left_by_a_version_without_the_lock_pid_says_the_last_
     handle.close()
     said = " ".join(capsys.readouterr().err.split())
     assert (f"the last `counter up` on {tmp_path} (pid 77) ended without its stop" in said) is says, said
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("cassandra://a:9042,b:9043/ks", "hosts use different ports [9042, 9043]: all hosts share one port"),
+    ("cassandra://a/ks?consistency=MOST", "consistency"),
+    ("cassandra://a/ks?colour=red", "unknown cassandra URL option 'colour'"),
+])
+def test_a_cassandra_url_is_parsed_whole_before_anything_starts(monkeypatch, capsys, url, says):
+    """The maintainability review: the settings check only the URL's shape (streams may not import sinks), and a URL
+    they passed failed `counter api` with uvicorn's "Application startup failed" and a traceback. Every verb reads
+    its settings through `settings_or_exit`, which now parses it as the store will."""
+    monkeypatch.setenv("COUNTER_STORE", url)
+    common.load_settings()  # the shape passes
+    _exits(2, common.settings_or_exit)
+    error = _error(capsys)
+    assert error.startswith("error: invalid settings: COUNTER_STORE: ") and says in error, error
