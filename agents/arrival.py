@@ -48,7 +48,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 from agents.persist import KafkaRecord, PublishedFloor
-from schemas.record_headers import HEARTBEAT_HEADER
+from schemas.record_headers import HEARTBEAT_HEADERS
 from sinks import RollupStore, arrival_keys
 
 log = logging.getLogger("counter.persist")
@@ -140,7 +140,7 @@ class ArrivalFloors:
             offset, floor_us = seeds[partition]
             rec = records[index]
             out.insert(index, PublishedFloor(rec.topic, partition, offset - 1, floor_us // 1000, None, b"",
-                                             [(HEARTBEAT_HEADER, b"1")]))
+                                             HEARTBEAT_HEADERS))
         return out, set(first)
 
     def stored(self, heartbeats: Iterable[tuple[int, int]], seeded: Iterable[int]) -> None:

@@ -1,7 +1,9 @@
-"""The worker: a Faust app running the persist and rollup agents, the watermark and the sweep.
+"""The worker: a Faust app hosting the persist consumer, the rollup agent, the watermark and the sweep.
 
-Run it with `counter worker` (or `python -m agents`); run as many as there are partitions, they share
-the work through the Faust consumer group `COUNTER_WORKER_ID`.
+Run it with `counter worker` (or `python -m agents`); run as many as there are partitions. The rollup agent shares
+the rollups topic through the Faust consumer group `COUNTER_WORKER_ID`; persisting is a `mode` service of the app
+(`PersistService`) running an aiokafka consumer in the group `<COUNTER_WORKER_ID>.persist`
+(agents.persist_consumer says why it is not a Faust agent).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from infra.heap import freeze_startup_heap
 from producers.asyncio_producer import AsyncProducer
 from schemas import DecodeError, codec, decode_signals
 from schemas.dead_letter import DeadLetter
-from schemas.record_headers import HEARTBEAT_HEADER
+from schemas.record_headers import HEARTBEAT_HEADERS
 from sinks import (
     BucketStore,
     EventStore,
@@ -88,7 +90,6 @@ class Pipeline:
     topics: AppTopics
     tracker: WatermarkTracker
     mutation_partitions: PartitionCount  # the watermark waits for each; read again as partitions are added
-    rollup_partitions: int
     pressure: BackPressure
     kafka: AsyncProducer
     signals: SignalSender
@@ -253,7 +254,7 @@ def build(settings: Settings) -> Pipeline:
         app=app, topics=topics,
         tracker=WatermarkTracker(skew),
         mutation_partitions=PartitionCount(settings.mutations_topic, counts[settings.mutations_topic]),
-        rollup_partitions=counts[settings.rollups_topic], pressure=BackPressure(), kafka=kafka,
+        pressure=BackPressure(), kafka=kafka,
         signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]), sketches=sketches,
         heartbeats=HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s)), binding=binding)
     capacity = min((ns.queue.capacity_bytes for ns in rolled), default=16 << 20)
@@ -408,7 +409,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
             return  # idle: the next heartbeats go out idle_s after the last ones
         p.heartbeats.sent(now)
         await asyncio.gather(*(p.kafka.produce(settings.mutations_topic, b"", partition=partition,
-                                               headers=[(HEARTBEAT_HEADER, b"1")]) for partition in owned))
+                                               headers=HEARTBEAT_HEADERS) for partition in owned))
 
     @app.timer(settings.store_binding_check_s)
     async def store_binding() -> None:

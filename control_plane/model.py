@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 __all__ = [
     "GRANULARITIES",
@@ -107,7 +107,8 @@ class ConfigError(ValueError):
             line=self.line, column=self.column,
         )
 
-    def __reduce__(self):  # keyword-only __init__: make it survive pickling (multiprocessing)
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # keyword-only __init__: make it survive pickling (multiprocessing)
         args = (self.reason, self.namespace, self.field, self.path, self.line, self.column)
         return (_rebuild_config_error, args)
 

@@ -17,6 +17,7 @@ from itertools import pairwise
 from typing import Any, TypeVar
 
 from schemas import MAX_DIMENSIONS, MAX_SHARDS, ValidationError, validate_dimension_key
+from schemas.validation import short_repr
 
 from .durations import format_duration, parse_duration
 from .model import (
@@ -153,7 +154,7 @@ def flatten_flat(
         elif key in SECTIONS:
             if not isinstance(value, Mapping):
                 raise ConfigError(
-                    f"must be a mapping with keys {', '.join(SECTIONS[key])} (got {_show(value)})",
+                    f"must be a mapping with keys {', '.join(SECTIONS[key])} (got {short_repr(value)})",
                     namespace=namespace, field=prefix + key,
                 )
             for sub, sub_value in value.items():
@@ -172,7 +173,7 @@ def flatten_windows(value: object, *, namespace: str | None, where: str) -> dict
     (even an empty one) can be told apart from the preset (BEST_EFFORT namespaces must not)."""
     if not isinstance(value, Mapping):
         raise ConfigError(
-            f"must be a mapping with keys {', '.join(WINDOW_KEYS)} (got {_show(value)})",
+            f"must be a mapping with keys {', '.join(WINDOW_KEYS)} (got {short_repr(value)})",
             namespace=namespace, field=where,
         )
     out = {"windows": Setting(value, where)}
@@ -185,7 +186,7 @@ def flatten_windows(value: object, *, namespace: str | None, where: str) -> dict
         if not isinstance(sub, Mapping):
             raise ConfigError(
                 f"must be a mapping of granularity -> retention, e.g. {{minute: 48h, hour: 90d, day: {FOREVER}}} "
-                f"(got {_show(sub)})", namespace=namespace, field=f"{where}.retention",
+                f"(got {short_repr(sub)})", namespace=namespace, field=f"{where}.retention",
             )
         for granularity, retention in sub.items():
             if granularity not in GRANULARITIES:
@@ -518,7 +519,7 @@ def _api_key(item: object, *, namespace: str, where: str) -> ApiKey:
     scopes = item.get("scopes")
     if not isinstance(scopes, list | tuple) or not scopes:
         raise ConfigError(
-            f"must be a non-empty list drawn from {', '.join(SCOPES)} (got {_show(scopes)})",
+            f"must be a non-empty list drawn from {', '.join(SCOPES)} (got {short_repr(scopes)})",
             namespace=namespace, field=f"{where}.scopes",
         )
     normalised: set[str] = set()
@@ -533,11 +534,6 @@ def _api_key(item: object, *, namespace: str, where: str) -> ApiKey:
     return ApiKey(key=key, scopes=frozenset(normalised), missing_env=missing_env)
 
 
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _choices(enum: type[CounterType] | type[Cardinality] | type[Aggregation]) -> str:
     return ", ".join(m.value for m in enum)
 
@@ -550,7 +546,7 @@ def _span(seconds: float | None) -> str:
 def _granularities(value: object) -> tuple[str, ...]:
     prefixes = ["[" + ", ".join(GRANULARITIES[:n]) + "]" for n in range(len(GRANULARITIES) + 1)]
     reason = (f"must be a prefix of [{', '.join(GRANULARITIES)}] (each bucket is the sum of the finer one): "
-              f"{', '.join(prefixes[:-1])} or {prefixes[-1]} (got {_show(value)})")
+              f"{', '.join(prefixes[:-1])} or {prefixes[-1]} (got {short_repr(value)})")
     if not isinstance(value, list | tuple) or not all(isinstance(g, str) for g in value):
         raise ValueError(reason)
     chain = tuple(g.strip().lower() for g in value)
@@ -571,9 +567,9 @@ def _retention(granularity: str) -> Callable[[Any], float | None]:
             raise ValueError(f"invalid duration: {exc} (or {FOREVER!r} to keep them)") from None
         if seconds < width:
             raise ValueError(f"must keep at least one {granularity} bucket ({_span(width)}), or {FOREVER!r} "
-                             f"(got {_show(value)})")
+                             f"(got {short_repr(value)})")
         if seconds > MAX_DURATION_S:
-            raise ValueError(f"must be at most {_span(MAX_DURATION_S)}, or {FOREVER!r} (got {_show(value)})")
+            raise ValueError(f"must be at most {_span(MAX_DURATION_S)}, or {FOREVER!r} (got {short_repr(value)})")
         return seconds
 
     return convert
@@ -584,7 +580,7 @@ def _dimension_keys(value: object) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list | tuple):
-        raise ValueError(f"must be a list of dimension keys, {example} (got {_show(value)})")
+        raise ValueError(f"must be a list of dimension keys, {example} (got {short_repr(value)})")
     if len(value) > MAX_DIMENSIONS:
         raise ValueError(f"at most {MAX_DIMENSIONS} dimension keys (a write is counted in the counter and in every "
                          f"combination of its dimensions: {2 ** MAX_DIMENSIONS} events per write at "
@@ -602,7 +598,7 @@ def _dimension_keys(value: object) -> tuple[str, ...]:
 
 def _lg_k(value: object) -> int:
     reason = (f"must be an integer from {LG_K_MIN} to {LG_K_MAX}: log2 of the HLL sketches' buckets (relative "
-              f"error about 1.04 / sqrt(2^lg_k): 1.6% at 12), got {_show(value)}")
+              f"error about 1.04 / sqrt(2^lg_k): 1.6% at 12), got {short_repr(value)}")
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise ValueError(reason)
     try:
@@ -619,7 +615,7 @@ def _shard_count(value: object) -> int:
         shards = _positive_int(value)
     except ValueError:
         raise ValueError(f"must be an integer from 1 to {MAX_SHARDS}: the Kafka keys a counter's writes are "
-                         f"spread over (got {_show(value)})") from None
+                         f"spread over (got {short_repr(value)})") from None
     if shards > MAX_SHARDS:
         raise ValueError(f"must be at most {MAX_SHARDS} (got {shards}); a few times the mutations topic's "
                          "partition count already spreads a counter over every partition")
@@ -637,7 +633,7 @@ def _positive_int(value: object) -> int:
     elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
         number = int(value.strip())  # the Netflix post writes "600"
     if number is None or number <= 0:
-        raise ValueError(f"must be a positive integer (got {_show(value)})")
+        raise ValueError(f"must be a positive integer (got {short_repr(value)})")
     return number
 
 
@@ -649,7 +645,7 @@ def _enum(enum: type[CounterType] | type[Cardinality] | type[Aggregation]) -> Ca
             key = value.strip().upper().replace("-", "_").replace(" ", "_")
             if key in enum.__members__:
                 return enum[key]
-        raise ValueError(f"must be one of {_choices(enum)} (got {_show(value)})")
+        raise ValueError(f"must be one of {_choices(enum)} (got {short_repr(value)})")
 
     return convert
 
@@ -658,7 +654,7 @@ def _choice(allowed: tuple[str, ...]) -> Callable[[Any], str]:
     def convert(value: object) -> str:
         if isinstance(value, str) and value.strip().lower() in allowed:
             return value.strip().lower()
-        raise ValueError(f"must be one of {', '.join(allowed)} (got {_show(value)})")
+        raise ValueError(f"must be one of {', '.join(allowed)} (got {short_repr(value)})")
 
     return convert
 
@@ -681,12 +677,12 @@ def _duration(*, positive: bool) -> Callable[[Any], float]:
         except ValueError as exc:
             raise ValueError(f"invalid duration: {exc}") from None
         if positive and seconds <= 0:
-            raise ValueError(f"must be a positive duration (got {_show(value)})")
+            raise ValueError(f"must be a positive duration (got {short_repr(value)})")
         if 0 < seconds < MIN_DURATION_S:
             raise ValueError(f"must be at least 1ms{'' if positive else ' (or 0)'}: it is kept in whole "
-                             f"microseconds (got {_show(value)})")
+                             f"microseconds (got {short_repr(value)})")
         if seconds > MAX_DURATION_S:
-            raise ValueError(f"must be at most {_span(MAX_DURATION_S)} (got {_show(value)})")
+            raise ValueError(f"must be at most {_span(MAX_DURATION_S)} (got {short_repr(value)})")
         return seconds
 
     return convert
@@ -701,8 +697,8 @@ def _ttl(value: object) -> float | None:
     except ValueError as exc:
         raise ValueError(f"invalid duration: {exc} (use null for no expiry)") from None
     if seconds <= 0:
-        raise ValueError(f"must be a positive duration, or null for no expiry (got {_show(value)})")
+        raise ValueError(f"must be a positive duration, or null for no expiry (got {short_repr(value)})")
     if seconds > MAX_TTL_S:
         raise ValueError(f"must be at most {_span(MAX_TTL_S)} (memcached cannot hold a later expiry); use null "
-                         f"for no expiry (got {_show(value)})")
+                         f"for no expiry (got {short_repr(value)})")
     return seconds

@@ -1,4 +1,6 @@
-"""Client library that produces count mutations to Kafka (`CounterProducer`) and the `produce` CLI verb."""
+"""Client library that produces count mutations to Kafka (`CounterProducer`); the asyncio Kafka producer of the worker
+and the API (`asyncio_producer`, `handle`) and the API's group commit (`group_commit`). `counter produce` is
+`counter_cli.produce_cmd`."""
 
 from producers.client import CounterProducer, DeliveryError, NotAdmitted, new_token
 from producers.partitioner import murmur2, partition_for

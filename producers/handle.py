@@ -68,7 +68,6 @@ class RenewingProducer:
         self._lock = threading.Lock()
         self._closed = False
         self._retiring: list[threading.Thread] = []
-        self.renewals = 0
         self.handle: tuple[int, Producer] = (0, self._build(0))  # (generation, handle), replaced as one
 
     @property
@@ -154,7 +153,6 @@ class RenewingProducer:
                 return  # renewed already (its other records report the same), or shutting down
             old = self.handle[1]
             self.handle = (generation + 1, self._build(generation + 1))
-            self.renewals += 1
             self._retiring = [t for t in self._retiring if t.is_alive()]
             retire = threading.Thread(target=_retire, args=(old,), name=f"{self.name}-retire", daemon=True)
             self._retiring.append(retire)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import orjson
 
@@ -35,7 +35,8 @@ from query_api.service import (
     Written,
 )
 from query_api.windows import Series
-from schemas import MICROS, Dimensions
+from schemas import Dimensions
+from schemas.validation import utc_datetime
 from sinks import store_unavailable
 from sinks.best_effort import CounterUnavailable, CounterWriteUnknown
 from sinks.windows import WindowError
@@ -45,13 +46,23 @@ SERVICE_ERRORS: tuple[type[Exception], ...] = (NamespaceNotFound, BrokerUnavaila
                                                 WindowError)
 
 
-def _as_of(rollup_ts: int | None) -> datetime | None:
-    return datetime.fromtimestamp(rollup_ts / MICROS, UTC) if rollup_ts else None
+def as_of_time(us: int | None) -> datetime | None:
+    """A count's `as_of`: when its rollup (or window, sketch) was taken; None before the first."""
+    return utc_datetime(us) if us else None
+
+
+def window_of(start_us: int, end_us: int) -> Window:
+    return Window(start=utc_datetime(start_us), end=utc_datetime(end_us))
+
+
+def maybe_window(start_us: int | None, end_us: int | None) -> Window | None:
+    """A grouped answer's window, None when it counts over all time."""
+    return None if start_us is None or end_us is None else window_of(start_us, end_us)
 
 
 def count_response(c: Count) -> CountResponse:
     return CountResponse(namespace=c.ns.name, counter_name=c.counter, count=c.count,
-                         counter_type=c.ns.counter_type.value, as_of=_as_of(c.rollup_ts))
+                         counter_type=c.ns.counter_type.value, as_of=as_of_time(c.rollup_ts))
 
 
 def count_json(c: Count) -> bytes:
@@ -59,28 +70,25 @@ def count_json(c: Count) -> bytes:
     (the fast path's share of a cached GetCount; tests compare the two over generated values)."""
     try:
         return orjson.dumps({"namespace": c.ns.name, "counter_name": c.counter, "count": c.count,
-                             "counter_type": c.ns.counter_type.value, "as_of": _as_of(c.rollup_ts)},
+                             "counter_type": c.ns.counter_type.value, "as_of": as_of_time(c.rollup_ts)},
                             option=orjson.OPT_UTC_Z)
     except TypeError:  # an integer orjson cannot hold: the model can
         return count_response(c).model_dump_json().encode()
 
 
-def _at(us: int) -> datetime:
-    return datetime.fromtimestamp(us / MICROS, UTC)
-
-
 def window_response(w: WindowedCount) -> WindowCountResponse:
     return WindowCountResponse(namespace=w.ns.name, counter_name=w.counter, count=w.count,
-                               counter_type=w.ns.counter_type.value, as_of=_as_of(w.as_of),
-                               window=Window(start=_at(w.start_us), end=_at(w.end_us)))
+                               counter_type=w.ns.counter_type.value, as_of=as_of_time(w.as_of),
+                               window=window_of(w.start_us, w.end_us))
 
 
 def window_json(w: WindowedCount) -> bytes:
     """`window_response(w)` serialized without building the model (see count_json)."""
     try:
         return orjson.dumps({"namespace": w.ns.name, "counter_name": w.counter, "count": w.count,
-                             "counter_type": w.ns.counter_type.value, "as_of": _as_of(w.as_of),
-                             "window": {"start": _at(w.start_us), "end": _at(w.end_us)}}, option=orjson.OPT_UTC_Z)
+                             "counter_type": w.ns.counter_type.value, "as_of": as_of_time(w.as_of),
+                             "window": {"start": utc_datetime(w.start_us), "end": utc_datetime(w.end_us)}},
+                            option=orjson.OPT_UTC_Z)
     except TypeError:  # an integer orjson cannot hold: the model can
         return window_response(w).model_dump_json().encode()
 
@@ -88,37 +96,37 @@ def window_json(w: WindowedCount) -> bytes:
 def dimension_response(c: Count, counter: str, dimensions: Dimensions) -> DimensionCountResponse:
     """A filtered GetCount: `c` is the combination counter's count, answered under the base `counter`."""
     return DimensionCountResponse(namespace=c.ns.name, counter_name=counter, count=c.count,
-                                  counter_type=c.ns.counter_type.value, as_of=_as_of(c.rollup_ts),
+                                  counter_type=c.ns.counter_type.value, as_of=as_of_time(c.rollup_ts),
                                   dimensions=dict(dimensions))
 
 
 def dimension_window_response(w: WindowedCount, counter: str,
                               dimensions: Dimensions) -> DimensionWindowCountResponse:
     return DimensionWindowCountResponse(namespace=w.ns.name, counter_name=counter, count=w.count,
-                                        counter_type=w.ns.counter_type.value, as_of=_as_of(w.as_of),
-                                        window=Window(start=_at(w.start_us), end=_at(w.end_us)),
+                                        counter_type=w.ns.counter_type.value, as_of=as_of_time(w.as_of),
+                                        window=window_of(w.start_us, w.end_us),
                                         dimensions=dict(dimensions))
 
 
 def grouped_response(g: Grouped) -> GroupedCountResponse:
-    window = None if g.start_us is None or g.end_us is None else Window(start=_at(g.start_us), end=_at(g.end_us))
+    window = maybe_window(g.start_us, g.end_us)
     return GroupedCountResponse(namespace=g.ns.name, counter_name=g.counter, counter_type=g.ns.counter_type.value,
                                 dimensions=dict(g.dimensions), group_by=g.group_by,
                                 groups=[Group(value=v, count=n) for v, n in g.groups], count=g.count,
-                                as_of=_as_of(g.as_of), window=window)
+                                as_of=as_of_time(g.as_of), window=window)
 
 
 def series_response(ns: Namespace, counter: str, s: Series, as_of: int | None) -> SeriesResponse:
     return SeriesResponse(namespace=ns.name, counter_name=counter, counter_type=ns.counter_type.value,
-                          granularity=s.granularity.value, start=_at(s.start_us), end=_at(s.end_us),
-                          buckets=[Bucket(start=_at(start), count=count) for start, count in s.buckets],
-                          as_of=_as_of(as_of))
+                          granularity=s.granularity.value, start=utc_datetime(s.start_us), end=utc_datetime(s.end_us),
+                          buckets=[Bucket(start=utc_datetime(start), count=count) for start, count in s.buckets],
+                          as_of=as_of_time(as_of))
 
 
 def top_k_response(r: Ranked) -> TopKResponse:
     return TopKResponse(namespace=r.ns.name, counter_type=r.ns.counter_type.value, k=r.k,
-                        dimensions=dict(r.dimensions), window=Window(start=_at(r.top.start_us), end=_at(r.top.end_us)),
-                        items=[TopKItem(counter_name=c, count=n) for c, n in r.top.items], as_of=_as_of(r.as_of),
+                        dimensions=dict(r.dimensions), window=window_of(r.top.start_us, r.top.end_us),
+                        items=[TopKItem(counter_name=c, count=n) for c, n in r.top.items], as_of=as_of_time(r.as_of),
                         rows_read=r.top.rows_read, candidates=r.top.candidates)
 
 

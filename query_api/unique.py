@@ -26,7 +26,6 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from control_plane import Namespace
@@ -37,11 +36,11 @@ from query_api.models import (
     UniqueGroup,
     UniqueGroupedCountResponse,
     UniqueWindowCountResponse,
-    Window,
 )
+from query_api.responses import as_of_time, maybe_window, window_of
 from query_api.service import GROUP_READS, CounterService, counted_or_retry
 from query_api.windows import DEFAULT_MAX_BUCKETS, Series, granularity_of, parse_window
-from schemas import MICROS, Dimensions, MutationOp, ValidationError, combination, parse_generation_time
+from schemas import Dimensions, MutationOp, ValidationError, combination, parse_generation_time
 from sinks import BucketStore, EventStore, SketchStore
 from sinks.sketches import Estimate, Union, estimate
 from sinks.windows import Granularity, WindowError, is_masked, retained_from, series_range, tile
@@ -253,14 +252,6 @@ def _series_time(value: str | int | float, field: str) -> int:
 # -- responses -----------------------------------------------------------------------------------------------
 
 
-def _at(us: int) -> datetime:
-    return datetime.fromtimestamp(us / MICROS, UTC)
-
-
-def _as_of(us: int | None) -> datetime | None:
-    return _at(us) if us else None
-
-
 def _bounds(e: Estimate) -> dict[str, Any]:
     return {"count": e.rounded, "estimate": e.estimate, "lower_bound": e.lower_bound, "upper_bound": e.upper_bound}
 
@@ -269,9 +260,10 @@ def unique_response(u: UniqueCount, counter: str | None = None, dimensions: Dime
     """The response of a UNIQUE GetCount (or AddAndGetCount): with its window and dimensions filter, if any.
     ``counter``: the base counter a combination counter's estimate is answered under."""
     fields: dict[str, Any] = {"namespace": u.ns.name, "counter_name": counter or u.counter,
-                              "counter_type": u.ns.counter_type.value, "as_of": _as_of(u.as_of), **_bounds(u.estimate)}
+                              "counter_type": u.ns.counter_type.value, "as_of": as_of_time(u.as_of),
+                              **_bounds(u.estimate)}
     if u.start_us is not None and u.end_us is not None:
-        window = Window(start=_at(u.start_us), end=_at(u.end_us))
+        window = window_of(u.start_us, u.end_us)
         if dimensions:
             return UniqueDimensionWindowCountResponse(**fields, window=window, dimensions=dict(dimensions))
         return UniqueWindowCountResponse(**fields, window=window)
@@ -281,11 +273,11 @@ def unique_response(u: UniqueCount, counter: str | None = None, dimensions: Dime
 
 
 def unique_grouped_response(g: UniqueGrouped) -> UniqueGroupedCountResponse:
-    window = None if g.start_us is None or g.end_us is None else Window(start=_at(g.start_us), end=_at(g.end_us))
+    window = maybe_window(g.start_us, g.end_us)
     return UniqueGroupedCountResponse(
         namespace=g.ns.name, counter_name=g.counter, counter_type=g.ns.counter_type.value,
         dimensions=dict(g.dimensions), group_by=g.group_by,
-        groups=[UniqueGroup(value=v, **_bounds(e)) for v, e in g.groups], as_of=_as_of(g.as_of), window=window,
+        groups=[UniqueGroup(value=v, **_bounds(e)) for v, e in g.groups], as_of=as_of_time(g.as_of), window=window,
         **_bounds(g.estimate))
 
 

@@ -28,6 +28,7 @@ from schemas.validation import (
     ASCII_COUNTER_MATCH,
     MAX_COUNTER_NAME_BYTES,
     ValidationError,
+    short_repr,
     validate_counter_name,
 )
 
@@ -67,12 +68,6 @@ _KEY_RE = re.compile(rf"[a-z][a-z0-9_]{{0,{MAX_DIMENSION_KEY_LEN - 1}}}")
 _ASCII_VALUE_RE = re.compile(rf"[!-<>-~]{{1,{MAX_DIMENSION_VALUE_BYTES}}}")  # printable ASCII but ' ' and '='
 _BAD_VALUE_CHAR_RE = re.compile(r"[\s\x00-\x1f\x7f-\x9f=]")  # \s is Unicode-aware on str patterns
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-KEY_MATCH = _KEY_RE.fullmatch
-
-
-def _show(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _key_field(field: str, key: object) -> str:
@@ -87,7 +82,7 @@ def validate_dimension_key(key: Any, *, field: str = "dimensions") -> str:
     where = _key_field(field, key)
     if not isinstance(key, str):
         raise ValidationError(where, f"a dimension key must be a string, got {type(key).__name__}")
-    raise ValidationError(where, f"dimension key {_show(key)} must be a lower-case identifier "
+    raise ValidationError(where, f"dimension key {short_repr(key)} must be a lower-case identifier "
                                  f"([a-z][a-z0-9_]*, at most {MAX_DIMENSION_KEY_LEN} characters)")
 
 
@@ -110,7 +105,7 @@ def validate_dimension_value(value: Any, *, field: str = "dimensions") -> str:
     bad = _BAD_VALUE_CHAR_RE.search(value)
     if bad is not None:
         raise ValidationError(field, f"must not contain whitespace, control characters or '=', found "
-                                     f"{bad.group()!r} in {_show(value)}")
+                                     f"{bad.group()!r} in {short_repr(value)}")
     return value
 
 
@@ -127,7 +122,7 @@ def validate_dimensions(value: Any, *, field: str = "dimensions") -> Dimensions:
         items = []
         for pair in value:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
-                raise ValidationError(field, f"must be a map of key -> value, got an item {_show(pair)}")
+                raise ValidationError(field, f"must be a map of key -> value, got an item {short_repr(pair)}")
             items.append((pair[0], pair[1]))
     else:
         raise ValidationError(field, f"must be a map of key -> value, got {type(value).__name__}")
@@ -160,7 +155,7 @@ def validate_item(item: Any, *, field: str = "item") -> str:
     if size > MAX_ITEM_BYTES:
         raise ValidationError(field, f"must be at most {MAX_ITEM_BYTES} UTF-8 bytes, got {size}")
     if _CONTROL_RE.search(item):
-        raise ValidationError(field, f"must not contain control characters: {_show(item)}")
+        raise ValidationError(field, f"must not contain control characters: {short_repr(item)}")
     return item
 
 
@@ -187,7 +182,8 @@ def split_combination(name: str) -> tuple[str, Dimensions]:
     for part in parts:
         key, sep, value = part.partition("=")
         if not sep or not key or not value:
-            raise ValueError(f"not a dimension combination: {_show(name)} (part {_show(part)} is not key=value)")
+            raise ValueError(f"not a dimension combination: {short_repr(name)} "
+                             f"(part {short_repr(part)} is not key=value)")
         pairs.append((key, value))
     return counter, tuple(pairs)
 
@@ -232,13 +228,13 @@ def validate_internal_counter_name(name: Any, *, field: str = "counter") -> str:
         raise ValidationError(field, str(exc)) from None
     validate_counter_name(counter, field=field)
     if len(pairs) > MAX_DIMENSIONS:
-        raise ValidationError(field, f"a combination has at most {MAX_DIMENSIONS} dimensions: {_show(name)}")
+        raise ValidationError(field, f"a combination has at most {MAX_DIMENSIONS} dimensions: {short_repr(name)}")
     try:
         keys = [validate_dimension_key(k) for k, _ in pairs]
         for _, value in pairs:
             validate_dimension_value(value)
     except ValidationError as exc:
-        raise ValidationError(field, f"{exc.reason} in combination {_show(name)}") from None
+        raise ValidationError(field, f"{exc.reason} in combination {short_repr(name)}") from None
     if keys != sorted(set(keys)):
-        raise ValidationError(field, f"a combination's keys are sorted and distinct: {_show(name)}")
+        raise ValidationError(field, f"a combination's keys are sorted and distinct: {short_repr(name)}")
     return name

@@ -13,6 +13,7 @@ from schemas.dead_letter import AnyHeaders, Headers
 READ_YOUR_WRITE_HEADER = "counter.read-your-write"
 READ_YOUR_WRITE_HEADERS: Headers = [(READ_YOUR_WRITE_HEADER, b"1")]  # as a producer sends them
 HEARTBEAT_HEADER = "counter.heartbeat"
+HEARTBEAT_HEADERS: Headers = [(HEARTBEAT_HEADER, b"1")]  # as a worker sends them (read, never changed)
 
 
 def has_header(headers: AnyHeaders, name: str) -> bool:

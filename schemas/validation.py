@@ -66,8 +66,8 @@ class ValidationError(ValueError):
         return (type(self), (self.field, self.reason))
 
 
-def _show(value: object) -> str:
-    """A short repr for error messages, so a megabyte of garbage never lands in a DLQ reason."""
+def short_repr(value: object) -> str:
+    """A short repr for error messages, so a megabyte of garbage never lands in a DLQ reason (or a config error)."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -96,9 +96,9 @@ def validate_namespace(name: Any, *, field: str = "namespace") -> str:
     if len(name) > MAX_NAMESPACE_LEN:
         raise ValidationError(field, f"must be at most {MAX_NAMESPACE_LEN} characters, got {len(name)}")
     if ":" in name:
-        reason = f"must not contain ':' (record keys are 'namespace:counter'): {_show(name)}"
+        reason = f"must not contain ':' (record keys are 'namespace:counter'): {short_repr(name)}"
         raise ValidationError(field, reason)
-    raise ValidationError(field, f"may only contain letters, digits, '_', '.' and '-': {_show(name)}")
+    raise ValidationError(field, f"may only contain letters, digits, '_', '.' and '-': {short_repr(name)}")
 
 
 def validate_counter_name(name: Any, *, field: str = "counter_name") -> str:
@@ -120,7 +120,7 @@ def validate_counter_name(name: Any, *, field: str = "counter_name") -> str:
         raise ValidationError(field, f"must be at most {MAX_COUNTER_NAME_BYTES} UTF-8 bytes, got {size}")
     bad = _BAD_NAME_CHAR_RE.search(name)
     found = f"found {bad.group()!r} in " if bad else ""
-    raise ValidationError(field, f"must not contain whitespace or control characters, {found}{_show(name)}")
+    raise ValidationError(field, f"must not contain whitespace or control characters, {found}{short_repr(name)}")
 
 
 def validate_delta(delta: Any, *, field: str = "delta") -> int:
@@ -131,10 +131,10 @@ def validate_delta(delta: Any, *, field: str = "delta") -> int:
         raise ValidationError(field, f"must be an integer, got a number beyond a float's range or not a number "
                                      f"(read as {delta!r})")
     if isinstance(delta, bool) or not isinstance(delta, int):
-        raise ValidationError(field, f"must be an integer, got {_type_name(delta)} {_show(delta)}")
+        raise ValidationError(field, f"must be an integer, got {_type_name(delta)} {short_repr(delta)}")
     if INT64_MIN <= delta <= INT64_MAX:  # an int subclass such as IntEnum
         return int(delta)
-    raise ValidationError(field, f"must fit in a signed 64-bit integer, got {_show(delta)}")
+    raise ValidationError(field, f"must fit in a signed 64-bit integer, got {short_repr(delta)}")
 
 
 def _validate_text(value: Any, field: str, min_bytes: int, max_bytes: int) -> str:
@@ -149,7 +149,7 @@ def _validate_text(value: Any, field: str, min_bytes: int, max_bytes: int) -> st
         raise ValidationError(field, "must not be empty")
     if size > max_bytes:
         raise ValidationError(field, f"must be at most {max_bytes} UTF-8 bytes, got {size}")
-    raise ValidationError(field, f"must not contain control characters: {_show(value)}")
+    raise ValidationError(field, f"must not contain control characters: {short_repr(value)}")
 
 
 def validate_token(token: Any, *, field: str = "token") -> str:
@@ -232,6 +232,11 @@ _SECONDS_OF: dict[str, int] = {}  # "2026-11-23T10:00:00" -> epoch seconds: a st
 _FRACTION_SCALE = (0, 100_000, 10_000, 1_000, 100, 10, 1)  # µs per unit of an n-digit fraction
 
 
+def utc_datetime(us: int) -> datetime:
+    """Epoch µs as an aware UTC datetime (what the API's response models carry)."""
+    return datetime.fromtimestamp(us / MICROS, UTC)
+
+
 def micros_iso(us: int) -> str:
     """Epoch µs as RFC 3339 UTC with microseconds ("2026-11-23T10:00:00.000000Z"): the inverse of `iso_micros`, for
     messages and exports a person reads."""
@@ -278,23 +283,23 @@ def _parse_time_text(text: str, field: str) -> tuple[int, str]:
         try:
             return _epoch_to_micros(Decimal(text) if "." in text else int(text))
         except (InvalidOperation, ValueError):  # absurdly many digits
-            raise ValidationError(field, f"epoch number out of range: {_show(text)}") from None
+            raise ValidationError(field, f"epoch number out of range: {short_repr(text)}") from None
     if not text.isascii() or len(text) > 64:
-        raise ValidationError(field, f"is not an ISO-8601 time or epoch number: {_show(text)}")
+        raise ValidationError(field, f"is not an ISO-8601 time or epoch number: {short_repr(text)}")
     if _FRACTIONAL_OFFSET.search(text):
         raise ValidationError(field, f"has a UTC offset with a fraction of a second, which ISO-8601 times do not "
-                                     f"take: {_show(text)}")
+                                     f"take: {short_repr(text)}")
     upper = text.upper()  # RFC 3339 allows lower-case 't' and 'z'
     date = _ISO_DATE_PART(upper)
     if date is not None and date.end() < len(upper) and upper[date.end()] not in "T ":
         # fromisoformat takes any character there ("2026-11-27X16:38:00Z", "2026-11-27116:38:00"): a typo or a
         # mangled field
         raise ValidationError(field, f"needs 'T' (or a space) between its date and its time, found "
-                                     f"{text[date.end()]!r}: {_show(text)}")
+                                     f"{text[date.end()]!r}: {short_repr(text)}")
     try:
         parsed = datetime.fromisoformat(upper)
     except ValueError:
-        raise ValidationError(field, f"is not an ISO-8601 time or epoch number: {_show(text)}") from None
+        raise ValidationError(field, f"is not an ISO-8601 time or epoch number: {short_repr(text)}") from None
     return _datetime_to_micros(parsed), ""
 
 
@@ -348,7 +353,7 @@ def validate_mutation(m: Mutation) -> Mutation:
     validate_delta(m.delta)
     op = _OPS.get(m.op) if isinstance(m.op, str) else None
     if op is None:
-        raise ValidationError("op", f"must be ADD or CLEAR, got {_show(m.op)}")
+        raise ValidationError("op", f"must be ADD or CLEAR, got {short_repr(m.op)}")
     if op is MutationOp.CLEAR and m.delta != 0:
         raise ValidationError("delta", f"must be 0 for a CLEAR, got {m.delta}")
     if m.event_time is not None:

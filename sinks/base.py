@@ -1,4 +1,4 @@
-"""Store interfaces every backend implements (SQLite now, Cassandra next).
+"""Store interfaces every backend implements (SQLite and Cassandra).
 
 They are async so a network backend can implement them natively; the SQLite backend runs its
 work on one dedicated thread per store so the Faust event loop never blocks on disk.

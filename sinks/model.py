@@ -13,14 +13,14 @@ from typing import Any, TypeVar
 
 import xxhash
 
+from schemas.validation import INT64_MAX, INT64_MIN  # the one definition: a delta's bounds are a count's
+
 __all__ = ["EMPTY_AGGREGATE", "INT64_MAX", "INT64_MIN", "Aggregate", "EventRow", "Partitioning", "PendingRollups",
            "RollupState", "apply_aggregate", "join_halves", "later_than_stored", "prefix_end", "saturate"]
 
 log = logging.getLogger(__name__)
 
 _US = 1_000_000
-INT64_MIN = -(2**63)
-INT64_MAX = 2**63 - 1
 K = TypeVar("K", bound=Hashable)
 
 # (namespace, counter, event_time_us, event_id, event_item_key, delta, is_clear)

@@ -110,9 +110,9 @@ BucketSum = tuple[int, int, int | None, int]
 class RankPage(NamedTuple):
     """A page of the rank list of the buckets ``(granularity, start_us)`` of the counters with dimension signature
     ``signature`` ("" for base counters, "country=BR" for their `country=BR` combinations:
-    ``schemas.dimension_signature``): up to ``limit`` entries after ``after``, the ``(value, base counter)`` of the
-    previous page's last entry (None: from the start). The list's order is value descending, then name ascending;
-    ``ascending`` reads it from its end (value ascending, then name descending). See
+    ``schemas.dimensions.dimension_signature``): up to ``limit`` entries after ``after``, the ``(value, base
+    counter)`` of the previous page's last entry (None: from the start). The list's order is value descending, then
+    name ascending; ``ascending`` reads it from its end (value ascending, then name descending). See
     ``BucketStore.read_ranks_many``; a plain 5-tuple is a descending page."""
 
     signature: str

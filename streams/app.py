@@ -1,4 +1,5 @@
-"""The Faust application factory: one place that knows how the worker talks to Kafka.
+"""The Faust application factory: the Faust app's Kafka settings (group, topics, timeouts). The persist path's own
+aiokafka consumer is `agents.persist_consumer`, and the worker's producer `producers.asyncio_producer`.
 
 Agents (in `agents/`) attach themselves to the app this returns; topics carry raw bytes because the
 codec in `schemas/` owns the wire format (Avro single-object or JSON).

@@ -9,7 +9,6 @@ curl) fetches and caches like any resource.
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -28,7 +27,8 @@ from query_api.inspect_models import (
 )
 from query_api.namespace_info import namespace_config
 from query_api.pipeline_health import PipelineHealth, render
-from schemas import MICROS, ValidationError, validate_counter_name
+from schemas import ValidationError, validate_counter_name
+from schemas.validation import utc_datetime
 
 
 def _per_caller(response: Response) -> None:
@@ -128,7 +128,7 @@ async def audit_log(namespace: str, service: Service, key: CallerKey,
         return _unprocessable("before", str(exc))
     rows, more = await newest_events(service.events, ns, counter, limit=limit, before=cursor,
                                      now_us=time.time_ns() // 1000)
-    entries = [AuditEntry(event_time=datetime.fromtimestamp(r[2] / MICROS, UTC), token=r[3], item_key=r[4],
+    entries = [AuditEntry(event_time=utc_datetime(r[2]), token=r[3], item_key=r[4],
                           delta=r[5], clear=bool(r[6])) for r in rows]
     return AuditResponse(namespace=ns.name, counter_name=counter, entries=entries,
                          next_before=encode_cursor(rows[-1]) if more and rows else None)

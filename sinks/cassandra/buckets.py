@@ -18,8 +18,8 @@ Layout (statements in ``sinks.cassandra.cql.WindowCql``):
 * ``window_clears`` ((namespace, counter_name)) clear_us, written ``USING TIMESTAMP`` = the clear's time: the
   cell keeps the latest clear. Never expires: old buckets rely on it to stay masked.
 * ``window_ranks`` ((namespace, signature, granularity, start_us), bucket_count DESC, counter_name): the rank
-  lists of Top-K, an entry (value, base name) per bucket (``schemas.split_signature`` of its counter). A bucket's
-  value change inserts the new entry *before* the bucket is written and deletes the entry of the value it
+  lists of Top-K, an entry (value, base name) per bucket (``schemas.dimensions.split_signature`` of its counter). A
+  bucket's value change inserts the new entry *before* the bucket is written and deletes the entry of the value it
   replaced (known from the read that decides the write) *after*, each stamped with the new boundary, with the
   bucket's TTL: at every moment a stored bucket has its entry, whatever crashes in between. Racing writers can
   leave stale entries (a value since replaced); readers verify every candidate against the buckets, so a stale

@@ -222,7 +222,8 @@ class IdempotentRetryPolicy(RetryPolicy):
     def __init__(self, max_write_retries: int = 2) -> None:
         self.max_write_retries = max_write_retries
 
-    def on_write_timeout(self, query, consistency, write_type, required_responses, received_responses, retry_num):
+    def on_write_timeout(self, query: Any, consistency: int, write_type: str, required_responses: int,
+                         received_responses: int, retry_num: int) -> tuple[int, int | None]:
         if (write_type != WriteType.CAS and getattr(query, "is_idempotent", False)
                 and retry_num < self.max_write_retries):
             return self.RETRY, consistency

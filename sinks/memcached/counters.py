@@ -28,7 +28,6 @@ from sinks.memcached.rollup_cache import parse_servers
 __all__ = ["MemcachedCounters", "best_effort_key"]
 
 BIAS = 1 << 63
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_RELATIVE_TTL_S = 30 * 24 * 3600
 _MAX_ABSOLUTE_EXPIRE = 2**31 - 1
 _MAX_REMEMBERED = 100_000  # touch times kept per process
@@ -108,11 +107,11 @@ class MemcachedCounters:
         key = best_effort_key(namespace, counter)
         result = self._client.event_loop().create_future()
         self._client.arith(b"incr", key, _amount(delta),
-                           functools.partial(self._settle, result, namespace, counter, key, delta, ttl_s))
+                           functools.partial(self._settle, result, key, delta, ttl_s))
         return result
 
-    def _settle(self, result: asyncio.Future[int], namespace: str, counter: str, key: str, delta: int,
-                ttl_s: float | None, line: bytes | None, error: MemcachedError | None) -> None:
+    def _settle(self, result: asyncio.Future[int], key: str, delta: int, ttl_s: float | None, line: bytes | None,
+                error: MemcachedError | None) -> None:
         if result.done():  # the caller gave up (cancelled)
             return
         raw: int | None
@@ -136,10 +135,10 @@ class MemcachedCounters:
             result.set_exception(exc)
             return
         _copy_outcome(result.get_loop().create_task(
-            self._finish(namespace, counter, key, delta, ttl_s, raw, refused=refused)), result)
+            self._finish(key, delta, ttl_s, raw, refused=refused)), result)
 
-    async def _finish(self, namespace: str, counter: str, key: str, delta: int, ttl_s: float | None,
-                      raw: int | None, *, refused: bool = False) -> int:
+    async def _finish(self, key: str, delta: int, ttl_s: float | None, raw: int | None, *,
+                      refused: bool = False) -> int:
         """After the first incr: apply it by compare-and-set if memcached refused it, create a missing key and apply
         again, saturate at a bound, refresh the TTL."""
         try:

@@ -6,9 +6,10 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from schemas.validation import INT64_MAX, INT64_MIN
+
 __all__ = ["InProcessCounters"]
 
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_COUNTERS = 1_000_000  # as InProcessRollupCache: the process's bound, where memcached has its memory size
 
 
@@ -38,7 +39,7 @@ class InProcessCounters:
         value, expires = counters.get(counter, (0, 0.0))
         if expires and expires <= now:
             value = 0
-        value = min(INT64_MAX, max(INT64_MIN, value + delta))  # saturates, as memcached's (`_saturated`)
+        value = min(INT64_MAX, max(INT64_MIN, value + delta))  # saturates, as memcached's (`_saturate`)
         if counter not in counters:
             self._size += 1
         counters[counter] = (value, now + ttl_s if ttl_s else 0.0)

@@ -42,7 +42,7 @@ __all__ = ["SqliteBucketStore"]
 LAYOUT = 2  # PRAGMA user_version of files in this layout
 _UPGRADABLE = (1,)  # layouts upgraded in place when opened
 
-# the dimensions part of a counter's name (schemas.dimension_signature), in SQL
+# the dimensions part of a counter's name (schemas.dimensions.dimension_signature), in SQL
 _SIGNATURE = "CASE instr(counter, ' ') WHEN 0 THEN '' ELSE substr(counter, instr(counter, ' ') + 1) END"
 _SIGNATURE_COLUMN = f"signature TEXT GENERATED ALWAYS AS ({_SIGNATURE}) VIRTUAL"
 _RANK_INDEX = ("CREATE INDEX IF NOT EXISTS bucket_ranks "

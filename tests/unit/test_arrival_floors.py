@@ -56,7 +56,7 @@ class Stack:
         p = Pipeline(settings=Settings(), registry=REGISTRY, events=self.events, rollups=self.rollups, buckets=None,
                      cache=None, app=None, topics=None, tracker=WatermarkTracker(0.5),
                      mutation_partitions=PartitionCount("m", 1),
-                     rollup_partitions=1, pressure=None, kafka=FakeKafka(), signals=None, heartbeats=HeartbeatPace(1.0))
+                     pressure=None, kafka=FakeKafka(), signals=None, heartbeats=HeartbeatPace(1.0))
         p.owned_mutation_partitions = lambda: [0]  # type: ignore[method-assign]  # no consumer here
         return p
 

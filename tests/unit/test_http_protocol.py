@@ -65,6 +65,8 @@ UVICORN_METHODS = {
     "on_response_complete": "RequestResponseCycle's on_response: starts the next pipelined request, arms keep-alive",
     "_unset_keepalive_if_required": "called by data_received/connection_lost: ours marks the connection busy",
     "connection_lost": "extended to cancel the keep-alive timer",
+    "resume_writing": "extended to read the next request once a client that did not read its answers drains them",
+    "eof_received": "overridden to answer a half-closed client's requests before closing",
     "send_400_response": "called by data_received when the parser fails; ours waits for the earlier answers",
     "data_received": "overridden for a whole plain AddCount (no parser); otherwise uvicorn's, which must call "
                      "_unset_keepalive_if_required before feeding the parser",
@@ -79,8 +81,9 @@ UVICORN_ATTRIBUTES = {  # set by HttpToolsProtocol.__init__ / connection_made
     "loop", "parser", "app_state", "limit_concurrency", "server_state", "tasks", "transport", "flow", "pipeline",
     "timeout_keep_alive", "timeout_keep_alive_task", "cycle", "scope", "headers", "expect_100_continue",
 }
-# and: httptools_impl.STATUS_LINE, ServerState.default_headers/total_requests/tasks, FlowControl.read_paused and
-# resume_reading, httptools' HttpRequestParser.get_method/get_http_version/should_keep_alive.
+# and: httptools_impl.STATUS_LINE, ServerState.default_headers/total_requests/tasks, FlowControl.read_paused,
+# write_paused, pause_reading and resume_reading, httptools' HttpRequestParser.get_method/get_http_version/
+# should_keep_alive.
 RECHECK = ("re-check query_api/http_protocol.py against the installed uvicorn (httptools_impl.py): it subclasses "
            "uvicorn's private HttpToolsProtocol")
 
@@ -98,7 +101,7 @@ def test_uvicorn_private_members_still_exist() -> None:
     state, flow = ServerState(), FlowControl(FakeTransport())  # type: ignore[arg-type]
     missing += [f"ServerState.{name}" for name in ("default_headers", "total_requests", "tasks")
                 if not hasattr(state, name)]
-    missing += [f"FlowControl.{name}" for name in ("read_paused", "pause_reading", "resume_reading")
+    missing += [f"FlowControl.{name}" for name in ("read_paused", "write_paused", "pause_reading", "resume_reading")
                 if not hasattr(flow, name)]
     missing += [f"HttpRequestParser.{name}" for name in ("get_method", "get_http_version", "should_keep_alive")
                 if not hasattr(httptools.HttpRequestParser, name)]

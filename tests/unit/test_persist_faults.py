@@ -70,7 +70,6 @@ async def run_pipeline(tmp_path: Path, action: Any) -> tuple[Any, Pipeline]:
     events, rollups = SqliteEventStore(tmp_path / "e.db", lambda ns: part), SqliteRollupStore(tmp_path / "r.db")
     p = Pipeline(settings=Settings(), registry=REGISTRY, events=events, rollups=rollups, buckets=None, cache=None,
                  app=None, topics=None, tracker=WatermarkTracker(1.0), mutation_partitions=PartitionCount("m", 1),
-                 rollup_partitions=1,
                  pressure=None, kafka=FakeKafka(), signals=None, heartbeats=HeartbeatPace(1.0))
     try:
         return await action(p), p

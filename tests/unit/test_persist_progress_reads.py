@@ -59,7 +59,9 @@ def test_end_offset_reads_are_shared_made_after_each_caller_and_spaced() -> None
     reads, asked, answers = asyncio.run(asyncio.wait_for(scenario(), 10))
     assert answers == [{0: 5, 1: 7}] * 13
     assert len(reads) == 4
-    assert all(b - a >= 0.2 - 0.01 for a, b in itertools.pairwise(reads))
+    # spaced from when each read starts on the event loop; the fake records it on the worker thread, which a loaded
+    # machine can start late for one read and not the next (a CI-like run saw a gap under 0.19 s): hence the slack
+    assert all(b - a >= 0.2 - 0.05 for a, b in itertools.pairwise(reads)), reads
     assert reads[0] >= max(asked[:10]) and all(r >= a for r, a in zip(reads[1:], asked[10:], strict=True))
 
 
