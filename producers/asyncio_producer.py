@@ -26,6 +26,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
 
 from producers.client import DeliveryError
 from producers.handle import RenewingProducer
+from producers.topic_metadata import TopicUnavailable, topic_partitions
 from schemas.dead_letter import Headers
 
 log = logging.getLogger(__name__)
@@ -88,13 +89,13 @@ class AsyncProducer:
         """The topic's partition count; DeliveryError when the broker or the topic is not there."""
         def ask() -> int:
             try:
-                meta = self._kafka.current.list_topics(topic, timeout=timeout_s).topics.get(topic)
+                return len(topic_partitions(self._kafka.current.list_topics(topic, timeout=timeout_s), topic))
             except KafkaException as exc:
                 raise DeliveryError(f"broker {self.bootstrap} unreachable: {exc.args[0].str()}") from exc
-            if meta is None or meta.error is not None or not meta.partitions:
+            except TopicUnavailable:
                 raise DeliveryError(f"topic {topic!r} is not available on broker {self.bootstrap} (the worker and "
-                                    "`counter up` create the service's topics; check the COUNTER_*_TOPIC settings)")
-            return len(meta.partitions)
+                                    "`counter up` create the service's topics; check the COUNTER_*_TOPIC settings)"
+                                    ) from None
         return await asyncio.to_thread(ask)
 
     def acked_ends(self, topic: str) -> dict[int, int]:

@@ -26,6 +26,7 @@ from control_plane import NamespaceRegistry
 from control_plane.admission import admission_error, mutation_refusal
 from producers.handle import RenewingProducer
 from producers.partitioner import partition_for
+from producers.topic_metadata import TopicUnavailable, topic_partitions
 from schemas import (
     MAX_SHARDS,
     Mutation,
@@ -498,15 +499,13 @@ class CounterProducer:
     def _partitions(self) -> int:
         if self._num_partitions is None:
             try:
-                meta = self._kafka.current.list_topics(self.topic, timeout=self.metadata_timeout_s).topics.get(
-                    self.topic)
+                metadata = self._kafka.current.list_topics(self.topic, timeout=self.metadata_timeout_s)
+                self._num_partitions = len(topic_partitions(metadata, self.topic))
             except KafkaException as exc:
                 raise DeliveryError(f"broker unreachable: {exc.args[0].str()}") from exc
-            if meta is None or meta.error is not None or not meta.partitions:
-                reason = meta.error.str() if meta is not None and meta.error is not None else "no partitions"
-                raise DeliveryError(f"topic {self.topic!r} is not available ({reason}); "
-                                    "create it with `counter up` or streams.topics.ensure_topics")
-            self._num_partitions = len(meta.partitions)
+            except TopicUnavailable as exc:
+                raise DeliveryError(f"topic {self.topic!r} is not available ({exc.reason}); "
+                                    "create it with `counter up` or streams.topics.ensure_topics") from None
         return self._num_partitions
 
     def _send_taken(self, taken: list[tuple[int, _Pending]]) -> None:

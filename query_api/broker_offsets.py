@@ -24,10 +24,10 @@ from typing import cast
 from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from producers.topic_metadata import TopicUnavailable, topic_partitions
 from schemas.dead_letter import DeadRecord, parse_headers
 
 QUIET_POLL_S = 0.1  # an empty poll after reaching the end: the rest of the last batch has arrived
-_MISSING = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
 
 
 class MissingTopic(Exception):
@@ -104,14 +104,12 @@ class BrokerOffsets:
     def partitions(self, topic: str) -> list[int]:
         cluster = self.admin.list_topics(topic, timeout=self.timeout_s)
         self.cluster_id = cluster.cluster_id
-        meta = cluster.topics.get(topic)
-        if meta is None:
-            raise MissingTopic(topic, "not in the broker's metadata")
-        if meta.error is not None:
-            if meta.error.code() in _MISSING:
-                raise MissingTopic(topic, meta.error)
-            raise KafkaException(meta.error)
-        return sorted(meta.partitions)
+        try:
+            return topic_partitions(cluster, topic)
+        except TopicUnavailable as exc:
+            if exc.missing:
+                raise MissingTopic(topic, exc.reason) from None
+            raise KafkaException(exc.error) from None
 
     def offsets(self, topic: str, group: str | None = None) -> TopicOffsets:
         """The topic's first and end offsets per partition, and `group`'s committed offsets when given."""

@@ -16,6 +16,7 @@ import xxhash
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
+from producers.topic_metadata import TopicUnavailable, topic_partitions
 from streams.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -183,10 +184,10 @@ def partition_count(bootstrap: str, topic: str, timeout: float = 10.0, *,
     (`Settings.kafka_security.librdkafka()`)."""
     admin = AdminClient({"bootstrap.servers": bootstrap, "allow.auto.create.topics": False,  # ask, never create
                          **(config or {})})
-    meta = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-    if meta is None or meta.error is not None or not meta.partitions:
-        raise TopicError(f"topic {topic!r} is not available: {meta.error if meta is not None else 'missing'}")
-    return len(meta.partitions)
+    try:
+        return len(topic_partitions(admin.list_topics(topic, timeout=timeout), topic))
+    except TopicUnavailable as exc:
+        raise TopicError(f"topic {topic!r} is not available: {exc.reason}") from None
 
 
 def signal_partition(key: bytes, partitions: int) -> int:
