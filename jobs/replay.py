@@ -41,7 +41,7 @@ from jobs.recount import RETRY, CounterRecount, Recounter, recounter_of
 from jobs.runtime import Runtime, open_runtime
 from jobs.state import Busy, exclusive, fmt_time, read_json, safe_name, write_json_atomic
 from producers.asyncio_producer import AsyncProducer
-from producers.client import DeliveryError
+from producers.errors import DeliveryError
 from schemas import MAX_EVENT_TIME, MICROS
 from schemas.dead_letter import DeadLetter
 from schemas.record_headers import is_heartbeat

@@ -2,7 +2,8 @@
 and the API (`asyncio_producer`, `handle`) and the API's group commit (`group_commit`). `counter produce` is
 `counter_cli.produce_cmd`."""
 
-from producers.client import CounterProducer, DeliveryError, NotAdmitted, new_token
+from producers.client import CounterProducer, NotAdmitted, new_token
+from producers.errors import DeliveryError
 from producers.partitioner import murmur2, partition_for
 
 __all__ = ["CounterProducer", "DeliveryError", "NotAdmitted", "murmur2", "new_token", "partition_for"]

@@ -24,7 +24,7 @@ from typing import Any
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
 
-from producers.client import DeliveryError
+from producers.errors import DeliveryError
 from producers.handle import RenewingProducer
 from producers.topic_metadata import TopicUnavailable, topic_partitions
 from schemas.dead_letter import Headers

@@ -24,6 +24,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, KafkaException
 
 from control_plane import NamespaceRegistry
 from control_plane.admission import admission_error, mutation_refusal
+from producers.errors import DeliveryError
 from producers.handle import RenewingProducer
 from producers.partitioner import partition_for
 from producers.topic_metadata import TopicUnavailable, topic_partitions
@@ -43,20 +44,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC = "counter-mutations"
 MAX_RECORD_BYTES = 900_000  # below the broker's default message.max.bytes (1 MB): larger batches are split
-
-
-class DeliveryError(RuntimeError):
-    """Mutations the broker did not acknowledge. `failures` holds (record key, reason) pairs; `mutations` the
-    failed mutations as they were sent (tokens and event times included), for `CounterProducer.retry`: re-sent
-    unchanged, a mutation the broker did store after all is still counted once. Empty when the failure is not
-    about given mutations (e.g. records still unacknowledged when `flush` gave up: their futures will say)."""
-
-    def __init__(self, message: str, failures: list[tuple[str, str]] | None = None,
-                 mutations: Iterable[Mutation] = (), refusals: list[tuple[Mutation, str]] | None = None) -> None:
-        super().__init__(message)
-        self.failures = failures or []
-        self.mutations = list(mutations)
-        self.refusals = refusals or []  # acknowledged meanwhile and refused by admission (`NotAdmitted`): not to retry
 
 
 class NotAdmitted(Exception):

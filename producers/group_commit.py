@@ -45,7 +45,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from producers.asyncio_producer import AsyncProducer
-from producers.client import MAX_RECORD_BYTES, DeliveryError
+from producers.client import MAX_RECORD_BYTES
+from producers.errors import DeliveryError
 from schemas import Mutation, is_v2, mutation_body, record_of_bodies, v2_body
 from schemas.record_headers import READ_YOUR_WRITE_HEADERS
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from producers.asyncio_producer import AsyncProducer
-from producers.client import DeliveryError
+from producers.errors import DeliveryError
 from producers.group_commit import RETRY_RULE, GroupCommitProducer
 from schemas import Mutation, MutationOp, counter_key, decode_mutations, decode_signals
 from schemas.record_headers import READ_YOUR_WRITE_HEADER, has_header

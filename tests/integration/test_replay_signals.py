@@ -20,7 +20,7 @@ import jobs.replay as replay_module
 from jobs.replay import ReplayOptions, run_replay, state_path
 from jobs.state import read_json
 from producers import CounterProducer
-from producers.client import DeliveryError
+from producers.errors import DeliveryError
 from schemas import Mutation, counter_key, decode_signals
 from streams.settings import Settings, load_settings
 from streams.signals import SignalSender

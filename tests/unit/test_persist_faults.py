@@ -20,7 +20,7 @@ from agents.watermark import HeartbeatPace, PartitionCount, WatermarkTracker
 from agents.worker import Pipeline, _persist, _retrying
 from control_plane import parse_namespaces
 from producers.asyncio_producer import AsyncProducer
-from producers.client import DeliveryError
+from producers.errors import DeliveryError
 from schemas import MICROS, DecodeError, Mutation, MutationOp, decode_mutations, encode_mutation
 from schemas.dead_letter import MAX_RECORD_BYTES, REASON, TRUNCATED, WHOLE_RECORD, DeadLetter
 from sinks import Partitioning, SqliteEventStore, SqliteRollupStore

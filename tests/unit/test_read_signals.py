@@ -14,7 +14,7 @@ import pytest
 import query_api.signals as signals_module
 from control_plane import default_config_path, load_namespaces
 from control_plane.admission import rollup_boundary
-from producers.client import DeliveryError
+from producers.errors import DeliveryError
 from query_api.early_persist import Rows
 from query_api.service import CounterService, Written
 from query_api.signals import ReadSignals
