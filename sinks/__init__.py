@@ -15,11 +15,6 @@ from sinks.base import (
     ScanCursor,
     SketchStore,
     Stores,
-    arrival_keys,
-    claim_topic,
-    dropped_key,
-    retention_cutoff,
-    written_key,
 )
 from sinks.cache import RollupCache, open_cache
 from sinks.factory import (
@@ -35,6 +30,7 @@ from sinks.factory import (
     store_identity,
     store_location,
 )
+from sinks.keys import arrival_keys, claim_topic, dropped_key, retention_cutoff, written_key
 from sinks.memcached.rollup_cache import MemcachedRollupCache, cache_key, scoped_prefix
 from sinks.memory.rollup_cache import InProcessRollupCache
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, RollupState, apply_aggregate

@@ -59,7 +59,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from sinks.base import ScanCursor, retention_cutoff
+from sinks.base import ScanCursor
 from sinks.cassandra.config import ExpiryCap, event_ttl_seconds, index_ttl_seconds
 from sinks.cassandra.cql import (
     COUNTER_SHARDS,
@@ -73,6 +73,7 @@ from sinks.cassandra.cql import (
     slice_table_name,
 )
 from sinks.cassandra.session import Executor, MissingTable, SliceTableUnknown, run_bounded
+from sinks.keys import retention_cutoff
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning
 from sinks.sketches import BucketItems, bucket_items_of
 from sinks.windows import BucketSum, bucket_sums_of

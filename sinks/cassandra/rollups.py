@@ -16,7 +16,7 @@ later reads see it, or meets the new claim and is refused). So each mutations pa
 partition of ``watermark_claims`` (key ``(topic, kafka_partition)``) holding its latest claim and, in a map, the
 marks of every key published under claims; they never meet the ``USING TIMESTAMP`` cells of ``watermarks`` (a
 conditional write cannot set its timestamp), and ``watermarks`` reads both tables, the greater mark winning.
-* a claim is a compare-and-set to a new random 63-bit id (``sinks.base.new_claim``): ``claim = new IF claim =
+* a claim is a compare-and-set to a new random 63-bit id (``sinks.keys.new_claim``): ``claim = new IF claim =
   latest`` (``IF claim = null`` for the first), retried on a race, so the later of two claimants wins and claims
   never repeat, even after the table was lost (with ``latest + 1`` from 1, a stale worker's claim could equal the
   next owner's and its publications land);
@@ -97,9 +97,9 @@ import asyncio
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from sinks.base import IDENTITY_CLAIM, claim_topic, claims_for, new_claim
 from sinks.cassandra.cql import RollupCql, Stmt, pending_shard
 from sinks.cassandra.session import Executor
+from sinks.keys import IDENTITY_CLAIM, claim_topic, claims_for, new_claim
 from sinks.model import PendingRollups, RollupState, prefix_end
 
 __all__ = ["CassandraRollupStore"]

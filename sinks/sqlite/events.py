@@ -37,7 +37,8 @@ from typing import TypeVar
 import orjson
 import xxhash
 
-from sinks.base import ScanCursor, retention_cutoff
+from sinks.base import ScanCursor
+from sinks.keys import retention_cutoff
 from sinks.model import EMPTY_AGGREGATE, Aggregate, EventRow, Partitioning, join_halves
 from sinks.sketches import BucketItems, bucket_items_of, combine_items
 from sinks.sqlite.bulk import RowsStatement, bulk_statement, insert_rows, json_rows

@@ -23,7 +23,7 @@ import sqlite3
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from sinks.base import IDENTITY_CLAIM, claim_topic, claims_for, new_claim
+from sinks.keys import IDENTITY_CLAIM, claim_topic, claims_for, new_claim
 from sinks.model import PendingRollups, RollupState, later_than_stored, prefix_end
 from sinks.sqlite.bulk import RowsStatement, insert_rows, json_rows
 from sinks.sqlite.thread import SqliteThread

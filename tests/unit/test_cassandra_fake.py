@@ -28,13 +28,13 @@ from collections.abc import Sequence
 import pytest
 from cassandra import InvalidRequest
 
-from sinks.base import arrival_keys
 from sinks.cassandra.buckets import CassandraBucketStore
 from sinks.cassandra.config import EXPIRY_MARGIN_S, MAX_EXPIRY_S, MAX_TTL_SECONDS, ExpiryCap
 from sinks.cassandra.cql import Stmt, schema_statements
 from sinks.cassandra.events import CassandraEventStore
 from sinks.cassandra.rollups import CassandraRollupStore
 from sinks.cassandra.session import MissingTable, run_bounded
+from sinks.keys import arrival_keys
 from sinks.model import Partitioning, PendingRollups
 from sinks.windows import Granularity
 from tests.integration import test_store_contract as contract
