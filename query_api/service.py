@@ -24,7 +24,6 @@ from typing import Any, NamedTuple
 from control_plane import CounterType, Namespace, NamespaceRegistry
 from control_plane.admission import (
     admission_error,
-    bound_reason,
     extras_refusal,
     late_acknowledgement,
     record_time,
@@ -35,6 +34,7 @@ from producers import DeliveryError, new_token
 from producers.group_commit import RETRY_RULE, Acknowledgement, GroupCommitProducer
 from query_api import metrics
 from query_api.arrivals import Arrivals
+from query_api.combination_bound import CombinationBound, OverBound
 from query_api.early_persist import EarlyPersist, Unnoted, eligible, furthest
 from query_api.live_reads import LiveReads
 from query_api.persist_progress import PersistProgress
@@ -68,8 +68,6 @@ from sinks.windows import WindowError
 
 log = logging.getLogger(__name__)
 
-BOUND_REFRESH_S = 5.0  # how long the API trusts what it read of a counter's full combinations
-SENT_COMBINATIONS_S = 600.0  # how long a new combination this process sent counts toward the bound unregistered
 GROUP_READS = 64  # group_by: counts read at once
 
 
@@ -315,8 +313,8 @@ class CounterService:
         self.read_signal_lag_us = int(read_signal_lag_s * MICROS)
         self.watermark_us = 0  # the lowest persist watermark stored (`follow_watermark`); 0: not known
         self.rolled = RolledFloors()  # each namespace's newest rollup (`follow_watermark`): admission keeps after it
-        self._full: dict[tuple[str, str], tuple[float, frozenset[str]]] = {}  # full combinations read, and when
-        self._sent_full: dict[tuple[str, str], dict[str, float]] = {}  # new ones admitted here since, and when
+        self.bound = CombinationBound(  # max_combinations, checked before a write with dimensions is sent
+            lambda namespace, counter: all_combinations(self.rollups, namespace, counter, full_only=True))
         self._plain_add = plain_add()
         if self._plain_add is None:
             log.info("plain AddCounts take the Python path (no current build of query_api/_plain_add.c: "
@@ -411,39 +409,13 @@ class CounterService:
 
     async def check_bound(self, ns: Namespace, counter: str, dimensions: Dimensions) -> None:
         """Refuse (Rejected naming `dimensions`) a write whose full combination is new to a counter that has
-        max_combinations already: those in the registry (read at most every BOUND_REFRESH_S per counter) and the
-        new ones this process admitted that the registry does not show yet (for SENT_COMBINATIONS_S). The persist
-        path enforces the bound (a write it refuses is dead-lettered): counting only the registry, a burst of new
-        combinations was answered 200 within those 5 s and the ones past the bound dead-lettered, never counted (a
-        review). Writes through other API processes or straight to Kafka are not seen here, so those can still race."""
+        max_combinations already (query_api.combination_bound)."""
         if not dimensions:
             return
-        full = combination(counter, dimensions)
-        key = (ns.name, counter)
-        now = time.monotonic()
-        read_at, known = self._full.get(key, (-1e18, frozenset()))
-        if full in known:
-            return
-        if now - read_at >= BOUND_REFRESH_S:
-            known = frozenset(await all_combinations(self.rollups, ns.name, counter, full_only=True))
-            if len(self._full) >= 100_000:
-                self._full.clear()
-                self._sent_full.clear()
-            self._full[key] = (now, known)
-            if full in known:
-                return
-        sent = self._sent_full.get(key)
-        if sent is None:
-            sent = self._sent_full[key] = {}
-        elif full in sent:  # a retry, or another write, of a new combination already admitted here
-            sent[full] = now
-            return
-        for name in [name for name, at in sent.items() if name in known or now - at >= SENT_COMBINATIONS_S]:
-            del sent[name]  # registered since, or long enough ago to have been (or to have failed)
-        bound = ns.dimensions.max_combinations
-        if len(known) + len(sent) >= bound:
-            raise Rejected("dimensions", bound_reason(ns.name, counter, len(known) + len(sent), bound, full))
-        sent[full] = now  # no await since the count: a write of this loop pass cannot slip in between
+        try:
+            await self.bound.admit(ns, counter, combination(counter, dimensions))
+        except OverBound as exc:
+            raise Rejected("dimensions", str(exc)) from None
 
     async def write(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                     generation_time: str | int | float | None, item_key: str = "",
@@ -621,9 +593,15 @@ class CounterService:
         a loop then costs the workers one rollup per lag period (shared by every API process) instead of one
         per read, and none while the watermark stands still (idle workers send no heartbeats once every write is
         covered: a rollup could not move); written counters are signalled by the persist path anyway (so an
-        AddAndGetCount, a write, sends none), and the sweep repairs lost signals."""
+        AddAndGetCount, a write, sends none), and the sweep repairs lost signals.
+
+        A counter never rolled up (`rollup_ts` 0) is not signalled: either nothing was ever written to it, and a
+        rollup would store a row and a cache entry for a name only read (the scale review: 100,000 reads of new
+        names made 100,000 of each, and a minute of the worker's rollups), or its first events are persisted, and
+        the persist path signalled it (the sweep, every `COUNTER_SWEEP_INTERVAL_S`, repairs a lost signal: its
+        row's last write is past its rollup)."""
         now_us = time.time_ns() // 1000
-        if rollup_ts < rollup_boundary(now_us, self.watermark_us or now_us, ns) - self.read_signal_lag_us:
+        if rollup_ts and rollup_ts < rollup_boundary(now_us, self.watermark_us or now_us, ns) - self.read_signal_lag_us:
             self.signals.emit(ns.name, counter)
 
     async def follow_watermark(self, topic: str, every_s: float = 1.0) -> None:

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from control_plane import parse_namespaces
-from query_api import service as service_module
+from query_api import combination_bound as bound_module
 from query_api.service import CounterService, Rejected
 from schemas import combination
 
@@ -62,21 +62,64 @@ def test_a_combination_admitted_here_and_then_registered_is_counted_once(monkeyp
     registry = Registry(combination("v", dims("AA")))
     svc = service(registry)
     clock = [1000.0]
-    monkeypatch.setattr(service_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(bound_module.time, "monotonic", lambda: clock[0])
 
     async def scenario() -> None:
         await svc.check_bound(NS, "v", dims("BB"))  # one registered, one admitted here: the bound
         with pytest.raises(Rejected):
             await svc.check_bound(NS, "v", dims("CC"))
         registry.full.append(combination("v", dims("BB")))  # the worker persisted it
-        clock[0] += service_module.BOUND_REFRESH_S
+        clock[0] += bound_module.BOUND_REFRESH_S
         with pytest.raises(Rejected, match="already has 2 "):  # BB is not counted twice, nor dropped
             await svc.check_bound(NS, "v", dims("CC"))
         await svc.check_bound(NS, "x", dims("X1"))
         await svc.check_bound(NS, "x", dims("X2"))  # writes the worker never stores (they failed, say)
-        clock[0] += service_module.SENT_COMBINATIONS_S - 1
+        clock[0] += bound_module.SENT_COMBINATIONS_S - 1
         with pytest.raises(Rejected):
             await svc.check_bound(NS, "x", dims("X3"))
         clock[0] += 1
         await svc.check_bound(NS, "x", dims("X3"))  # their places are given up after SENT_COMBINATIONS_S
+    asyncio.run(scenario())
+
+
+def test_combinations_admitted_here_are_not_forgotten_when_many_counters_pass_through() -> None:
+    """The scale review: once the API had read 100,000 counters' registries, it cleared them together with the new
+    combinations it had admitted; with the worker lagging, two writes past a counter's bound were then answered 200
+    and dead-lettered. Now the reads are evicted one by one, and an admitted combination is kept for
+    SENT_COMBINATIONS_S whatever passes through."""
+    registry = Registry()  # the worker lags: nothing is registered
+    svc = service(registry)
+
+    async def scenario() -> None:
+        await svc.check_bound(NS, "v", dims("AA"))
+        await svc.check_bound(NS, "v", dims("BB"))
+        for i in range(bound_module.MAX_KNOWN_COUNTERS + 10):  # other counters, each with a new combination
+            await svc.check_bound(NS, f"c{i}", dims("XX"))
+        known, _, sent = svc.bound.sizes()
+        assert known == bound_module.MAX_KNOWN_COUNTERS and sent == bound_module.MAX_KNOWN_COUNTERS + 11
+        for country in ("CC", "DD"):
+            with pytest.raises(Rejected, match="already has 2 dimension combinations"):
+                await svc.check_bound(NS, "v", dims(country))
+    asyncio.run(scenario())
+
+
+def test_registry_reads_are_bounded_by_the_names_they_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A counter may hold up to a million combinations (the scale review projected 10.8 GiB for 100,000 counters of
+    1,000): the reads kept are evicted, least recently used first, once their names pass MAX_KNOWN_NAMES; an
+    evicted counter is read again at its next new combination, and its admitted ones still count."""
+    monkeypatch.setattr(bound_module, "MAX_KNOWN_NAMES", 5)
+    big = parse_namespaces({"namespaces": {"wide": {"counter_type": "EVENTUAL", "dimensions": {
+        "keys": ["country"], "max_combinations": 10}}}})["wide"]
+    registry = Registry(*(combination("a", dims(f"A{i}")) for i in range(4)),
+                        *(combination("b", dims(f"B{i}")) for i in range(3)))
+    svc = service(registry)
+
+    async def scenario() -> None:
+        await svc.check_bound(big, "a", dims("A0"))  # 4 names held
+        await svc.check_bound(big, "a", dims("A0"))  # known: no read
+        assert registry.reads == 1 and svc.bound.sizes()[:2] == (1, 4)
+        await svc.check_bound(big, "b", dims("B9"))  # 3 more: "a" is evicted
+        assert svc.bound.sizes()[:2] == (1, 3)
+        await svc.check_bound(big, "a", dims("A1"))  # read again
+        assert registry.reads == 3 and svc.bound.sizes()[:2] == (1, 4)
     asyncio.run(scenario())
