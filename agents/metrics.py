@@ -29,6 +29,13 @@ WATERMARK_DELAY = Gauge("counter_watermark_delay_seconds", "now minus the global
 TIMER_OVERLAPS = Counter("counter_worker_timer_overlaps_total", "Timer runs that outlasted the timer's interval (the "
                          "next run started at once); counted here instead of mode's WARNING line",
                          ["timer"], registry=REGISTRY)
+OFFSET_RESETS = Counter("counter_worker_offset_resets_total", "Fetch positions the broker no longer held (records "
+                        "deleted before they were read, or a truncated or recreated topic): the consumer resumed at "
+                        "the earliest record kept, and the records in between are not counted", ["partition"],
+                        registry=REGISTRY)
+TOPIC_RECREATIONS = Counter("counter_worker_topic_recreations_total", "Times the mutations topic's id changed under "
+                            "this worker (deleted and created again): it then read its partitions of the new topic "
+                            "from the start", registry=REGISTRY)
 PERSIST_BATCH_SECONDS = Histogram("counter_persist_batch_seconds", "Time to persist one batch",
                                   registry=REGISTRY)
 ROLLUP_BATCH_SECONDS = Histogram("counter_rollup_batch_seconds", "Time to roll up one coalesced set",

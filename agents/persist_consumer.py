@@ -310,6 +310,33 @@ class PersistConsumer:
         if records:
             log.info("persisted %d records left at the stop in %.1f s", records, time.monotonic() - started)
 
+    async def topic_recreated(self) -> None:
+        """The topic was deleted and created again under this consumer (`agents.topic_watch`): its positions and the
+        offsets not committed yet are the old topic's, past the new one's first records, which it would never read
+        (the local broker answers a fetch past a partition's end with nothing). Every record of the new topic is
+        new: signal what the stored batches touched, drop their offsets, read each assigned partition from its
+        start, and commit that start, so that no owner after a rebalance starts at an old offset either."""
+        consumer = self._consumer
+        if consumer is None:
+            return
+        async with self.batch_lock:
+            self._offsets = {}  # the old topic's: committed, they would pass over the new topic's first records
+            await self.checkpoint_now()  # signals only: nothing left to commit
+            parts = [tp for tp in consumer.assignment() if tp.topic == self.topic]
+            if not parts:
+                return
+            starts = await consumer.beginning_offsets(parts)
+            for tp, start in starts.items():
+                consumer.seek(tp, start)
+            self._held_until = 0.0
+            consumer.resume(*consumer.paused())
+            try:  # not reported to `on_committed`: no heartbeat of the new topic is behind it yet
+                await consumer.commit(dict(starts))
+            except (CommitFailedError, KafkaError) as exc:  # a rebalance took them: their new owner checks too
+                log.warning("could not commit the start of the recreated topic %s (%s)", self.topic, exc)
+            log.warning("reading partitions %s of the recreated topic %s from their start",
+                        sorted(tp.partition for tp in parts), self.topic)
+
     async def run(self) -> None:
         """Consume until cancelled (after `start`)."""
         consumer = self._consumer

@@ -30,6 +30,7 @@ from agents.retention import drop_expired_events
 from agents.rollup import BackPressure, Key, global_watermark
 from agents.rollup_batches import Outage, RollupsAbandoned, rollup_many
 from agents.timers import count_overlaps, surviving
+from agents.topic_watch import TopicWatch, watch_offset_resets
 from agents.watermark import (
     NO_PARTITION,
     HeartbeatPace,
@@ -104,6 +105,7 @@ class Pipeline:
     outage: Outage = field(default_factory=Outage)  # a store outage as the rollups live through it, across batches
     rolled: RolledFloors = field(default_factory=RolledFloors)  # what admission keeps events after (a raised limit)
     binding: BindingWatch | None = None  # the store this worker's consumer group persists into (streams.store_binding)
+    topic_watch: TopicWatch | None = None  # the mutations topic's id: a change means it was recreated
 
     def owned_mutation_partitions(self) -> list[int]:
         return sorted(self.persist_consumer.assignment()) if self.persist_consumer else []
@@ -220,6 +222,7 @@ class Pipeline:
 def build(settings: Settings) -> Pipeline:
     """Validate configuration, create topics and stores, and wire the agents onto a Faust app."""
     count_overlaps()
+    watch_offset_resets()
     if missing := missing_codecs():
         raise RuntimeError(f"the Kafka consumer cannot read {', '.join(missing)} compressed records: install cramjam "
                            "(pip install 'aiokafka[lz4,snappy,zstd]'; the project's requirements include it)")
@@ -256,7 +259,10 @@ def build(settings: Settings) -> Pipeline:
         mutation_partitions=PartitionCount(settings.mutations_topic, counts[settings.mutations_topic]),
         pressure=BackPressure(), kafka=kafka,
         signals=SignalSender(kafka, settings.rollups_topic, counts[settings.rollups_topic]), sketches=sketches,
-        heartbeats=HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s)), binding=binding)
+        heartbeats=HeartbeatPace(idle_heartbeat_s(rolled, settings, coalesce_s)), binding=binding,
+        topic_watch=TopicWatch(settings.kafka_bootstrap or "", settings.mutations_topic,
+                               config=security.librdkafka()))
+    pipeline.topic_watch.read_now()  # type: ignore[union-attr]  # set just above
     capacity = min((ns.queue.capacity_bytes for ns in rolled), default=16 << 20)
     max_signals = max(1, min(settings.rollup_max_signals, capacity // SIGNAL_BYTES))
     # A window is counted in records; the persist path packs up to SIGNALS_PER_RECORD signals in one, reads
@@ -394,6 +400,7 @@ def declare_agents(p: Pipeline, coalesce_s: float, max_records: int) -> None:
         """Publish the watermarks earned and the writes persisted so far, and send the next heartbeat down each owned
         partition while their watermarks do not cover the latest write persisted anywhere (when due)."""
         await p.mutation_partitions.refresh(p.kafka.partitions)
+        await follow_topic(p)
         owned, marks, written = await p.publish_watermarks()
         if not owned:
             return
@@ -554,6 +561,20 @@ async def _hand_back(p: Pipeline, keys: list[Key]) -> None:
         return
     log.warning("the rollups of %d counter(s) were given up when the worker stopped or handed its partitions over: "
                 "signalled again", len(keys))
+
+
+async def follow_topic(p: Pipeline) -> None:
+    """A recreated mutations topic (its id changed, `agents.topic_watch`): say so, and read this worker's partitions
+    of the new topic from their start."""
+    if p.topic_watch is None or (change := await p.topic_watch.changed()) is None:
+        return
+    metrics.TOPIC_RECREATIONS.inc()
+    log.error("the mutations topic %s was deleted and created again (topic id %s, now %s): records of the old topic "
+              "that no worker had persisted are lost with it, and this worker reads the new topic from its start; "
+              "recreate the topic only with the workers stopped and drained (Ctrl-C of `counter up` drains)",
+              p.settings.mutations_topic, *change)
+    if p.persist_consumer is not None:
+        await p.persist_consumer.topic_recreated()
 
 
 @overload
