@@ -57,6 +57,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition, codec
 from aiokafka.errors import CommitFailedError, KafkaError
 
+from agents import metrics
 from agents.persist import KafkaRecord
 from schemas.record_headers import READ_YOUR_WRITE_HEADER, has_header
 
@@ -97,6 +98,8 @@ class _Rebalance(ConsumerRebalanceListener):
                 log.warning("could not read the committed offsets of %s: %s", sorted(tp.partition for tp in mine),
                             exc)
                 committed = [-1]
+        if consumer is not None and committed and committed != [-1]:
+            await self.owner.restart_past_the_end(consumer, mine, committed)
         self.owner.on_assigned({tp.partition for tp in mine}, any(c is not None for c in committed))
 
 
@@ -310,6 +313,37 @@ class PersistConsumer:
         if records:
             log.info("persisted %d records left at the stop in %.1f s", records, time.monotonic() - started)
 
+    async def restart_past_the_end(self, consumer: AIOKafkaConsumer, parts: list[TopicPartition],
+                                   committed: list[int | None]) -> None:
+        """At an assignment: a partition whose committed offset lies past its end belongs to a topic deleted and
+        created again (a worker started after the recreation has no older topic id to tell it by, `topic_watch`):
+        read it from its start, or its first records would be passed over. On Apache Kafka the fetch would reset it
+        (out of range); the local broker answers such a fetch with nothing. Its reported end is the last batch's base
+        offset + 1, so an offset past it is checked against the end of that batch (`true_ends`) first."""
+        past = [(tp, c) for tp, c in zip(parts, committed, strict=True) if c]
+        if not past:
+            return
+        try:
+            ends = await consumer.end_offsets([tp for tp, _ in past])
+            past = [(tp, c) for tp, c in past if c > ends[tp]]
+            if past:
+                true = await true_ends(self._config, {tp: ends[tp] for tp, _ in past})
+                past = [(tp, c) for tp, c in past if c > true[tp]]
+        except Exception as exc:  # not known: the fetches go on from the committed offsets, as before
+            log.warning("could not check the committed offsets of %s against their ends: %r",
+                        sorted(tp.partition for tp, _ in past), exc)
+            return
+        if not past:
+            return
+        starts = await consumer.beginning_offsets([tp for tp, _ in past])
+        for tp, _ in past:
+            consumer.seek(tp, starts[tp])
+        metrics.TOPIC_RECREATIONS.inc()
+        log.error("the committed offsets of %s lie past the ends of those partitions (the topic was deleted and "
+                  "created again, or truncated): reading them from their start; records of the old topic that no "
+                  "worker had persisted are lost with it",
+                  ", ".join(f"{self.topic}:{tp.partition} at {c} (ends {ends[tp]})" for tp, c in past))
+
     async def topic_recreated(self) -> None:
         """The topic was deleted and created again under this consumer (`agents.topic_watch`): its positions and the
         offsets not committed yet are the old topic's, past the new one's first records, which it would never read
@@ -447,6 +481,37 @@ class PersistConsumer:
                         "next owner re-reads them, which idempotent events make harmless", offsets, exc)
             return
         self.on_committed({tp.partition: offset for tp, offset in offsets.items() if tp.topic == self.topic}, sent)
+
+
+async def true_ends(config: Mapping[str, Any], reported: Mapping[TopicPartition, int],
+                    timeout_s: float = 5.0) -> dict[TopicPartition, int]:
+    """The end of each partition past the last batch the broker reported the base offset of (`reported`: its end
+    offsets, the local broker's base + 1; Apache Kafka's are exact, and so come back unchanged): read with a consumer
+    of its own that joins no group, from the reported end - 1 to the end of that batch."""
+    out = dict(reported)
+    reader = AIOKafkaConsumer(**{k: v for k, v in config.items() if k not in ("group_id", "client_id")},
+                              group_id=None, client_id="counter-persist-ends")
+    await reader.start()
+    try:
+        wanted = [tp for tp, end in reported.items() if end > 0]
+        if not wanted:
+            return out
+        reader.assign(wanted)
+        for tp in wanted:
+            reader.seek(tp, reported[tp] - 1)
+        deadline = time.monotonic() + timeout_s
+        left = set(wanted)
+        while left and time.monotonic() < deadline:
+            batch = await reader.getmany(*left, timeout_ms=200)
+            for tp, records in batch.items():
+                if records:
+                    out[tp] = max(out[tp], records[-1].offset + 1)
+                    left.discard(tp)  # a fetch returns the batch whole
+        if left:
+            raise TimeoutError(f"no record read at the reported ends of {sorted(tp.partition for tp in left)}")
+        return out
+    finally:
+        await reader.stop()
 
 
 async def run_consumer(consumer: PersistConsumer) -> None:
