@@ -142,6 +142,9 @@ def set_fetch_wait(consumer: AIOKafkaConsumer, wait_ms: int) -> bool:
 
 _HEADERS = attrgetter("headers")
 DRAIN_FETCH_WAIT_MS = 100  # while draining at a stop: answered at once while records remain
+# after this worker noticed a recreated topic, partitions it is given are read from their start: their last owner
+# may have committed old positions onto the new topic before it noticed (it checks every few seconds)
+RECREATED_WINDOW_S = 60.0
 
 
 def read_your_write_in(records: Iterable[KafkaRecord]) -> bool:
@@ -224,6 +227,8 @@ class PersistConsumer:
         self.on_revoked = on_revoked
         self.on_committed = on_committed
         self.commits_sent = 0
+        self.topic_epoch = 0  # moved by `topic_recreated`: a batch fetched before belongs to the old topic
+        self.recreated_at = 0.0  # monotonic time of the last `topic_recreated` (0: never)
         self.drain_s = drain_s
         self.batch_lock = asyncio.Lock()
         self._record_size = 256.0  # moving average of a record's value size: sizes the next fetch
@@ -323,6 +328,11 @@ class PersistConsumer:
         past = [(tp, c) for tp, c in zip(parts, committed, strict=True) if c]
         if not past:
             return
+        if self.recreated_at and time.monotonic() - self.recreated_at < RECREATED_WINDOW_S:
+            # partitions another worker owned when the topic was recreated: it may have committed old positions onto
+            # the new topic before it noticed, within the new topic's ends (the review of this change)
+            await self._from_start(consumer, past, "they may carry offsets of the topic before it was recreated")
+            return
         try:
             ends = await consumer.end_offsets([tp for tp, _ in past])
             past = [(tp, c) for tp, c in past if c > ends[tp]]
@@ -335,14 +345,18 @@ class PersistConsumer:
             return
         if not past:
             return
-        starts = await consumer.beginning_offsets([tp for tp, _ in past])
-        for tp, _ in past:
-            consumer.seek(tp, starts[tp])
         metrics.TOPIC_RECREATIONS.inc()
         log.error("the committed offsets of %s lie past the ends of those partitions (the topic was deleted and "
-                  "created again, or truncated): reading them from their start; records of the old topic that no "
-                  "worker had persisted are lost with it",
-                  ", ".join(f"{self.topic}:{tp.partition} at {c} (ends {ends[tp]})" for tp, c in past))
+                  "created again, or truncated): records of the old topic that no worker had persisted are lost with "
+                  "it", ", ".join(f"{self.topic}:{tp.partition} at {c} (ends {ends[tp]})" for tp, c in past))
+        await self._from_start(consumer, past, "their committed offsets lie past their ends")
+
+    async def _from_start(self, consumer: AIOKafkaConsumer, parts: list[tuple[TopicPartition, int]], why: str) -> None:
+        starts = await consumer.beginning_offsets([tp for tp, _ in parts])
+        for tp, _ in parts:
+            consumer.seek(tp, starts[tp])
+        log.warning("reading partitions %s of %s from their start: %s", sorted(tp.partition for tp, _ in parts),
+                    self.topic, why)
 
     async def topic_recreated(self) -> None:
         """The topic was deleted and created again under this consumer (`agents.topic_watch`): its positions and the
@@ -354,6 +368,8 @@ class PersistConsumer:
         if consumer is None:
             return
         async with self.batch_lock:
+            self.topic_epoch += 1
+            self.recreated_at = time.monotonic()
             self._offsets = {}  # the old topic's: committed, they would pass over the new topic's first records
             await self.checkpoint_now()  # signals only: nothing left to commit
             parts = [tp for tp in consumer.assignment() if tp.topic == self.topic]
@@ -366,8 +382,9 @@ class PersistConsumer:
             consumer.resume(*consumer.paused())
             try:  # not reported to `on_committed`: no heartbeat of the new topic is behind it yet
                 await consumer.commit(dict(starts))
-            except (CommitFailedError, KafkaError) as exc:  # a rebalance took them: their new owner checks too
-                log.warning("could not commit the start of the recreated topic %s (%s)", self.topic, exc)
+            except (CommitFailedError, KafkaError) as exc:  # a rebalance took them: their next owner reads them
+                log.warning("could not commit the start of the recreated topic %s (%s)", self.topic, exc)  # from
+                # their start too (within RECREATED_WINDOW_S of its own notice, or when their offsets pass the ends)
             log.warning("reading partitions %s of the recreated topic %s from their start",
                         sorted(tp.partition for tp in parts), self.topic)
 
@@ -382,6 +399,7 @@ class PersistConsumer:
             if self._offsets:
                 wait_s = min(wait_s, self._checkpointed + self.checkpoint_s - now)
             wanted = max(100, min(self.max_records, int(self.batch_bytes / self._record_size)))
+            epoch = self.topic_epoch
             batch = await consumer.getmany(timeout_ms=max(0, int(wait_s * 1000)), max_records=wanted)
             fetched_at = time.monotonic()
             self._note_fetched(batch)
@@ -390,6 +408,8 @@ class PersistConsumer:
             if caught_up:
                 self._hold(consumer, fetched_at)  # before any await too, or that next fetch is already sent
             async with self.batch_lock:
+                if batch and epoch != self.topic_epoch:
+                    batch = {}  # fetched at the old topic's positions: persisted, its offsets would be committed
                 if batch:
                     await self._handle(batch)
                     self._pace(consumer)  # what the namespaces just persisted ask for, from the fetch after next

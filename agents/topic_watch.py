@@ -33,6 +33,7 @@ log = logging.getLogger("counter.worker")
 # aiokafka's line for a fetch position the broker no longer holds (aiokafka 0.14.0, pinned in constraints.txt; the
 # lean is tested in tests/unit/test_topic_watch.py)
 FETCHER_LOGGER = "aiokafka.consumer.fetcher"
+PARENT_LOGGER = "aiokafka.consumer"  # whose level the fetcher's other lines keep
 OUT_OF_RANGE = "Fetch offset %s is out of range for partition %s, resetting offset"
 NO_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the zero id: a broker without topic ids
 
@@ -43,7 +44,7 @@ class OffsetResets(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.msg != OUT_OF_RANGE:
-            return record.levelno >= logging.getLogger("aiokafka").getEffectiveLevel()
+            return record.levelno >= logging.getLogger(PARENT_LOGGER).getEffectiveLevel()
         args: Any = record.args
         tp = args[1] if isinstance(args, tuple) and len(args) == 2 else "?"
         metrics.OFFSET_RESETS.labels(str(getattr(tp, "partition", tp))).inc()
@@ -63,8 +64,7 @@ def watch_offset_resets() -> None:
     fetcher = logging.getLogger(FETCHER_LOGGER)
     if OFFSET_RESETS_FILTER not in fetcher.filters:
         fetcher.addFilter(OFFSET_RESETS_FILTER)
-    if fetcher.level == logging.NOTSET or fetcher.level > logging.INFO:
-        fetcher.setLevel(logging.INFO)
+    fetcher.setLevel(min(logging.INFO, logging.getLogger(PARENT_LOGGER).getEffectiveLevel()))  # DEBUG stays DEBUG
 
 
 def topic_id(admin: AdminClient, topic: str, timeout_s: float = 5.0) -> str | None:
@@ -79,7 +79,8 @@ def topic_id(admin: AdminClient, topic: str, timeout_s: float = 5.0) -> str | No
 
 class TopicWatch:
     """The mutations topic's id, read every `every_s` (on the heartbeat timer, off the persist path): `changed()`
-    returns (old id, new id) once when it differs from the last one read."""
+    returns (old id, new id) while it differs from the one the worker follows, until `follow(new id)` once the worker
+    has acted on it (a failure there is tried again at the next check: the review of this change)."""
 
     def __init__(self, bootstrap: str, topic: str, *, config: Mapping[str, Any] | None = None,
                  every_s: float = 5.0) -> None:
@@ -112,5 +113,9 @@ class TopicWatch:
             return None
         if found is None:  # away, deleted and not created yet, or a broker without ids: the last one stands
             return None
-        before, self.current = self.current, found
-        return (before, found) if before is not None and before != found else None
+        if self.current is None:
+            self.current = found
+        return (self.current, found) if self.current != found else None
+
+    def follow(self, found: str) -> None:
+        self.current = found

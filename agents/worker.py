@@ -568,13 +568,14 @@ async def follow_topic(p: Pipeline) -> None:
     of the new topic from their start."""
     if p.topic_watch is None or (change := await p.topic_watch.changed()) is None:
         return
-    metrics.TOPIC_RECREATIONS.inc()
     log.error("the mutations topic %s was deleted and created again (topic id %s, now %s): records of the old topic "
               "that no worker had persisted are lost with it, and this worker reads the new topic from its start; "
               "recreate the topic only with the workers stopped and drained (Ctrl-C of `counter up` drains)",
               p.settings.mutations_topic, *change)
     if p.persist_consumer is not None:
-        await p.persist_consumer.topic_recreated()
+        await p.persist_consumer.topic_recreated()  # raises: tried again at the next check
+    p.topic_watch.follow(change[1])
+    metrics.TOPIC_RECREATIONS.inc()
 
 
 @overload

@@ -16,6 +16,7 @@ stderr rich draws no live bar, only the final state when the bar closes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -216,7 +217,8 @@ class Interrupt:
             raise KeyboardInterrupt
         self.requested = True
         if self.notice is not None:  # os.write: a print here could re-enter a write of the interrupted code
-            os.write(2, f"{self.notice}\n".encode())
+            with contextlib.suppress(OSError):  # stderr gone (a closed terminal's SIGHUP): the stop goes on (a review)
+                os.write(2, f"{self.notice}\n".encode())
 
     def __call__(self) -> bool:
         return self.requested

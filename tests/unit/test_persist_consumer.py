@@ -6,6 +6,7 @@ aiokafka."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from types import SimpleNamespace
 from typing import Any
@@ -180,3 +181,73 @@ def test_a_worker_without_the_compression_codecs_refuses_to_start(monkeypatch: A
     assert module.missing_codecs() == ["lz4", "zstd"]
     with pytest.raises(RuntimeError, match=r"cannot read lz4, zstd compressed records: install cramjam"):
         build(Settings(kafka_bootstrap="127.0.0.1:1"))
+
+
+def test_a_batch_fetched_before_the_topic_was_recreated_is_dropped() -> None:
+    """The review of the recreated-topic change: `run` fetches outside the batch lock, so a batch taken at the old
+    topic's position (a partition of the new topic that grew past it) waited for the lock while `topic_recreated`
+    sought the start, then was persisted and its old offsets committed over the start. Such a batch is dropped now
+    (the topic epoch moved): the records are read again from the start."""
+    tp = TopicPartition("m", 0)
+
+    class Fake:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, object]] = []
+            self.fetches = 0
+            self.release = asyncio.Event()
+
+        def assignment(self) -> set[TopicPartition]:
+            return {tp}
+
+        async def getmany(self, timeout_ms: int = 0, max_records: int | None = None) -> dict:
+            self.fetches += 1
+            if self.fetches == 1:  # at the old position
+                await self.release.wait()
+                return {tp: [SimpleNamespace(offset=o, serialized_value_size=50, headers=()) for o in range(80, 85)]}
+            await asyncio.sleep(timeout_ms / 1000)
+            return {}
+
+        async def beginning_offsets(self, parts: list[TopicPartition]) -> dict[TopicPartition, int]:
+            self.release.set()  # the fetch at the old position answers while the lock is held
+            await asyncio.sleep(0.05)
+            return dict.fromkeys(parts, 0)
+
+        def seek(self, _tp: TopicPartition, offset: int) -> None:
+            self.calls.append(("seek", offset))
+
+        def pause(self, *_tps: TopicPartition) -> None:
+            pass
+
+        def paused(self) -> set[TopicPartition]:
+            return set()
+
+        def resume(self, *_tps: TopicPartition) -> None:
+            pass
+
+        async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+            self.calls.append(("commit", {t.partition: o for t, o in offsets.items()}))
+
+    persisted: list[int] = []
+
+    async def persist(records: list) -> list[tuple[str, str]]:
+        persisted.extend(r.offset for r in records)
+        return [("ns", "c")]
+
+    async def checkpoint(_touched: set) -> None:
+        return None
+
+    async def scenario() -> list[tuple[str, object]]:
+        pc = PersistConsumer(bootstrap="x", topic="m", group_id="g", persist=persist, checkpoint=checkpoint)
+        fake = pc._consumer = Fake()  # type: ignore[assignment]
+        runner = asyncio.create_task(pc.run())
+        await asyncio.sleep(0.01)  # run() is inside getmany
+        await pc.topic_recreated()
+        await asyncio.sleep(0.3)  # run() takes the lock with its batch, and checkpoints
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        return fake.calls
+
+    calls = asyncio.run(scenario())
+    assert calls == [("seek", 0), ("commit", {0: 0})], calls
+    assert persisted == []

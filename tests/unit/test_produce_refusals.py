@@ -182,6 +182,22 @@ def test_a_first_signal_in_the_final_flush_is_answered_at_once(tmp_path: Path, c
     assert "produced 1 mutation(s)" in capfd.readouterr().err
 
 
+def test_the_notice_of_a_stop_never_raises_where_stderr_is_gone(monkeypatch) -> None:
+    """The review of the notice: a closed terminal's SIGHUP (one of the stops) or a closed pipe made the notice's
+    write raise BrokenPipeError inside the interrupted flush. The stop is still taken."""
+    import os
+
+    from counter_cli.progress import Interrupt
+
+    def broken(_fd: int, _data: bytes) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(os, "write", broken)
+    stop = Interrupt("stopping")
+    stop._handle(1, None)
+    assert stop()
+
+
 @pytest.mark.parametrize("how", ["sigterm", "sigint_in_flush"])
 def test_a_stop_signal_ends_produce_saying_what_was_handed_over(how, tmp_path: Path, capsys, monkeypatch):
     """A review: SIGTERM ended `counter produce --file` with no word (exit 143), and Ctrl-C while the producer's

@@ -32,7 +32,7 @@ def test_an_out_of_range_reset_is_a_counted_warning_and_other_info_lines_stay_hi
         caplog: pytest.LogCaptureFixture) -> None:
     """A review: records deleted before the worker read them (retention, a truncated or recreated topic) were
     passed over with a line at INFO, which a worker at WARNING never shows."""
-    aio, fetcher = logging.getLogger("aiokafka"), logging.getLogger(FETCHER_LOGGER)
+    aio, fetcher = logging.getLogger(topic_watch.PARENT_LOGGER), logging.getLogger(FETCHER_LOGGER)
     before = aio.level, fetcher.level, list(fetcher.filters)
     try:
         aio.setLevel(logging.WARNING)
@@ -53,13 +53,40 @@ def test_an_out_of_range_reset_is_a_counted_warning_and_other_info_lines_stay_hi
         fetcher.filters[:] = before[2]
 
 
-def test_a_changed_topic_id_is_told_once_and_an_unread_one_is_not_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    ids: list[str | None] = ["A", None, "A", "B", "B", None, "C"]
+def test_a_changed_topic_id_is_told_until_the_worker_follows_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An id not read (a broker away, the topic not created yet) is no change; a change is told again at every check
+    until the worker has acted on it (`follow`): the review of this change saw a failed first attempt (the broker's
+    metadata still settling) leave the partitions at the old positions for good."""
+    ids: list[str | None] = ["A", None, "A", "B", "B", "B", None, "C"]
     watch = TopicWatch("127.0.0.1:1", "t", every_s=0.0)
     monkeypatch.setattr(watch, "_read", lambda: ids.pop(0))
     watch.read_now()
 
     async def changes() -> list[tuple[str, str] | None]:
-        return [await watch.changed() for _ in range(6)]
+        seen = []
+        for _ in range(7):
+            change = await watch.changed()
+            seen.append(change)
+            if change is not None and len(seen) > 3:  # the worker's first attempt (the third check) failed
+                watch.follow(change[1])
+        return seen
 
-    assert asyncio.run(changes()) == [None, None, ("A", "B"), None, None, ("B", "C")]
+    assert asyncio.run(changes()) == [None, None, ("A", "B"), ("A", "B"), None, None, ("B", "C")]
+
+
+def test_a_fetcher_asked_for_debug_lines_keeps_them() -> None:
+    """The review of this change: the fetcher's level was set to INFO whatever it inherited, hiding its DEBUG lines
+    from a worker debugging at DEBUG."""
+    parent, fetcher = logging.getLogger(topic_watch.PARENT_LOGGER), logging.getLogger(FETCHER_LOGGER)
+    before = parent.level, fetcher.level, list(fetcher.filters)
+    try:
+        parent.setLevel(logging.DEBUG)
+        watch_offset_resets()
+        assert fetcher.isEnabledFor(logging.DEBUG)
+        parent.setLevel(logging.WARNING)
+        watch_offset_resets()
+        assert fetcher.level == logging.INFO  # the reset line is asked for; the filter hides the others
+    finally:
+        parent.setLevel(before[0])
+        fetcher.setLevel(before[1])
+        fetcher.filters[:] = before[2]
