@@ -103,6 +103,11 @@ class GroupCommitProducer:
         self.topic = topic
         self.max_in_flight = max_in_flight
         self.observer = observer
+        # since when every record failed (monotonic), and why; None while they are acknowledged: the API's /readyz
+        # (a broker that answered metadata and refused every produce read as ready, a review)
+        self.failing_since: float | None = None
+        self.last_failure = ""
+        self.last_failure_at = 0.0
         self._in_flight = 0
         self._partitions = 0
         self._unavailable = f"broker {producer.bootstrap} unreachable"  # why writes fail while _partitions is 0
@@ -253,8 +258,15 @@ class GroupCommitProducer:
         if self._pending is batch:  # never produced: nothing of it reaches the broker
             self._pending = None
             self._settled(batch.number)
+        self._failed(f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s")
         batch.future.set_exception(DeliveryError(
             f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s; {RETRY_RULE}"))
+
+    def _failed(self, why: str) -> None:
+        now = time.monotonic()
+        if self.failing_since is None:
+            self.failing_since = now
+        self.last_failure, self.last_failure_at = why, now
 
     def _acknowledged(self, batch: _Pending, sent: float, produced_us: int, record: asyncio.Future[int | None]) -> None:
         future = batch.future
@@ -265,6 +277,10 @@ class GroupCommitProducer:
         error = asyncio.CancelledError() if record.cancelled() else record.exception()
         if self.observer is not None:
             self.observer.record_done(time.perf_counter() - sent, error is None)
+        if error is None:
+            self.failing_since = None
+        else:
+            self._failed(str(error))
         if not future.done():
             if error is None:
                 future.set_result(_disagreed(record.result(), produced_us))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable
 
 from fastapi import APIRouter, Request
@@ -13,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from query_api import metrics
 from query_api.dependencies import Service
 from query_api.pipeline_health import render
+from query_api.service import CounterService
 
 router = APIRouter(tags=["operations"])
 log = logging.getLogger(__name__)
@@ -31,7 +33,8 @@ async def readyz(service: Service, request: Request) -> JSONResponse:
     the one the workers persist into (streams.store_binding)."""
     binding = request.app.state.binding  # set by the lifespan
     bound = "ok" if binding.bound else "not checked yet: the broker has not answered"
-    checks = {"broker": await _check(service.producer.kafka.partitions(service.producer.topic, 1.0)),
+    checks = {"broker": _writes_failing(service) or await _check(service.producer.kafka.partitions(
+                  service.producer.topic, 1.0)),
               "store": await _check(service.rollups.get("_readyz", "_readyz")),
               "store_binding": bound if binding.mismatch is None else f"another store: {binding.mismatch}",
               "cache": "ok" if await service.cache.healthy() else "unreachable",
@@ -61,6 +64,21 @@ async def prometheus(request: Request) -> Response:
             "dead_letters": body["dlq"]["size"] if body["dlq"] else None,
             "warnings": len(body["warnings"]), "errors": len(body["errors"])})
     return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+FAILING_FRESH_S = 5.0  # a failure older than this, with none since, no longer fails /readyz
+
+
+def _writes_failing(service: CounterService) -> str | None:
+    """A broker that answers metadata and refuses every record (a topic recreated with another partition count on
+    the local broker: a review saw /readyz say ok beside a 503 for every write). Only while the failures are recent:
+    an API taken out of a load balancer gets no writes to show the broker is back."""
+    producer = service.producer
+    since = producer.failing_since
+    if since is None or time.monotonic() - producer.last_failure_at > FAILING_FRESH_S:
+        return None
+    return (f"failed: every durable write for {time.monotonic() - since:.1f}s was refused "
+            f"({service.producer.last_failure})")
 
 
 async def _check(awaitable: Awaitable[object]) -> str:

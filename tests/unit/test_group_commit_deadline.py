@@ -102,3 +102,52 @@ def test_an_acknowledgement_carries_the_records_timestamp_only_when_this_clock_d
     settled = asyncio.run(scenario())
     assert settled == (stamps[0] if disagrees else None)
     assert not disagrees or settled is not None
+
+
+def test_the_producer_says_since_when_every_record_failed_until_one_is_acknowledged() -> None:
+    """What the API's /readyz reads (a review: a broker that answered metadata and refused every produce, a topic
+    recreated with another partition count, read as ready beside a 503 for every write)."""
+    kafka = SilentKafka()
+    records: list[asyncio.Future[None]] = []
+
+    def produce(topic: str, value: bytes, key: bytes | None, partition: int, headers: Any = None) -> asyncio.Future:
+        records.append(asyncio.get_running_loop().create_future())
+        return records[-1]
+    kafka.produce = produce  # type: ignore[method-assign]
+
+    async def scenario() -> list[tuple[bool, str]]:
+        producer = GroupCommitProducer(kafka, topic="t")  # type: ignore[arg-type]
+        await producer.start()
+        seen = [(producer.failing_since is not None, producer.last_failure)]
+        first = producer.send([write(1)])
+        await asyncio.sleep(0)
+        records[0].set_exception(RuntimeError("Broker: Unknown topic or partition"))
+        with pytest.raises(DeliveryError):
+            await first
+        seen.append((producer.failing_since is not None, producer.last_failure))
+        second = producer.send([write(2)])
+        await asyncio.sleep(0)
+        records[1].set_result(None)
+        await second
+        seen.append((producer.failing_since is not None, producer.last_failure))
+        return seen
+
+    assert asyncio.run(scenario()) == [(False, ""), (True, "Broker: Unknown topic or partition"),
+                                       (False, "Broker: Unknown topic or partition")]
+
+
+def test_readyz_fails_the_broker_while_every_write_fails() -> None:
+    from types import SimpleNamespace
+
+    from query_api.routes.ops import _writes_failing
+
+    now = time.monotonic()
+    producer = SimpleNamespace(failing_since=now - 3.0, last_failure="Broker: Unknown topic or partition",
+                               last_failure_at=now - 0.5)
+    said = _writes_failing(SimpleNamespace(producer=producer))  # type: ignore[arg-type]
+    assert said is not None and said.startswith("failed: every durable write for 3.")
+    assert said.endswith("was refused (Broker: Unknown topic or partition)"), said
+    producer.last_failure_at = now - 6.0  # none since: a not-ready API would get no write to show the broker back
+    assert _writes_failing(SimpleNamespace(producer=producer)) is None  # type: ignore[arg-type]
+    producer.failing_since, producer.last_failure_at = None, now
+    assert _writes_failing(SimpleNamespace(producer=producer)) is None  # type: ignore[arg-type]
