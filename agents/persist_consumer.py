@@ -331,7 +331,8 @@ class PersistConsumer:
         if self.recreated_at and time.monotonic() - self.recreated_at < RECREATED_WINDOW_S:
             # partitions another worker owned when the topic was recreated: it may have committed old positions onto
             # the new topic before it noticed, within the new topic's ends (the review of this change)
-            await self._from_start(consumer, past, "they may carry offsets of the topic before it was recreated")
+            await self._from_start(consumer, [tp for tp, _ in past],
+                                   "they may carry offsets of the topic before it was recreated")
             return
         try:
             ends = await consumer.end_offsets([tp for tp, _ in past])
@@ -349,14 +350,17 @@ class PersistConsumer:
         log.error("the committed offsets of %s lie past the ends of those partitions (the topic was deleted and "
                   "created again, or truncated): records of the old topic that no worker had persisted are lost with "
                   "it", ", ".join(f"{self.topic}:{tp.partition} at {c} (ends {ends[tp]})" for tp, c in past))
-        await self._from_start(consumer, past, "their committed offsets lie past their ends")
+        await self._from_start(consumer, [tp for tp, _ in past], "their committed offsets lie past their ends")
 
-    async def _from_start(self, consumer: AIOKafkaConsumer, parts: list[tuple[TopicPartition, int]], why: str) -> None:
-        starts = await consumer.beginning_offsets([tp for tp, _ in parts])
-        for tp, _ in parts:
-            consumer.seek(tp, starts[tp])
-        log.warning("reading partitions %s of %s from their start: %s", sorted(tp.partition for tp, _ in parts),
+    async def _from_start(self, consumer: AIOKafkaConsumer, parts: list[TopicPartition],
+                          why: str) -> dict[TopicPartition, int]:
+        """Seek `parts` to their first offsets kept, and return those."""
+        starts = dict(await consumer.beginning_offsets(parts))
+        for tp, start in starts.items():
+            consumer.seek(tp, start)
+        log.warning("reading partitions %s of %s from their start: %s", sorted(tp.partition for tp in parts),
                     self.topic, why)
+        return starts
 
     async def topic_recreated(self) -> None:
         """The topic was deleted and created again under this consumer (`agents.topic_watch`): its positions and the
@@ -375,18 +379,14 @@ class PersistConsumer:
             parts = [tp for tp in consumer.assignment() if tp.topic == self.topic]
             if not parts:
                 return
-            starts = await consumer.beginning_offsets(parts)
-            for tp, start in starts.items():
-                consumer.seek(tp, start)
+            starts = await self._from_start(consumer, parts, "the topic was recreated")
             self._held_until = 0.0
             consumer.resume(*consumer.paused())
             try:  # not reported to `on_committed`: no heartbeat of the new topic is behind it yet
-                await consumer.commit(dict(starts))
+                await consumer.commit(starts)
             except (CommitFailedError, KafkaError) as exc:  # a rebalance took them: their next owner reads them
                 log.warning("could not commit the start of the recreated topic %s (%s)", self.topic, exc)  # from
                 # their start too (within RECREATED_WINDOW_S of its own notice, or when their offsets pass the ends)
-            log.warning("reading partitions %s of the recreated topic %s from their start",
-                        sorted(tp.partition for tp in parts), self.topic)
 
     async def run(self) -> None:
         """Consume until cancelled (after `start`)."""

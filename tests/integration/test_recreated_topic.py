@@ -28,6 +28,14 @@ def send(pipeline: PipelineEnv, events: list) -> None:
     assert producer.flush(30) == 0, "every record acknowledged"
 
 
+def counted_first(pipeline: PipelineEnv, rng: random.Random) -> list:
+    """Writes to the topic before it is recreated, once the running worker has counted them."""
+    first = random_events(rng, 4, 120, clear_ratio=0)
+    send(pipeline, first)
+    wait_for(lambda: pipeline.converged(NS, oracle(first)), 60, message="the first writes counted")
+    return first
+
+
 def recreate(pipeline: PipelineEnv) -> None:
     admin = AdminClient({"bootstrap.servers": pipeline.bootstrap})
     admin.delete_topics([pipeline.mutations_topic])[pipeline.mutations_topic].result(30)
@@ -50,9 +58,7 @@ def recreate(pipeline: PipelineEnv) -> None:
 def test_writes_to_a_recreated_mutations_topic_are_counted(pipeline: PipelineEnv) -> None:
     worker = pipeline.start_worker()
     rng = random.Random(47)
-    first = random_events(rng, 4, 120, clear_ratio=0)
-    send(pipeline, first)
-    wait_for(lambda: pipeline.converged(NS, oracle(first)), 60, message="the first writes counted")
+    first = counted_first(pipeline, rng)
 
     recreate(pipeline)
     later = random_events(rng, 4, 40, clear_ratio=0)  # fewer per partition than the old positions
@@ -90,9 +96,7 @@ def test_a_worker_started_after_the_topic_was_recreated_reads_it_from_its_start(
     ends at its assignment."""
     worker = pipeline.start_worker()
     rng = random.Random(48)
-    first = random_events(rng, 4, 120, clear_ratio=0)
-    send(pipeline, first)
-    wait_for(lambda: pipeline.converged(NS, oracle(first)), 60, message="the first writes counted")
+    first = counted_first(pipeline, rng)
     worker.stop()
 
     recreate(pipeline)  # the broker drops the group's offsets with the topic: they come back as a worker's commit
