@@ -270,8 +270,9 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
                       pressure: BackPressure, buckets: BucketStore | None = None,
                       sketches: SketchStore | None = None,
                       give_up: Callable[[], bool] = lambda: False, max_wait_s: float | None = None,
-                      outage: Outage | None = None) -> list[RollupResult]:
-    """Roll up a coalesced set of counters, `rollup_batch_count` at a time per namespace.
+                      outage: Outage | None = None, batch_max: int | None = None) -> list[RollupResult]:
+    """Roll up a coalesced set of counters, `rollup_batch_count` at a time per namespace, or in larger batches (up
+    to `batch_max`) where a namespace's part of the set is long (`batch_size`).
 
     Returns once every counter is rolled up or left behind as failing alone (`_one_by_one`). While a namespace's
     store is away (`StoreOutage`) its batches wait, retried after the others with backoff (`outage`: the worker's,
@@ -284,7 +285,7 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
     wait; cancelling the call ends it too."""
     call = _Call(_Targets(events, rollups, cache, watermark, buckets, sketches), Outage() if outage is None else outage,
                  give_up, MAX_WAIT_S if max_wait_s is None else max_wait_s)
-    batches = _batches(keys, registry)
+    batches = _batches(keys, registry, batch_max)
     results: list[RollupResult] = []
     first = True
     while True:
@@ -333,7 +334,23 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
         batches = deferred
 
 
-def _batches(keys: Iterable[Key], registry: NamespaceRegistry) -> list[_Batch]:
+BACKLOG_BATCHES = 8  # a namespace's set of more than this many rollup_batch_count batches is rolled up in larger ones
+
+
+def batch_size(batch_count: int, queued: int, batch_max: int | None) -> int:
+    """How many counters of a namespace one batch rolls up, `queued` of them in the coalesced set.
+
+    `rollup_batch_count`, unless the set holds more than BACKLOG_BATCHES of those: then the set is cut into about
+    BACKLOG_BATCHES batches, none above `batch_max` (the worker's `rollup_batch_max`; None keeps rollup_batch_count).
+    Why: a batch costs about seven store round trips whatever its size (on SQLite about 7 ms against 0.09 ms a
+    counter), so a burst of new counters rolled up 32 at a time ran at a third of what the store takes."""
+    step = max(1, batch_count)
+    if batch_max is None or queued <= step * BACKLOG_BATCHES:
+        return step
+    return max(step, min(batch_max, -(-queued // BACKLOG_BATCHES)))
+
+
+def _batches(keys: Iterable[Key], registry: NamespaceRegistry, batch_max: int | None = None) -> list[_Batch]:
     by_ns: dict[str, list[str]] = defaultdict(list)
     for ns_name, counter in keys:
         by_ns[ns_name].append(counter)
@@ -344,7 +361,7 @@ def _batches(keys: Iterable[Key], registry: NamespaceRegistry) -> list[_Batch]:
             log.warning("rollup signal for unknown namespace %r ignored", ns_name)
             continue
         names = list(dict.fromkeys(counters))
-        step = max(1, ns.rollup_batch_count)
+        step = batch_size(ns.rollup_batch_count, len(names), batch_max)
         batches.extend(_Batch(ns, names[i:i + step]) for i in range(0, len(names), step))
     return batches
 

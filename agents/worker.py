@@ -526,7 +526,7 @@ async def _rollup(p: Pipeline, keys: set[Key]) -> None:
         results = await rollup_many(keys, p.registry, events=p.events, rollups=p.rollups, cache=p.cache,
                                     watermark=p.watermark, pressure=p.pressure, buckets=p.buckets,
                                     sketches=p.sketches, give_up=lambda: p.app.should_stop or p.app.rebalancing,
-                                    outage=p.outage)
+                                    outage=p.outage, batch_max=p.settings.rollup_batch_max)
     except RollupsAbandoned as exc:
         results = exc.done
         if exc.left:

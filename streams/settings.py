@@ -146,6 +146,10 @@ class Settings(BaseSettings):
         "how often expired, rolled-up slices are dropped"))
     rollup_max_signals: int = Field(50_000, ge=1, le=10_000_000, description=(
         "signals coalesced at most per rollup window"))
+    rollup_batch_max: int = Field(512, ge=1, le=10_000, description=(
+        "the most counters a worker rolls up in one batch when a namespace's coalesced set holds more than 8 batches "
+        "of its rollup_batch_count (never fewer than rollup_batch_count): a batch costs a few store round trips "
+        "whatever its size"))
 
     @field_validator("accept_namespace_changes", mode="before")
     @classmethod

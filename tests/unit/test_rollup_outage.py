@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from agents.rollup import BackPressure, RollupResult
-from agents.rollup_batches import PROBES, Outage, RollupsAbandoned, rollup_many
+from agents.rollup_batches import BACKLOG_BATCHES, PROBES, Outage, RollupsAbandoned, batch_size, rollup_many
 from agents.worker import _rollup
 from control_plane import parse_namespaces
 from sinks import (
@@ -187,7 +187,7 @@ def worker(events: SqliteEventStore, rollups: SqliteRollupStore, mark: int,
     return SimpleNamespace(registry=REGISTRY, events=events, rollups=rollups, cache=InProcessRollupCache(),
                            watermark=watermark, pressure=BackPressure(), buckets=None, sketches=None,
                            app=SimpleNamespace(should_stop=False, rebalancing=False), send_signals=send_signals,
-                           outage=Outage())
+                           outage=Outage(), settings=SimpleNamespace(rollup_batch_max=512))
 
 
 async def converged(rollups: SqliteRollupStore, counts: dict[str, int]) -> dict[str, tuple[int, bool] | None]:
@@ -198,6 +198,37 @@ async def converged(rollups: SqliteRollupStore, counts: dict[str, int]) -> dict[
 
 def lines(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+@pytest.mark.parametrize(("queued", "batch_max", "size"), [
+    (10 * BACKLOG_BATCHES, 512, 10),  # up to BACKLOG_BATCHES batches: rollup_batch_count
+    (10 * BACKLOG_BATCHES + 1, 512, 11),  # one more counter: about BACKLOG_BATCHES batches
+    (400, 512, 50),
+    (50_000, 512, 512),  # a burst: at most batch_max
+    (50_000, 4, 10),  # never below rollup_batch_count
+    (50_000, None, 10),  # no batch_max: rollup_batch_count whatever is queued
+])
+def test_a_long_set_is_rolled_up_in_larger_batches(queued: int, batch_max: int | None, size: int) -> None:
+    assert batch_size(10, queued, batch_max) == size
+
+
+def test_a_burst_of_counters_costs_fewer_store_round_trips(tmp_path: Path) -> None:
+    """200 counters of a namespace whose rollup_batch_count is 10: 8 batches of 25 with a batch_max (each batch costs
+    its store round trips whatever its size), 20 batches of 10 without one; every count exact either way."""
+    counters = [f"c{i:03d}" for i in range(200)]
+
+    async def scenario(batch_max: int | None) -> list[int]:
+        async with stores(tmp_path / str(batch_max)) as (events, rollups):
+            mark = await written(events, rollups, counters)
+            results = await asyncio.wait_for(rollup_task(counters, events, rollups, mark, batch_max=batch_max),
+                                             DEADLINE_S)
+            assert {r.key[1]: r.count for r in results} == expected(counters)
+            return rollups.writes
+
+    (tmp_path / "25").mkdir()
+    (tmp_path / "None").mkdir()
+    assert asyncio.run(scenario(25)) == [25] * 8
+    assert asyncio.run(scenario(None)) == [10] * 20
 
 
 def test_a_locked_store_holds_the_rollups_until_it_is_back_and_is_not_tried_counter_by_counter(
