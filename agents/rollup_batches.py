@@ -351,11 +351,14 @@ def batch_size(batch_count: int, queued: int, batch_max: int | None) -> int:
 
 
 def _batches(keys: Iterable[Key], registry: NamespaceRegistry, batch_max: int | None = None) -> list[_Batch]:
+    """The set's batches, namespace by namespace, the namespaces with fewest counters first: the signals of every
+    namespace share the rollup queues, so a quiet namespace's few counters would otherwise wait out a burst of another's
+    (a scale review saw 39-125 s)."""
     by_ns: dict[str, list[str]] = defaultdict(list)
     for ns_name, counter in keys:
         by_ns[ns_name].append(counter)
     batches: list[_Batch] = []
-    for ns_name, counters in by_ns.items():
+    for ns_name, counters in sorted(by_ns.items(), key=lambda item: len(item[1])):
         ns = registry.get(ns_name)
         if ns is None:
             log.warning("rollup signal for unknown namespace %r ignored", ns_name)

@@ -231,6 +231,27 @@ def test_a_burst_of_counters_costs_fewer_store_round_trips(tmp_path: Path) -> No
     assert asyncio.run(scenario(None)) == [10] * 20
 
 
+def test_a_quiet_namespace_is_rolled_up_before_a_burst_of_another(tmp_path: Path) -> None:
+    """One coalesced set: a burst of 300 counters of "a", signalled first, and 3 of "b". The rollup queues are shared by
+    every namespace, so "b" is rolled up first rather than after all of "a"'s batches."""
+    burst, quiet = [f"c{i:03d}" for i in range(300)], ["x", "y", "z"]
+
+    async def scenario() -> list[str]:
+        async with stores(tmp_path) as (events, rollups):
+            await written(events, rollups, burst, "a")
+            mark = await written(events, rollups, quiet, "b")
+            order: list[str] = []
+            rollups.on_write = lambda namespace, counters: order.append(namespace)
+            results = await asyncio.wait_for(rollup_task([*keys_of(burst, "a"), *keys_of(quiet, "b")], events,
+                                                         rollups, mark), DEADLINE_S)
+            assert {r.key: r.count for r in results if r.key[0] == "b"} == {("b", c): n for c, n in
+                                                                          expected(quiet).items()}
+            return order
+
+    order = asyncio.run(scenario())
+    assert order[0] == "b" and order.count("b") == 1 and order.count("a") == 30, order
+
+
 def test_a_locked_store_holds_the_rollups_until_it_is_back_and_is_not_tried_counter_by_counter(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Another connection holds the rollup file's write lock: every rollup write fails with SQLITE_BUSY. The call
@@ -548,7 +569,7 @@ def test_a_retry_while_the_store_is_away_is_one_try_of_each_batch(tmp_path: Path
             task = rollup_task(keys, events, rollups, mark)
             await rollups.tried_or_done(30, task)
             assert not task.done(), f"the rollups gave up while the store was away: {rollups.writes}"
-            assert rollups.writes[:1 + PROBES] == [10] + [1] * PROBES
+            assert rollups.writes[:1 + PROBES] == [5] + [1] * PROBES  # b first: the namespace of fewer counters
             assert set(rollups.writes[1 + PROBES:]) == {10, 5}, rollups.writes  # a's first batch and b's, in turn
             rollups.down = False
             results = await asyncio.wait_for(task, DEADLINE_S)
