@@ -75,6 +75,11 @@ class RollupsAbandoned(Exception):
         self.done = done
 
 
+class OverBudget(RollupsAbandoned):
+    """The call ran past its `budget_s` with the store answering: the counters left go behind the signals that arrived
+    meanwhile, so a burst of one namespace's counters holds the others' back by about the budget, not the burst."""
+
+
 class Outage:
     """A store outage as the worker's rollups live through it, across calls (the worker owns one): the namespaces whose
     store is away, the backoff (exponential, capped) between retries of the batches it failed, one log line when it
@@ -270,7 +275,8 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
                       pressure: BackPressure, buckets: BucketStore | None = None,
                       sketches: SketchStore | None = None,
                       give_up: Callable[[], bool] = lambda: False, max_wait_s: float | None = None,
-                      outage: Outage | None = None, batch_max: int | None = None) -> list[RollupResult]:
+                      outage: Outage | None = None, batch_max: int | None = None,
+                      budget_s: float | None = None) -> list[RollupResult]:
     """Roll up a coalesced set of counters, `rollup_batch_count` at a time per namespace, or in larger batches (up
     to `batch_max`) where a namespace's part of the set is long (`batch_size`).
 
@@ -282,12 +288,14 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
 
     Raises `RollupsAbandoned` once `give_up()` turns true (the worker stops or hands its partitions over: Faust waits
     for the batch in hand before either), asked between batches, between counters rolled up alone, and during the
-    wait; cancelling the call ends it too."""
+    wait; cancelling the call ends it too. Raises `OverBudget` between two batches once the call has run `budget_s`,
+    unless a store is away in it (its counters then wait for the store as above)."""
     call = _Call(_Targets(events, rollups, cache, watermark, buckets, sketches), Outage() if outage is None else outage,
                  give_up, MAX_WAIT_S if max_wait_s is None else max_wait_s)
     batches = _batches(keys, registry, batch_max)
     results: list[RollupResult] = []
     first = True
+    budget_until = None if budget_s is None else time.monotonic() + budget_s
     while True:
         deferred: list[_Batch] = []
         down: set[str] = set()  # namespaces whose store failed a batch in this pass: their next batches wait
@@ -302,6 +310,9 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
             if batch.ns.name in down:
                 deferred.append(_Batch(batch.ns, batch.counters, waiting=True))
                 continue
+            if (not first and budget_until is not None and time.monotonic() >= budget_until and not deferred
+                    and not call.leaving):
+                raise OverBudget(_keys(batches[i:]), results)
             if not first and pressure.pause_s:
                 await asyncio.sleep(pressure.pause_s)
             first = False

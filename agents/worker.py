@@ -28,7 +28,7 @@ from agents.persist_consumer import PersistConsumer, missing_codecs, run_consume
 from agents.persist_path import persist_batch
 from agents.retention import drop_expired_events
 from agents.rollup import BackPressure, Key, global_watermark
-from agents.rollup_batches import Outage, RollupsAbandoned, rollup_many
+from agents.rollup_batches import Outage, OverBudget, RollupsAbandoned, rollup_many
 from agents.timers import count_overlaps, surviving
 from agents.topic_watch import TopicWatch, watch_offset_resets
 from agents.watermark import (
@@ -526,41 +526,42 @@ async def _rollup(p: Pipeline, keys: set[Key]) -> None:
         results = await rollup_many(keys, p.registry, events=p.events, rollups=p.rollups, cache=p.cache,
                                     watermark=p.watermark, pressure=p.pressure, buckets=p.buckets,
                                     sketches=p.sketches, give_up=lambda: p.app.should_stop or p.app.rebalancing,
-                                    outage=p.outage, batch_max=p.settings.rollup_batch_max)
-    except RollupsAbandoned as exc:
+                                    outage=p.outage, batch_max=p.settings.rollup_batch_max,
+                                    budget_s=p.settings.rollup_set_budget_s)
+    except OverBudget as exc:
+        # the rest of the set queues behind the signals that came meanwhile (another namespace's among them), whose
+        # set rolls up the namespaces of fewest counters first
         results = exc.done
-        if exc.left:
-            await _hand_back(p, exc.left)
+        await _signal_again(p, exc.left, "left by a rollup set past its budget", "set_budget")
+    except RollupsAbandoned as exc:
+        # their signals are acknowledged with the batch
+        results = exc.done
+        if exc.left and await _signal_again(p, exc.left, "given up as the worker stopped or handed its partitions "
+                                            "over"):
+            log.warning("the rollups of %d counter(s) were given up as the worker stopped or handed its partitions "
+                        "over: signalled again", len(exc.left))
     pending = [r.key for r in results if r.pending]
     for r in results:
         metrics.ROLLUPS.labels(r.key[0], "applied" if r.applied else "unchanged").inc()
     if results:
         metrics.ROLLUP_LAG.set(max(0.0, time.time() - max(r.rollup_ts for r in results) / 1e6))
     if pending:
-        # Not raised: `_retrying` would roll the whole batch up again for it. Their last write is still ahead of their
-        # new rollup, so the sweep signals them again (`RollupStore.stale`).
-        try:
-            await p.send_signals(pending)
-        except Exception as exc:
-            log.warning("%d counter(s) whose last write is still ahead of their new rollup could not be signalled "
-                        "again (%r): left for the sweep", len(pending), exc)
-        else:
-            metrics.RESIGNALS.labels("convergence").inc(len(pending))
+        # Not raised: `_retrying` would roll the whole batch up again for it
+        await _signal_again(p, pending, "whose last write is still ahead of their new rollup", "convergence")
     metrics.ROLLUP_BATCH_SECONDS.observe(time.monotonic() - started)
 
 
-async def _hand_back(p: Pipeline, keys: list[Key]) -> None:
-    """Signal again the counters whose rollups were given up when the worker stopped or handed its partitions over
-    (waiting for the store, or not tried yet): their signals are acknowledged with the batch. Should the broker refuse
-    them too, the sweep finds the counters (their last write is still ahead of their rollup)."""
+async def _signal_again(p: Pipeline, keys: list[Key], which: str, source: str | None = None) -> bool:
+    """Signal the counters again (counted under `source`); should the broker refuse, say so and leave them to the
+    sweep, which finds them: their last write is still ahead of their rollup."""
     try:
         await p.send_signals(keys)
     except Exception as exc:
-        log.warning("the rollups of %d counter(s) were given up when the worker stopped or handed its partitions over, "
-                    "and could not be signalled again (%r): left for the sweep", len(keys), exc)
-        return
-    log.warning("the rollups of %d counter(s) were given up when the worker stopped or handed its partitions over: "
-                "signalled again", len(keys))
+        log.warning("%d counter(s) %s could not be signalled again (%r): left for the sweep", len(keys), which, exc)
+        return False
+    if source is not None:
+        metrics.RESIGNALS.labels(source).inc(len(keys))
+    return True
 
 
 async def follow_topic(p: Pipeline) -> None:

@@ -146,6 +146,10 @@ class Settings(BaseSettings):
         "how often expired, rolled-up slices are dropped"))
     rollup_max_signals: int = Field(50_000, ge=1, le=10_000_000, description=(
         "signals coalesced at most per rollup window"))
+    rollup_set_budget_s: float = Field(5.0, gt=0, le=HOUR_S, description=(
+        "how long a worker rolls up one coalesced set of signals before it signals the rest of the set again, behind "
+        "the signals that came meanwhile: a burst of one namespace's new counters then holds another namespace's "
+        "rollups back by about this, not by the whole burst"))
     rollup_batch_max: int = Field(512, ge=1, le=10_000, description=(
         "the most counters a worker rolls up in one batch when a namespace's coalesced set holds more than 8 batches "
         "of its rollup_batch_count (never fewer than rollup_batch_count): a batch costs a few store round trips "

@@ -25,8 +25,16 @@ from typing import Any
 
 import pytest
 
+from agents import metrics
 from agents.rollup import BackPressure, RollupResult
-from agents.rollup_batches import BACKLOG_BATCHES, PROBES, Outage, RollupsAbandoned, batch_size, rollup_many
+from agents.rollup_batches import (
+    BACKLOG_BATCHES,
+    PROBES,
+    Outage,
+    RollupsAbandoned,
+    batch_size,
+    rollup_many,
+)
 from agents.worker import _rollup
 from control_plane import parse_namespaces
 from sinks import (
@@ -187,7 +195,7 @@ def worker(events: SqliteEventStore, rollups: SqliteRollupStore, mark: int,
     return SimpleNamespace(registry=REGISTRY, events=events, rollups=rollups, cache=InProcessRollupCache(),
                            watermark=watermark, pressure=BackPressure(), buckets=None, sketches=None,
                            app=SimpleNamespace(should_stop=False, rebalancing=False), send_signals=send_signals,
-                           outage=Outage(), settings=SimpleNamespace(rollup_batch_max=512))
+                           outage=Outage(), settings=SimpleNamespace(rollup_batch_max=512, rollup_set_budget_s=60.0))
 
 
 async def converged(rollups: SqliteRollupStore, counts: dict[str, int]) -> dict[str, tuple[int, bool] | None]:
@@ -250,6 +258,59 @@ def test_a_quiet_namespace_is_rolled_up_before_a_burst_of_another(tmp_path: Path
 
     order = asyncio.run(scenario())
     assert order[0] == "b" and order.count("b") == 1 and order.count("a") == 30, order
+
+
+def budget_resignals() -> float:
+    return metrics.REGISTRY.get_sample_value("counter_rollup_resignals_total", {"source": "set_budget"}) or 0.0
+
+
+def test_a_set_past_its_budget_signals_the_rest_again_behind_newer_signals(tmp_path: Path) -> None:
+    """A set of four batches whose budget is over after the first: the first batch is rolled up and the worker signals
+    the other 30 counters again (behind whatever signals came meanwhile), counted as such; rolling those up converges
+    every counter."""
+    async def scenario() -> None:
+        async with stores(tmp_path) as (events, rollups):
+            mark = await written(events, rollups, COUNTERS)
+            sent: list[list[Key]] = []
+
+            async def send_signals(keys: list[Key]) -> None:
+                sent.append(list(keys))
+            p = worker(events, rollups, mark, send_signals)
+            p.settings.rollup_set_budget_s = 1e-9
+            before = budget_resignals()
+            await asyncio.wait_for(_rollup(p, set(keys_of(COUNTERS))), DEADLINE_S)
+            assert rollups.writes == [10] and len(sent) == 1 and len(sent[0]) == 30, (rollups.writes, sent)
+            assert budget_resignals() - before == 30
+            p.settings.rollup_set_budget_s = 60.0
+            await asyncio.wait_for(_rollup(p, set(sent[0])), DEADLINE_S)
+            counts = expected(COUNTERS)
+            assert await converged(rollups, counts) == {c: (n, True) for c, n in counts.items()}
+    asyncio.run(scenario())
+
+
+def test_a_set_waiting_for_its_store_is_not_cut_by_its_budget(tmp_path: Path) -> None:
+    """The budget cuts a set only while its store answers: with the store away, the set waits for it as before (an
+    outage proven by PROBES counters alone), and rolls every counter up once it is back."""
+    async def scenario() -> None:
+        async with stores(tmp_path) as (events, rollups):
+            mark = await written(events, rollups, COUNTERS)
+            rollups.down = True
+            task = rollup_task(COUNTERS, events, rollups, mark, budget_s=1e-9)
+            await rollups.tried_or_done(1 + PROBES + 3, task)
+            assert not task.done(), f"the set was cut while its store was away: {rollups.writes}"
+            rollups.down = False
+            results = await asyncio.wait_for(task, DEADLINE_S)
+            assert {r.key[1]: r.count for r in results} == expected(COUNTERS)
+    asyncio.run(scenario())
+
+
+def test_a_set_within_its_budget_is_rolled_up_whole(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with stores(tmp_path) as (events, rollups):
+            mark = await written(events, rollups, COUNTERS)
+            results = await asyncio.wait_for(rollup_task(COUNTERS, events, rollups, mark, budget_s=60.0), DEADLINE_S)
+            assert {r.key[1]: r.count for r in results} == expected(COUNTERS) and rollups.writes == [10] * 4
+    asyncio.run(scenario())
 
 
 def test_a_locked_store_holds_the_rollups_until_it_is_back_and_is_not_tried_counter_by_counter(
