@@ -11,6 +11,7 @@ store does not answer.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import defaultdict
@@ -288,14 +289,16 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
 
     Raises `RollupsAbandoned` once `give_up()` turns true (the worker stops or hands its partitions over: Faust waits
     for the batch in hand before either), asked between batches, between counters rolled up alone, and during the
-    wait; cancelling the call ends it too. Raises `OverBudget` between two batches once the call has run `budget_s`,
-    unless a store is away in it (its counters then wait for the store as above)."""
+    wait; cancelling the call ends it too. Raises `OverBudget` between two batches once the call has run `budget_s`
+    and rolled up a batch of each namespace (`_batches`), unless a store is away in it (its counters then wait for the
+    store as above)."""
     call = _Call(_Targets(events, rollups, cache, watermark, buckets, sketches), Outage() if outage is None else outage,
                  give_up, MAX_WAIT_S if max_wait_s is None else max_wait_s)
     batches = _batches(keys, registry, batch_max)
     results: list[RollupResult] = []
     first = True
     budget_until = None if budget_s is None else time.monotonic() + budget_s
+    first_round = len({b.ns.name for b in batches})  # the budget cuts a set only after a batch of each namespace
     while True:
         deferred: list[_Batch] = []
         down: set[str] = set()  # namespaces whose store failed a batch in this pass: their next batches wait
@@ -310,7 +313,7 @@ async def rollup_many(keys: Iterable[Key], registry: NamespaceRegistry, *, event
             if batch.ns.name in down:
                 deferred.append(_Batch(batch.ns, batch.counters, waiting=True))
                 continue
-            if (not first and budget_until is not None and time.monotonic() >= budget_until and not deferred
+            if (i >= first_round and budget_until is not None and time.monotonic() >= budget_until and not deferred
                     and not call.leaving):
                 raise OverBudget(_keys(batches[i:]), results)
             if not first and pressure.pause_s:
@@ -362,13 +365,14 @@ def batch_size(batch_count: int, queued: int, batch_max: int | None) -> int:
 
 
 def _batches(keys: Iterable[Key], registry: NamespaceRegistry, batch_max: int | None = None) -> list[_Batch]:
-    """The set's batches, namespace by namespace, the namespaces with fewest counters first: the signals of every
-    namespace share the rollup queues, so a quiet namespace's few counters would otherwise wait out a burst of another's
-    (a scale review saw 39-125 s)."""
+    """The set's batches in rounds, one batch of each namespace a round, the namespaces with fewest counters first:
+    the signals of every namespace share the rollup queues, so a quiet namespace's few counters would otherwise wait
+    out a burst of another's (a scale review saw 39-125 s), and a set cut by its budget (`OverBudget`) after the first
+    round has given every namespace a batch, the largest too."""
     by_ns: dict[str, list[str]] = defaultdict(list)
     for ns_name, counter in keys:
         by_ns[ns_name].append(counter)
-    batches: list[_Batch] = []
+    per_ns: list[list[_Batch]] = []
     for ns_name, counters in sorted(by_ns.items(), key=lambda item: len(item[1])):
         ns = registry.get(ns_name)
         if ns is None:
@@ -376,8 +380,8 @@ def _batches(keys: Iterable[Key], registry: NamespaceRegistry, batch_max: int | 
             continue
         names = list(dict.fromkeys(counters))
         step = batch_size(ns.rollup_batch_count, len(names), batch_max)
-        batches.extend(_Batch(ns, names[i:i + step]) for i in range(0, len(names), step))
-    return batches
+        per_ns.append([_Batch(ns, names[i:i + step]) for i in range(0, len(names), step)])
+    return [b for round_ in itertools.zip_longest(*per_ns) for b in round_ if b is not None]
 
 
 def _wait_for_store(call: _Call, ns: Namespace, error: BaseException, done: list[RollupResult],

@@ -532,7 +532,9 @@ async def _rollup(p: Pipeline, keys: set[Key]) -> None:
         # the rest of the set queues behind the signals that came meanwhile (another namespace's among them), whose
         # set rolls up the namespaces of fewest counters first
         results = exc.done
-        await _signal_again(p, exc.left, "left by a rollup set past its budget", "set_budget")
+        if await _signal_again(p, exc.left, "left by a rollup set past its budget", "set_budget"):
+            log.info("a rollup set ran past its %gs budget: %d counter(s) signalled again, behind the signals that "
+                     "came meanwhile", p.settings.rollup_set_budget_s, len(exc.left))
     except RollupsAbandoned as exc:
         # their signals are acknowledged with the batch
         results = exc.done

@@ -151,9 +151,9 @@ class Settings(BaseSettings):
         "the signals that came meanwhile: a burst of one namespace's new counters then holds another namespace's "
         "rollups back by about this, not by the whole burst"))
     rollup_batch_max: int = Field(512, ge=1, le=10_000, description=(
-        "the most counters a worker rolls up in one batch when a namespace's coalesced set holds more than 8 batches "
-        "of its rollup_batch_count (never fewer than rollup_batch_count): a batch costs a few store round trips "
-        "whatever its size"))
+        "a namespace with more than 8 batches of its rollup_batch_count in one coalesced set is rolled up in about 8 "
+        "larger batches, up to this or rollup_batch_count, whichever is greater: a batch costs a few store round "
+        "trips whatever its size"))
 
     @field_validator("accept_namespace_changes", mode="before")
     @classmethod

@@ -31,6 +31,7 @@ from agents.rollup_batches import (
     BACKLOG_BATCHES,
     PROBES,
     Outage,
+    OverBudget,
     RollupsAbandoned,
     batch_size,
     rollup_many,
@@ -285,6 +286,25 @@ def test_a_set_past_its_budget_signals_the_rest_again_behind_newer_signals(tmp_p
             await asyncio.wait_for(_rollup(p, set(sent[0])), DEADLINE_S)
             counts = expected(COUNTERS)
             assert await converged(rollups, counts) == {c: (n, True) for c, n in counts.items()}
+    asyncio.run(scenario())
+
+
+def test_a_set_cut_by_its_budget_has_rolled_up_a_batch_of_every_namespace(tmp_path: Path) -> None:
+    """Namespaces go fewest counters first, and a budget cut re-signals the rest: were the budget checked after the
+    first batch, a set with 100 counters of "a" and a few of "b" would roll up only "b" in every set while "b" kept
+    coming, "a" signalled again each time and never rolled up. A set is cut only after a batch of each namespace."""
+    big, small = [f"c{i:03d}" for i in range(100)], [f"s{i:02d}" for i in range(11)]
+
+    async def scenario() -> None:
+        async with stores(tmp_path) as (events, rollups):
+            await written(events, rollups, big, "a")
+            mark = await written(events, rollups, small, "b")
+            task = rollup_task([*keys_of(big, "a"), *keys_of(small, "b")], events, rollups, mark, budget_s=1e-9)
+            with pytest.raises(OverBudget) as cut:
+                await asyncio.wait_for(task, DEADLINE_S)
+            done = sorted(r.key for r in cut.value.done)
+            assert done == sorted([*keys_of(small[:10], "b"), *keys_of(big[:10], "a")]), done
+            assert sorted(cut.value.left) == sorted([*keys_of(small[10:], "b"), *keys_of(big[10:], "a")])
     asyncio.run(scenario())
 
 
