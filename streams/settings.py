@@ -146,10 +146,12 @@ class Settings(BaseSettings):
         "how often expired, rolled-up slices are dropped"))
     rollup_max_signals: int = Field(50_000, ge=1, le=10_000_000, description=(
         "signals coalesced at most per rollup window"))
-    rollup_set_budget_s: float = Field(5.0, gt=0, le=HOUR_S, description=(
+    rollup_set_budget_s: float | None = Field(None, gt=0, le=HOUR_S, description=(
         "how long a worker rolls up one coalesced set of signals before it signals the rest of the set again, behind "
         "the signals that came meanwhile: a burst of one namespace's new counters then holds another namespace's "
-        "rollups back by about this, not by the whole burst"))
+        "rollups back by about this and a rollup window, not by the whole burst. Unset: 4 rollup windows (the "
+        "shortest coalesce_ms), at least 5 s; each set waits out a window first, so a budget of one window halves "
+        "a burst's rollup rate"))
     rollup_batch_max: int = Field(512, ge=1, le=10_000, description=(
         "a namespace with more than 8 batches of its rollup_batch_count in one coalesced set is rolled up in about 8 "
         "larger batches, up to this or rollup_batch_count, whichever is greater: a batch costs a few store round "

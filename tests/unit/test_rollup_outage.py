@@ -36,7 +36,7 @@ from agents.rollup_batches import (
     batch_size,
     rollup_many,
 )
-from agents.worker import _rollup
+from agents.worker import _rollup, set_budget_s
 from control_plane import parse_namespaces
 from sinks import (
     Aggregate,
@@ -47,6 +47,7 @@ from sinks import (
     SqliteRollupStore,
     store_unavailable,
 )
+from streams.settings import load_settings
 
 S = 1_000_000
 REGISTRY = parse_namespaces({"namespaces": {name: {
@@ -196,7 +197,7 @@ def worker(events: SqliteEventStore, rollups: SqliteRollupStore, mark: int,
     return SimpleNamespace(registry=REGISTRY, events=events, rollups=rollups, cache=InProcessRollupCache(),
                            watermark=watermark, pressure=BackPressure(), buckets=None, sketches=None,
                            app=SimpleNamespace(should_stop=False, rebalancing=False), send_signals=send_signals,
-                           outage=Outage(), settings=SimpleNamespace(rollup_batch_max=512, rollup_set_budget_s=60.0))
+                           outage=Outage(), settings=SimpleNamespace(rollup_batch_max=512), set_budget_s=60.0)
 
 
 async def converged(rollups: SqliteRollupStore, counts: dict[str, int]) -> dict[str, tuple[int, bool] | None]:
@@ -277,16 +278,28 @@ def test_a_set_past_its_budget_signals_the_rest_again_behind_newer_signals(tmp_p
             async def send_signals(keys: list[Key]) -> None:
                 sent.append(list(keys))
             p = worker(events, rollups, mark, send_signals)
-            p.settings.rollup_set_budget_s = 1e-9
+            p.set_budget_s = 1e-9
             before = budget_resignals()
             await asyncio.wait_for(_rollup(p, set(keys_of(COUNTERS))), DEADLINE_S)
             assert rollups.writes == [10] and len(sent) == 1 and len(sent[0]) == 30, (rollups.writes, sent)
             assert budget_resignals() - before == 30
-            p.settings.rollup_set_budget_s = 60.0
+            p.set_budget_s = 60.0
             await asyncio.wait_for(_rollup(p, set(sent[0])), DEADLINE_S)
             counts = expected(COUNTERS)
             assert await converged(rollups, counts) == {c: (n, True) for c, n in counts.items()}
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(("configured", "window_s", "budget"), [
+    (None, 0.5, 5.0),  # at least MIN_SET_BUDGET_S
+    (None, 10.0, 40.0),  # the LOW preset's window: four of them
+    (0.1, 10.0, 0.1),  # set: as set
+])
+def test_a_sets_budget_is_four_rollup_windows_unless_set(configured: float | None, window_s: float,
+                                                         budget: float) -> None:
+    """Each set waits out a rollup window before the agent gets it (Faust's take_events): a budget of 5 s against the
+    LOW preset's 10 s window would leave a burst's rollups a third of their rate."""
+    assert set_budget_s(load_settings(rollup_set_budget_s=configured), window_s) == budget
 
 
 def test_a_set_cut_by_its_budget_has_rolled_up_a_batch_of_every_namespace(tmp_path: Path) -> None:
