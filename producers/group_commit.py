@@ -258,9 +258,9 @@ class GroupCommitProducer:
         if self._pending is batch:  # never produced: nothing of it reaches the broker
             self._pending = None
             self._settled(batch.number)
-        self._failed(f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s")
-        batch.future.set_exception(DeliveryError(
-            f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s; {RETRY_RULE}"))
+        why = f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s"
+        self._failed(why)
+        batch.future.set_exception(DeliveryError(f"{why}; {RETRY_RULE}"))
 
     def _failed(self, why: str) -> None:
         now = time.monotonic()

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import inspect
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -16,6 +17,14 @@ from aiokafka.structs import ConsumerRecord
 from infra.process import proc_stat
 from producers import CounterProducer
 from schemas import MICROS, Mutation
+
+
+def metric_sum(port: int, prefix: str) -> float:
+    """The sum of the series of a process's /metrics (a worker's) whose lines start with `prefix` (a name, or a name
+    and some of its labels)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+               if line.startswith(prefix) and not line.startswith("#"))
 
 
 def now_us() -> int:

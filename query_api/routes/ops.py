@@ -78,7 +78,7 @@ def _writes_failing(service: CounterService) -> str | None:
     if since is None or time.monotonic() - producer.last_failure_at > FAILING_FRESH_S:
         return None
     return (f"failed: every durable write for {time.monotonic() - since:.1f}s was refused "
-            f"({service.producer.last_failure})")
+            f"({producer.last_failure})")
 
 
 async def _check(awaitable: Awaitable[object]) -> str:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import random
 import time
-import urllib.error
-import urllib.request
 from collections import defaultdict
 
 import pytest
@@ -20,7 +18,7 @@ from control_plane import load_namespaces
 from infra.process import ManagedProcess
 from producers import CounterProducer, partition_for
 from schemas import decode_mutations, shard_key
-from tests.helpers import read_topic, wait_for
+from tests.helpers import metric_sum, read_topic, wait_for
 from tests.integration.test_pipeline import CONVERGENCE_BUDGET_S, as_mutation, now_us
 from tests.pipeline_harness import Event, PipelineEnv, oracle
 
@@ -32,9 +30,7 @@ COUNTER = "viral"
 
 
 def persisted(worker: ManagedProcess, namespace: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/metrics", timeout=5).read().decode()
-    series = f'counter_events_persisted_total{{namespace="{namespace}"}}'
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(series))
+    return metric_sum(worker.port, f'counter_events_persisted_total{{namespace="{namespace}"}}')
 
 
 def test_a_sharded_hot_counter_spreads_over_partitions_and_workers_and_stays_exact(pipeline: PipelineEnv) -> None:

@@ -12,7 +12,6 @@ import random
 import signal
 import threading
 import time
-import urllib.request
 
 import pytest
 from aiokafka import AIOKafkaProducer
@@ -21,7 +20,7 @@ from confluent_kafka import Producer
 from producers import CounterProducer
 from schemas import MICROS, Mutation, MutationOp, encode_signal
 from sinks import open_cache
-from tests.helpers import Sync, read_all, wait_for
+from tests.helpers import Sync, metric_sum, read_all, wait_for
 from tests.pipeline_harness import ACCEPT_LIMIT_S, COALESCE_S, Event, PipelineEnv, oracle
 
 pytestmark = pytest.mark.integration
@@ -169,7 +168,7 @@ def test_kill_9_mid_stream_then_restart_is_exact(pipeline):
     thread = threading.Thread(target=stream_single_records, args=(pipeline, events, done),
                               kwargs={"waves": 80, "wave_size": 100, "seed": 23}, daemon=True)
     thread.start()
-    wait_for(lambda: _metric(worker.port, "counter_events_persisted_total") >= 1500, 60,
+    wait_for(lambda: metric_sum(worker.port, "counter_events_persisted_total") >= 1500, 60,
              message="stream under way and persisted")
     os.kill(worker.proc.pid, signal.SIGKILL)
     worker.proc.wait(10)
@@ -181,12 +180,6 @@ def test_kill_9_mid_stream_then_restart_is_exact(pipeline):
              message=lambda: f"convergence after kill -9; mismatches {pipeline.mismatches(NS, expected)}")
 
 
-def _metric(port: int, name: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-               if line.startswith(name) and not line.startswith("#"))
-
-
 def test_a_second_worker_joining_mid_stream_shares_partitions_and_stays_exact(pipeline):
     """Single-mutation records stream while a second worker joins: the rebalance hands partitions over with
     their batches stored and committed (or re-read), and the counts stay exact."""
@@ -196,9 +189,10 @@ def test_a_second_worker_joining_mid_stream_shares_partitions_and_stays_exact(pi
     thread = threading.Thread(target=stream_single_records, args=(pipeline, events, done),
                               kwargs={"waves": 40, "wave_size": 100, "seed": 31, "until": enough}, daemon=True)
     thread.start()
-    wait_for(lambda: _metric(a.port, "counter_events_persisted_total") >= 1000, 60, message="first worker persisting")
+    wait_for(lambda: metric_sum(a.port, "counter_events_persisted_total") >= 1000, 60,
+             message="first worker persisting")
     b = pipeline.start_worker()  # joins the groups mid-stream
-    wait_for(lambda: _metric(b.port, "counter_events_persisted_total") > 0, 90, interval=0.5,
+    wait_for(lambda: metric_sum(b.port, "counter_events_persisted_total") > 0, 90, interval=0.5,
              message=lambda: f"second worker persisting (group rebalanced); {len(events)} events streamed")
     enough.set()
     thread.join(120)

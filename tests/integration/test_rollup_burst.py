@@ -9,14 +9,13 @@ Everything is real: the session broker, a worker process, memcached, SQLite.
 from __future__ import annotations
 
 import time
-import urllib.request
 
 import pytest
 
 from control_plane import load_namespaces
 from infra.process import ManagedProcess
 from producers import CounterProducer
-from tests.helpers import wait_for
+from tests.helpers import metric_sum, wait_for
 from tests.integration.test_pipeline import CONVERGENCE_BUDGET_S, as_mutation, now_us
 from tests.pipeline_harness import Event, PipelineEnv, oracle
 
@@ -27,9 +26,7 @@ COUNTERS = 3_000
 
 
 def budget_resignals(worker: ManagedProcess) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{worker.port}/metrics", timeout=5).read().decode()
-    series = 'counter_rollup_resignals_total{source="set_budget"}'
-    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(series))
+    return metric_sum(worker.port, 'counter_rollup_resignals_total{source="set_budget"}')
 
 
 def test_a_burst_cut_into_budgeted_sets_converges_exactly_and_so_does_a_quiet_namespace(
