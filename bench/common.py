@@ -95,12 +95,14 @@ def http_floor(data_dir: Path) -> Iterator[ManagedProcess]:
 
 
 @contextmanager
-def group_commit_floor(data_dir: Path, bootstrap: str, topic: str) -> Iterator[ManagedProcess]:
+def group_commit_floor(data_dir: Path, bootstrap: str, topic: str,
+                       hold_max_ms: float = 0.0) -> Iterator[ManagedProcess]:
     """`bench.group_commit_floor` in its own process: the cheapest durable HTTP write (HTTP, group commit, the
-    broker's acknowledgement, producing to `topic`, created here like the raw produce's), as a same-run baseline."""
+    broker's acknowledgement, producing to `topic`, created here like the raw produce's), as a same-run baseline;
+    `hold_max_ms` the API's COUNTER_API_GROUP_COMMIT_HOLD_MS, to hold its records as the API does."""
     ensure_baseline_topic(bootstrap, topic)
     with _floor(data_dir, "group-commit-floor", "bench.group_commit_floor", "--bootstrap", bootstrap,
-                "--topic", topic) as floor:
+                "--topic", topic, "--hold-max-ms", str(hold_max_ms)) as floor:
         yield floor
 
 

@@ -22,6 +22,7 @@ import uvloop
 
 from bench.http_floor import FloorProtocol
 from producers.asyncio_producer import AsyncProducer
+from producers.cohort_hold import CohortHold
 
 BODY = b'{"floor":true}'
 RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(BODY)) + BODY
@@ -31,40 +32,62 @@ FAILED = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
 class GroupCommit:
     """The bodies of this loop pass and the connections waiting on them; one record in flight at a time."""
 
-    def __init__(self, producer: AsyncProducer, topic: str, partitions: int) -> None:
+    def __init__(self, producer: AsyncProducer, topic: str, partitions: int, hold_max_s: float) -> None:
         self.producer, self.topic, self.partitions = producer, topic, partitions
         self.bodies: list[bytes] = []
         self.waiting: list[asyncio.Transport] = []
         self.in_flight = False
         self.partition = 0
         self.loop = asyncio.get_running_loop()
+        self.hold = CohortHold(hold_max_s)  # as the API's group commit holds (producers.cohort_hold)
+        self.held: asyncio.TimerHandle | None = None
 
     def add(self, transport: asyncio.Transport, body: bytes) -> None:
-        if not self.waiting:
+        # the last write a hold waited for ends it
+        ended = self.hold.expected and self.hold.arrived(1, self.loop.time()) and self.held is not None
+        if ended or not self.waiting:
             self.loop.call_soon(self.flush_pass)
         self.bodies.append(body)
         self.waiting.append(transport)
 
     def flush_pass(self) -> None:
-        if self.waiting and not self.in_flight:
-            self.flush()
+        if not self.waiting or self.in_flight:
+            return
+        if self.hold.holding(self.loop.time()):
+            if self.held is None:
+                self.held = self.loop.call_at(self.hold.next_look(), self.hold_over)
+            return
+        self.flush()
+
+    def hold_over(self) -> None:
+        self.held = None
+        if self.hold.holding(self.loop.time()):
+            self.held = self.loop.call_at(self.hold.next_look(), self.hold_over)
+            return
+        self.hold.release()
+        self.flush_pass()
 
     def flush(self) -> None:
+        if self.held is not None:
+            self.held.cancel()
+            self.held = None
         value, waiting = b"".join(self.bodies), self.waiting
         self.bodies, self.waiting = [], []
         self.partition = (self.partition + 1) % self.partitions
         self.in_flight = True
+        sent = self.loop.time()
         self.producer.produce(self.topic, value, partition=self.partition).add_done_callback(
-            lambda record: self.acknowledged(record, waiting))
+            lambda record: self.acknowledged(record, waiting, sent))
 
-    def acknowledged(self, record: asyncio.Future[int | None], waiting: list[asyncio.Transport]) -> None:
+    def acknowledged(self, record: asyncio.Future[int | None], waiting: list[asyncio.Transport], sent: float) -> None:
         self.in_flight = False
         response = RESPONSE if record.exception() is None else FAILED
         for transport in waiting:
             if not transport.is_closing():
                 transport.write(response)
-        if self.waiting:
-            self.flush()
+        now = self.loop.time()
+        self.hold.acknowledged(len(waiting), now - sent, now)
+        self.flush_pass()
 
 
 class GroupCommitFloorProtocol(FloorProtocol):
@@ -86,10 +109,10 @@ class GroupCommitFloorProtocol(FloorProtocol):
             self.transport.write(RESPONSE)
 
 
-async def serve(host: str, port: int, bootstrap: str, topic: str) -> None:
+async def serve(host: str, port: int, bootstrap: str, topic: str, hold_max_s: float) -> None:
     producer = AsyncProducer(bootstrap, client_id="group-commit-floor")
     producer.start()
-    group = GroupCommit(producer, topic, await producer.partitions(topic))
+    group = GroupCommit(producer, topic, await producer.partitions(topic), hold_max_s)
     server = await asyncio.get_running_loop().create_server(lambda: GroupCommitFloorProtocol(group), host, port)
     try:
         async with server:
@@ -105,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--bootstrap", required=True, help="the broker, host:port")
     parser.add_argument("--topic", required=True, help="a topic no worker reads")
+    parser.add_argument("--hold-max-ms", type=float, default=0.0,
+                        help="the API's COUNTER_API_GROUP_COMMIT_HOLD_MS, to hold records as it does (0: never)")
     args = parser.parse_args(argv)
-    uvloop.run(serve(args.host, args.port, args.bootstrap, args.topic))
+    uvloop.run(serve(args.host, args.port, args.bootstrap, args.topic, args.hold_max_ms / 1000))
     return 0
 
 

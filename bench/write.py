@@ -156,7 +156,8 @@ def run(duration: float, concurrencies: list[int], counters: int, rounds: int, n
     middle = concurrencies[len(concurrencies) // 2]
     with (tempfile.TemporaryDirectory(prefix="bench-write-") as tmp,
           local_stack(Path(tmp), COUNTER_NAMESPACES=str(namespaces)) as stack, http_floor(Path(tmp)) as floor,
-          group_commit_floor(Path(tmp), stack.env["COUNTER_KAFKA_BOOTSTRAP"], FLOOR_TOPIC) as gc_floor):
+          group_commit_floor(Path(tmp), stack.env["COUNTER_KAFKA_BOOTSTRAP"], FLOOR_TOPIC,
+                             stack_settings(stack).api_group_commit_hold_ms) as gc_floor):
         api = stack.apis[0]
         bootstrap = stack.env["COUNTER_KAFKA_BOOTSTRAP"]
         settings = stack_settings(stack)

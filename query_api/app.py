@@ -64,7 +64,8 @@ def build_service(settings: Settings) -> CounterService:
         raise RuntimeError("; ".join(problems))
     security = settings.kafka_security.librdkafka()  # of every Kafka client (streams.kafka_security)
     kafka = AsyncProducer(settings.kafka_bootstrap or "", client_id="counter-api", timeout_s=wait_s, config=security)
-    producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT)
+    producer = GroupCommitProducer(kafka, topic=settings.mutations_topic, observer=metrics.GROUP_COMMIT,
+                                   hold_max_s=settings.api_group_commit_hold_ms / 1000)
     signals = ReadSignals(SignalSender(kafka, settings.rollups_topic))
     progress = PersistProgress(producer, BrokerOffsets(kafka.bootstrap, client_id="counter-api-progress",
                                                             config=security),

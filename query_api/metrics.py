@@ -59,6 +59,7 @@ class GroupCommitTally:
     def reset(self) -> None:
         self.created = time.time()
         self.records = self.mutations = self.failed = 0
+        self.holds = {"complete": 0, "gave_up": 0}  # records held for their clients, by how the hold ended
         self.acks = [0.0] * (len(ACK_BUCKETS) + 1)  # acknowledged records per bucket (not cumulative), then the sum
 
     def record_sent(self, mutations: int) -> None:
@@ -70,6 +71,9 @@ class GroupCommitTally:
             self.failed += 1
             return
         _observe(self.acks, ACK_BUCKETS, seconds)
+
+    def record_held(self, gave_up: bool) -> None:
+        self.holds["gave_up" if gave_up else "complete"] += 1
 
 
 GROUP_COMMIT = GroupCommitTally()  # the API's GroupCommitProducer reports here (query_api.app)
@@ -137,27 +141,34 @@ GROUP_COMMIT_HELP = {
     "mutations": "Mutations in those records (mutations / records: the writes one record shares)",
     "failed": "Group-commit records the broker refused or did not acknowledge in time (their writes got 503)",
     "ack": "From handing a group-commit record to the producer to its acknowledgement, seen on the event loop",
+    "holds": "Group-commit records held back for the clients the last acknowledgement answered, by how the hold "
+             "ended: all their writes came (complete), or writes stopped coming or the bound passed first (gave_up: "
+             "the record's writes waited for nothing, at most COUNTER_API_GROUP_COMMIT_HOLD_MS)",
 }
 
 
 def _group_commit_families() -> tuple[CounterMetricFamily, CounterMetricFamily, CounterMetricFamily,
-                                      HistogramMetricFamily]:
+                                      HistogramMetricFamily, CounterMetricFamily]:
     return (CounterMetricFamily("counter_api_group_commit_records_total", GROUP_COMMIT_HELP["records"]),
             CounterMetricFamily("counter_api_group_commit_mutations_total", GROUP_COMMIT_HELP["mutations"]),
             CounterMetricFamily("counter_api_group_commit_failed_records_total", GROUP_COMMIT_HELP["failed"]),
-            HistogramMetricFamily("counter_api_broker_ack_seconds", GROUP_COMMIT_HELP["ack"]))
+            HistogramMetricFamily("counter_api_broker_ack_seconds", GROUP_COMMIT_HELP["ack"]),
+            CounterMetricFamily("counter_api_group_commit_holds_total", GROUP_COMMIT_HELP["holds"],
+                                labels=("ended",)))
 
 
 def _group_commit_metrics() -> Iterator[Metric]:
     tally = GROUP_COMMIT
-    records, mutations, failed, ack = _group_commit_families()
+    records, mutations, failed, ack, holds = _group_commit_families()
     created = tally.created
     records.add_metric((), tally.records, created=created)
     mutations.add_metric((), tally.mutations, created=created)
     failed.add_metric((), tally.failed, created=created)
     ack.add_metric((), *_exported(tally.acks, _ACK_LE))
     ack.samples.append(Sample("counter_api_broker_ack_seconds_created", {}, created))
-    yield from (records, mutations, failed, ack)
+    for ended, held in tally.holds.items():
+        holds.add_metric((ended,), held, created=created)
+    yield from (records, mutations, failed, ack, holds)
 
 
 # The pipeline's figures (GET /v1/pipeline), set by the /metrics route from its shared snapshot before each scrape.

@@ -301,6 +301,8 @@ def test_metrics_show_group_commit_records_and_the_brokers_acknowledgement_time(
     after = {n: _metric(stack, n) for n in names}
     assert [after[n] - before[n] for n in names] == [2, 3, 2, 0]
     assert 0 < _metric(stack, "counter_api_broker_ack_seconds_sum") - ack_before < 10
+    for ended in ("complete", "gave_up"):  # records held for returning clients (producers.cohort_hold), both shown
+        assert _metric(stack, f'counter_api_group_commit_holds_total{{ended="{ended}"}}') >= 0
 
 
 def _read_responses(sock: socket.socket, responses: int) -> list[tuple[bytes, dict[bytes, bytes], bytes]]:

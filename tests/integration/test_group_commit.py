@@ -46,6 +46,7 @@ class Observed:
     def __init__(self) -> None:
         self.sent: list[int] = []
         self.done: list[tuple[float, bool]] = []
+        self.held: list[bool] = []
 
     def record_sent(self, mutations: int) -> None:
         self.sent.append(mutations)
@@ -53,11 +54,16 @@ class Observed:
     def record_done(self, seconds: float, ok: bool) -> None:
         self.done.append((seconds, ok))
 
+    def record_held(self, gave_up: bool) -> None:
+        self.held.append(gave_up)
+
 
 async def group_commit(bootstrap: str, topic: str, max_in_flight: int = 1, producer: Any = None,
-                       observer: Observed | None = None) -> tuple[AsyncProducer, GroupCommitProducer]:
+                       observer: Observed | None = None,
+                       hold_max_s: float = 0.0) -> tuple[AsyncProducer, GroupCommitProducer]:
     kafka = producer or AsyncProducer(bootstrap, client_id="test-group-commit", timeout_s=10.0)
-    gc = GroupCommitProducer(kafka, topic=topic, max_in_flight=max_in_flight, observer=observer)
+    gc = GroupCommitProducer(kafka, topic=topic, max_in_flight=max_in_flight, observer=observer,
+                             hold_max_s=hold_max_s)
     await gc.start()
     return kafka, gc
 
@@ -93,6 +99,43 @@ def test_concurrent_writes_of_one_loop_pass_become_one_record(kafka_bootstrap: s
     assert len({id(f) for f in futures}) == 1  # every write shares the record's acknowledgement
     [(_partition, key, received)] = records_of(kafka_bootstrap, topic_name)
     assert received == ms and key is None
+
+
+@pytest.mark.parametrize("hold_max_s", [0.002, 0.0], ids=["held", "unheld"])
+def test_closed_loop_clients_in_two_cohorts_join_one_record_when_held(kafka_bootstrap: str, topic_name: str,
+                                                                      hold_max_s: float) -> None:
+    """16 clients, each sending its next write once the last is answered, start as two cohorts of 8 (the second
+    arrives while the first one's record is in flight). Unheld they ride every other record for good; held
+    (producers.cohort_hold), the second cohort's record waits for the first one's clients and they ride together."""
+    make_topic(kafka_bootstrap, topic_name, PARTITIONS)
+    writes_each = 30
+    observed = Observed()
+
+    async def scenario() -> None:
+        kafka, gc = await group_commit(kafka_bootstrap, topic_name, observer=observed, hold_max_s=hold_max_s)
+
+        async def client(c: int) -> None:
+            for i in range(writes_each):
+                await gc.send([Mutation("my_dataset", f"c{c}", 1, NOW_US + i, f"h-{c}-{i}")])
+
+        first = [asyncio.ensure_future(client(c)) for c in range(8)]
+        await asyncio.sleep(0)  # the first cohort's record is produced at the end of this pass
+        await asyncio.gather(*first, *(client(c) for c in range(8, 16)))
+        await gc.stop()
+        await kafka.stop()
+
+    run(scenario)
+    records = records_of(kafka_bootstrap, topic_name)
+    assert sum(len(ms) for _p, _k, ms in records) == 16 * writes_each  # every write, once
+    assert Counter(m.counter_name for _p, _k, ms in records for m in ms) == {f"c{c}": writes_each for c in range(16)}
+    steady = [len(ms) for _p, _k, ms in records][2:-2]  # the first two are each cohort's first; the last, the tail
+    mean = statistics.mean(steady)
+    if hold_max_s:
+        assert mean >= 12, f"held: records of {steady}"
+        assert False in observed.held  # the hold that joined the cohorts ended as the first one's clients came back
+    else:
+        assert mean <= 10, f"unheld: records of {steady}"
+        assert observed.held == []
 
 
 def test_a_pass_holding_a_read_your_write_write_marks_its_record_and_only_that_one(kafka_bootstrap: str,

@@ -31,7 +31,8 @@ def _exported(registry: CollectorRegistry) -> tuple[Exported, dict[tuple[str, tu
 
 
 def _reference(requests: list[tuple[str, int, float]], lookups: list[bool],
-               records: list[tuple[int, float, bool]] = ()) -> CollectorRegistry:  # type: ignore[assignment]
+               records: list[tuple[int, float, bool]] = (),  # type: ignore[assignment]
+               holds: list[bool] = ()) -> CollectorRegistry:  # type: ignore[assignment]
     """The same observations made with plain prometheus_client metrics, named and documented as before."""
     registry = CollectorRegistry()
     help_ = metrics.GROUP_COMMIT_HELP
@@ -39,6 +40,10 @@ def _reference(requests: list[tuple[str, int, float]], lookups: list[bool],
     mutations = Counter("counter_api_group_commit_mutations_total", help_["mutations"], registry=registry)
     failed = Counter("counter_api_group_commit_failed_records_total", help_["failed"], registry=registry)
     ack = Histogram("counter_api_broker_ack_seconds", help_["ack"], registry=registry, buckets=metrics.ACK_BUCKETS)
+    held = Counter("counter_api_group_commit_holds_total", help_["holds"], ["ended"], registry=registry)
+    complete, gave_up = held.labels("complete"), held.labels("gave_up")  # both exported from the start
+    for gave_up_ in holds:
+        (gave_up if gave_up_ else complete).inc()
     for n, seconds, ok in records:
         sent.inc()
         mutations.inc(n)
@@ -77,10 +82,11 @@ records_strategy = st.lists(
     max_size=40)
 
 
-@given(requests_strategy, st.lists(st.booleans(), max_size=20), records_strategy)
+@given(requests_strategy, st.lists(st.booleans(), max_size=20), records_strategy, st.lists(st.booleans(), max_size=20))
 def test_a_scrape_equals_what_direct_observations_export(requests: list[tuple[str, int, float]],
                                                           lookups: list[bool],
-                                                          records: list[tuple[int, float, bool]]) -> None:
+                                                          records: list[tuple[int, float, bool]],
+                                                          holds: list[bool]) -> None:
     started = time.time()
     metrics.reset()
     for endpoint, status, seconds in requests:
@@ -90,8 +96,10 @@ def test_a_scrape_equals_what_direct_observations_export(requests: list[tuple[st
     for n, seconds, ok in records:  # as GroupCommitProducer reports a record: sent, then done
         metrics.GROUP_COMMIT.record_sent(n)
         metrics.GROUP_COMMIT.record_done(seconds, ok)
+    for gave_up in holds:
+        metrics.GROUP_COMMIT.record_held(gave_up)
     got, got_created = _exported(metrics.REGISTRY)
-    expected, expected_created = _exported(_reference(requests, lookups, records))
+    expected, expected_created = _exported(_reference(requests, lookups, records, holds))
     assert got == expected  # names, types, help, labels, le bounds, _count and _sum (same additions, same floats)
     assert got_created.keys() == expected_created.keys()
     series_created = [v for (name, _), v in got_created.items()
