@@ -9,8 +9,8 @@ arrived in. Under load, once `max_in_flight` records await their acknowledgement
 gathering writes until one is acknowledged (classic group commit): the records grow with the load, and the
 broker, librdkafka and the persist workers pay their per-record costs once per many writes. When the broker is
 free but the clients the last acknowledgement answered have not yet sent their next writes, the gathering record
-waits for them, bounded by two acknowledgement times and `hold_max_s` (`producers.cohort_hold`): closed-loop
-clients then ride one record per cycle instead of every other one.
+waits for them, briefly and only while writes keep coming (`producers.cohort_hold`; `hold_max_s` 0 never waits):
+closed-loop clients then ride one record per cycle instead of every other one.
 
 One record per pass rather than one per partition: measured here at concurrency 32, one record per partition
 (2 writes per record) ran at 9-12K writes/s, one record per pass (30 per record) at 49K/s, because the broker's
