@@ -1,16 +1,17 @@
 """The floor of a durable HTTP write on this machine: HTTP, group commit and the broker's acknowledgement, no work.
 
-    python -m bench.group_commit_floor --port 8098 --bootstrap HOST:PORT --topic TOPIC
+    python -m bench.group_commit_floor --port 8098 --bootstrap HOST:PORT --topic TOPIC [--hold-max-ms 2]
 
 uvloop + httptools, as `bench.http_floor`, but each POST is answered only once the broker has acknowledged a record
 holding its body: the bodies of one loop pass are joined, as they arrived, into one record, produced through the
 API's own `AsyncProducer` (confluent-kafka, acks=all, idempotent), at most one record in flight, the next one
-gathering meanwhile. That is the shape of the API's group commit (`producers.group_commit`) without anything the
-API does per request: no JSON, no validation, no token, no Avro body, no read-your-write bookkeeping, no metrics, no
-framework. `counter bench write` runs it next to the stack and drives it like the API, so each run shows how
-much of the gap between AddCount and the raw produce is the HTTP exchange and the group-commit cycle, and how
-much is the API's own work per request. A GET is answered at once (the readiness check). The topic should be
-one no worker reads: its records are not mutations.
+gathering meanwhile and held for the clients an acknowledgement answered as the API holds it (`--hold-max-ms`, the
+API's COUNTER_API_GROUP_COMMIT_HOLD_MS; `producers.cohort_hold`). That is the shape of the API's group commit
+(`producers.group_commit`) without anything the API does per request: no JSON, no validation, no token, no Avro
+body, no read-your-write bookkeeping, no metrics, no framework. `counter bench write` runs it next to the stack and
+drives it like the API, so each run shows how much of the gap between AddCount and the raw produce is the HTTP
+exchange and the group-commit cycle, and how much is the API's own work per request. A GET is answered at once (the
+readiness check). The topic should be one no worker reads: its records are not mutations.
 """
 
 from __future__ import annotations
