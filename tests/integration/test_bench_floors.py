@@ -39,15 +39,17 @@ async def post_together(server: ManagedProcess, bodies: list[bytes]) -> list[byt
     return statuses
 
 
+@pytest.mark.parametrize("hold_max_ms", [0.0, 2.0], ids=["unheld", "held"])  # held as the API holds its records
 def test_every_answered_post_is_in_an_acknowledged_record(kafka_bootstrap: str, topic_name: str,
-                                                         tmp_path: Path) -> None:
+                                                         tmp_path: Path, hold_max_ms: float) -> None:
     bodies = [b'{"n":%d}' % i for i in range(40)]
-    with group_commit_floor(tmp_path, kafka_bootstrap, topic_name) as floor:
+    with group_commit_floor(tmp_path, kafka_bootstrap, topic_name, hold_max_ms) as floor:
         statuses = asyncio.run(asyncio.wait_for(post_together(floor, bodies), 30))
-    assert statuses == [b"HTTP/1.1 200 OK\r\n"] * len(bodies)
+        statuses += asyncio.run(asyncio.wait_for(post_together(floor, bodies[:8]), 30))  # answered clients again
+    assert statuses == [b"HTTP/1.1 200 OK\r\n"] * (len(bodies) + 8)
     records = read_all(kafka_bootstrap, topic_name)
     stored = b"".join(r.value for r in records)
-    assert sorted(stored.replace(b"}", b"}\n").split()) == sorted(bodies)  # each body once, none lost
+    assert sorted(stored.replace(b"}", b"}\n").split()) == sorted(bodies + bodies[:8])  # each body once, none lost
     assert len(records) < len(bodies)  # posts sent together shared records: the group commit the floor stands for
 
 
