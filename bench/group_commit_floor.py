@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 import uvloop
 
@@ -44,8 +45,8 @@ class GroupCommit:
         self.held: asyncio.TimerHandle | None = None
 
     def add(self, transport: asyncio.Transport, body: bytes) -> None:
-        # the last write a hold waited for ends it
-        ended = self.hold.expected and self.hold.arrived(1, self.loop.time()) and self.held is not None
+        # the last request a hold in progress waited for sends the record
+        ended = self.hold.expected and self.hold.arrived(self.loop.time()) and self.held is not None
         if ended or not self.waiting:
             self.loop.call_soon(self.flush_pass)
         self.bodies.append(body)
@@ -76,7 +77,7 @@ class GroupCommit:
         self.bodies, self.waiting = [], []
         self.partition = (self.partition + 1) % self.partitions
         self.in_flight = True
-        sent = self.loop.time()
+        sent = time.perf_counter()
         self.producer.produce(self.topic, value, partition=self.partition).add_done_callback(
             lambda record: self.acknowledged(record, waiting, sent))
 
@@ -86,8 +87,8 @@ class GroupCommit:
         for transport in waiting:
             if not transport.is_closing():
                 transport.write(response)
-        now = self.loop.time()
-        self.hold.acknowledged(len(waiting), now - sent, now)
+        self.hold.acknowledged(len(waiting), None if record.exception() else time.perf_counter() - sent,
+                               self.loop.time())
         self.flush_pass()
 
 

@@ -5,32 +5,37 @@ one acknowledgement answered send their next writes a fraction of a cycle later.
 broker is free carries only the writes that came meanwhile; the others wait a whole acknowledgement behind it, and
 the clients settle into two cohorts that ride every other record: half the writes per broker request, and each
 write waiting about one and a half acknowledgements. Holding the gathering record, while nothing is in flight, until
-as many writes have arrived as the last acknowledgement answered joins the cohorts: every cycle's record carries
+as many requests have arrived as the last acknowledgement answered joins the cohorts: every cycle's record carries
 every client (measured at concurrency 32, bench/RESULTS.md: 16 writes a record became 26-28).
 
 The hold is bounded: never past `factor` times the recent acknowledgement time (beyond that, producing now and
 gathering behind the record in flight does as well), nor past `max_s`, and it ends as soon as `gap` times the
-acknowledgement time passes without a write. The gap is what tells the clients apart. Clients in a loop come back in
-a burst, one write after another as fast as they read their answers. Clients whose writes do not wait on their
-answers (requests of their own users, each of which writes) arrive at their own pace whatever is answered, and
-holding for them only makes every cycle longer: without the gap rule, Poisson arrivals at 3,000 and 10,000 writes/s
-waited 1.6-3.0 ms at the median against 1.2-1.9 ms unheld; with it, as unheld at 10,000/s and 0.1-0.25 ms more at
-3,000/s (bench/RESULTS.md). The write that completes the count ends the hold. At concurrency 1 nothing is held (one
-write answered, one expected, and it is the one that arrives).
+acknowledgement time passes without a request, as the event loop's clock tells it. The gap is what tells the clients
+apart. Clients in a loop come back in a burst, one request after another as fast as they read their answers. Clients
+whose writes do not wait on their answers (requests of their own users, each of which writes) arrive at their own
+pace whatever is answered, and holding for them only makes every cycle longer: without the gap rule, Poisson arrivals
+at 3,000 and 10,000 writes/s waited 1.6-3.0 ms at the median against 1.2-1.9 ms unheld; with it, as unheld at
+10,000/s and 0.1-0.25 ms more at 3,000/s (bench/RESULTS.md). The request that completes the count ends the hold. At
+concurrency 1 nothing is held (one request answered, one expected, and it is the one that arrives).
+
+The clock is the event loop's, as measured: uvloop's is cached per loop pass at a millisecond's resolution, so there
+the gap is in effect "until the loop's clock ticks with no request since", and a wait shorter than a tick is
+looked at again on the next pass (`next_look`). A version judging the gap by `time.perf_counter()` at each request
+lost the closed-loop gain and held Poisson arrivals longer (bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
 EWMA_WEIGHT = 0.125  # of the latest acknowledgement time in the running mean, as TCP's smoothed round-trip time
-GAP = 0.25  # a hold ends once no write came for this many acknowledgement times (see the module docstring)
+GAP = 0.25  # a hold ends once no request came for this many acknowledgement times (see the module docstring)
 
 
 class CohortHold:
-    """Count the writes expected back since the last acknowledgement, and say whether to hold until a time.
+    """Count the requests expected back since the last acknowledgement, and say whether to hold until a time.
 
-    `acknowledged(writes, took_s, now)` after each acknowledgement, `arrived(n, now)` for the writes that join the
-    gathering record (True when they end a hold), `holding(now)` before producing, and `next_look()` for when to
-    ask again. Times are one monotonic clock's (the event loop's)."""
+    `acknowledged(requests, took_s, now)` after each acknowledgement, `arrived(now)` for each request that joins the
+    gathering record (True when it ends a hold), `holding(now)` before producing, and `next_look()` for when to
+    ask again. `now` is one monotonic clock's (the event loop's)."""
 
     __slots__ = ("ack_s", "expected", "factor", "gap", "last", "max_s", "until")
 
@@ -40,35 +45,36 @@ class CohortHold:
         self.max_s = max_s
         self.factor = factor
         self.gap = gap
-        self.last = 0.0  # when the latest write came (or the acknowledgement, before any)
-        self.expected = 0  # writes still expected back from the clients the last acknowledgement answered
-        self.until = 0.0  # the hold's end, on the clock `acknowledged` was given
+        self.last = 0.0  # when the latest request came (or the acknowledgement, before any)
+        self.expected = 0  # requests still expected back from the clients the last acknowledgement answered
+        self.until = 0.0  # the hold's bound
         self.ack_s = 0.0  # smoothed acknowledgement time; 0 until the first
 
-    def acknowledged(self, writes: int, took_s: float, now: float) -> None:
-        """A record of `writes` was acknowledged (or failed: its clients come back as well) `took_s` after it was
-        produced."""
-        self.ack_s = took_s if not self.ack_s else self.ack_s + EWMA_WEIGHT * (took_s - self.ack_s)
-        if self.max_s:
-            self.expected = writes
+    def acknowledged(self, requests: int, took_s: float | None, now: float) -> None:
+        """A record holding `requests` was answered, `took_s` after it was produced (None: a failure, whose time says
+        nothing of the broker's pace; its clients come back all the same, to retry)."""
+        if took_s is not None:
+            self.ack_s = took_s if not self.ack_s else self.ack_s + EWMA_WEIGHT * (took_s - self.ack_s)
+        if self.max_s and self.ack_s:
+            self.expected = requests
             self.until = now + min(self.max_s, self.factor * self.ack_s)
             self.last = now
 
-    def arrived(self, writes: int, now: float) -> bool:
-        """`writes` joined the gathering record; True when they were the last expected (a hold ends now)."""
+    def arrived(self, now: float) -> bool:
+        """A request joined the gathering record; True when it was the last expected (a hold ends now)."""
         self.last = now
-        if self.expected <= writes:
+        if self.expected <= 1:
             self.expected = 0
             return True
-        self.expected -= writes
+        self.expected -= 1
         return False
 
     def holding(self, now: float) -> bool:
-        """Whether a record free to go should wait for writes still expected."""
+        """Whether a record free to go should wait for requests still expected."""
         return self.expected > 0 and now < self.until and now < self.last + self.gap * self.ack_s
 
     def next_look(self) -> float:
-        """When to look again whether a hold is over: its bound, or a gap in the writes coming."""
+        """When to look again whether a hold is over: its bound, or a gap in the requests coming."""
         return min(self.until, self.last + self.gap * self.ack_s)
 
     def release(self) -> None:

@@ -85,11 +85,12 @@ class _Pending:
     `read_your_write`: some client waits until its write is persisted. `overdue`: the timer that fails the writes
     the broker has not acknowledged within the producer's timeout of the first of them."""
 
-    __slots__ = ("bodies", "future", "number", "overdue", "read_your_write", "size", "v2")
+    __slots__ = ("bodies", "future", "number", "overdue", "read_your_write", "requests", "size", "v2")
 
     def __init__(self, future: Acknowledgement, number: int) -> None:
         self.number = number  # records are numbered 1, 2, ... in the order they are started
         self.bodies: list[bytes] = []
+        self.requests = 0  # the calls that added bodies: one client each (a batch request's bodies are one)
         self.size = 0
         self.future = future
         self.v2: list[bool] | None = None  # per body, once a v2 body joined
@@ -189,8 +190,9 @@ class GroupCommitProducer:
         if pending is not None and pending.v2 is None and pending.size + len(body) <= MAX_RECORD_BYTES:
             pending.bodies.append(body)
             pending.size += len(body)
-            if self.hold.expected and self.hold.arrived(1, self._loop.time()) and self._held is not None:  # type: ignore[union-attr]
-                self._cohort_back()
+            pending.requests += 1
+            if self.hold.expected:
+                self._arrived()
             return pending.future  # a pending record exists only while the producer is open and connected
         return self._queue([body], None, False)
 
@@ -207,8 +209,8 @@ class GroupCommitProducer:
         if pending is not None and pending.size + size > MAX_RECORD_BYTES:
             self._flush()
             pending = None
-        if self.hold.expected and self.hold.arrived(len(bodies), loop.time()) and self._held is not None:
-            self._cohort_back()
+        if self.hold.expected:
+            self._arrived()
         if pending is None:
             loop.call_soon(self._flush_pass)  # end of this pass: no timer a lone write must wait out
             self.records_started += 1
@@ -220,6 +222,7 @@ class GroupCommitProducer:
             pending.v2.extend(kinds or [False] * len(bodies))
         pending.bodies.extend(bodies)
         pending.size += size
+        pending.requests += 1
         pending.read_your_write |= read_your_write
         return pending.future
 
@@ -230,23 +233,28 @@ class GroupCommitProducer:
             return
         loop = self._loop
         assert loop is not None, "start() first"
-        if self.hold.holding(loop.time()):
+        if not self._in_flight and self.hold.holding(loop.time()):
             if self._held is None:
                 self._held = loop.call_at(self.hold.next_look(), self._hold_over)
             return
         self._flush()
 
-    def _cohort_back(self) -> None:
-        """The last write a hold waited for arrived: produce at the end of this pass."""
-        if self.observer is not None:
-            self.observer.record_held(False)
-        self._loop.call_soon(self._flush_pass)  # type: ignore[union-attr]  # a hold is set: the loop is bound
+    def _arrived(self) -> None:
+        """A request joined the gathering record while requests were expected back (`CohortHold`); if it ends a
+        hold in progress, the record goes at the end of this pass."""
+        loop = self._loop
+        assert loop is not None, "start() first"
+        if self.hold.arrived(loop.time()) and self._held is not None:
+            if self.observer is not None:
+                self.observer.record_held(False)
+            loop.call_soon(self._flush_pass)
 
     def _hold_over(self) -> None:
+        """Time to look again: the hold's bound passed, or a gap, before its requests all came."""
         self._held = None
         loop = self._loop
         assert loop is not None, "start() first"
-        if self.hold.holding(loop.time()):  # writes kept coming: look again after the latest one
+        if self.hold.holding(loop.time()):  # requests kept coming: look again after the latest one
             self._held = loop.call_at(self.hold.next_look(), self._hold_over)
             return
         self.hold.release()
@@ -302,6 +310,10 @@ class GroupCommitProducer:
         if self._pending is batch:  # never produced: nothing of it reaches the broker
             self._pending = None
             self._settled(batch.number)
+            if self._held is not None:  # held: no record is waiting any more
+                self._held.cancel()
+                self._held = None
+                self.hold.release()
         why = f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s"
         self._failed(why)
         batch.future.set_exception(DeliveryError(f"{why}; {RETRY_RULE}"))
@@ -330,11 +342,11 @@ class GroupCommitProducer:
                 future.set_result(_disagreed(record.result(), produced_us))
             else:
                 future.set_exception(DeliveryError(f"{error}; {RETRY_RULE}"))
+        # the clients answered now may come back at once; read-your-write ones are answered later
         loop = self._loop
         assert loop is not None, "start() first"
-        # the writes answered now, whose clients may come back at once; read-your-write ones are answered later
-        self.hold.acknowledged(0 if batch.read_your_write else len(batch.bodies), time.perf_counter() - sent,
-                               loop.time())
+        self.hold.acknowledged(0 if batch.read_your_write else batch.requests,
+                               None if error else time.perf_counter() - sent, loop.time())
         self._flush_pass()  # the writes that gathered while the broker was busy, unless their cohort is coming
 
 
