@@ -42,11 +42,10 @@ class GroupCommit:
         self.partition = 0
         self.loop = asyncio.get_running_loop()
         self.hold = CohortHold(hold_max_s)  # as the API's group commit holds (producers.cohort_hold)
-        self.held: asyncio.TimerHandle | None = None
 
     def add(self, transport: asyncio.Transport, body: bytes) -> None:
         # the last request a hold in progress waited for sends the record
-        ended = self.hold.expected and self.hold.arrived(self.loop.time()) and self.held is not None
+        ended = self.hold.expected and self.hold.came(self.loop)
         if ended or not self.waiting:
             self.loop.call_soon(self.flush_pass)
         self.bodies.append(body)
@@ -55,24 +54,12 @@ class GroupCommit:
     def flush_pass(self) -> None:
         if not self.waiting or self.in_flight:
             return
-        if self.hold.holding(self.loop.time()):
-            if self.held is None:
-                self.held = self.loop.call_at(self.hold.next_look(), self.hold_over)
+        if self.hold.wait(self.loop, self.flush_pass):
             return
         self.flush()
 
-    def hold_over(self) -> None:
-        self.held = None
-        if self.hold.holding(self.loop.time()):
-            self.held = self.loop.call_at(self.hold.next_look(), self.hold_over)
-            return
-        self.hold.release()
-        self.flush_pass()
-
     def flush(self) -> None:
-        if self.held is not None:
-            self.held.cancel()
-            self.held = None
+        self.hold.cancel()
         value, waiting = b"".join(self.bodies), self.waiting
         self.bodies, self.waiting = [], []
         self.partition = (self.partition + 1) % self.partitions

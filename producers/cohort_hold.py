@@ -26,6 +26,9 @@ lost the closed-loop gain and held Poisson arrivals longer (bench/RESULTS.md).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 EWMA_WEIGHT = 0.125  # of the latest acknowledgement time in the running mean, as TCP's smoothed round-trip time
 GAP = 0.25  # a hold ends once no request came for this many acknowledgement times (see the module docstring)
 
@@ -35,9 +38,10 @@ class CohortHold:
 
     `acknowledged(requests, took_s, now)` after each acknowledgement, `arrived(now)` for each request that joins the
     gathering record (True when it ends a hold), `holding(now)` before producing, and `next_look()` for when to
-    ask again. `now` is one monotonic clock's (the event loop's)."""
+    ask again. `now` is one monotonic clock's (the event loop's). On an event loop, `wait`, `came` and `cancel` keep
+    the timer of a hold in progress."""
 
-    __slots__ = ("ack_s", "expected", "factor", "gap", "last", "max_s", "until")
+    __slots__ = ("_timer", "ack_s", "expected", "factor", "gap", "last", "max_s", "until")
 
     def __init__(self, max_s: float, factor: float = 2.0, gap: float = GAP) -> None:
         if max_s < 0 or factor < 0 or gap < 0:
@@ -49,6 +53,7 @@ class CohortHold:
         self.expected = 0  # requests still expected back from the clients the last acknowledgement answered
         self.until = 0.0  # the hold's bound
         self.ack_s = 0.0  # smoothed acknowledgement time; 0 until the first
+        self._timer: asyncio.TimerHandle | None = None  # set while a record is held (`wait`)
 
     def acknowledged(self, requests: int, took_s: float | None, now: float) -> None:
         """A record holding `requests` was answered, `took_s` after it was produced (None: a failure, whose time says
@@ -80,3 +85,38 @@ class CohortHold:
     def release(self) -> None:
         """Stop expecting: the hold ran out, or the record went anyway."""
         self.expected = 0
+
+    def wait(self, loop: asyncio.AbstractEventLoop, over: Callable[[], None]) -> bool:
+        """Whether a record free to go is held now. If so, `over()` runs once the hold's bound or a gap passes
+        before the requests all came (looked at again while they keep coming), unless `came` or `cancel` ends the
+        hold first."""
+        if not self.holding(loop.time()):
+            return False
+        if self._timer is None:
+            self._timer = loop.call_at(self.next_look(), self._look, loop, over)
+        return True
+
+    def _look(self, loop: asyncio.AbstractEventLoop, over: Callable[[], None]) -> None:
+        self._timer = None
+        if self.holding(loop.time()):  # requests kept coming: look again after the latest one
+            self._timer = loop.call_at(self.next_look(), self._look, loop, over)
+            return
+        self.release()
+        over()
+
+    def came(self, loop: asyncio.AbstractEventLoop) -> bool:
+        """`arrived` on the loop's clock; True when the request ends a hold in progress (its timer is cancelled):
+        the record may go at the end of this pass."""
+        if not self.arrived(loop.time()) or self._timer is None:
+            return False
+        self.cancel()
+        return True
+
+    def cancel(self) -> bool:
+        """The record went anyway (full, or the producer stopping) or failed: no timer runs for it. True when it was
+        held."""
+        if self._timer is None:
+            return False
+        self._timer.cancel()
+        self._timer = None
+        return True

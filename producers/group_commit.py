@@ -112,7 +112,6 @@ class GroupCommitProducer:
         self.topic = topic
         self.max_in_flight = max_in_flight
         self.hold = CohortHold(hold_max_s)  # 0: never held (producers.cohort_hold)
-        self._held: asyncio.TimerHandle | None = None  # a hold's end, while a record free to go waits out one
         self.observer = observer
         # since when every record failed (monotonic), and why; None while they are acknowledged: the API's /readyz
         # (a broker that answered metadata and refused every produce read as ready, a review)
@@ -233,9 +232,7 @@ class GroupCommitProducer:
             return
         loop = self._loop
         assert loop is not None, "start() first"
-        if not self._in_flight and self.hold.holding(loop.time()):
-            if self._held is None:
-                self._held = loop.call_at(self.hold.next_look(), self._hold_over)
+        if not self._in_flight and self.hold.wait(loop, self._hold_over):
             return
         self._flush()
 
@@ -244,29 +241,20 @@ class GroupCommitProducer:
         hold in progress, the record goes at the end of this pass."""
         loop = self._loop
         assert loop is not None, "start() first"
-        if self.hold.arrived(loop.time()) and self._held is not None:
+        if self.hold.came(loop):
             if self.observer is not None:
                 self.observer.record_held(False)
             loop.call_soon(self._flush_pass)
 
     def _hold_over(self) -> None:
-        """Time to look again: the hold's bound passed, or a gap, before its requests all came."""
-        self._held = None
-        loop = self._loop
-        assert loop is not None, "start() first"
-        if self.hold.holding(loop.time()):  # requests kept coming: look again after the latest one
-            self._held = loop.call_at(self.hold.next_look(), self._hold_over)
-            return
-        self.hold.release()
+        """The hold's bound, or a gap, passed before its requests all came."""
         if self.observer is not None:
             self.observer.record_held(True)
         self._flush_pass()
 
     def _flush(self) -> None:
         batch, self._pending = self._pending, None
-        if self._held is not None:
-            self._held.cancel()
-            self._held = None
+        self.hold.cancel()
         if batch is None:
             return
         partition = self._next_partition
@@ -310,9 +298,7 @@ class GroupCommitProducer:
         if self._pending is batch:  # never produced: nothing of it reaches the broker
             self._pending = None
             self._settled(batch.number)
-            if self._held is not None:  # held: no record is waiting any more
-                self._held.cancel()
-                self._held = None
+            if self.hold.cancel():  # held: no record waits for its clients any more
                 self.hold.release()
         why = f"broker {self.kafka.bootstrap} did not acknowledge within {self.kafka.timeout_s:g}s"
         self._failed(why)

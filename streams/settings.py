@@ -74,9 +74,9 @@ class Settings(BaseSettings):
     api_keep_alive_s: float = Field(5.0, gt=0, le=HOUR_S, description=(
         "an idle HTTP keep-alive connection is closed after this"))
     api_group_commit_hold_ms: float = Field(2.0, ge=0, le=1000, description=(
-        "at most this long (and at most two recent acknowledgement times) the API holds its next group-commit record "
-        "while the clients the last acknowledgement answered have not sent their next writes, so that one record "
-        "carries them all (producers.cohort_hold); 0: never"))
+        "at most this long (and at most two recent acknowledgement times, and only while requests keep coming) the API "
+        "holds its next group-commit record while the clients the last acknowledgement answered have not sent their "
+        "next writes, so that one record carries them all (producers.cohort_hold); 0: never"))
     worker_port: int = Field(6066, ge=0, le=65535, description="worker web port (Prometheus /metrics)")
     mutations_topic: str = "counter-mutations"
     rollups_topic: str = "counter-rollups"
