@@ -76,7 +76,8 @@ class Settings(BaseSettings):
     api_group_commit_hold_ms: float = Field(2.0, ge=0, le=1000, description=(
         "at most this long (and at most two recent acknowledgement times, and only while requests keep coming) the API "
         "holds its next group-commit record while the clients the last acknowledgement answered have not sent their "
-        "next writes, so that one record carries them all (producers.cohort_hold); 0: never"))
+        "next writes, so that one record carries them all (producers.cohort_hold; holds that keep giving up switch "
+        "holding off until one completes); 0: never"))
     worker_port: int = Field(6066, ge=0, le=65535, description="worker web port (Prometheus /metrics)")
     mutations_topic: str = "counter-mutations"
     rollups_topic: str = "counter-rollups"
