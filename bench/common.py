@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -31,16 +32,28 @@ console = Console(stderr=True, soft_wrap=True)  # long result lines stay whole i
 
 
 @contextmanager
-def local_stack(data_dir: Path, *, workers: int = 1, api: bool = True, **env: str) -> Iterator[LocalStack]:
-    """Broker + memcached + topics + workers (+ API) in `data_dir`, stopped on exit."""
+def local_stack(data_dir: Path, *, workers: int = 1, api: bool = True, broker_delay_ms: float = 0.0,
+                **env: str) -> Iterator[LocalStack]:
+    """Broker + memcached + topics + workers (+ API) in `data_dir`, stopped on exit. `broker_delay_ms`: every
+    client of the stack reaches the broker through `bench.delay_proxy`, which hands them its answers that late."""
     data_dir.mkdir(parents=True, exist_ok=True)
     for built in ensure_native_builds():  # measure what `counter up` runs
         if not built.ok or built.message:
             console.print(built.summary, highlight=False)
-    with LocalStack(data_dir, {"COUNTER_NAMESPACES": str(NAMESPACES), "COUNTER_WORKER_LOG_LEVEL": "warning",
-                               **env}) as stack:
+    with contextlib.ExitStack() as stop:
+        broker_port = free_port()
+        advertised = None
+        if broker_delay_ms:
+            proxy_port = free_port()
+            stop.enter_context(ManagedProcess(
+                [sys.executable, "-m", "bench.delay_proxy", "--listen", str(proxy_port), "--upstream",
+                 str(broker_port), "--delay-ms", str(broker_delay_ms)],
+                host="127.0.0.1", port=proxy_port, log_path=data_dir / "delay-proxy.log", name="delay-proxy"))
+            advertised = f"127.0.0.1:{proxy_port}"
+        stack = stop.enter_context(LocalStack(data_dir, {"COUNTER_NAMESPACES": str(NAMESPACES),
+                                                         "COUNTER_WORKER_LOG_LEVEL": "warning", **env}))
         console.print("starting broker, memcached, topics...")
-        stack.start_broker()
+        stack.start_broker(port=broker_port, advertised=advertised)
         stack.start_memcached()
         ensure_topics(stack.env["COUNTER_KAFKA_BOOTSTRAP"], topic_specs(stack_settings(stack)))
         for _ in range(workers):

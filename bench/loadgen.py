@@ -6,6 +6,7 @@ The same technique drives the service and its baseline, so their ratio is fair o
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -161,3 +162,75 @@ def memcached_load(host: str, port: int, requests: Sequence[bytes], *, concurren
                    duration_s: float = 10, on_progress: Callable[[int], None] | None = None) -> LoadResult:
     return asyncio.run(closed_loop(_socket_connect(host, port, requests, _memcached_exchange),
                                    concurrency=concurrency, duration_s=duration_s, on_progress=on_progress))
+
+
+@dataclass
+class OpenLoopResult(LoadResult):
+    """An open-loop load's: latencies from each request's scheduled time; `dropped`, the arrivals that found every
+    connection of the pool busy (not sent: the pool, not the server, set their pace)."""
+
+    dropped: int = 0
+
+
+async def open_loop(connect: Connect, *, rate: float, duration_s: float, pool: int = 128, seed: int = 0,
+                    on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None,
+                    answer_grace_s: float = ANSWER_GRACE_S) -> OpenLoopResult:
+    """Poisson arrivals at `rate` a second for `duration_s`, as clients whose requests do not wait on their answers
+    (each of their own users' requests writes): request i goes, at its scheduled time, on a free keep-alive
+    connection of a pool of `pool` (the one freed last), and its latency runs from that time, so a server that
+    answers late is charged for the queue it makes. `acked[i % len(acked)]` counts request i's successes."""
+    arrivals = random.Random(seed)
+    connections = [await connect() for _ in range(pool)]
+    free = list(range(pool))
+    latencies: list[float] = []
+    errors = dropped = 0
+
+    async def one(slot: int, i: int, scheduled: float) -> None:
+        nonlocal errors
+        try:
+            ok = await connections[slot][0](i)
+        finally:
+            free.append(slot)
+        latencies.append(time.perf_counter() - scheduled)
+        if not ok:
+            errors += 1
+        elif acked is not None:
+            acked[i % len(acked)] += 1
+
+    started = time.perf_counter()
+    due, i, reported = started, 0, started
+    sent: list[asyncio.Task[None]] = []
+    try:
+        while True:
+            due += arrivals.expovariate(rate)
+            if due - started >= duration_s:
+                break
+            if (wait := due - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
+            if not free:
+                dropped += 1
+                continue
+            sent.append(asyncio.ensure_future(one(free.pop(), i, due)))
+            i += 1
+            if on_progress and due - reported >= 0.25:
+                reported = due
+                on_progress(len(latencies))
+        finished, unanswered = await asyncio.wait(sent, timeout=answer_grace_s) if sent else (set(), set())
+        for task in unanswered:
+            task.cancel()
+        await asyncio.gather(*unanswered, return_exceptions=True)
+        failures = [error for error in (task.exception() for task in finished) if error is not None]
+        if failures:
+            raise failures[0]
+        errors += len(unanswered)
+    finally:
+        for _, close in connections:
+            close()
+    return OpenLoopResult(latencies, duration_s, errors, dropped=dropped)
+
+
+def http_open_load(host: str, port: int, requests: Requests, *, rate: float, duration_s: float = 10, pool: int = 128,
+                   on_progress: Callable[[int], None] | None = None, acked: list[int] | None = None) -> OpenLoopResult:
+    """`open_loop` over HTTP/1.1 keep-alive connections; `requests` and `acked` as `http_load`'s."""
+    return asyncio.run(open_loop(_socket_connect(host, port, requests, _http_exchange), rate=rate,
+                                 duration_s=duration_s, pool=pool, on_progress=on_progress, acked=acked))

@@ -20,6 +20,8 @@ BENCHMARKS = {
                                              "hand-overs per statement step)"),
     "shared-read-your-write": ("bench.shared_read_your_write", "AddAndGetCount through an API process sharing the "
                                                                "pipeline vs a lone API process's"),
+    "cohort-hold": ("bench.cohort_hold", "durable writes from a closed loop and from Poisson arrivals, the group "
+                                         "commit's cohort hold on vs off, optionally behind a broker answering late"),
     "broker-fetch": ("bench.broker_fetch", "the local broker's CPU per fetch at a partition's tail as the partition "
                                            "grows, vs the empty partition (a diagnostic)"),
 }
@@ -28,7 +30,7 @@ BENCHMARKS = {
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench", help="run a benchmark (ingest, read, best-effort, history, windows, write, hot, topk, broker-fetch, "
-             "store-batches, shared-read-your-write)",
+             "store-batches, shared-read-your-write, cohort-hold)",
         description="Benchmarks start their own local stack in a temporary directory, show progress, print "
                     "their figures next to a baseline measured in the same run, and write JSON results to "
                     "bench/results/. " + "; ".join(f"{k}: {v[1]}" for k, v in BENCHMARKS.items()) + ".",

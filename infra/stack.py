@@ -38,10 +38,12 @@ class LocalStack:
         self.workers: list[ManagedProcess] = []
         self.apis: list[ManagedProcess] = []
 
-    def start_broker(self) -> str:
-        self.broker = self._launch(LocalBroker(self.logs / "broker.log"))
-        self.env["COUNTER_KAFKA_BOOTSTRAP"] = self.broker.bootstrap
-        return self.broker.bootstrap
+    def start_broker(self, *, port: int | None = None, advertised: str | None = None) -> str:
+        """The local broker; `advertised`: the host:port its clients are told to use, when a proxy stands before
+        it (they then connect there: it is the stack's bootstrap)."""
+        self.broker = self._launch(LocalBroker(self.logs / "broker.log", port=port, advertised=advertised))
+        self.env["COUNTER_KAFKA_BOOTSTRAP"] = advertised or self.broker.bootstrap
+        return self.env["COUNTER_KAFKA_BOOTSTRAP"]
 
     def start_memcached(self) -> str:
         self.memcached = self._launch(LocalMemcached(self.logs / "memcached.log"))
