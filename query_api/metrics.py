@@ -143,7 +143,8 @@ GROUP_COMMIT_HELP = {
     "ack": "From handing a group-commit record to the producer to its acknowledgement, seen on the event loop",
     "holds": "Group-commit records held back for the clients the last acknowledgement answered, by how the hold "
              "ended: all their writes came (complete), or writes stopped coming or the bound passed first (gave_up: "
-             "the record's writes waited for nothing, at most COUNTER_API_GROUP_COMMIT_HOLD_MS)",
+             "the record's writes waited for nothing, at most COUNTER_API_GROUP_COMMIT_HOLD_MS; four in a row switch "
+             "holding off until a later try completes)",
 }
 
 
