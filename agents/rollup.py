@@ -7,7 +7,6 @@ of counters go through `agents.rollup_batches`, which rolls them up in batches a
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -106,7 +105,7 @@ async def rollup_counters(ns: Namespace, counters: Sequence[str], *, events: Eve
                     continue
                 to_cache.append((c, f.count, f.rollup_ts))
                 results[c] = RollupResult((ns.name, c), f.count, f.rollup_ts, False, f.last_write_ts > f.rollup_ts)
-    await asyncio.gather(*(cache.advance(ns.name, c, n, ts, ns.ttl_s) for c, n, ts in to_cache))
+    await cache.advance_many((ns.name, c, n, ts, ns.ttl_s) for c, n, ts in to_cache)
     return [results[c] for c in names]
 
 

@@ -256,6 +256,13 @@ class AsyncMemcached:
         """The value and its cas unique (for `cas`), or None when absent."""
         return (await self._request(b"gets %s\r\n" % key.encode(), _CAS_VALUES)).get(key)
 
+    async def gets_many(self, keys: Iterable[str]) -> dict[str, tuple[bytes, int]]:
+        """`gets` of several keys in one request: the values held, each with its cas unique."""
+        keys = list(keys)
+        if not keys:
+            return {}
+        return await self._request(b"gets " + " ".join(keys).encode() + b"\r\n", _CAS_VALUES)
+
     async def cas(self, key: str, value: bytes, unique: int, expire: int = 0) -> bytes:
         """Store only if the value is still the one `gets` returned with `unique`: memcached's reply,
         STORED, EXISTS (changed since) or NOT_FOUND (gone since)."""

@@ -61,15 +61,20 @@ def _decode(raw: bytes | str | None) -> tuple[int, int] | None:
         return None
 
 
+GETS_CHUNK = 256  # keys in one multi-key `gets` of `advance_many` (a chunk's writes are pipelined)
 ADVANCE_TRIES = 64  # compare-and-set rounds: each lost one means another writer's value was stored meanwhile
 
 
-async def _advance(client: AsyncMemcached, key: str, value: bytes, rollup_ts: int, expire: int) -> None:
+async def _advance(client: AsyncMemcached, key: str, value: bytes, rollup_ts: int, expire: int,
+                   held: tuple[bytes, int] | None = None, *, read: bool = False) -> None:
     """`RollupCache.advance` on one server: add when absent, compare-and-set while the held rollup is not later.
     An undecodable value is replaced. A round is lost only to a writer that stored (some writer moves on every
-    round), so a counter's few concurrent writers settle in a few rounds; ADVANCE_TRIES only bounds a pathology."""
+    round), so a counter's few concurrent writers settle in a few rounds; ADVANCE_TRIES only bounds a pathology.
+    `read`: `held` is what a `gets` shared with other keys found (`_advanced_all`), so the first round sends none."""
     for _ in range(ADVANCE_TRIES):
-        held = await client.gets(key)
+        if not read:
+            held = await client.gets(key)
+        read = False
         if held is None:
             if await client.add(key, value, expire):
                 return
@@ -85,6 +90,16 @@ async def _advance(client: AsyncMemcached, key: str, value: bytes, rollup_ts: in
 
 async def _advanced(client: AsyncMemcached, key: str, value: bytes, rollup_ts: int, expire: int) -> bool:
     await _advance(client, key, value, rollup_ts, expire)
+    return True
+
+
+async def _advanced_all(client: AsyncMemcached, writes: Sequence[tuple[str, bytes, int, int]]) -> bool:
+    """`_advance` for many (key, value, rollup_ts, expire) on one server, its first round shared: one `gets` for
+    them all, then an add or a compare-and-set each, pipelined. A key whose first round is lost goes round again
+    alone. Why: a rollup batch paid two requests a counter (`gets`, then `cas`), about a fifth of its time."""
+    held = await client.gets_many(key for key, _, _, _ in writes)
+    await asyncio.gather(*(_advance(client, key, value, rollup_ts, expire, held.get(key), read=True)
+                           for key, value, rollup_ts, expire in writes))
     return True
 
 
@@ -193,6 +208,25 @@ class MemcachedRollupCache:
         node = self._node(key)
         if not await self._guard(node, lambda c: _advanced(c, key, value, rollup_ts, expire), False):
             self._keep_unwritten(node, key, value, rollup_ts, expire)
+
+    async def advance_many(self, rollups: Iterable[tuple[str, str, int, int, float | None]]) -> None:
+        """`advance` for each, sharing one `gets` per server and chunk (`_advanced_all`); a server that cannot be
+        written now gets its rollups written once it answers, as `advance`'s."""
+        if (prefix := self._prefix if self._prefix is not None else await self._scoped()) is None:
+            return
+        by_node: dict[str, list[tuple[str, bytes, int, int]]] = {}
+        for namespace, counter, count, rollup_ts, ttl_s in rollups:
+            key = cache_key(namespace, counter, prefix)
+            expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
+            by_node.setdefault(self._node(key).name, []).append((key, _encode(count, rollup_ts), rollup_ts, expire))
+
+        async def write(node: _Node, chunk: list[tuple[str, bytes, int, int]]) -> None:
+            if not await self._guard(node, lambda c: _advanced_all(c, chunk), False):
+                for key, value, rollup_ts, expire in chunk:
+                    self._keep_unwritten(node, key, value, rollup_ts, expire)
+
+        await asyncio.gather(*(write(self._nodes[name], writes[at:at + GETS_CHUNK])
+                               for name, writes in by_node.items() for at in range(0, len(writes), GETS_CHUNK)))
 
     async def delete(self, namespace: str, counter: str) -> None:
         if (key := await self._key(namespace, counter)) is None:

@@ -60,6 +60,10 @@ class InProcessRollupCache:
                       ttl_s: float | None = None) -> None:
         self._store(namespace, counter, count, rollup_ts, ttl_s, forward_only=True)
 
+    async def advance_many(self, rollups: Iterable[tuple[str, str, int, int, float | None]]) -> None:
+        for namespace, counter, count, rollup_ts, ttl_s in rollups:
+            self._store(namespace, counter, count, rollup_ts, ttl_s, forward_only=True)
+
     def _store(self, namespace: str, counter: str, count: int, rollup_ts: int, ttl_s: float | None, *,
                forward_only: bool) -> None:
         ttl = self.default_ttl_s if ttl_s is None else ttl_s

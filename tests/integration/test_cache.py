@@ -188,7 +188,51 @@ def test_advance_never_replaces_a_later_rollup(cache: RollupCache, ns: str) -> N
     assert cache.get(ns, "c") == (6, 200)
 
 
+def test_advance_many_is_advance_for_each(cache: RollupCache, ns: str) -> None:
+    """A rollup batch's cache writes in one call: each is stored unless a later rollup is held, an absent one is
+    added, and the same counter twice in one call ends at its later rollup."""
+    cache.advance(ns, "later", 9, 300)
+    cache.advance(ns, "earlier", 1, 100)
+    cache.advance_many([(ns, "later", 5, 200, None), (ns, "earlier", 2, 200, None), (ns, "absent", 3, 200, None),
+                        (ns, "twice", 1, 100, None), (ns, "twice", 2, 200, None), (ns, "same", 4, 200, None)])
+    cache.advance_many([(ns, "same", 6, 200, None)])  # the same rollup again (a recount's repair): taken
+    cache.advance_many([])
+    keys = [(ns, name) for name in ("later", "earlier", "absent", "twice", "same")]
+    assert cache.get_many(keys) == {(ns, "later"): (9, 300), (ns, "earlier"): (2, 200), (ns, "absent"): (3, 200),
+                                    (ns, "twice"): (2, 200), (ns, "same"): (6, 200)}
+
+
 # -- memcached ------------------------------------------------------------------------------------
+
+
+def test_memcached_advance_many_shares_one_gets_per_chunk(memcached_address: str, ns: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """`advance` costs two requests a counter (gets, then add or cas); `advance_many` one `gets` per 256 keys, then
+    one add or cas each: 300 counters take 302 requests, absent or present, where one by one they took 600."""
+    cache = MemcachedRollupCache(memcached_address, pool_size=4)
+    requests: list[bytes] = []
+    submit = AsyncMemcached._submit
+
+    def counted(self: AsyncMemcached, data: bytes, *args: object) -> object:
+        requests.append(data.split(b" ", 1)[0])
+        return submit(self, data, *args)  # type: ignore[arg-type]
+    monkeypatch.setattr(AsyncMemcached, "_submit", counted)
+
+    async def scenario() -> dict[tuple[str, str], tuple[int, int]]:
+        names = [f"c{i}" for i in range(300)]
+        await cache.advance_many((ns, name, 1, 100, None) for name in names)  # absent: added
+        added = list(requests)
+        requests.clear()
+        await cache.advance_many((ns, name, 2, 200, None) for name in names)  # present, earlier: compare-and-set
+        assert sorted(set(added)) == [b"add", b"gets"] and added.count(b"gets") == 2 and len(added) == 302
+        assert sorted(set(requests)) == [b"cas", b"gets"] and requests.count(b"gets") == 2 and len(requests) == 302
+        got = await cache.get_many((ns, name) for name in names)
+        await cache.close()
+        return got
+
+    assert set(asyncio.run(scenario()).values()) == {(2, 200)}
+
+
 
 
 def test_memcached_advance_under_concurrent_writers_keeps_the_latest(mc: MemcachedRollupCache,
@@ -468,6 +512,31 @@ def test_a_rollup_not_cached_in_an_outage_is_cached_once_memcached_answers(tmp_p
     with LocalMemcached(tmp_path / "memcached.log") as server:
         asyncio.run(scenario(server))
 
+
+
+def test_a_rollup_batch_not_cached_in_an_outage_is_cached_once_memcached_answers(tmp_path: Path, ns: str) -> None:
+    """`advance_many`'s writes, failed while memcached hung, are kept and made once it answers, as `advance`'s."""
+    async def scenario(server: LocalMemcached) -> None:
+        cache = MemcachedRollupCache(server.address, timeout_s=0.2, breaker_s=0.5)
+        reader = MemcachedRollupCache(server.address)
+        try:
+            await cache.advance_many([(ns, "c", 10, 1, None), (ns, "d", 1, 1, None)])
+            server.pause()
+            try:
+                await cache.advance_many([(ns, "c", 15, 2, None), (ns, "d", 2, 2, None)])  # times out
+                assert cache._nodes[server.address].unwritten, "the failed writes were not kept"
+            finally:
+                server.resume()
+            deadline = time.monotonic() + 10
+            while await reader.get_many([(ns, "c"), (ns, "d")]) != {(ns, "c"): (15, 2), (ns, "d"): (2, 2)}:
+                assert time.monotonic() < deadline, await reader.get_many([(ns, "c"), (ns, "d")])
+                await asyncio.sleep(0.05)
+        finally:
+            await cache.close()
+            await reader.close()
+
+    with LocalMemcached(tmp_path / "memcached.log") as server:
+        asyncio.run(scenario(server))
 
 def test_memcached_stopped_server(tmp_path: Path, ns: str) -> None:
     server = LocalMemcached(tmp_path / "memcached.log").start()
