@@ -212,7 +212,8 @@ class MemcachedRollupCache:
     async def advance_many(self, rollups: Iterable[tuple[str, str, int, int, float | None]]) -> None:
         """`advance` for each, sharing one `gets` per server and chunk (`_advanced_all`); a server that cannot be
         written now gets its rollups written once it answers, as `advance`'s."""
-        if (prefix := self._prefix if self._prefix is not None else await self._scoped()) is None:
+        rollups = list(rollups)
+        if not rollups or (prefix := self._prefix if self._prefix is not None else await self._scoped()) is None:
             return
         by_node: dict[str, list[tuple[str, bytes, int, int]]] = {}
         for namespace, counter, count, rollup_ts, ttl_s in rollups:
