@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 from bench.common import console, local_stack, progress_bar, wait_exact, write_result
 from bench.loadgen import LoadResult, OpenLoopResult, http_load, http_open_load, http_post
 from bench.rounds import medians
+from bench.stack_meter import scrape
 from infra.process import ManagedProcess
 
 NAMESPACE = "my_dataset"
@@ -37,9 +37,8 @@ HOLDS = "counter_api_group_commit_holds_total"
 
 def holds(api: ManagedProcess) -> dict[str, float]:
     """The API's holds so far, by how they ended."""
-    text = urllib.request.urlopen(f"http://{api.address}/metrics", timeout=10).read().decode()
-    return {line.split('ended="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line.startswith(HOLDS + "{")}
+    return {sample.labels["ended"]: sample.value for sample in scrape(f"http://{api.address}/metrics")
+            if sample.name == HOLDS}
 
 
 def main() -> None:

@@ -125,16 +125,28 @@ async def closed_loop(connect: Connect, *, concurrency: int, duration_s: float,
     started = time.perf_counter()
     ticker = asyncio.ensure_future(progress())
     workers = [asyncio.ensure_future(worker(w)) for w in range(concurrency)]
-    finished, unanswered = await asyncio.wait(workers, timeout=duration_s + answer_grace_s)
+    try:
+        unanswered = await _finish(workers, duration_s + answer_grace_s)
+    finally:
+        await ticker  # it ends at the deadline
+    elapsed = time.perf_counter() - started
+    errors += unanswered
+    return LoadResult(latencies, elapsed, errors, meter.stop(len(latencies)) if meter is not None else {})
+
+
+async def _finish(tasks: Sequence[asyncio.Task[None]], timeout_s: float) -> int:
+    """Wait up to `timeout_s` for a load's tasks; cancel the rest and return how many there were (each an error).
+    A task's own failure (a refused connection, say) fails the load."""
+    if not tasks:
+        return 0
+    finished, unanswered = await asyncio.wait(tasks, timeout=timeout_s)
     for task in unanswered:
         task.cancel()
-    await asyncio.gather(ticker, *unanswered, return_exceptions=True)
+    await asyncio.gather(*unanswered, return_exceptions=True)
     failures = [error for error in (task.exception() for task in finished) if error is not None]  # all retrieved
     if failures:
-        raise failures[0]  # a worker's own failure (a refused connection, say) fails the load, as before
-    elapsed = time.perf_counter() - started
-    errors += len(unanswered)
-    return LoadResult(latencies, elapsed, errors, meter.stop(len(latencies)) if meter is not None else {})
+        raise failures[0]
+    return len(unanswered)
 
 
 Requests = Sequence[bytes] | Callable[[int], bytes]  # request i: requests[i % len(requests)], or requests(i)
@@ -215,14 +227,7 @@ async def open_loop(connect: Connect, *, rate: float, duration_s: float, pool: i
             if on_progress and due - reported >= 0.25:
                 reported = due
                 on_progress(len(latencies))
-        finished, unanswered = await asyncio.wait(sent, timeout=answer_grace_s) if sent else (set(), set())
-        for task in unanswered:
-            task.cancel()
-        await asyncio.gather(*unanswered, return_exceptions=True)
-        failures = [error for error in (task.exception() for task in finished) if error is not None]
-        if failures:
-            raise failures[0]
-        errors += len(unanswered)
+        errors += await _finish(sent, answer_grace_s)
     finally:
         for _, close in connections:
             close()

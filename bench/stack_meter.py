@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from infra.process import proc_stat
 
@@ -44,12 +45,16 @@ def _machine_ticks() -> tuple[int, int]:
     return total - idle, total
 
 
-def group_commit_totals(metrics_url: str) -> dict[str, float]:
-    """The API's group-commit series from its /metrics (empty when it exports none)."""
+def scrape(metrics_url: str) -> list[Sample]:
+    """Every sample a /metrics page exports."""
     with urllib.request.urlopen(metrics_url, timeout=5) as answer:
         text = answer.read().decode()
-    return {sample.name: sample.value for family in text_string_to_metric_families(text)
-            for sample in family.samples if sample.name in _GROUP_COMMIT}
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def group_commit_totals(metrics_url: str) -> dict[str, float]:
+    """The API's group-commit series from its /metrics (empty when it exports none)."""
+    return {sample.name: sample.value for sample in scrape(metrics_url) if sample.name in _GROUP_COMMIT}
 
 
 class StackMeter:
