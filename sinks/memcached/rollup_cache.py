@@ -211,15 +211,22 @@ class MemcachedRollupCache:
 
     async def advance_many(self, rollups: Iterable[tuple[str, str, int, int, float | None]]) -> None:
         """`advance` for each, sharing one `gets` per server and chunk (`_advanced_all`); a server that cannot be
-        written now gets its rollups written once it answers, as `advance`'s."""
+        written now gets its rollups written once it answers, as `advance`'s. A counter given more than once is
+        written once, with what `advance` for each in turn would leave: its latest rollup, and of equal ones the
+        last given (sent together, its copies would race each other's compare-and-set, and the newest could lose
+        every round)."""
         rollups = list(rollups)
         if not rollups or (prefix := self._prefix if self._prefix is not None else await self._scoped()) is None:
             return
-        by_node: dict[str, list[tuple[str, bytes, int, int]]] = {}
+        latest: dict[str, tuple[str, bytes, int, int]] = {}
         for namespace, counter, count, rollup_ts, ttl_s in rollups:
             key = cache_key(namespace, counter, prefix)
-            expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
-            by_node.setdefault(self._node(key).name, []).append((key, _encode(count, rollup_ts), rollup_ts, expire))
+            if (held := latest.get(key)) is None or held[2] <= rollup_ts:
+                expire = self._expire(self.default_ttl_s if ttl_s is None else ttl_s)
+                latest[key] = (key, _encode(count, rollup_ts), rollup_ts, expire)
+        by_node: dict[str, list[tuple[str, bytes, int, int]]] = {}
+        for entry in latest.values():
+            by_node.setdefault(self._node(entry[0]).name, []).append(entry)
 
         async def write(node: _Node, chunk: list[tuple[str, bytes, int, int]]) -> None:
             if not await self._guard(node, lambda c: _advanced_all(c, chunk), False):

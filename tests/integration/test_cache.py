@@ -202,6 +202,17 @@ def test_advance_many_is_advance_for_each(cache: RollupCache, ns: str) -> None:
                                     (ns, "twice"): (2, 200), (ns, "same"): (6, 200)}
 
 
+def test_advance_many_with_a_counter_many_times_ends_as_advance_in_turn(cache: RollupCache, ns: str) -> None:
+    """A counter given many times in one call ends at its latest rollup, and of equal rollups at the last given,
+    as `advance` for each in turn leaves it. (Sent together, memcached's copies raced each other's compare-and-set:
+    of 100 rising rollups the 64th stayed, and of 100 counts of one rollup an arbitrary one.)"""
+    cache.advance_many([(ns, "rising", ts * 10, ts, None) for ts in range(1, 101)])
+    cache.advance_many([(ns, "falling", ts * 10, ts, None) for ts in range(100, 0, -1)])
+    cache.advance_many([(ns, "repaired", n, 5, None) for n in range(100)])
+    assert cache.get_many([(ns, "rising"), (ns, "falling"), (ns, "repaired")]) == {
+        (ns, "rising"): (1000, 100), (ns, "falling"): (1000, 100), (ns, "repaired"): (99, 5)}
+
+
 # -- memcached ------------------------------------------------------------------------------------
 
 
