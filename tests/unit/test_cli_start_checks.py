@@ -311,6 +311,7 @@ def test_a_worker_or_api_joining_counter_up_with_another_broker_fails(monkeypatc
     store, and a rollup could pass writes the stack's worker had not persisted (a review's follow-up)."""
     for name in DEPLOYMENT:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COUNTER_API_PORT", "0")  # not the default 8080, which a `counter up` on this host may hold
     _stack_endpoints(tmp_path, memcached="127.0.0.1:11311")  # its broker: 127.0.0.1:9
     monkeypatch.setattr(worker_cmd, "run_child", lambda *_a, **_k: pytest.fail("started on another broker"))
     monkeypatch.setattr(api_cmd.os, "execve", lambda *_a: pytest.fail("started on another broker"))
