@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 from infra.process import ManagedProcess, ServiceError, free_port
@@ -21,13 +22,15 @@ class LocalMemcached(ManagedProcess):
 
     name = "memcached"
 
-    def __init__(self, log_path: Path, *, port: int | None = None, memory_mb: int = 256) -> None:
+    def __init__(self, log_path: Path, *, port: int | None = None, memory_mb: int = 256,
+                 options: Sequence[str] = ()) -> None:
+        """`options`: more memcached flags (a test's `-C`)."""
         binary = find_memcached()
         if binary is None:
             raise ServiceError("memcached is not installed (Debian/Ubuntu: apt-get install -y memcached)")
         host = "127.0.0.1"
         port = port or free_port(host)
-        argv = [binary, "-l", host, "-p", str(port), "-U", "0", "-m", str(memory_mb), "-t", "2"]
+        argv = [binary, "-l", host, "-p", str(port), "-U", "0", "-m", str(memory_mb), "-t", "2", *options]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             argv += ["-u", "root"]
         super().__init__(argv, host=host, port=port, log_path=log_path)

@@ -88,6 +88,18 @@ async def _advance(client: AsyncMemcached, key: str, value: bytes, rollup_ts: in
                 key, ADVANCE_TRIES)
 
 
+CAS_PROBE_KEY = "counter-abstraction/cas-probe"  # not a rollup key (`rollup/`, `rollup#`) nor a BEST_EFFORT one
+
+
+async def _cas_works(client: AsyncMemcached) -> bool:
+    """Whether the server keeps compare-and-set. One started with `-C` answers every `gets` with the unique 0 and
+    every `cas` with EXISTS: no cached rollup would ever advance, and reads would serve a counter's first cached
+    count for good."""
+    await client.set(CAS_PROBE_KEY, b"1", 60)
+    held = await client.gets(CAS_PROBE_KEY)
+    return held is None or held[1] != 0  # None: evicted at once, which says nothing against it
+
+
 async def _advanced(client: AsyncMemcached, key: str, value: bytes, rollup_ts: int, expire: int) -> bool:
     await _advance(client, key, value, rollup_ts, expire)
     return True
@@ -135,6 +147,7 @@ class _Node:
         self.unwritten: dict[str, tuple[bytes, int, int]] = {}  # key -> (value, rollup_ts, expire) not yet written
         self.rewriting: asyncio.Task[None] | None = None  # writes `unwritten` once the server answers
         self.dropped = 0  # failed writes not kept (past MAX_UNWRITTEN) this outage
+        self.cas_works: bool | None = None  # whether the server keeps compare-and-set (`_cas_works`), once asked
 
 
 class MemcachedRollupCache:
@@ -320,10 +333,19 @@ class MemcachedRollupCache:
         return max(1, math.ceil(ttl_s))
 
     async def _guard(self, node: _Node, op: Callable[[AsyncMemcached], Awaitable[Any]], default: Any) -> Any:
-        """Run op unless the node's breaker is open; any failure opens it and returns default."""
-        if time.monotonic() < node.down_until:
+        """Run op unless the node's breaker is open or the server does not keep compare-and-set (asked at the first
+        call, `_cas_works`: then the node is never used, and reads go to the rollup store); any failure opens the
+        breaker and returns default."""
+        if time.monotonic() < node.down_until or node.cas_works is False:
             return default
         try:
+            if node.cas_works is None:
+                node.cas_works = await _cas_works(node.client)
+                if not node.cas_works:
+                    log.error("memcached %s does not keep compare-and-set (started with -C): cached counts could not "
+                              "be kept current there, so this process does not use it and reads go to the rollup "
+                              "store; restart memcached without -C, then this process", node.name)
+                    return default
             result = await op(node.client)
         except Exception as exc:  # a cache must never fail its caller
             with self._lock:
