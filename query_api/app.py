@@ -290,6 +290,23 @@ def huge_integer(body: bytes) -> tuple[list[str | int], int] | None:
     return None
 
 
+def body_problem(body: bytes, detail: str) -> str:
+    """Why a body the route's parser refused is no JSON document, in words a client can act on (the parser's own
+    `detail` said only "There was an error parsing the body")."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return (f"invalid body: not UTF-8 text (byte {exc.start} is {body[exc.start]:#04x}); send JSON encoded as "
+                "UTF-8")
+    try:
+        json.loads(text)
+    except RecursionError:
+        return "invalid body: its arrays or objects nest too deeply for a request"
+    except ValueError as exc:
+        return f"invalid body: not JSON ({exc})"
+    return f"invalid body: {detail}"
+
+
 def _safe_error(error: Mapping[str, Any]) -> dict[str, Any]:
     """A validation error's loc, msg and type, as text any JSON encoder takes (a key may hold a lone surrogate), each
     part cut to LOC_PART_MAX characters (an unknown key of 20 KB was answered whole: a review)."""
@@ -322,15 +339,16 @@ def _install_handlers(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 400:  # an unparseable body (e.g. not UTF-8): invalid input, answered like the rest
-            huge = huge_integer(b"".join(request.scope.get(BODY_CHUNKS, ())))
+            body = b"".join(request.scope.get(BODY_CHUNKS, ()))
+            huge = huge_integer(body)
             if huge is not None:  # past Python's 4,300 digits, the parser refuses it before a model can name it
                 loc, digits = huge
                 return JSONResponse({"detail": [_safe_error({
                     "loc": ["body", *loc], "type": "int_parsing",
                     "msg": f"must fit in a signed 64-bit integer, got an integer of {digits} digits"})]},
                     status_code=422)
-            return JSONResponse({"detail": [{"loc": ["body"], "msg": f"invalid body: {exc.detail}",
-                                             "type": "json_invalid"}]}, status_code=422)
+            return JSONResponse({"detail": [_safe_error({"loc": ["body"], "msg": body_problem(body, str(exc.detail)),
+                                                         "type": "json_invalid"})]}, status_code=422)
         return await http_exception_handler(request, exc)
 
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

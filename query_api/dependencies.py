@@ -51,9 +51,10 @@ def authorize(ns: Namespace, key: str | None, *scopes: str) -> None:
     if not ns.requires_auth:
         return
     if not key:
-        raise Forbidden(401, f"namespace {ns.name!r} requires an API key (X-API-Key header)")
+        raise Forbidden(401, f"namespace {ns.name!r} requires an API key (X-API-Key: <key>, or Authorization: "
+                             "Bearer <key>)")
     if not any(ns.allows(key, s) for s in ("read", "write")):
-        raise Forbidden(401, f"the API key given is not one of namespace {ns.name!r}'s")
+        raise Forbidden(401, f"the API key given is not one of the keys of namespace {ns.name!r}")
     missing = [s for s in scopes if not ns.allows(key, s)]
     if missing:
         raise Forbidden(403, f"this API key lacks the {'/'.join(missing)} scope for namespace {ns.name!r}")

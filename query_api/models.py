@@ -53,6 +53,18 @@ TimeValue = Annotated[str | int | float, BeforeValidator(_not_bool)]
 """A time as requests give it: RFC 3339 / ISO-8601 text or an epoch number (s, ms or µs by magnitude)."""
 
 
+def _duration_input(value: object) -> object:
+    """A duration is seconds as a JSON number, or a string: one error naming the field for anything else (a
+    boolean is no "1 second"), where a union's would name each of its members."""
+    if value is None or type(value) in (str, int, float):
+        return value
+    raise ValueError(f'must be seconds as a number, or a string such as "1h" (got {type(value).__name__})')
+
+
+DurationValue = Annotated[int | float | str, BeforeValidator(_duration_input)]
+"""A duration as requests give it: seconds as a number, or text ("1h", "90s", "PT5M"; control_plane.durations)."""
+
+
 class IdempotencyToken(BaseModel):
     """Makes a write safe to retry or hedge: the same token and generation_time are counted once."""
 
@@ -126,7 +138,8 @@ class WindowSpec(BaseModel):
     `end` defaults to now). Edges are aligned outwards to the buckets that cover them; the answer says which."""
 
     model_config = ConfigDict(extra="forbid")
-    last: str | None = Field(None, examples=["1h"])
+    last: DurationValue | None = Field(
+        None, examples=["1h"], description="a duration ending now: seconds as a number (3600), or a string (\"1h\")")
     start: TimeValue | None = Field(None, examples=["2026-11-23T10:00:00Z"])
     end: TimeValue | None = Field(None, examples=["2026-11-23T11:00:00Z"])
 

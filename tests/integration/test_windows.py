@@ -160,6 +160,12 @@ def test_window_requests_are_validated_naming_the_field(pipeline: PipelineEnv) -
         assert loc({**base, "window": {"last": "1h", "start": "2026-01-01T00:00:00Z"}})[-2:] == ["window", "last"]
         assert "window" in loc({**base, "window": {"start": "2026-01-02T00:00:00Z", "end": "2026-01-01T00:00:00Z"}})
         assert loc({**base, "window": {"bogus": 1}})[-1] == "bogus"
+        for last in (True, -5, 0, 1e300):  # a boolean is no duration; a number of seconds must be a usable one
+            assert loc({**base, "window": {"last": last}})[-1] == "last", last
+        # seconds as a JSON number, as the duration errors suggest, count what the same string counts
+        counted = [client.post("/v1/GetCount", json={**base, "window": {"last": last}}) for last in (3600, "3600")]
+        assert [r.status_code for r in counted] == [200, 200], [r.text for r in counted]
+        assert counted[0].json()["count"] == counted[1].json()["count"]
         series = {**base, "granularity": "minute", "start": iso(time.time_ns() // 1000 - 2 * 86400 * MICROS + MINUTE)}
         assert loc(series, "/v1/GetCountSeries")[-1] == "end"  # more than 1,440 minutes in one call
         assert loc({**series, "granularity": "week"}, "/v1/GetCountSeries")[-1] == "granularity"
