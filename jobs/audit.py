@@ -30,7 +30,7 @@ from typing import IO, Any
 from control_plane import Namespace
 from control_plane.durations import format_duration
 from jobs.progress import NullProgress, Progress, Stop, never
-from schemas import MAX_EVENT_TIME
+from schemas import INT64_MAX, INT64_MIN, MAX_EVENT_TIME
 from schemas.validation import micros_iso
 from sinks import (
     BucketStore,
@@ -65,6 +65,9 @@ class RunningTotal:
     def __init__(self, start: int = 0) -> None:
         self.total = start
         self.adds = self.clears = self.uncounted = self.events = 0
+        # the event time the total first left the int64 range since the latest clear: a stored count saturates
+        # there, at a rollup, so from then on it depends on when the rollups ran
+        self.left_range_at: int | None = None
 
     def group(self, rows: list[EventRow]) -> list[Row]:
         cleared = any(r[6] for r in rows)
@@ -75,6 +78,7 @@ class RunningTotal:
             self.events += 1
             if is_clear:
                 self.total = 0
+                self.left_range_at = None
                 self.clears += 1
                 counted = True
             elif cleared:
@@ -82,6 +86,8 @@ class RunningTotal:
                 self.uncounted += 1
             else:
                 self.total += delta
+                if self.left_range_at is None and not INT64_MIN <= self.total <= INT64_MAX:
+                    self.left_range_at = t
                 self.adds += 1
                 counted = True
             out.append({"event_time": iso(t), "event_time_us": t, "op": "clear" if is_clear else "add",
@@ -210,6 +216,7 @@ async def audit(events: EventStore, rollups: RollupStore, options: AuditOptions,
     state = await rollups.get(namespace, counter)
     rollup_ts = state.rollup_ts if state is not None and 0 < state.rollup_ts <= upto_us else None
     at_rollup = tally.total if rollup_ts is not None and after_us <= rollup_ts else None
+    left_range_at = None  # the running total's `left_range_at` as of the rollup
     cursor = None
     pending: list[EventRow] = []  # the current event_time group (may span pages)
     interrupted = False
@@ -232,7 +239,7 @@ async def audit(events: EventStore, rollups: RollupStore, options: AuditOptions,
             for group in groups:
                 rows(tally.group(group))
                 if rollup_ts is not None and group[0][2] <= rollup_ts:
-                    at_rollup = tally.total
+                    at_rollup, left_range_at = tally.total, tally.left_range_at
                     cleared_after_cut |= group[0][2] >= dropped and any(r[6] for r in group)
                 progress.advance(len(group), note=f"total {tally.total:,}")
             if last_page:
@@ -250,6 +257,11 @@ async def audit(events: EventStore, rollups: RollupStore, options: AuditOptions,
                            f"retention deleted the events before {iso(dropped)} (delete_after), which the "
                            "count includes: the running total, summed from the events kept, cannot be checked "
                            "against it (unless a clear after that time resets it)")
+    if at_rollup is not None and left_range_at is not None:
+        return AuditResult(tally, None, interrupted, await rollups.get(namespace, counter),
+                           f"the running total left the int64 range at {iso(left_range_at)}: the count saturated at "
+                           "its bound in a rollup and later deltas applied to the saturated count, so it depends on "
+                           "when the rollups ran (README: a count saturates) and cannot be checked against the sum")
     return AuditResult(tally, at_rollup, interrupted, await rollups.get(namespace, counter))
 
 

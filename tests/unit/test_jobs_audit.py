@@ -11,7 +11,7 @@ import pytest
 from counter_cli import audit_cmd
 from counter_cli.main import build_parser
 from jobs.audit import AuditOptions, RowWriter, audit, cut_last_group
-from schemas import MICROS
+from schemas import INT64_MAX, MICROS
 from sinks import Partitioning, SqliteEventStore, SqliteRollupStore
 
 T = 1_700_000_000 * MICROS
@@ -140,3 +140,21 @@ def test_after_retention_the_running_total_is_compared_only_from_a_clear_after_t
     run(rollups.write_rollup("ev", "c", 4, T + 20 * MICROS))
     result = run(audit(events, rollups, AuditOptions("ev", "c", 0, T + 30 * MICROS), lambda rows: None))
     assert (result.at_rollup, result.not_compared) == (4, None)  # checkable: the clear is after the cut
+
+
+def test_a_counter_whose_sum_left_the_int64_range_is_not_compared(stores):
+    """Its stored count saturated in a rollup and later deltas applied to the bound, so it depends on when the
+    rollups ran (README): the audit said DIFFERS (run counter recount), exit 1, for a count that was as documented
+    (a new user's walkthrough: MAX, +5, -10 stored MAX-10 against a running total of MAX-5)."""
+    events, rollups = stores
+    run(events.write_events([("ev", "sat", T, "a", "", INT64_MAX, False), ("ev", "sat", T + 1, "b", "", 5, False),
+                             ("ev", "sat", T + 2, "c", "", -10, False),
+                             ("ev", "back", T, "a", "", INT64_MAX, False), ("ev", "back", T + 1, "b", "", 5, False),
+                             ("ev", "back", T + 2, "c", "", 0, True), ("ev", "back", T + 3, "d", "", 7, False)]))
+    run(rollups.write_rollup("ev", "sat", INT64_MAX - 10, T + 2))
+    run(rollups.write_rollup("ev", "back", 7, T + 3))
+    result = run(audit(events, rollups, AuditOptions("ev", "sat"), lambda rows: None))
+    assert result.at_rollup is None and result.tally.total == INT64_MAX - 5
+    assert result.not_compared is not None and "left the int64 range at" in result.not_compared
+    result = run(audit(events, rollups, AuditOptions("ev", "back"), lambda rows: None))  # a clear after: checked
+    assert (result.at_rollup, result.not_compared) == (7, None)
