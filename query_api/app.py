@@ -315,7 +315,10 @@ def _safe_error(error: Mapping[str, Any]) -> dict[str, Any]:
             return value
         value = value if len(value) <= LOC_PART_MAX else value[:LOC_PART_MAX] + "..."
         return value.encode("utf-8", "backslashreplace").decode()
-    return {"loc": [text(part) for part in error.get("loc", ())], "msg": text(str(error.get("msg", ""))),
+    msg = str(error.get("msg", ""))
+    if error.get("type") == "value_error":  # pydantic's prefix for a validator's own words, which other 422s lack
+        msg = msg.removeprefix("Value error, ")
+    return {"loc": [text(part) for part in error.get("loc", ())], "msg": text(msg),
             "type": text(str(error.get("type", "")))}
 
 

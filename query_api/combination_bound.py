@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from control_plane import Namespace
 from control_plane.admission import bound_reason
@@ -33,7 +33,12 @@ Key = tuple[str, str]  # (namespace, counter)
 
 
 class OverBound(ValueError):
-    """The write's combination would be one past its counter's max_combinations (the reason names both)."""
+    """The write's combination would be one past its counter's max_combinations (the reason names both); `index`:
+    the write's place among those `CombinationBound.admit_all` was given."""
+
+    def __init__(self, reason: str, index: int = 0) -> None:
+        super().__init__(reason)
+        self.index = index
 
 
 class CombinationBound:
@@ -48,33 +53,57 @@ class CombinationBound:
         self._sent_sweep_at = MAX_KNOWN_COUNTERS  # counters in _sent from which its old names are looked for
 
     async def admit(self, ns: Namespace, counter: str, full: str) -> None:
-        """Admit a write of full combination `full`, or raise OverBound. Between the count and the admission there is
-        no await: a write of the same loop pass cannot slip in between."""
-        key = (ns.name, counter)
+        """Admit a write of full combination `full`, or raise OverBound."""
+        await self.admit_all([(ns, counter, full)])
+
+    async def admit_all(self, writes: Sequence[tuple[Namespace, str, str]]) -> None:
+        """Admit writes of (namespace, counter, full combination) all together, or raise OverBound for the first past
+        its counter's bound and admit none (a batch refused for any entry sends nothing, so it must take no slot).
+        Call it once a write is otherwise valid, right before it is sent: an admission holds its slot for
+        SENT_COMBINATIONS_S, so one refused afterwards would keep the counter's new combinations out that long (a
+        review: three refused writes of stale times blocked a counter with max_combinations 3 for ten minutes).
+
+        The registry reads come first; from the count to the admissions there is no await, so a write of the same
+        loop pass cannot slip in between."""
         now = time.monotonic()
-        read_at, known = self._known.get(key, (-1e18, frozenset()))
-        if full in known:
-            self._known.move_to_end(key)
-            return
-        if now - read_at >= BOUND_REFRESH_S:
-            known = frozenset(await self._read(ns.name, counter))
-            self._remember(key, now, known)
+        fulls: dict[Key, set[str]] = {}
+        for ns, counter, full in writes:
+            fulls.setdefault((ns.name, counter), set()).add(full)
+        known_of: dict[Key, frozenset[str]] = {}
+        for key, wanted in fulls.items():
+            read_at, known = self._known.get(key, (-1e18, frozenset()))
+            if now - read_at >= BOUND_REFRESH_S and not wanted <= known:
+                known = frozenset(await self._read(*key))
+                self._remember(key, now, known)
+            elif key in self._known:
+                self._known.move_to_end(key)
+            known_of[key] = known
+        adding: dict[Key, dict[str, None]] = {}  # per counter, the new names of these writes, in order
+        for index, (ns, counter, full) in enumerate(writes):
+            key = (ns.name, counter)
+            known = known_of[key]
             if full in known:
-                return
-        sent = self._sent.get(key)
-        if sent is None:
-            if len(self._sent) >= self._sent_sweep_at:
-                self._forget_old_sent(now)
-            sent = self._sent[key] = {}
-        elif full in sent:  # a retry, or another write, of a new combination already admitted here
-            sent[full] = now
-            return
-        for name in [name for name, at in sent.items() if name in known or now - at >= SENT_COMBINATIONS_S]:
-            del sent[name]  # registered since, or long enough ago to have been (or to have failed)
-        bound = ns.dimensions.max_combinations
-        if len(known) + len(sent) >= bound:
-            raise OverBound(bound_reason(ns.name, counter, len(known) + len(sent), bound, full))
-        sent[full] = now
+                continue
+            sent = self._sent.get(key, {})
+            for name in [name for name, at in sent.items() if name in known or now - at >= SENT_COMBINATIONS_S]:
+                del sent[name]  # registered since, or long enough ago to have been (or to have failed)
+            new = adding.setdefault(key, {})
+            if full in sent or full in new:  # a retry, or another write, of a new combination already admitted
+                new[full] = None
+                continue
+            bound = ns.dimensions.max_combinations
+            held = len(known) + len(sent) + len(new)
+            if held >= bound:
+                raise OverBound(bound_reason(ns.name, counter, held, bound, full), index)
+            new[full] = None
+        for key, names in adding.items():
+            admitted = self._sent.get(key)
+            if admitted is None:
+                if len(self._sent) >= self._sent_sweep_at:
+                    self._forget_old_sent(now)
+                admitted = self._sent[key] = {}
+            for name in names:
+                admitted[name] = now
 
     def _remember(self, key: Key, now: float, known: frozenset[str]) -> None:
         previous = self._known.pop(key, None)

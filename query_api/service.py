@@ -409,7 +409,8 @@ class CounterService:
 
     async def check_bound(self, ns: Namespace, counter: str, dimensions: Dimensions) -> None:
         """Refuse (Rejected naming `dimensions`) a write whose full combination is new to a counter that has
-        max_combinations already (query_api.combination_bound)."""
+        max_combinations already (query_api.combination_bound). Call it once the write is otherwise valid, right
+        before it is sent: an admitted combination holds its slot for a while."""
         if not dimensions:
             return
         try:
@@ -417,21 +418,40 @@ class CounterService:
         except OverBound as exc:
             raise Rejected("dimensions", str(exc)) from None
 
+    async def check_bounds(self, writes: Sequence[tuple[Namespace, str, Dimensions]]) -> None:
+        """`check_bound` for a batch's writes, all admitted or none: OverBound (its `index` names the write) for the
+        first past its counter's bound."""
+        bounded = [(i, ns, counter, dims) for i, (ns, counter, dims) in enumerate(writes) if dims]
+        try:
+            await self.bound.admit_all([(ns, counter, combination(counter, dims)) for _, ns, counter, dims in bounded])
+        except OverBound as exc:
+            raise OverBound(str(exc), bounded[exc.index][0]) from None
+
     async def write(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                     generation_time: str | int | float | None, item_key: str = "",
                     dimensions: Mapping[str, Any] | None = None, item: str | None = None) -> Written:
-        if dimensions or item or ns.unique is not None:  # refused on BEST_EFFORT; checked against the bound
-            dims, _ = self.extras(ns, dimensions, item, op, delta=delta, item_key=item_key)
-            await self.check_bound(ns, counter, dims)
         if ns.counter_type is CounterType.BEST_EFFORT:  # tokens are accepted and ignored, as documented
+            if dimensions or item or ns.unique is not None:  # refused on BEST_EFFORT
+                dims, _ = self.extras(ns, dimensions, item, op, delta=delta, item_key=item_key)
+                await self.check_bound(ns, counter, dims)
             if op is MutationOp.CLEAR:
                 await self.counters.clear(ns.name, counter)
                 return Written(ns, counter, None, None, 0)
             return Written(ns, counter, None, None, await self.add_best_effort(ns, counter, delta))
-        written, acknowledged = self.write_durable(ns, counter, delta, op, token, generation_time, item_key,
-                                                   dimensions, item)
+        written, acknowledged = await self.write_bounded(ns, counter, delta, op, token, generation_time, item_key,
+                                                         dimensions, item)
         await self.acknowledged(acknowledged, written)
         return written
+
+    async def write_bounded(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
+                            generation_time: str | int | float | None, item_key: str = "",
+                            dimensions: Mapping[str, Any] | None = None, item: str | None = None, *,
+                            then_count: bool = False) -> tuple[Written, Acknowledgement]:
+        """`write_durable` of a write that may have dimensions: its max_combinations bound is checked once it is
+        otherwise valid, right before it is sent, so a write refused for its token or time takes no slot."""
+        m = self.mutation(ns, counter, delta, op, token, generation_time, item_key, dimensions, item)
+        await self.check_bound(ns, counter, m.dimensions)
+        return self.send_mutation(ns, m, then_count=then_count)
 
     def write_durable(self, ns: Namespace, counter: str, delta: int, op: MutationOp, token: str | None,
                       generation_time: str | int | float | None, item_key: str = "",
@@ -442,12 +462,16 @@ class CounterService:
         `then_count`: the caller answers with the count including it (AddAndGetCount, `count_after`). Where this
         process does not store the event itself (not `eligible`, or a shared pipeline), it waits for the worker, so
         the record is marked read-your-write and persisted promptly."""
-        m = self.mutation(ns, counter, delta, op, token, generation_time, item_key, dimensions, item)
+        return self.send_mutation(ns, self.mutation(ns, counter, delta, op, token, generation_time, item_key,
+                                                    dimensions, item), then_count=then_count)
+
+    def send_mutation(self, ns: Namespace, m: Mutation, *, then_count: bool = False) -> tuple[Written, Acknowledgement]:
+        """`write_durable`'s send of a mutation already made (`mutation`)."""
         waits = then_count and (self.shared_pipeline or not eligible(ns))
         acknowledged = self.producer.send([m], read_your_write=waits)
         if eligible(ns):
             self.early.note(m, acknowledged)  # a later AddAndGetCount of the counter stores it with its own
-        return Written(ns, counter, m.event_id, m.event_time), acknowledged
+        return Written(ns, m.counter_name, m.event_id, m.event_time), acknowledged
 
     def write_plain(self, body: bytes) -> tuple[bytes, Acknowledgement, int] | None:
         """`write_durable` for an AddCount body in its plainest form, read and encoded in C (query_api.plain_add):
@@ -698,11 +722,8 @@ class CounterService:
             written = await self.write(ns, counter, delta, MutationOp.ADD, token, generation_time, item_key,
                                        dimensions, item)
             return Count(ns, counter, written.value, None)  # type: ignore[arg-type]  # BEST_EFFORT: the new count
-        if dimensions or item:
-            dims, _ = self.extras(ns, dimensions, item)
-            await self.check_bound(ns, counter, dims)
-        written, acknowledged = self.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
-                                                   item_key, dimensions, item, then_count=True)
+        written, acknowledged = await self.write_bounded(ns, counter, delta, MutationOp.ADD, token, generation_time,
+                                                         item_key, dimensions, item, then_count=True)
         return await self.count_after(written, acknowledged, item_key)
 
     async def count_after(self, written: Written, acknowledged: Acknowledgement, item_key: str = "") -> Count:

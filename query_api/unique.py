@@ -210,10 +210,9 @@ async def add_and_get_unique(service: CounterService, ns: Namespace, counter: st
     """AddAndGetCount in a UNIQUE namespace: the write, then the counter's estimate including its item (the
     sketches plus the live items after them), or NotCountedYet after a bounded wait."""
     delta = service.delta_of(ns, delta)
-    dims, valid_item = service.extras(ns, dimensions, item, delta=delta, item_key=item_key)
-    await service.check_bound(ns, counter, dims)
-    written, acknowledged = service.write_durable(ns, counter, delta, MutationOp.ADD, token, generation_time,
-                                                  item_key, dimensions, item, then_count=True)
+    _dims, valid_item = service.extras(ns, dimensions, item, delta=delta, item_key=item_key)
+    written, acknowledged = await service.write_bounded(ns, counter, delta, MutationOp.ADD, token, generation_time,
+                                                        item_key, dimensions, item, then_count=True)
     await service.acknowledged(acknowledged, written)
     with counted_or_retry(written):
         await service.wait_counted(written, valid_item)  # in a UNIQUE namespace the event's item key is its item

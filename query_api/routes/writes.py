@@ -7,6 +7,7 @@ import logging
 from fastapi import APIRouter
 
 from control_plane import CounterType, Namespace
+from query_api.combination_bound import OverBound
 from query_api.dependencies import WRITE_ERRORS, CallerKey, Service, authorize
 from query_api.models import (
     AddCountRequest,
@@ -22,6 +23,7 @@ from query_api.routes.entries import authorize_entries, entry
 from query_api.service import BrokerUnavailable, CounterService, NotCountedYet, Rejected, Written
 from query_api.unique import add_and_get_unique, unique_response
 from schemas import Mutation, MutationOp
+from schemas.dimensions import Dimensions
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["writes"])
@@ -92,12 +94,12 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
     authorize_entries(namespaces, key, "write")
     prepared: list[tuple[AddCountRequest, int, Mutation | None]] = []
     durable = []
-    for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):
+    bounded: list[tuple[Namespace, str, Dimensions]] = []  # every entry, once all are valid: none takes a slot of
+    for i, (r, ns) in enumerate(zip(body.requests, namespaces, strict=True)):  # max_combinations before then
         with entry(i):
             delta = service.delta_of(ns, r.delta)
             dims, _ = service.extras(ns, r.dimensions, r.item, delta=delta, item_key=r.event_item_key)
-            if dims:
-                await service.check_bound(ns, r.counter_name, dims)
+            bounded.append((ns, r.counter_name, dims))
             if ns.counter_type is CounterType.BEST_EFFORT:
                 prepared.append((r, delta, None))
                 continue
@@ -106,6 +108,11 @@ async def batch_add_count(body: BatchAddCountRequest, service: Service, key: Cal
                                  t.generation_time if t else None, r.event_item_key, r.dimensions, r.item)
         prepared.append((r, delta, m))
         durable.append(m)
+    try:
+        await service.check_bounds(bounded)
+    except OverBound as exc:
+        with entry(exc.index):
+            raise Rejected("dimensions", str(exc)) from None
     values: dict[int, int] = {}  # BEST_EFFORT entries applied: index -> the new count
     try:
         for i, ((r, delta, mutation), ns) in enumerate(zip(prepared, namespaces, strict=True)):

@@ -11,8 +11,9 @@ import pytest
 
 from control_plane import parse_namespaces
 from query_api import combination_bound as bound_module
+from query_api.combination_bound import OverBound
 from query_api.service import CounterService, Rejected
-from schemas import combination
+from schemas import MutationOp, combination
 
 REGISTRY = parse_namespaces({"namespaces": {"capped": {
     "counter_type": "EVENTUAL", "dimensions": {"keys": ["country"], "max_combinations": 2}}}})
@@ -122,4 +123,38 @@ def test_registry_reads_are_bounded_by_the_names_they_hold(monkeypatch: pytest.M
         assert svc.bound.sizes()[:2] == (1, 3)
         await svc.check_bound(big, "a", dims("A1"))  # read again
         assert registry.reads == 3 and svc.bound.sizes()[:2] == (1, 4)
+    asyncio.run(scenario())
+
+
+def test_a_write_refused_for_its_token_or_time_takes_no_slot() -> None:
+    """The bound was checked before the token and time: three writes of new combinations refused for a stale
+    generation_time (422, nothing sent) held the counter's three slots for SENT_COMBINATIONS_S, and its first valid
+    new combination was refused as past the bound (a review)."""
+    svc = service(Registry())
+    stale = "2000-01-02T00:00:00Z"
+
+    async def scenario() -> None:
+        for country in ("AA", "BB", "CC"):
+            with pytest.raises(Rejected) as refused:
+                await svc.write_bounded(NS, "v", 1, MutationOp.ADD, f"t-{country}", stale,
+                                        dimensions={"country": country})
+            assert refused.value.field == "idempotency_token.generation_time", refused.value
+        await svc.check_bound(NS, "v", dims("DD"))  # both slots are still free
+        await svc.check_bound(NS, "v", dims("EE"))
+    asyncio.run(scenario())
+
+
+def test_a_batch_is_admitted_whole_or_not_at_all() -> None:
+    """A batch refused for one entry sends nothing, so none of its entries may take a slot: its earlier entries'
+    new combinations held theirs, and blocked the counter's next ones (a review)."""
+    svc = service(Registry())
+
+    async def scenario() -> None:
+        with pytest.raises(OverBound, match="already has 2 dimension combinations") as refused:
+            await svc.check_bounds([(NS, "v", dims("AA")), (NS, "w", ()), (NS, "v", dims("AA")),
+                                    (NS, "v", dims("BB")), (NS, "v", dims("CC"))])
+        assert refused.value.index == 4  # the entry past the bound, counted among all the batch's writes
+        await svc.check_bounds([(NS, "v", dims("DD")), (NS, "v", dims("EE"))])  # nothing was taken
+        with pytest.raises(OverBound):  # and what the batch admitted counts
+            await svc.check_bounds([(NS, "v", dims("FF"))])
     asyncio.run(scenario())

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 from fastapi import FastAPI
-from pydantic import BaseModel
+from pydantic import BaseModel, field_validator
 
 from query_api import app as api
 from query_api.app import JsonBodies, is_json_type
@@ -62,6 +62,13 @@ def test_several_content_types_reach_the_app_as_one_json_type() -> None:
 class EchoBody(BaseModel):
     delta: int
     counter_name: str
+
+    @field_validator("counter_name")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        if v == "refused":
+            raise ValueError("must not be 'refused'")
+        return v
 
 
 async def echo(body: EchoBody) -> dict:
@@ -208,3 +215,18 @@ def test_a_body_without_a_json_type_is_counted_under_its_endpoint(headers: dict[
     r = asyncio.run(post())
     assert r.status_code == status, r.text
     assert recorded == [("/v1/Echo", status)]
+
+
+def test_a_validators_refusal_reads_like_the_other_422s() -> None:
+    """pydantic prefixes a validator's message with "Value error, ", which no other 422 has (a new user's
+    walkthrough)."""
+    import httpx
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=routes_app([]))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return await client.post("/v1/Echo", json={"delta": 1, "counter_name": "refused"})
+
+    r = asyncio.run(post())
+    assert r.status_code == 422, r.text
+    assert [(e["loc"], e["msg"]) for e in r.json()["detail"]] == [(["body", "counter_name"], "must not be 'refused'")]
