@@ -701,16 +701,15 @@ class CounterService:
         now = time.time_ns() // 1000
         start, end = parse_window(window, now)
         # buckets: the app always opens them (None only for a service built without windows, in tests)
-        top = await top_k(self.buckets, ns, k, start, end, dims, now_us=now)  # type: ignore[arg-type]
-        names = [combination(counter, dims) for counter, _ in top.items]
-        states = await self.rollups.get_many([(ns.name, name) for name in names])
-        marks = []
-        for name in names:
-            state = states.get((ns.name, name))
-            rollup_ts = state.rollup_ts if state is not None else 0
-            self.signal_if_stale(ns, name, rollup_ts)
-            marks.append(rollup_ts)
-        as_of = min(marks) if marks and all(marks) else None
+        async def rollups_of(names: list[str]) -> dict[str, int]:  # before their counts: see top_k
+            states = await self.rollups.get_many([(ns.name, name) for name in names])
+            return {name: state.rollup_ts for (_ns, name), state in states.items()}
+
+        top = await top_k(self.buckets, ns, k, start, end, dims, now_us=now,  # type: ignore[arg-type]
+                          rollups_of=rollups_of)
+        for (counter, _count), rollup_ts in zip(top.items, top.marks, strict=True):
+            self.signal_if_stale(ns, combination(counter, dims), rollup_ts)
+        as_of = min(top.marks) if top.marks and all(top.marks) else None
         return Ranked(ns, k, dims, top, as_of)
 
     async def add_and_get(self, ns: Namespace, counter: str, delta: int, token: str | None,

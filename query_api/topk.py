@@ -39,7 +39,7 @@ search starts again over the tiling itself, which adds buckets and subtracts non
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from control_plane import Namespace
@@ -73,6 +73,7 @@ class TopK:
     rank_rows: int  # entries read by sorted access
     bucket_rows: int  # rows read by random access (the candidates' buckets and clears)
     candidates: int  # counters whose exact count was read
+    marks: tuple[int, ...] = ()  # per item, its rollup_ts read before its count (`top_k`'s rollups_of), else empty
 
     @property
     def rows_read(self) -> int:
@@ -106,6 +107,7 @@ class _Search:
     values: dict[str, dict[int, int]] = field(default_factory=dict)  # counter -> list -> value read (estimates)
     twice: set[tuple[str, int]] = field(default_factory=set)  # (counter, list) read more than once (stale entries)
     exact: dict[str, int] = field(default_factory=dict)  # verified counts
+    marks: dict[str, int] = field(default_factory=dict)  # verified counters' rollup_ts, read before their counts
     upto: int = 0
     saturated: bool = False  # a value read was at an int64 bound (see the module doc)
 
@@ -193,10 +195,16 @@ class _Search:
         return all(lst.sign > 0 for lst in adding) and max(lst.last[1] for lst in adding if lst.last) >= name
 
 
+RollupsOf = Callable[[list[str]], Awaitable[Mapping[str, int]]]  # counter names -> their rollup_ts (0: none)
+
+
 async def top_k(buckets: BucketStore, ns: Namespace, k: int, start_us: int, end_us: int,
-                dimensions: Dimensions = (), *, now_us: int | None = None) -> TopK:
+                dimensions: Dimensions = (), *, now_us: int | None = None, rollups_of: RollupsOf | None = None) -> TopK:
     """The ``k`` counters with the highest positive counts in ``[start_us, end_us)`` among the counters with the
     given ``dimensions`` (none: the base counters), exact for the rolled-up counts (see the module doc).
+    ``rollups_of``: read right before each batch of candidates' counts, so that each item's ``marks`` entry is a
+    rollup_ts its count includes (a rollup writes its buckets before its rollup_ts; read after the counts, a rollup
+    landing in between claimed a boundary the counts did not hold: a review).
     WindowError naming ``window`` when the namespace cannot answer the window."""
     if not 1 <= k <= MAX_K:
         raise ValueError(f"k must be 1..{MAX_K}, got {k}")
@@ -214,23 +222,31 @@ async def top_k(buckets: BucketStore, ns: Namespace, k: int, start_us: int, end_
     horizon = now + int((ns.accept_limit_s + ns.max_clock_skew_s) * MICROS)
     parts = signed_cover(tiling, floors, cost_of=lambda _g, start: 0 if start >= horizon else 1)
     top = await _ranked(buckets, ns, k, tuple(parts), horizon, dimension_signature(dimensions), tiling.start_us,
-                        tiling.end_us)
+                        tiling.end_us, rollups_of)
     if top is None:  # a bucket at an int64 bound: the tiling, whose buckets are only added
         top = await _ranked(buckets, ns, k, tuple(SignedSegment(1, seg) for seg in tiling.segments), horizon,
-                            dimension_signature(dimensions), tiling.start_us, tiling.end_us)
+                            dimension_signature(dimensions), tiling.start_us, tiling.end_us, rollups_of)
         assert top is not None, "a cover without subtracted buckets is exact whatever their values"
     return top
 
 
 async def _ranked(buckets: BucketStore, ns: Namespace, k: int, parts: tuple[SignedSegment, ...], horizon: int,
-                  signature: str, start_us: int, end_us: int) -> TopK | None:
-    """The search over the cover ``parts``; None when it subtracts buckets and a value read was at an int64 bound."""
+                  signature: str, start_us: int, end_us: int, rollups_of: RollupsOf | None) -> TopK | None:
+    """The search over the cover ``parts``; None when it subtracts buckets and a value read was at an int64 bound.
+
+    A candidate's count is read in one store call (`tiled_counts`), with the values its rank lists gave only where
+    the cover subtracts nothing a rollup could still write (buckets past the horizon are known empty). A cover that
+    subtracts a bucket from its parent (an hour less some of its minutes) must read the two from one snapshot: the
+    parent from a rank list read earlier and its child read now, a rollup landing in between, made the old hour
+    less the new minute, a count the window never had (a review)."""
     search = _Search(k, [_List(sign, seg.granularity, start) for sign, seg in parts
                          for start in range(seg.start_us, seg.end_us, seg.granularity.width_us)])
     subtracts = any(sign < 0 for sign, _seg in parts)
     for lst in search.lists:
         if lst.start_us >= horizon:
             lst.open, lst.ended = False, True
+    # a subtracted bucket before the horizon may change under the read (one past it is known empty)
+    one_snapshot = any(lst.sign < 0 and lst.start_us < horizon for lst in search.lists)
     rounds = rank_rows = bucket_rows = 0
     page = max(k, FIRST_PAGE_MIN)
     while True:
@@ -252,9 +268,12 @@ async def _ranked(buckets: BucketStore, ns: Namespace, k: int, parts: tuple[Sign
         # that still could
         while batch := search.to_verify()[:k]:
             names = [f"{c} {signature}" if signature else c for c in batch]
-            counts = await tiled_counts(buckets, ns, names, parts, [search.known(c) for c in batch])
-            for counter, counted in zip(batch, counts, strict=True):
+            marks = await rollups_of(names) if rollups_of is not None else {}
+            counts = await tiled_counts(buckets, ns, names, parts,
+                                        None if one_snapshot else [search.known(c) for c in batch])
+            for counter, name, counted in zip(batch, names, counts, strict=True):
                 search.exact[counter] = counted.count
+                search.marks[counter] = marks.get(name, 0)
                 search.upto = max(search.upto, counted.upto_us)
                 search.saturated |= counted.saturated
                 bucket_rows += counted.rows
@@ -264,5 +283,6 @@ async def _ranked(buckets: BucketStore, ns: Namespace, k: int, parts: tuple[Sign
             return None
         if search.unseen_settled() and not search.to_verify():
             break
-    return TopK(tuple(search.ranked()[:k]), start_us, end_us, search.upto, len(search.lists), rounds,
-                rank_rows, bucket_rows, len(search.exact))
+    items = tuple(search.ranked()[:k])
+    return TopK(items, start_us, end_us, search.upto, len(search.lists), rounds, rank_rows, bucket_rows,
+                len(search.exact), tuple(search.marks[c] for c, _n in items) if rollups_of is not None else ())

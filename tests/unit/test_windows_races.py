@@ -238,3 +238,45 @@ def test_a_series_as_of_never_claims_a_step_its_buckets_do_not_hold(stack: Stack
     stack.settle(race)
     counted = sum(count for _start, count in got.buckets)
     assert as_of is not None and (as_of < boundary or counted == 2), (as_of, boundary, counted)
+
+
+@pytest.mark.parametrize("after", [1, 2, 3, 4, 5])
+def test_a_top_k_as_of_never_claims_a_step_its_counts_do_not_hold(stack: Stack, after: int) -> None:
+    """GetTopK read the returned counters' rollups after their counts: a step landing in between moved as_of past
+    buckets that did not hold it (a review: 5 "exact as of" the boundary where GetCount said 8). Each count's rollup
+    is now read before it."""
+    boundary = history(stack, EV)
+    race = stack.racing(after, lambda: stack.step(EV, "c", boundary))
+    got = stack.run(stack.service.get_top_k(EV, 1, {"start": HOUR0, "end": T0 + 20 * M}))
+    stack.settle(race)
+    if not got.top.items:  # the step's clear read with its buckets: 0, no counter to vouch for
+        assert got.as_of is None
+        return
+    [(_name, counted)] = got.top.items
+    assert got.as_of is not None and (got.as_of < boundary or counted == 2), (got.as_of, boundary, counted)
+
+
+@pytest.mark.parametrize("after", [1, 2, 3])
+def test_a_top_k_cover_that_subtracts_never_mixes_two_steps(stack: Stack, after: int) -> None:
+    """[hh:00, hh:50) is covered as the hour less its minutes from hh:50. The hour's value came from its rank list and
+    a subtracted minute's from a later read: a step adding events at hh:57 in between (outside the window, inside
+    the hour) made the old hour less the new minute, 5 - 3 = 2, a count the window never had (a review)."""
+    n = EV.name
+    stack.run(stack.events.write_events([*((n, "c", T0 + i * S, f"c{i}", "", 1, False) for i in range(5)),
+                                         (n, "z", HOUR0 + 57 * M, "z0", "", 1, False)]))
+    for counter in ("c", "z"):
+        stack.run(stack.step(EV, counter, HOUR0 + 57 * M + 30 * S))
+
+    async def late() -> None:
+        await stack.events.write_events([(n, "c", HOUR0 + 57 * M + 40 * S + i, f"late{i}", "", 1, False)
+                                         for i in range(3)])
+        await stack.step(EV, "c", HOUR0 + 58 * M)
+
+    def top() -> tuple[tuple[str, int], ...]:
+        return stack.run(top_k(stack.service.buckets, EV, 2, HOUR0, HOUR0 + 50 * M, now_us=NOW)).items  # type: ignore[arg-type]
+
+    assert top() == (("c", 5),)
+    race = stack.racing(after, late)
+    assert top() == (("c", 5),)
+    stack.settle(race)
+    assert top() == (("c", 5),)
