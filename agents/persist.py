@@ -431,14 +431,20 @@ def _stamped_ahead(out: PreparedBatch, rec: KafkaRecord, pairs: Iterable[tuple[i
 
 def _dead_mutation(rec: KafkaRecord, m: Mutation, index: int, single: bool, event_time: int, event_id: str,
                    timestamp_us: int, reason: str, *, keep_identity: bool = False) -> DeadLetter:
-    """A rejected mutation's dead letter: the record as it arrived when it holds only that mutation; else that
-    mutation alone: a token-less item of a JSON array as its JSON text without a token, which re-sent takes its
-    new record's time and position as a token-less record does (given an identity of its Kafka position and the
-    record's time, it could never be replayed once older than accept_limit: a review lost an unknown namespace's
-    writes so), unless `keep_identity`; any other re-encoded with the identity it was given (so a re-submit
-    keeps it), or, when it cannot be encoded (e.g. a token-less one stamped before 2000), the whole record,
-    marked with the mutation's index (`dlq.whole_record`): re-sent, it would count its other mutations again."""
-    if single:
+    """A rejected mutation's dead letter: the record as it arrived when it holds only that mutation (unless it is
+    a token without a generation_time, below); else that mutation alone: a token-less item of a JSON array as its
+    JSON text without a token, which re-sent takes its new record's time and position as a token-less record does
+    (given an identity of its Kafka position and the record's time, it could never be replayed once older than
+    accept_limit: a review lost an unknown namespace's writes so), unless `keep_identity`; any other re-encoded
+    with the identity it was given (so a re-submit keeps it), or, when it cannot be encoded (e.g. a token-less
+    one stamped before 2000), the whole record, marked with the mutation's index (`dlq.whole_record`): re-sent,
+    it would count its other mutations again.
+
+    A token without a generation_time takes its record's timestamp as its event time, so the record as it arrived,
+    re-sent, would be another event under the same token: a review counted one such write 5, then 10 after a
+    `dlq replay --force`, then 15 after a `counter replay` (the guards that keep a re-send from counting twice
+    cover token-less letters only). Its letter carries the identity it was given, as a batch item's does."""
+    if single and (m.event_id is None or m.event_time is not None or event_time < MIN_EVENT_TIME):
         return replace(_dead(rec, rec.value or b"", reason, timestamp_us), index=index)
     if m.event_id is None and not keep_identity:
         return replace(_dead(rec, tokenless_json(m), reason, timestamp_us), index=index)

@@ -275,3 +275,19 @@ def test_the_dlq_metric_names_records_stamped_ahead(reason: str, kind: str) -> N
     from agents.metrics import dlq_kind
 
     assert dlq_kind(reason) == kind
+
+
+
+def test_a_token_without_a_generation_time_is_dead_lettered_with_the_time_it_was_given() -> None:
+    """It takes its record's timestamp as its event time: dead-lettered as it arrived, each re-send (a `dlq replay
+    --force`, or one beside a `counter replay`) was another event under the same token (a review: 5, then 10, then
+    15). Its letter now holds the token and that time, so any re-send is the same event."""
+    stamped = NOW - 2 * MICROS
+    value = plain("c", ns="unknown", idempotency_token={"token": "t-1"})
+    batch = prepare([rec(value, 7, stamped)], REGISTRY, now_us=NOW)
+    [letter] = batch.dead
+    [m] = decode_mutations(letter.value)
+    assert (m.namespace, m.counter_name, m.event_id, m.event_time, m.delta) == ("unknown", "c", "t-1", stamped, 1)
+    assert "unknown namespace" in letter.reason
+    kept = prepare([rec(plain("c", ns="unknown"), 8, stamped)], REGISTRY, now_us=NOW)  # token-less: as it arrived
+    assert kept.dead[0].value == plain("c", ns="unknown")
